@@ -1,0 +1,290 @@
+// How each operation maps onto the engine's one primitive: per-peer sends, per-peer receives
+// (placed, or reduced in rank order chunk by chunk), plus a local copy of this rank's block.
+// One-shot for every size: a message larger than a slot is streamed through the ring.
+#include <cstring>
+
+#include "core/communicator.hpp"
+#include "core/error.hpp"
+#include "core/reduce.hpp"
+
+namespace resident {
+namespace {
+
+const unsigned char* cbytes(const void* p) { return static_cast<const unsigned char*>(p); }
+unsigned char* bytes(void* p) { return static_cast<unsigned char*>(p); }
+
+void localCopy(void* dst, const void* src, size_t n) {
+  if (n != 0 && dst != src) std::memmove(dst, src, n);
+}
+
+// Fills and starts an op; on an exception while filling, returns the op unused.
+template <typename Fill>
+OpHandle startOp(Engine& engine, Fill&& fill) {
+  Op* op = engine.begin();
+  try {
+    fill(*op);
+  } catch (...) {
+    engine.abandon(op);
+    throw;
+  }
+  return engine.commit(op);
+}
+
+}  // namespace
+
+void Communicator::checkRank(int r, const char* what) const {
+  if (r < 0 || r >= nranks_) {
+    throw InvalidArgument(std::string("resident: ") + what + ": rank " + std::to_string(r) +
+                          " is out of range for a group of size " + std::to_string(nranks_));
+  }
+}
+
+void Communicator::checkReduction(DType dtype, RedOp op, const char* what) const {
+  if (!reductionSupported(dtype, op)) {
+    throw InvalidArgument(std::string("resident: ") + what + " does not support reduce op " +
+                          redOpName(op) + " on dtype " + dtypeName(dtype));
+  }
+}
+
+OpHandle Communicator::allReduce(const void* in, void* out, size_t count, DType dtype, RedOp op) {
+  checkReduction(dtype, op, "all_reduce");
+  const size_t n = count * dtypeSize(dtype);
+  return startOp(*engine_, [&](Op& o) {
+    o.kind = OpKind::kAllReduce;
+    o.dtype = dtype;
+    o.redop = op;
+    o.bytes = n;
+    o.seq = engine_->nextCollectiveSeq();
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
+      t.sends = t.recvs = true;
+      t.send_ptr = cbytes(in);
+      t.send_bytes = t.recv_bytes = n;
+    }
+    o.reduce = true;
+    o.reduce_local = cbytes(in);
+    o.reduce_out = bytes(out);
+    o.reduce_bytes = n;
+  });
+}
+
+OpHandle Communicator::reduceScatter(const void* in, void* out, size_t count, DType dtype,
+                                     RedOp op) {
+  const size_t n = count * dtypeSize(dtype);
+  // Reused per thread: no allocation after the first call.
+  thread_local std::vector<const void*> blocks;
+  blocks.resize(static_cast<size_t>(nranks_));
+  for (int p = 0; p < nranks_; ++p) blocks[static_cast<size_t>(p)] = cbytes(in) + static_cast<size_t>(p) * n;
+  return reduceScatterV(blocks.data(), out, count, dtype, op);
+}
+
+OpHandle Communicator::reduceScatterV(const void* const* inputs, void* out, size_t count,
+                                      DType dtype, RedOp op) {
+  checkReduction(dtype, op, "reduce_scatter");
+  const size_t n = count * dtypeSize(dtype);
+  return startOp(*engine_, [&](Op& o) {
+    o.kind = OpKind::kReduceScatter;
+    o.dtype = dtype;
+    o.redop = op;
+    o.bytes = n;
+    o.seq = engine_->nextCollectiveSeq();
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
+      t.sends = t.recvs = true;
+      t.send_ptr = cbytes(inputs[p]);
+      t.send_bytes = t.recv_bytes = n;
+    }
+    o.reduce = true;
+    o.reduce_local = cbytes(inputs[rank_]);
+    o.reduce_out = bytes(out);
+    o.reduce_bytes = n;
+  });
+}
+
+OpHandle Communicator::reduce(const void* in, void* out, size_t count, DType dtype, RedOp op,
+                              int root) {
+  checkRank(root, "reduce");
+  checkReduction(dtype, op, "reduce");
+  const size_t n = count * dtypeSize(dtype);
+  return startOp(*engine_, [&](Op& o) {
+    o.kind = OpKind::kReduce;
+    o.dtype = dtype;
+    o.redop = op;
+    o.bytes = n;
+    o.seq = engine_->nextCollectiveSeq();
+    if (rank_ != root) {
+      PeerTransfer& t = o.peers[static_cast<size_t>(root)];
+      t.sends = true;
+      t.send_ptr = cbytes(in);
+      t.send_bytes = n;
+      return;
+    }
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
+      t.recvs = true;
+      t.recv_bytes = n;
+    }
+    o.reduce = true;
+    o.reduce_local = cbytes(in);
+    o.reduce_out = bytes(out);
+    o.reduce_bytes = n;
+  });
+}
+
+OpHandle Communicator::allGather(const void* in, void* const* outs, size_t n) {
+  localCopy(outs[rank_], in, n);
+  return startOp(*engine_, [&](Op& o) {
+    o.kind = OpKind::kAllGather;
+    o.bytes = n;
+    o.seq = engine_->nextCollectiveSeq();
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
+      t.sends = t.recvs = true;
+      t.send_ptr = cbytes(in);
+      t.recv_ptr = bytes(outs[p]);
+      t.send_bytes = t.recv_bytes = n;
+    }
+  });
+}
+
+OpHandle Communicator::gather(const void* in, void* const* outs, size_t n, int root) {
+  checkRank(root, "gather");
+  if (rank_ == root) localCopy(outs[rank_], in, n);
+  return startOp(*engine_, [&](Op& o) {
+    o.kind = OpKind::kGather;
+    o.bytes = n;
+    o.seq = engine_->nextCollectiveSeq();
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
+      if (rank_ == root) {
+        t.recvs = true;
+        t.recv_ptr = bytes(outs[p]);
+        t.recv_bytes = n;
+      } else if (p == root) {
+        t.sends = true;
+        t.send_ptr = cbytes(in);
+        t.send_bytes = n;
+      }
+    }
+  });
+}
+
+OpHandle Communicator::scatter(const void* const* ins, void* out, size_t n, int root) {
+  checkRank(root, "scatter");
+  if (rank_ == root) localCopy(out, ins[rank_], n);
+  return startOp(*engine_, [&](Op& o) {
+    o.kind = OpKind::kScatter;
+    o.bytes = n;
+    o.seq = engine_->nextCollectiveSeq();
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
+      if (rank_ == root) {
+        t.sends = true;
+        t.send_ptr = cbytes(ins[p]);
+        t.send_bytes = n;
+      } else if (p == root) {
+        t.recvs = true;
+        t.recv_ptr = bytes(out);
+        t.recv_bytes = n;
+      }
+    }
+  });
+}
+
+OpHandle Communicator::allToAll(const void* const* ins, const size_t* in_bytes, void* const* outs,
+                                const size_t* out_bytes) {
+  if (in_bytes[rank_] != out_bytes[rank_]) {
+    throw InvalidArgument("resident: all_to_all: this rank sends itself " +
+                          std::to_string(in_bytes[rank_]) + " bytes but expects " +
+                          std::to_string(out_bytes[rank_]) + " (split sizes disagree)");
+  }
+  localCopy(outs[rank_], ins[rank_], in_bytes[rank_]);
+  return startOp(*engine_, [&](Op& o) {
+    o.kind = OpKind::kAllToAll;
+    o.seq = engine_->nextCollectiveSeq();
+    for (int p = 0; p < nranks_; ++p) {
+      o.bytes += in_bytes[p];
+      if (p == rank_) continue;
+      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
+      t.sends = t.recvs = true;
+      t.send_ptr = cbytes(ins[p]);
+      t.send_bytes = in_bytes[p];
+      t.recv_ptr = bytes(outs[p]);
+      t.recv_bytes = out_bytes[p];
+    }
+  });
+}
+
+OpHandle Communicator::broadcast(void* buf, size_t n, int root) {
+  checkRank(root, "broadcast");
+  return startOp(*engine_, [&](Op& o) {
+    o.kind = OpKind::kBroadcast;
+    o.bytes = n;
+    o.seq = engine_->nextCollectiveSeq();
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
+      if (rank_ == root) {
+        t.sends = true;
+        t.send_ptr = cbytes(buf);
+        t.send_bytes = n;
+      } else if (p == root) {
+        t.recvs = true;
+        t.recv_ptr = bytes(buf);
+        t.recv_bytes = n;
+      }
+    }
+  });
+}
+
+OpHandle Communicator::barrier() {
+  return startOp(*engine_, [&](Op& o) {
+    o.kind = OpKind::kBarrier;
+    o.seq = engine_->nextCollectiveSeq();
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
+      t.sends = t.recvs = true;
+    }
+  });
+}
+
+OpHandle Communicator::send(const void* buf, size_t n, int peer, uint64_t tag) {
+  checkRank(peer, "send");
+  if (peer == rank_) throw InvalidArgument("resident: send to self is not supported");
+  return startOp(*engine_, [&](Op& o) {
+    o.kind = OpKind::kSend;
+    o.ring = kP2PRing;
+    o.peer = peer;
+    o.seq = tag;
+    o.bytes = n;
+    PeerTransfer& t = o.peers[static_cast<size_t>(peer)];
+    t.sends = true;
+    t.send_ptr = cbytes(buf);
+    t.send_bytes = n;
+  });
+}
+
+OpHandle Communicator::recv(void* buf, size_t n, int peer, uint64_t tag) {
+  checkRank(peer, "recv");
+  if (peer == rank_) throw InvalidArgument("resident: recv from self is not supported");
+  return startOp(*engine_, [&](Op& o) {
+    o.kind = OpKind::kRecv;
+    o.ring = kP2PRing;
+    o.peer = peer;
+    o.seq = tag;
+    o.bytes = n;
+    PeerTransfer& t = o.peers[static_cast<size_t>(peer)];
+    t.recvs = true;
+    t.recv_ptr = bytes(buf);
+    t.recv_bytes = n;
+  });
+}
+
+}  // namespace resident

@@ -1,0 +1,86 @@
+// A communicator installs everything once — the inbox segment, peers' mappings, channels, the
+// trigger FIFO, the progress engine and the resident proxy thread — so that starting an op
+// only fills in a pooled op and writes data plus a flag. Torch-free: pointers and byte counts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/bootstrap.hpp"
+#include "core/config.hpp"
+#include "core/engine.hpp"
+#include "core/fifo.hpp"
+#include "core/layout.hpp"
+#include "core/proxy.hpp"
+#include "core/shm_segment.hpp"
+#include "core/transport.hpp"
+
+namespace resident {
+
+class Communicator : public ProxyHandler {
+ public:
+  Communicator(BootstrapStore& store, int rank, int nranks, const Config& cfg,
+               uint64_t timeout_ms);
+  ~Communicator() override;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // Stops the proxy, fails ops still in flight, unmaps segments. Idempotent.
+  void shutdown();
+
+  // Collectives. Counts are elements of `dtype`; byte counts are bytes. Per-rank pointer
+  // arrays have nranks entries. All return at once; completion through engine().
+  OpHandle allReduce(const void* in, void* out, size_t count, DType dtype, RedOp op);
+  OpHandle reduceScatter(const void* in, void* out, size_t count_per_rank, DType dtype,
+                         RedOp op);
+  // List form: inputs[r] is the block for rank r.
+  OpHandle reduceScatterV(const void* const* inputs, void* out, size_t count, DType dtype,
+                          RedOp op);
+  OpHandle reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, int root);
+  OpHandle allGather(const void* in, void* const* outs, size_t bytes);
+  OpHandle gather(const void* in, void* const* outs, size_t bytes, int root);
+  OpHandle scatter(const void* const* ins, void* out, size_t bytes, int root);
+  OpHandle allToAll(const void* const* ins, const size_t* in_bytes, void* const* outs,
+                    const size_t* out_bytes);
+  OpHandle broadcast(void* buf, size_t bytes, int root);
+  OpHandle barrier();
+  OpHandle send(const void* buf, size_t bytes, int peer, uint64_t tag);
+  OpHandle recv(void* buf, size_t bytes, int peer, uint64_t tag);
+
+  Engine& engine() { return *engine_; }
+  int rank() const { return rank_; }
+  int size() const { return nranks_; }
+  const Config& config() const { return cfg_; }
+  // "shm" / "self", and "direct" / "proxy", for introspection and logs.
+  std::string transportFor(int peer) const;
+  std::string pathFor(int peer) const;
+  int proxyCpu() const { return proxy_ ? proxy_->boundCpu() : -1; }
+
+  bool proxyPoll() override;
+
+ private:
+  void checkRank(int r, const char* what) const;
+  void checkReduction(DType dtype, RedOp op, const char* what) const;
+
+  const int rank_, nranks_;
+  const Config cfg_;
+  const InboxLayout layout_;
+  ShmSegment inbox_;
+  std::vector<ShmSegment> peer_inboxes_;
+  std::vector<PeerInfo> peers_;
+  std::vector<bool> proxied_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<TriggerFifo> fifo_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Proxy> proxy_;
+  bool shut_down_ = false;
+};
+
+// Identifies this host and shared-memory domain: peers with equal keys can map each other's
+// segments. hostname + boot id + mount namespace.
+std::string localHostKey();
+
+}  // namespace resident

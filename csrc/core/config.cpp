@@ -1,0 +1,97 @@
+#include "core/config.hpp"
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace resident {
+namespace {
+
+uint64_t parseUnsigned(const std::string& key, const std::string& value, uint64_t min,
+                       uint64_t max) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || errno != 0 || v < min || v > max) {
+    throw InvalidArgument("resident: invalid value '" + value + "' for " + key +
+                          " (expected an integer in [" + std::to_string(min) + ", " +
+                          std::to_string(max) + "])");
+  }
+  return v;
+}
+
+void apply(Config& c, const std::string& key, const std::string& value) {
+  if (key == "path") {
+    if (value == "auto") c.path = PathMode::kAuto;
+    else if (value == "direct") c.path = PathMode::kDirect;
+    else if (value == "proxy") c.path = PathMode::kProxy;
+    else throw InvalidArgument("resident: RESIDENT_PATH must be auto, direct or proxy, got '" +
+                               value + "'");
+  } else if (key == "slot_bytes") {
+    // Multiple of 64 so that every element type stays aligned inside a slot.
+    c.slot_bytes = static_cast<uint32_t>(parseUnsigned(key, value, 64, 64u << 20)) & ~63u;
+  } else if (key == "slots") {
+    c.slots = static_cast<uint32_t>(parseUnsigned(key, value, 2, 1024));
+  } else if (key == "max_inflight") {
+    c.max_inflight = static_cast<uint32_t>(parseUnsigned(key, value, 4, 1u << 16));
+  } else if (key == "spin_us") {
+    c.spin_us = parseUnsigned(key, value, 0, 60000000);
+  } else if (key == "yield_us") {
+    c.yield_us = parseUnsigned(key, value, 0, 60000000);
+  } else if (key == "max_sleep_us") {
+    c.max_sleep_us = parseUnsigned(key, value, 1, 1000000);
+  } else if (key == "proxy_spin_us") {
+    c.proxy_spin_us = parseUnsigned(key, value, 0, 60000000);
+  } else if (key == "proxy_cpu") {
+    c.proxy_cpu = value == "-1" ? -1 : static_cast<int>(parseUnsigned(key, value, 0, 65535));
+  } else if (key == "transport") {
+    if (value != "auto" && value != "shm")
+      throw InvalidArgument("resident: RESIDENT_TRANSPORT must be auto or shm, got '" + value +
+                            "'");
+    c.transport = value;
+  } else if (key == "debug") {
+    // Handled by the logger (RESIDENT_DEBUG); accepted here so that it is not an error.
+  } else {
+    throw InvalidArgument("resident: unknown option '" + key + "'");
+  }
+}
+
+const char* kKeys[] = {"path",          "slot_bytes", "slots",     "max_inflight",
+                       "spin_us",       "yield_us",   "max_sleep_us", "proxy_spin_us",
+                       "proxy_cpu",     "transport"};
+
+}  // namespace
+
+Config Config::fromEnvironment(const std::map<std::string, std::string>& options) {
+  Config c;
+  for (const char* key : kKeys) {
+    std::string var = "RESIDENT_";
+    for (const char* p = key; *p; ++p) var += static_cast<char>(std::toupper(*p));
+    if (const char* v = std::getenv(var.c_str())) apply(c, key, v);
+  }
+  for (const auto& kv : options) apply(c, kv.first, kv.second);
+  return c;
+}
+
+std::string Config::describe() const {
+  std::ostringstream os;
+  os << "path=" << pathModeName(path) << " slot_bytes=" << slot_bytes << " slots=" << slots
+     << " max_inflight=" << max_inflight << " spin_us=" << spin_us << " yield_us=" << yield_us
+     << " max_sleep_us=" << max_sleep_us << " proxy_spin_us=" << proxy_spin_us
+     << " proxy_cpu=" << proxy_cpu << " transport=" << transport;
+  return os.str();
+}
+
+const char* pathModeName(PathMode mode) {
+  switch (mode) {
+    case PathMode::kAuto: return "auto";
+    case PathMode::kDirect: return "direct";
+    case PathMode::kProxy: return "proxy";
+  }
+  return "?";
+}
+
+}  // namespace resident

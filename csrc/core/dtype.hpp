@@ -1,0 +1,43 @@
+// Torch-free element types and reduction operators.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace resident {
+
+enum class DType : uint8_t {
+  kFloat32 = 0,
+  kFloat64,
+  kFloat16,
+  kBFloat16,
+  kInt32,
+  kInt64,
+  kUInt8,
+  kBytes,  // opaque payload: data movement only, no reductions
+};
+
+enum class RedOp : uint8_t { kSum = 0, kAvg, kMin, kMax, kProduct, kBAnd, kBOr, kBXor, kNone };
+
+inline size_t dtypeSize(DType t) {
+  switch (t) {
+    case DType::kFloat32: return 4;
+    case DType::kFloat64: return 8;
+    case DType::kFloat16: return 2;
+    case DType::kBFloat16: return 2;
+    case DType::kInt32: return 4;
+    case DType::kInt64: return 8;
+    case DType::kUInt8: return 1;
+    case DType::kBytes: return 1;
+  }
+  return 1;
+}
+
+inline bool isIntegral(DType t) {
+  return t == DType::kInt32 || t == DType::kInt64 || t == DType::kUInt8;
+}
+
+const char* dtypeName(DType t);
+const char* redOpName(RedOp op);
+
+}  // namespace resident

@@ -1,0 +1,644 @@
+#include "core/engine.hpp"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/clock.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/reduce.hpp"
+
+namespace resident {
+namespace {
+
+constexpr uint64_t kLivenessPeriodNs = 100ull * 1000 * 1000;
+constexpr int kTriggerTypeShift = 40;
+constexpr int kTriggerRingShift = 32;
+
+uint32_t chunksFor(uint64_t bytes, uint32_t chunk) {
+  return bytes == 0 ? 1u : static_cast<uint32_t>((bytes + chunk - 1) / chunk);
+}
+
+uint64_t triggerWord(TriggerType type, Ring ring, int peer) {
+  return (static_cast<uint64_t>(type) << kTriggerTypeShift) |
+         (static_cast<uint64_t>(ring) << kTriggerRingShift) | static_cast<uint32_t>(peer);
+}
+
+}  // namespace
+
+Engine::Engine(int rank, int nranks, const Config& cfg, const InboxLayout& layout,
+               unsigned char* inbox, Transport* transport, std::vector<PeerInfo> peers,
+               std::vector<bool> proxied, TriggerFifo* fifo, uint64_t timeout_ns)
+    : rank_(rank),
+      nranks_(nranks),
+      cfg_(cfg),
+      layout_(layout),
+      inbox_(inbox),
+      transport_(transport),
+      peers_(std::move(peers)),
+      fifo_(fifo),
+      timeout_ns_(timeout_ns),
+      send_(static_cast<size_t>(nranks) * kRings),
+      recv_(static_cast<size_t>(nranks) * kRings),
+      p2p_bind_(static_cast<size_t>(nranks)) {
+  pool_.reserve(cfg.max_inflight);
+  free_.reserve(cfg.max_inflight);
+  active_.reserve(cfg.max_inflight);
+  callbacks_.reserve(cfg.max_inflight);
+  for (uint32_t i = 0; i < cfg.max_inflight; ++i) {
+    pool_.push_back(std::make_unique<Op>());
+    pool_.back()->peers.resize(static_cast<size_t>(nranks));
+    pool_.back()->reduce_inputs.resize(static_cast<size_t>(nranks));
+    free_.push_back(pool_.back().get());
+  }
+  for (int p = 0; p < nranks; ++p) {
+    for (uint32_t k = 0; k < kRings; ++k) {
+      const Ring ring = static_cast<Ring>(k);
+      SendChannel& s = sendCh(p, ring);
+      s.peer = p;
+      s.ring = ring;
+      s.proxied = proxied[static_cast<size_t>(p)];
+      s.acked = &reinterpret_cast<AckLine*>(inbox_ + layout_.ackOffset(p, ring))->consumed;
+      s.outbox.resize(layout_.slots());
+      RecvChannel& r = recvCh(p, ring);
+      r.peer = p;
+      r.ring = ring;
+      r.proxied = proxied[static_cast<size_t>(p)];
+      r.ring_base = inbox_ + layout_.ringOffset(p, ring);
+    }
+  }
+}
+
+Engine::~Engine() { poison("the process group was destroyed"); }
+
+void Engine::lock() {
+  Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
+  while (lock_.test_and_set(std::memory_order_acquire)) backoff.pause();
+}
+
+bool Engine::tryLock() { return !lock_.test_and_set(std::memory_order_acquire); }
+
+void Engine::unlock() { lock_.clear(std::memory_order_release); }
+
+void Engine::runCallbacks() {
+  // Callbacks may re-enter the backend (a future's continuation starting an op), so they run
+  // with the engine unlocked; take them out under the lock first.
+  constexpr int kBatch = 16;
+  std::pair<void (*)(void*), void*> batch[kBatch];
+  for (;;) {
+    int n = 0;
+    if (!tryLock()) return;  // whoever holds the engine will run them
+    while (!callbacks_.empty() && n < kBatch) {
+      batch[n++] = callbacks_.back();
+      callbacks_.pop_back();
+    }
+    unlock();
+    if (n == 0) return;
+    for (int i = 0; i < n; ++i) batch[i].first(batch[i].second);
+  }
+}
+
+Op* Engine::begin() {
+  lock();
+  if (poisoned()) {
+    const std::string reason = poison_reason_;
+    unlock();
+    throw CommError("resident: the process group is unusable after an earlier error: " + reason);
+  }
+  const uint64_t deadline = nowNs() + timeout_ns_;
+  Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
+  while (free_.empty()) {
+    // All ops in flight: drive them until one finishes and its handle is released.
+    progressLocked();
+    if (!free_.empty()) break;
+    unlock();
+    runCallbacks();
+    if (nowNs() > deadline) {
+      throw TimeoutError("resident: " + std::to_string(cfg_.max_inflight) +
+                         " operations are in flight and none completed within the timeout "
+                         "(raise RESIDENT_MAX_INFLIGHT or wait on earlier async work)");
+    }
+    backoff.pause();
+    lock();
+    if (poisoned()) {
+      const std::string reason = poison_reason_;
+      unlock();
+      throw CommError("resident: the process group is unusable after an earlier error: " +
+                      reason);
+    }
+  }
+  Op* op = free_.back();
+  free_.pop_back();
+  for (auto& t : op->peers) t = PeerTransfer{};
+  op->ring = kCollectiveRing;
+  op->dtype = DType::kBytes;
+  op->redop = RedOp::kNone;
+  op->seq = 0;
+  op->peer = -1;
+  op->bytes = 0;
+  op->reduce = false;
+  op->reduce_local = nullptr;
+  op->reduce_out = nullptr;
+  op->reduce_bytes = 0;
+  op->reduce_chunks = 0;
+  op->reduced = 0;
+  op->error_kind = ErrorKind::kNone;
+  op->error.clear();
+  op->released = false;
+  op->bound = false;
+  op->waiting_on = -1;
+  op->on_done = nullptr;
+  op->on_done_ctx = nullptr;
+  return op;
+}
+
+void Engine::abandon(Op* op) {
+  free_.push_back(op);
+  unlock();
+}
+
+OpHandle Engine::commit(Op* op) {
+  const uint32_t chunk = layout_.slotBytes();
+  for (int p = 0; p < nranks_; ++p) {
+    PeerTransfer& t = op->peers[static_cast<size_t>(p)];
+    if (t.sends) {
+      t.send_chunks = chunksFor(t.send_bytes, chunk);
+      SendChannel& ch = sendCh(p, op->ring);
+      t.send_first = ch.reserved;
+      ch.reserved += t.send_chunks;
+    }
+    if (t.recvs) {
+      t.recv_chunks = chunksFor(t.recv_bytes, chunk);
+      if (op->ring == kCollectiveRing) {  // p2p receives are matched by tag on arrival
+        RecvChannel& ch = recvCh(p, op->ring);
+        t.recv_first = ch.reserved;
+        ch.reserved += t.recv_chunks;
+      }
+    }
+  }
+  if (op->reduce) op->reduce_chunks = chunksFor(op->reduce_bytes, chunk);
+  op->start_ns = nowNs();
+  op->deadline_ns = op->start_ns + timeout_ns_;
+  op->last_liveness_check_ns = op->start_ns;
+  op->generation++;
+  op->state.store(OpState::kActive, std::memory_order_release);
+  active_.push_back(op);
+  active_count_.fetch_add(1, std::memory_order_release);
+  const OpHandle h{op, op->generation};
+  RLOG_TRACE("start %s", op->describe().c_str());
+  progressLocked();  // post what can go out now: the peers may already be waiting
+  unlock();
+  runCallbacks();
+  return h;
+}
+
+bool Engine::test(OpHandle h) {
+  if (h.op->state.load(std::memory_order_acquire) == OpState::kActive) tryProgress();
+  return h.op->state.load(std::memory_order_acquire) != OpState::kActive;
+}
+
+void Engine::wait(OpHandle h, uint64_t timeout_ns) {
+  Op& op = *h.op;
+  Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
+  const uint64_t deadline = timeout_ns ? nowNs() + timeout_ns : 0;
+  for (;;) {
+    const OpState st = op.state.load(std::memory_order_acquire);
+    if (st == OpState::kDone) return;
+    if (st == OpState::kFailed) {
+      if (op.error_kind == ErrorKind::kTimeout) throw TimeoutError(op.error);
+      throw CommError(op.error);
+    }
+    if (tryProgress()) backoff.reset();
+    else backoff.pause();
+    if (deadline != 0 && nowNs() > deadline) {
+      throw TimeoutError("resident: wait() timed out after " +
+                         std::to_string(timeout_ns / 1000000) + " ms on " + op.describe());
+    }
+  }
+}
+
+void Engine::release(OpHandle h) {
+  lock();
+  Op* op = h.op;
+  if (op->generation == h.generation && op->state.load() != OpState::kFree) {
+    if (op->state.load() == OpState::kActive) {
+      op->released = true;  // returned to the pool when it finishes
+    } else {
+      op->state.store(OpState::kFree, std::memory_order_relaxed);
+      free_.push_back(op);
+    }
+  }
+  unlock();
+}
+
+void Engine::setCompletionCallback(OpHandle h, void (*fn)(void*), void* ctx) {
+  lock();
+  Op* op = h.op;
+  if (op->state.load() == OpState::kActive) {
+    op->on_done = fn;
+    op->on_done_ctx = ctx;
+    unlock();
+  } else {
+    unlock();
+    fn(ctx);
+  }
+}
+
+bool Engine::tryProgress() {
+  if (!tryLock()) return false;
+  const bool moved = progressLocked();
+  unlock();
+  if (!callbacks_.empty()) runCallbacks();
+  return moved;
+}
+
+void Engine::finishOp(Op& op, OpState state, ErrorKind kind, const std::string& error) {
+  op.error_kind = kind;
+  if (!error.empty()) op.error = error;
+  if (op.on_done != nullptr) {
+    callbacks_.emplace_back(op.on_done, op.on_done_ctx);
+    op.on_done = nullptr;
+  }
+  RLOG_TRACE("%s %s", state == OpState::kDone ? "done" : "failed", op.describe().c_str());
+  if (op.released) {
+    op.state.store(OpState::kFree, std::memory_order_release);
+    free_.push_back(&op);
+  } else {
+    op.state.store(state, std::memory_order_release);
+  }
+  active_count_.fetch_sub(1, std::memory_order_release);
+}
+
+void Engine::poison(const std::string& reason) {
+  lock();
+  if (!poisoned_.exchange(true)) {
+    poison_reason_ = reason;
+    RLOG_ERROR("%s", reason.c_str());
+  }
+  for (Op* op : active_) {
+    if (op->state.load() == OpState::kActive) finishOp(*op, OpState::kFailed, ErrorKind::kComm, reason);
+  }
+  active_.clear();
+  unlock();
+  runCallbacks();
+}
+
+bool Engine::progressLocked() {
+  if (active_.empty()) return false;
+  bool moved = false;
+  Op* culprit = nullptr;
+  try {
+    moved |= progressP2PRecvs();
+    const uint64_t now = nowNs();
+    for (Op* op : active_) {
+      if (op->state.load(std::memory_order_relaxed) != OpState::kActive) continue;
+      culprit = op;
+      moved |= progressOp(*op, now);
+    }
+  } catch (const CommError& e) {
+    // A mismatch, a dead peer or a timeout leaves the channels in an unknown state: every op
+    // of the group fails with the reason, and later calls refuse to start.
+    const ErrorKind kind =
+        dynamic_cast<const TimeoutError*>(&e) != nullptr ? ErrorKind::kTimeout : ErrorKind::kComm;
+    if (!poisoned_.exchange(true)) {
+      poison_reason_ = e.what();
+      RLOG_ERROR("%s", e.what());
+    }
+    for (Op* op : active_) {
+      if (op->state.load() == OpState::kActive) finishOp(*op, OpState::kFailed, kind, e.what());
+    }
+    (void)culprit;
+    active_.clear();
+    return true;
+  }
+  // Drop finished ops, keeping submission order.
+  auto live = std::remove_if(active_.begin(), active_.end(), [](Op* op) {
+    return op->state.load(std::memory_order_relaxed) != OpState::kActive;
+  });
+  active_.erase(live, active_.end());
+  return moved;
+}
+
+bool Engine::progressOp(Op& op, uint64_t now) {
+  bool moved = false;
+  if (op.kind == OpKind::kRecv) {
+    if (!op.bound) moved |= deliverFromStash(op);
+    op.waiting_on = op.peer;
+  } else {
+    moved |= progressSends(op);
+    moved |= op.reduce ? progressReduce(op) : progressPlaceRecvs(op);
+  }
+  if (opFinished(op)) {
+    finishOp(op, OpState::kDone, ErrorKind::kNone, std::string());
+    return true;
+  }
+  if (!moved) checkDeadline(op, now);
+  return moved;
+}
+
+bool Engine::opFinished(const Op& op) const {
+  for (int p = 0; p < nranks_; ++p) {
+    const PeerTransfer& t = op.peers[static_cast<size_t>(p)];
+    if (t.sends) {
+      if (t.sent < t.send_chunks) return false;
+      const SendChannel& ch = send_[static_cast<size_t>(p) * kRings + op.ring];
+      // The proxy reads the source bytes: the op is done once they have left.
+      if (ch.proxied &&
+          ch.transmitted.load(std::memory_order_acquire) < t.send_first + t.send_chunks)
+        return false;
+    }
+    if (t.recvs && t.received < t.recv_chunks) return false;
+  }
+  return !op.reduce || op.reduced == op.reduce_chunks;
+}
+
+bool Engine::progressSends(Op& op) {
+  bool moved = false;
+  const uint32_t chunk = layout_.slotBytes();
+  for (int p = 0; p < nranks_; ++p) {
+    PeerTransfer& t = op.peers[static_cast<size_t>(p)];
+    if (!t.sends) continue;
+    SendChannel& ch = sendCh(p, op.ring);
+    while (t.sent < t.send_chunks) {
+      const uint64_t seq = t.send_first + t.sent;
+      if (ch.next != seq || seq - ch.acked->load(std::memory_order_acquire) >= layout_.slots()) {
+        op.waiting_on = p;
+        break;
+      }
+      postChunk(ch, op, t.send_ptr + static_cast<uint64_t>(t.sent) * chunk, t.send_bytes, t.sent);
+      ++t.sent;
+      moved = true;
+    }
+  }
+  return moved;
+}
+
+void Engine::postChunk(SendChannel& ch, const Op& op, const unsigned char* src, uint64_t total,
+                       uint32_t chunk) {
+  const uint64_t seq = ch.next;
+  OutboxEntry& e = ch.outbox[seq % layout_.slots()];
+  const uint64_t offset = static_cast<uint64_t>(chunk) * layout_.slotBytes();
+  e.meta.op_seq = op.seq;
+  e.meta.total_bytes = total;
+  e.meta.chunk_index = chunk;
+  e.meta.chunk_bytes =
+      static_cast<uint32_t>(std::min<uint64_t>(layout_.slotBytes(), total - std::min(total, offset)));
+  e.meta.signature = op.signature();
+  e.src = src;
+  ++ch.next;
+  if (ch.proxied) {
+    while (!fifo_->tryPush(seq, triggerWord(TriggerType::kTransmit, ch.ring, ch.peer))) cpuRelax();
+  } else {
+    transmit(ch, seq);
+  }
+}
+
+void Engine::transmit(SendChannel& ch, uint64_t seq) {
+  const OutboxEntry& e = ch.outbox[seq % layout_.slots()];
+  const size_t off = layout_.slotOffset(rank_, ch.ring, seq);
+  transport_->write(ch.peer, off + kLine, e.src, e.meta.chunk_bytes);
+  transport_->write(ch.peer, off, &e.meta, sizeof(SlotMeta));
+  transport_->signal(ch.peer, off + kFlagOffsetInHeader, seq + 1);
+  ch.transmitted.store(seq + 1, std::memory_order_release);
+}
+
+void Engine::handleTrigger(const Trigger& t) {
+  const auto type = static_cast<TriggerType>((t.snd >> kTriggerTypeShift) & 0xff);
+  const auto ring = static_cast<Ring>((t.snd >> kTriggerRingShift) & 0xff);
+  const int peer = static_cast<int>(t.snd & 0xffffffffu);
+  if (type == TriggerType::kTransmit) {
+    transmit(sendCh(peer, ring), t.fst);
+  } else {
+    transport_->signal(peer, layout_.ackOffset(rank_, ring), t.fst);
+  }
+}
+
+const SlotHeader* Engine::readySlot(RecvChannel& ch, uint64_t seq) const {
+  const auto* h = reinterpret_cast<const SlotHeader*>(
+      ch.ring_base + static_cast<size_t>(seq % layout_.slots()) * layout_.slotStride());
+  return h->flag.load(std::memory_order_acquire) == seq + 1 ? h : nullptr;
+}
+
+void Engine::consumeChunk(RecvChannel& ch) {
+  const uint64_t consumed = ++ch.next;
+  if (ch.proxied) {
+    while (!fifo_->tryPush(consumed, triggerWord(TriggerType::kAck, ch.ring, ch.peer))) cpuRelax();
+  } else {
+    transport_->signal(ch.peer, layout_.ackOffset(rank_, ch.ring), consumed);
+  }
+}
+
+void Engine::validate(const Op& op, const SlotHeader& h, int peer, uint32_t chunk,
+                      uint64_t expected_bytes) const {
+  const uint32_t expected_sig =
+      op.kind == OpKind::kRecv ? opSignature(OpKind::kSend, DType::kBytes, RedOp::kNone)
+                               : op.signature();
+  const bool seq_ok = op.kind == OpKind::kRecv || h.meta.op_seq == op.seq;
+  if (h.meta.signature == expected_sig && seq_ok && h.meta.total_bytes == expected_bytes &&
+      h.meta.chunk_index == chunk)
+    return;
+  std::string what = "resident: " + op.describe() + " on rank " + std::to_string(rank_) +
+                     " does not match rank " + std::to_string(peer) + ": rank " +
+                     std::to_string(peer) + " sent " + describeSignature(h.meta.signature) + " (";
+  what += op.kind == OpKind::kRecv ? "tag " : "op #";
+  what += std::to_string(h.meta.op_seq) + ", " + std::to_string(h.meta.total_bytes) +
+          " bytes) where this rank expected " + std::to_string(expected_bytes) + " bytes";
+  if (h.meta.total_bytes != expected_bytes) what += " (size mismatch)";
+  if (h.meta.signature != expected_sig) what += " (operation or dtype mismatch)";
+  what += ". All ranks must call the same collectives in the same order with matching sizes.";
+  throw CommError(what);
+}
+
+bool Engine::progressPlaceRecvs(Op& op) {
+  bool moved = false;
+  const uint32_t chunk = layout_.slotBytes();
+  for (int p = 0; p < nranks_; ++p) {
+    PeerTransfer& t = op.peers[static_cast<size_t>(p)];
+    if (!t.recvs) continue;
+    RecvChannel& ch = recvCh(p, op.ring);
+    while (t.received < t.recv_chunks) {
+      const uint64_t seq = t.recv_first + t.received;
+      const SlotHeader* h = ch.next == seq ? readySlot(ch, seq) : nullptr;
+      if (h == nullptr) {
+        op.waiting_on = p;
+        break;
+      }
+      validate(op, *h, p, t.received, t.recv_bytes);
+      std::memcpy(t.recv_ptr + static_cast<uint64_t>(t.received) * chunk,
+                  reinterpret_cast<const unsigned char*>(h) + kLine, h->meta.chunk_bytes);
+      consumeChunk(ch);
+      ++t.received;
+      moved = true;
+    }
+  }
+  return moved;
+}
+
+bool Engine::progressReduce(Op& op) {
+  bool moved = false;
+  const uint32_t chunk = layout_.slotBytes();
+  const size_t elem = dtypeSize(op.dtype);
+  while (op.reduced < op.reduce_chunks) {
+    const uint32_t k = op.reduced;
+    // Every input's chunk k must be here, and (in place) our own chunk k must have left.
+    for (int p = 0; p < nranks_; ++p) {
+      const PeerTransfer& t = op.peers[static_cast<size_t>(p)];
+      if (t.sends && k < t.send_chunks) {
+        const SendChannel& ch = send_[static_cast<size_t>(p) * kRings + op.ring];
+        if (t.sent <= k || (ch.proxied && ch.transmitted.load(std::memory_order_acquire) <=
+                                              t.send_first + k)) {
+          op.waiting_on = p;
+          return moved;
+        }
+      }
+      if (t.recvs) {
+        RecvChannel& ch = recvCh(p, op.ring);
+        const uint64_t seq = t.recv_first + k;
+        const SlotHeader* h = ch.next == seq ? readySlot(ch, seq) : nullptr;
+        if (h == nullptr) {
+          op.waiting_on = p;
+          return moved;
+        }
+        validate(op, *h, p, k, t.recv_bytes);
+        op.reduce_inputs[static_cast<size_t>(p)] = reinterpret_cast<const unsigned char*>(h) + kLine;
+      }
+    }
+    const uint64_t off = static_cast<uint64_t>(k) * chunk;
+    const uint64_t bytes = std::min<uint64_t>(chunk, op.reduce_bytes - off);
+    int n = 0;
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) {
+        op.reduce_inputs[static_cast<size_t>(n++)] = op.reduce_local + off;
+      } else if (op.peers[static_cast<size_t>(p)].recvs) {
+        op.reduce_inputs[static_cast<size_t>(n++)] = op.reduce_inputs[static_cast<size_t>(p)];
+      }
+    }
+    reduceInto(op.dtype, op.redop, op.reduce_out + off, op.reduce_inputs.data(), n, bytes / elem);
+    for (int p = 0; p < nranks_; ++p) {
+      PeerTransfer& t = op.peers[static_cast<size_t>(p)];
+      if (!t.recvs) continue;
+      consumeChunk(recvCh(p, op.ring));
+      ++t.received;
+    }
+    ++op.reduced;
+    moved = true;
+  }
+  return moved;
+}
+
+bool Engine::deliverFromStash(Op& op) {
+  for (auto it = stash_.begin(); it != stash_.end(); ++it) {
+    Stash& s = **it;
+    if (s.peer != op.peer || s.tag != op.seq) continue;
+    if (s.received < s.chunks) return false;  // the oldest match is still arriving
+    if (s.total != op.bytes) {
+      throw CommError("resident: recv from rank " + std::to_string(op.peer) + " with tag " +
+                      std::to_string(op.seq) + " expected " + std::to_string(op.bytes) +
+                      " bytes but the matching send carried " + std::to_string(s.total) +
+                      " bytes (size mismatch)");
+    }
+    if (s.total != 0) std::memcpy(op.peers[static_cast<size_t>(op.peer)].recv_ptr, s.data.data(), s.total);
+    PeerTransfer& t = op.peers[static_cast<size_t>(op.peer)];
+    t.received = t.recv_chunks;
+    op.bound = true;
+    stash_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+bool Engine::progressP2PRecvs() {
+  bool moved = false;
+  const uint32_t chunk = layout_.slotBytes();
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    RecvChannel& ch = recvCh(p, kP2PRing);
+    P2PBinding& b = p2p_bind_[static_cast<size_t>(p)];
+    for (;;) {
+      const SlotHeader* h = readySlot(ch, ch.next);
+      if (h == nullptr) break;
+      if (b.op == nullptr && b.stash == nullptr) {
+        if (h->meta.chunk_index != 0) {
+          throw CommError("resident: protocol error on the p2p channel from rank " +
+                          std::to_string(p) + " (chunk " + std::to_string(h->meta.chunk_index) +
+                          " without a message start)");
+        }
+        // Match the oldest posted recv with this peer and tag, unless an earlier message
+        // with the same tag is stashed (messages with one tag are received in order).
+        bool stashed_same_tag = false;
+        for (const auto& s : stash_)
+          if (s->peer == p && s->tag == h->meta.op_seq) stashed_same_tag = true;
+        if (!stashed_same_tag) {
+          for (Op* op : active_) {
+            if (op->kind == OpKind::kRecv && op->peer == p && !op->bound &&
+                op->seq == h->meta.op_seq && op->state.load() == OpState::kActive) {
+              validate(*op, *h, p, 0, op->bytes);
+              op->bound = true;
+              b.op = op;
+              break;
+            }
+          }
+        }
+        if (b.op == nullptr) {
+          // No recv posted for it yet: keep it aside (allocates; only for unexpected order).
+          auto s = std::make_unique<Stash>();
+          s->peer = p;
+          s->tag = h->meta.op_seq;
+          s->total = h->meta.total_bytes;
+          s->chunks = chunksFor(h->meta.total_bytes, chunk);
+          s->received = 0;
+          s->data.resize(h->meta.total_bytes);
+          b.stash = s.get();
+          stash_.push_back(std::move(s));
+        }
+      }
+      const auto* payload = reinterpret_cast<const unsigned char*>(h) + kLine;
+      if (b.op != nullptr) {
+        PeerTransfer& t = b.op->peers[static_cast<size_t>(p)];
+        validate(*b.op, *h, p, t.received, b.op->bytes);
+        std::memcpy(t.recv_ptr + static_cast<uint64_t>(t.received) * chunk, payload, h->meta.chunk_bytes);
+        if (++t.received == t.recv_chunks) b.op = nullptr;
+      } else {
+        std::memcpy(b.stash->data.data() + static_cast<uint64_t>(b.stash->received) * chunk, payload,
+                    h->meta.chunk_bytes);
+        if (++b.stash->received == b.stash->chunks) b.stash = nullptr;
+      }
+      consumeChunk(ch);
+      moved = true;
+    }
+  }
+  return moved;
+}
+
+void Engine::checkDeadline(Op& op, uint64_t now) {
+  const int peer = op.waiting_on;
+  const std::string peer_text =
+      peer >= 0 ? "rank " + std::to_string(peer) + " (pid " +
+                      std::to_string(peers_[static_cast<size_t>(peer)].pid) + " on " +
+                      peers_[static_cast<size_t>(peer)].host + ")"
+                : std::string("its peers");
+  if (now > op.deadline_ns) {
+    throw TimeoutError("resident: " + op.describe() + " on rank " + std::to_string(rank_) +
+                       " timed out after " + std::to_string((now - op.start_ns) / 1000000) +
+                       " ms waiting for " + peer_text +
+                       "; that rank may have crashed, hung, or called a different operation");
+  }
+  // A peer on this host that exited will never answer: say so now rather than at the timeout.
+  if (now - op.last_liveness_check_ns < kLivenessPeriodNs) return;
+  op.last_liveness_check_ns = now;
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_ || (peer >= 0 && p != peer)) continue;
+    const PeerInfo& info = peers_[static_cast<size_t>(p)];
+    if (!info.same_host || info.pid <= 0) continue;
+    if (kill(info.pid, 0) != 0 && errno == ESRCH) {
+      throw CommError("resident: rank " + std::to_string(p) + " (pid " + std::to_string(info.pid) +
+                      ") exited while rank " + std::to_string(rank_) + " waited in " +
+                      op.describe());
+    }
+  }
+}
+
+}  // namespace resident

@@ -1,0 +1,133 @@
+// The progress engine of one communicator: the op pool, the channels, and the non-blocking
+// state machine that moves every active op forward. Whoever holds the engine (a caller
+// waiting on an op, or the proxy thread for async ops) drives it; nobody blocks inside it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/channel.hpp"
+#include "core/config.hpp"
+#include "core/fifo.hpp"
+#include "core/layout.hpp"
+#include "core/op.hpp"
+#include "core/transport.hpp"
+
+namespace resident {
+
+struct PeerInfo {
+  int pid = 0;
+  bool same_host = false;
+  std::string host;
+};
+
+enum class TriggerType : uint64_t { kTransmit = 1, kAck = 2 };
+
+class Engine {
+ public:
+  Engine(int rank, int nranks, const Config& cfg, const InboxLayout& layout,
+         unsigned char* inbox, Transport* transport, std::vector<PeerInfo> peers,
+         std::vector<bool> proxied, TriggerFifo* fifo, uint64_t timeout_ns);
+  ~Engine();
+
+  // Starting an op: begin() locks the engine and returns a blank op (waiting for a free one
+  // if all are in flight); the caller fills it in and commit() reserves its channel
+  // sequences, activates it and unlocks.
+  Op* begin();
+  OpHandle commit(Op* op);
+  void abandon(Op* op);  // unlock without starting (argument error found while filling)
+
+  // Non-blocking; true if the op finished (successfully or not).
+  bool test(OpHandle h);
+  // Drives progress until the op finishes; throws its error. timeout_ns 0: op's deadline.
+  void wait(OpHandle h, uint64_t timeout_ns = 0);
+  // The op's storage may be reused once it finished.
+  void release(OpHandle h);
+  // Called once (from the engine's driver) when the op finishes; used for futures.
+  void setCompletionCallback(OpHandle h, void (*fn)(void*), void* ctx);
+
+  // One progress pass if nobody else is driving; returns true if anything moved.
+  bool tryProgress();
+  bool hasActive() const { return active_count_.load(std::memory_order_acquire) > 0; }
+  // The proxy side of a trigger.
+  void handleTrigger(const Trigger& t);
+
+  // Fails every active op and refuses new ones.
+  void poison(const std::string& reason);
+  bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
+  uint64_t timeoutNs() const { return timeout_ns_; }
+  void setTimeoutNs(uint64_t ns) { timeout_ns_ = ns; }
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  uint64_t nextCollectiveSeq() { return coll_seq_++; }
+  uint32_t chunkBytes() const { return layout_.slotBytes(); }
+
+ private:
+  void lock();
+  bool tryLock();
+  void unlock();
+  bool progressLocked();
+  bool progressOp(Op& op, uint64_t now);
+  bool progressSends(Op& op);
+  bool progressPlaceRecvs(Op& op);
+  bool progressReduce(Op& op);
+  bool progressP2PRecvs();
+  bool opFinished(const Op& op) const;
+  void finishOp(Op& op, OpState state, ErrorKind kind, const std::string& error);
+  void checkDeadline(Op& op, uint64_t now);
+  void runCallbacks();
+
+  const SlotHeader* readySlot(RecvChannel& ch, uint64_t seq) const;
+  void validate(const Op& op, const SlotHeader& h, int peer, uint32_t chunk,
+                uint64_t expected_bytes) const;
+  void postChunk(SendChannel& ch, const Op& op, const unsigned char* src, uint64_t total,
+                 uint32_t chunk);
+  void consumeChunk(RecvChannel& ch);
+  void transmit(SendChannel& ch, uint64_t seq);
+  SendChannel& sendCh(int peer, Ring ring) { return send_[peer * kRings + ring]; }
+  RecvChannel& recvCh(int peer, Ring ring) { return recv_[peer * kRings + ring]; }
+
+  // P2P messages that arrived before a matching recv was posted.
+  struct Stash {
+    int peer;
+    uint64_t tag;
+    uint64_t total;
+    uint32_t chunks, received;
+    std::vector<unsigned char> data;
+  };
+  struct P2PBinding {
+    Op* op = nullptr;      // bound recv op, or
+    Stash* stash = nullptr;  // bound stash entry
+  };
+  bool deliverFromStash(Op& op);
+
+  const int rank_, nranks_;
+  const Config cfg_;
+  const InboxLayout layout_;
+  unsigned char* const inbox_;
+  Transport* const transport_;
+  std::vector<PeerInfo> peers_;
+  TriggerFifo* const fifo_;
+  uint64_t timeout_ns_;
+
+  std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
+  std::vector<std::unique_ptr<Op>> pool_;
+  std::vector<Op*> free_;
+  std::vector<Op*> active_;  // submission order
+  std::atomic<int> active_count_{0};
+  std::vector<SendChannel> send_;
+  std::vector<RecvChannel> recv_;
+  std::vector<P2PBinding> p2p_bind_;
+  std::vector<std::unique_ptr<Stash>> stash_;
+  // Completion callbacks of finished ops, run after unlock.
+  std::vector<std::pair<void (*)(void*), void*>> callbacks_;
+  uint64_t coll_seq_ = 0;
+  std::atomic<bool> poisoned_{false};
+  std::string poison_reason_;
+};
+
+}  // namespace resident

@@ -1,0 +1,82 @@
+// Single-producer single-consumer FIFO of 16-byte triggers, the hand-off from whoever runs an
+// operation (a CPU thread now, a GPU kernel later) to the resident proxy. A slot is valid when
+// the top bit of its second word equals the lap parity of its position, so the consumer never
+// clears slots; the consumer publishes its tail for the producer's flow control. The memory
+// may be ordinary or mapped host memory: the layout has no pointers.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+namespace resident {
+
+struct Trigger {
+  uint64_t fst;  // payload (a sequence number or a value)
+  uint64_t snd;  // top bit: lap parity; low 63 bits: type and routing
+};
+
+class TriggerFifo {
+ public:
+  static constexpr uint64_t kLapBit = 1ull << 63;
+
+  explicit TriggerFifo(uint32_t capacity_pow2)
+      : mask_(capacity_pow2 - 1), slots_(capacity_pow2) {
+    for (auto& s : slots_) {
+      s.fst.store(0, std::memory_order_relaxed);
+      s.snd.store(0, std::memory_order_relaxed);
+    }
+  }
+
+  uint32_t capacity() const { return mask_ + 1; }
+
+  // Producer. Returns false when the FIFO is full (the caller retries after progress).
+  bool tryPush(uint64_t fst, uint64_t snd_low) {
+    if (head_ - cached_tail_ > mask_) {
+      cached_tail_ = tail_.load(std::memory_order_acquire);
+      if (head_ - cached_tail_ > mask_) return false;
+    }
+    Slot& s = slots_[head_ & mask_];
+    s.fst.store(fst, std::memory_order_relaxed);
+    s.snd.store((snd_low & ~kLapBit) | lapBit(head_), std::memory_order_release);
+    ++head_;
+    return true;
+  }
+
+  // Consumer. Returns false when no trigger is ready.
+  bool tryPop(Trigger& out) {
+    Slot& s = slots_[tail_local_ & mask_];
+    const uint64_t snd = s.snd.load(std::memory_order_acquire);
+    if ((snd & kLapBit) != lapBit(tail_local_)) return false;
+    out.fst = s.fst.load(std::memory_order_relaxed);
+    out.snd = snd & ~kLapBit;
+    ++tail_local_;
+    tail_.store(tail_local_, std::memory_order_release);
+    return true;
+  }
+
+  // Number of triggers pushed and not yet popped (approximate from the producer side).
+  bool empty() const {
+    const Slot& s = slots_[tail_local_ & mask_];
+    return (s.snd.load(std::memory_order_acquire) & kLapBit) != lapBit(tail_local_);
+  }
+
+ private:
+  // Lap 0 expects the bit set, so zero-initialised memory reads as empty.
+  uint64_t lapBit(uint64_t pos) const { return ((pos / (mask_ + 1)) & 1) ? 0 : kLapBit; }
+
+  struct Slot {
+    std::atomic<uint64_t> fst;
+    std::atomic<uint64_t> snd;
+  };
+  const uint32_t mask_;
+  std::vector<Slot> slots_;
+  // Producer side.
+  alignas(64) uint64_t head_ = 0;
+  uint64_t cached_tail_ = 0;
+  // Consumer side.
+  alignas(64) uint64_t tail_local_ = 0;
+  std::atomic<uint64_t> tail_{0};
+};
+
+}  // namespace resident

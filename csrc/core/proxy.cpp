@@ -1,0 +1,53 @@
+#include "core/proxy.hpp"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include "core/clock.hpp"
+#include "core/log.hpp"
+
+namespace resident {
+
+bool pinCurrentThread(int cpu) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof(allowed), &allowed) != 0 ||
+      !CPU_ISSET(cpu, &allowed)) {
+    return false;
+  }
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  return pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0;
+}
+
+void Proxy::start() {
+  stop_.store(false);
+  thread_ = std::thread([this] { run(); });
+}
+
+void Proxy::stop() {
+  stop_.store(true, std::memory_order_release);
+  if (thread_.joinable()) thread_.join();
+}
+
+void Proxy::run() {
+  pthread_setname_np(pthread_self(), "resident-proxy");
+  if (cfg_.proxy_cpu >= 0) {
+    if (pinCurrentThread(cfg_.proxy_cpu)) {
+      bound_cpu_.store(cfg_.proxy_cpu);
+      RLOG_INFO("proxy bound to cpu %d", cfg_.proxy_cpu);
+    } else {
+      RLOG_WARN("RESIDENT_PROXY_CPU=%d is not in this process's allowed CPU set; not pinned",
+                cfg_.proxy_cpu);
+    }
+  }
+  // Hot for proxy_spin_us after the last work, then yield/sleep with back-off.
+  Backoff backoff(cfg_.proxy_spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
+  while (!stop_.load(std::memory_order_acquire)) {
+    if (handler_.proxyPoll()) backoff.reset();
+    else backoff.pause();
+  }
+}
+
+}  // namespace resident

@@ -1,0 +1,788 @@
+"""Multi-process harness for the `resident` torch.distributed backend tests.
+
+The backend under test is a module-level choice: ``RESIDENT_TEST_BACKEND``
+(default ``"resident"``).  With ``RESIDENT_TEST_BACKEND=gloo`` the same tests run
+against gloo, which is how the suite is developed while the extension is not
+built.  Whenever the backend string mentions ``resident``, every rank imports
+``resident_pg`` before ``init_process_group``.
+
+Entry points (parent side):
+
+* :func:`run_ranks` -- strict: every rank must return normally and tear down
+  cleanly; any rank exception is re-raised in the parent as :class:`RanksFailed`
+  naming the rank and carrying its traceback text.  The parent never hangs: after
+  ``timeout_s`` every child is SIGKILLed and :class:`RanksFailed` is raised.
+* :func:`run_ranks_collect` -- fault-tolerant: returns one :class:`RankOutcome`
+  per rank (result, exception text, exit code, whether it was killed, ...).
+  A rank may ask the parent to SIGKILL it (:func:`request_sigkill`), or die by
+  itself (``os._exit``).
+
+Inside a rank, :data:`CTX` describes the job, and :func:`connect_store` /
+:func:`init_pg` let a test do its own (repeated) initialisation when the
+harness is told not to initialise (``init=False``).
+
+The second half of this module holds deterministic data generation and
+independent (numpy / float64) references used by the test modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import datetime
+import hashlib
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import zlib
+from typing import Any, Callable, Optional, Sequence
+
+BACKEND: str = os.environ.get("RESIDENT_TEST_BACKEND", "resident").strip() or "resident"
+IS_RESIDENT: bool = BACKEND == "resident"
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "resident"
+
+_ENV_LOCK = threading.Lock()
+
+
+# --------------------------------------------------------------------------
+# Parent-side result types
+# --------------------------------------------------------------------------
+
+
+class RanksFailed(AssertionError):
+    """Raised in the parent when one or more ranks failed (or the job timed out)."""
+
+    def __init__(self, message: str, outcomes: Optional[list] = None):
+        super().__init__(message)
+        self.outcomes = outcomes or []
+
+
+@dataclasses.dataclass
+class RankOutcome:
+    rank: int
+    pid: Optional[int] = None
+    # "ok"      fn returned a value
+    # "error"   fn (or init) raised; exc_* fields set
+    # "died"    the process exited without reporting (os._exit, crash)
+    # "killed"  the parent SIGKILLed it (on request, or because of a timeout)
+    # "timeout" the overall timeout passed before it reported (it was then killed)
+    status: str = "pending"
+    value: Any = None
+    exc_type: Optional[str] = None
+    exc_is_runtime_error: bool = False
+    exc_is_value_error: bool = False
+    message: Optional[str] = None
+    traceback: Optional[str] = None
+    exitcode: Optional[int] = None
+    # seconds from the parent's start of the job to the rank's report
+    reported_at_s: Optional[float] = None
+    # teardown (destroy_process_group) after the result was sent
+    destroy_status: str = "not-run"  # "ok", "error", "not-run", "hung"
+    destroy_message: Optional[str] = None
+    kill_requested: bool = False
+
+    def describe(self) -> str:
+        head = f"rank {self.rank} (pid {self.pid}): {self.status}"
+        if self.status == "error":
+            head += f" -- {self.exc_type}: {self.message}"
+            if self.traceback:
+                head += "\n" + _indent(self.traceback)
+        elif self.status in ("died", "killed", "timeout"):
+            head += f" (exitcode {self.exitcode})"
+        if self.destroy_status not in ("ok", "not-run"):
+            head += f"\n  destroy_process_group: {self.destroy_status} {self.destroy_message or ''}"
+        return head
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line for line in text.rstrip().splitlines())
+
+
+# --------------------------------------------------------------------------
+# Child-side context and helpers
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RankContext:
+    rank: int = -1
+    world_size: int = 0
+    backend: str = BACKEND
+    store_port: Optional[int] = None
+    rendezvous: str = "store"
+    rdzv_port: Optional[int] = None
+    init_timeout_s: float = 20.0
+    conn: Any = None
+    _store: Any = None
+    _store_lock: Any = dataclasses.field(default_factory=threading.Lock)
+
+
+CTX = RankContext()
+
+
+def needs_resident_import(backend: str) -> bool:
+    return "resident" in backend
+
+
+def import_backend_module(backend: str) -> None:
+    if needs_resident_import(backend):
+        import resident_pg  # noqa: F401  (registers the backend)
+
+
+def task_count() -> int:
+    """Number of OS threads of this process (/proc/self/task)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def list_shm(prefix: str = SHM_PREFIX) -> dict:
+    """{name: (mode & 0o777, uid, size)} for /dev/shm entries starting with prefix."""
+    out = {}
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return out
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        try:
+            st = os.stat(os.path.join(SHM_DIR, name))
+        except FileNotFoundError:
+            continue
+        out[name] = (st.st_mode & 0o777, st.st_uid, st.st_size)
+    return out
+
+
+def connect_store(timeout_s: Optional[float] = None):
+    """A client of the parent's TCPStore (one per process, reused)."""
+    import torch.distributed as dist
+
+    with CTX._store_lock:
+        if CTX._store is None:
+            if CTX.store_port is None:
+                raise RuntimeError("harness: no parent store in this rendezvous mode")
+            CTX._store = dist.TCPStore(
+                "127.0.0.1",
+                CTX.store_port,
+                None,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=timeout_s or max(CTX.init_timeout_s, 30)),
+            )
+        return CTX._store
+
+
+def init_pg(
+    backend: Optional[str] = None,
+    *,
+    prefix: str = "",
+    timeout_s: Optional[float] = None,
+    rendezvous: Optional[str] = None,
+) -> None:
+    """init_process_group for this rank, as the harness would do it.
+
+    ``prefix`` namespaces the parent's store so that the same process can
+    initialise several times (each cycle must use a distinct prefix).
+    """
+    import torch.distributed as dist
+
+    backend = backend or CTX.backend
+    import_backend_module(backend)
+    timeout = datetime.timedelta(seconds=timeout_s if timeout_s is not None else CTX.init_timeout_s)
+    rendezvous = rendezvous or CTX.rendezvous
+    if rendezvous == "store":
+        store = connect_store()
+        if prefix:
+            store = dist.PrefixStore(prefix, store)
+        dist.init_process_group(
+            backend, store=store, rank=CTX.rank, world_size=CTX.world_size, timeout=timeout
+        )
+    elif rendezvous == "tcp":
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{CTX.rdzv_port}",
+            rank=CTX.rank,
+            world_size=CTX.world_size,
+            timeout=timeout,
+        )
+    elif rendezvous == "env":
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(CTX.rdzv_port)
+        os.environ["RANK"] = str(CTX.rank)
+        os.environ["WORLD_SIZE"] = str(CTX.world_size)
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    else:
+        raise ValueError(f"unknown rendezvous {rendezvous!r}")
+
+
+def request_sigkill(note: str = "") -> None:
+    """Ask the parent to SIGKILL this rank; never returns."""
+    CTX.conn.send(("kill_me", CTX.rank, note))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    os._exit(99)  # the parent did not kill us: make it visible
+
+
+def _set_pdeathsig() -> None:
+    """Die with the parent (pytest killed -> no orphaned ranks)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def _exc_fields(e: BaseException) -> tuple:
+    return (
+        type(e).__name__,
+        isinstance(e, RuntimeError),
+        isinstance(e, ValueError),
+        str(e),
+        "".join(traceback.format_exception(type(e), e, e.__traceback__)),
+    )
+
+
+def _rank_main(fn, rank, world_size, args, backend, store_port, rendezvous, rdzv_port,
+               init_timeout_s, do_init, conn):
+    _set_pdeathsig()
+    CTX.rank = rank
+    CTX.world_size = world_size
+    CTX.backend = backend
+    CTX.store_port = store_port
+    CTX.rendezvous = rendezvous
+    CTX.rdzv_port = rdzv_port
+    CTX.init_timeout_s = init_timeout_s
+    CTX.conn = conn
+    conn.send(("pid", rank, os.getpid()))
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        import torch.distributed as dist
+
+        import_backend_module(backend)
+        if do_init:
+            init_pg(backend)
+        value = fn(rank, world_size, *args)
+    except BaseException as e:  # noqa: BLE001 - report everything
+        conn.send(("error", rank) + _exc_fields(e))
+        # Best effort: the group may be broken; the parent kills us if this hangs.
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            conn.send(("destroyed", rank, "ok", None))
+        except BaseException as e2:  # noqa: BLE001
+            conn.send(("destroyed", rank, "error", f"{type(e2).__name__}: {e2}"))
+        conn.close()
+        return
+    try:
+        conn.send(("result", rank, value))
+    except Exception as e:  # unpicklable result
+        conn.send(("error", rank) + _exc_fields(e))
+        return
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        conn.send(("destroyed", rank, "ok", None))
+    except BaseException as e:  # noqa: BLE001
+        conn.send(("destroyed", rank, "error", "".join(traceback.format_exception(e))))
+    conn.close()
+
+
+# --------------------------------------------------------------------------
+# Parent side
+# --------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _patched_environ(env: Optional[dict]):
+    """Children inherit os.environ at spawn time; set `env` only around start()."""
+    if not env:
+        yield
+        return
+    with _ENV_LOCK:
+        saved = {k: os.environ.get(k) for k in env}
+        try:
+            for k, v in env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = str(v)
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def _kill(proc) -> None:
+    try:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, OSError, ValueError):
+        pass
+
+
+def _run(
+    fn: Callable,
+    world_size: int,
+    *,
+    args: Sequence = (),
+    backend: Optional[str],
+    timeout_s: float,
+    env: Optional[dict],
+    init_timeout_s: float,
+    init: bool,
+    rendezvous: str,
+    strict: bool,
+    stop_when_done: Optional[Sequence[int]] = None,
+    destroy_grace_s: float = 15.0,
+    error_grace_s: float = 10.0,
+) -> list:
+    import torch.distributed as dist
+
+    backend = backend or BACKEND
+    ctx = mp.get_context("spawn")
+    child_env = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::FutureWarning"}
+    child_env.update(env or {})
+
+    store = None
+    store_port = None
+    rdzv_port = None
+    if rendezvous == "store":
+        store = dist.TCPStore(
+            "127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=max(init_timeout_s, 30)),
+        )
+        store_port = store.port
+    else:
+        rdzv_port = free_port()
+
+    outcomes = [RankOutcome(rank=r) for r in range(world_size)]
+    procs = []
+    conns = {}
+    t0 = time.monotonic()
+    try:
+        with _patched_environ(child_env):
+            for r in range(world_size):
+                recv_end, send_end = ctx.Pipe(duplex=False)
+                p = ctx.Process(
+                    target=_rank_main,
+                    args=(fn, r, world_size, tuple(args), backend, store_port, rendezvous,
+                          rdzv_port, init_timeout_s, init, send_end),
+                    name=f"rank{r}",
+                    daemon=True,
+                )
+                p.start()
+                send_end.close()
+                procs.append(p)
+                conns[recv_end] = r
+                outcomes[r].pid = p.pid
+
+        deadline = t0 + timeout_s
+        first_error_at = None
+        reported = set()
+        timed_out = False
+        destroy_deadline = None
+
+        def all_settled() -> bool:
+            return all(o.status != "pending" and o.destroy_status != "not-run"
+                       or o.status in ("died", "killed", "timeout")
+                       for o in outcomes)
+
+        while conns:
+            now = time.monotonic()
+            if now >= deadline:
+                timed_out = True
+                break
+            if strict and first_error_at is not None and now - first_error_at > error_grace_s:
+                break
+            if stop_when_done is not None and all(
+                outcomes[r].status != "pending" for r in stop_when_done
+            ):
+                if destroy_deadline is None:
+                    destroy_deadline = now + destroy_grace_s
+                if all(outcomes[r].destroy_status != "not-run" or outcomes[r].status in ("died", "killed")
+                       for r in stop_when_done) or now > destroy_deadline:
+                    break
+            ready = mpc.wait(list(conns), timeout=0.1)
+            for c in ready:
+                r = conns[c]
+                try:
+                    msg = c.recv()
+                except (EOFError, OSError):
+                    del conns[c]
+                    o = outcomes[r]
+                    procs[r].join(timeout=5)
+                    o.exitcode = procs[r].exitcode
+                    if o.status == "pending":
+                        o.status = "killed" if o.kill_requested else "died"
+                        o.reported_at_s = time.monotonic() - t0
+                        if strict and first_error_at is None:
+                            first_error_at = time.monotonic()
+                    elif o.destroy_status == "not-run" and o.status in ("ok", "error"):
+                        o.destroy_status = "died"
+                    continue
+                kind = msg[0]
+                o = outcomes[r]
+                if kind == "pid":
+                    o.pid = msg[2]
+                elif kind == "result":
+                    o.status = "ok"
+                    o.value = msg[2]
+                    o.reported_at_s = time.monotonic() - t0
+                elif kind == "error":
+                    (o.exc_type, o.exc_is_runtime_error, o.exc_is_value_error,
+                     o.message, o.traceback) = msg[2:]
+                    o.status = "error"
+                    o.reported_at_s = time.monotonic() - t0
+                    if first_error_at is None:
+                        first_error_at = time.monotonic()
+                elif kind == "destroyed":
+                    o.destroy_status = msg[2]
+                    o.destroy_message = msg[3]
+                elif kind == "kill_me":
+                    o.kill_requested = True
+                    _kill(procs[r])
+        # Anything still pending is killed.
+        for r, p in enumerate(procs):
+            o = outcomes[r]
+            if p.is_alive():
+                _kill(p)
+                if o.status == "pending":
+                    o.status = "timeout" if timed_out else "killed"
+                elif o.destroy_status == "not-run":
+                    o.destroy_status = "hung"
+        for p in procs:
+            p.join(timeout=10)
+        for r, p in enumerate(procs):
+            if outcomes[r].exitcode is None:
+                outcomes[r].exitcode = p.exitcode
+            if outcomes[r].status == "pending":
+                outcomes[r].status = "died"
+    finally:
+        for p in procs:
+            _kill(p)
+        for p in procs:
+            p.join(timeout=10)
+        for c in list(conns):
+            c.close()
+        del store
+
+    if strict:
+        bad = [o for o in outcomes if o.status != "ok" or o.destroy_status != "ok"]
+        if bad or timed_out:
+            elapsed = time.monotonic() - t0
+            lines = [
+                f"{len(bad)} of {world_size} ranks failed (backend={backend!r}, "
+                f"elapsed {elapsed:.1f}s, timeout {timeout_s}s{', TIMED OUT' if timed_out else ''}):"
+            ]
+            # errors first: the root cause is usually the first rank that raised
+            for o in sorted(bad, key=lambda o: (o.status != "error", o.reported_at_s or 1e9)):
+                lines.append(o.describe())
+            raise RanksFailed("\n".join(lines), outcomes)
+    return outcomes
+
+
+def run_ranks(
+    fn: Callable,
+    world_size: int,
+    *,
+    args: Sequence = (),
+    backend: Optional[str] = None,
+    timeout_s: float = 60,
+    env: Optional[dict] = None,
+    init_timeout_s: float = 20,
+    init: bool = True,
+    rendezvous: str = "store",
+) -> list:
+    """Run fn(rank, world_size, *args) in world_size spawned ranks; return results by rank.
+
+    ``init_timeout_s`` is the ``timeout=`` given to ``init_process_group`` (it
+    bounds rendezvous and collectives).  ``rendezvous`` is ``"store"`` (a
+    TCPStore hosted by the parent), ``"tcp"`` (``tcp://127.0.0.1:port``) or
+    ``"env"`` (``env://`` with MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE).
+    ``init=False`` leaves initialisation to fn (see :func:`init_pg`).
+    Raises :class:`RanksFailed` if any rank raised, died, or failed to tear down,
+    or if ``timeout_s`` passed (all children are then SIGKILLed).
+    """
+    outcomes = _run(fn, world_size, args=args, backend=backend, timeout_s=timeout_s, env=env,
+                    init_timeout_s=init_timeout_s, init=init, rendezvous=rendezvous, strict=True)
+    return [o.value for o in outcomes]
+
+
+def run_ranks_collect(
+    fn: Callable,
+    world_size: int,
+    *,
+    args: Sequence = (),
+    backend: Optional[str] = None,
+    timeout_s: float = 60,
+    env: Optional[dict] = None,
+    init_timeout_s: float = 20,
+    init: bool = True,
+    rendezvous: str = "store",
+    stop_when_done: Optional[Sequence[int]] = None,
+    destroy_grace_s: float = 15.0,
+) -> list:
+    """Like :func:`run_ranks` but never raises for rank failures: one RankOutcome per rank.
+
+    A rank may die (``os._exit``) or ask to be SIGKILLed (:func:`request_sigkill`).
+    With ``stop_when_done=[ranks]`` the job ends (remaining ranks SIGKILLed) as soon
+    as those ranks have reported and finished (or failed) their teardown, waiting at
+    most ``destroy_grace_s`` for the teardown.
+    """
+    return _run(fn, world_size, args=args, backend=backend, timeout_s=timeout_s, env=env,
+                init_timeout_s=init_timeout_s, init=init, rendezvous=rendezvous, strict=False,
+                stop_when_done=stop_when_done, destroy_grace_s=destroy_grace_s)
+
+
+# --------------------------------------------------------------------------
+# Deterministic data and independent references
+# --------------------------------------------------------------------------
+
+
+def seed_of(*parts) -> int:
+    return zlib.crc32("/".join(str(p) for p in parts).encode())
+
+
+def rng_for(key: str, rank: int):
+    import numpy as np
+
+    return np.random.default_rng([seed_of(key), rank])
+
+
+FLOAT_DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16")
+INT_DTYPE_NAMES = ("int32", "int64", "uint8")
+
+
+def tdtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def is_float_name(name: str) -> bool:
+    return name in FLOAT_DTYPE_NAMES
+
+
+def itemsize(name: str) -> int:
+    return {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2,
+            "int32": 4, "int64": 8, "uint8": 1}[name]
+
+
+def make_input(key: str, rank: int, n: int, dtype_name: str, kind: str = "normal"):
+    """Deterministic random tensor for (key, rank): any rank can regenerate any other's.
+
+    kinds: "normal" (floats ~ N(0, 3), no exact zeros; ints over the full range,
+    so SUM/PRODUCT wrap), "near1" (floats in [0.6, 1.4]; ints in [-3, 3]
+    ([0, 3] for uint8)), "avg" (ints whose int64 sum cannot overflow).
+    """
+    import numpy as np
+    import torch
+
+    rng = rng_for(key, rank)
+    if is_float_name(dtype_name):
+        if kind == "near1":
+            a = rng.uniform(0.6, 1.4, n)
+        else:
+            a = rng.standard_normal(n) * 3.0
+            a[a == 0] = 0.5
+        t = torch.from_numpy(a).to(tdtype(dtype_name))
+        if kind != "near1":
+            # rounding to a short float can give exact zeros; avoid -0/+0 ambiguity
+            t[t == 0] = 0.25
+        return t.contiguous()
+    np_dt = np.dtype(dtype_name)
+    info = np.iinfo(np_dt)
+    if kind == "near1":
+        lo, hi = (0, 3) if dtype_name == "uint8" else (-3, 3)
+    elif kind == "avg" and dtype_name == "int64":
+        lo, hi = -(1 << 60), (1 << 60)
+    else:
+        lo, hi = int(info.min), int(info.max)
+    a = rng.integers(lo, hi, size=n, endpoint=True, dtype=np.int64 if dtype_name != "uint8" else np.uint8)
+    return torch.from_numpy(a.astype(np_dt)).contiguous()
+
+
+def to_np(t):
+    """Tensor -> numpy; bfloat16 becomes float32 (exact)."""
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        return t.to(torch.float32).numpy()
+    return t.numpy()
+
+
+def bits(t):
+    """Tensor -> numpy integer view of its bits (for bitwise comparisons)."""
+    import torch
+
+    view = {torch.float32: torch.int32, torch.float64: torch.int64,
+            torch.float16: torch.int16, torch.bfloat16: torch.int16}
+    if t.dtype in view:
+        return t.contiguous().view(view[t.dtype]).numpy()
+    return t.contiguous().numpy()
+
+
+def digest(t) -> str:
+    return hashlib.sha256(bits(t).tobytes()).hexdigest()[:16] + f"/{t.dtype}/{tuple(t.shape)}"
+
+
+def reference_reduce(inputs: list, op: str, dtype_name: str):
+    """Independent reference of a reduction of `inputs` (tensors, rank order 0..N-1).
+
+    Semantics: float32/float64 accumulate in that dtype; float16/bfloat16 in float32,
+    rounded once at the end; AVG divides the sum by N at the end (ints: int64 sum,
+    truncation toward zero, then cast); integer SUM/PRODUCT wrap.
+    Returns a torch tensor of dtype_name.
+    """
+    import numpy as np
+    import torch
+
+    n = len(inputs)
+    op = op.upper()
+    if is_float_name(dtype_name):
+        acc_dt = np.float64 if dtype_name == "float64" else np.float32
+        xs = [to_np(t).astype(acc_dt) for t in inputs]
+        acc = xs[0].copy()
+        for x in xs[1:]:
+            if op in ("SUM", "AVG"):
+                acc = (acc + x).astype(acc_dt)
+            elif op == "PRODUCT":
+                acc = (acc * x).astype(acc_dt)
+            elif op == "MIN":
+                acc = np.minimum(acc, x)
+            elif op == "MAX":
+                acc = np.maximum(acc, x)
+            else:
+                raise ValueError(op)
+        if op == "AVG":
+            acc = (acc / acc_dt(n)).astype(acc_dt)
+        return torch.from_numpy(np.ascontiguousarray(acc)).to(tdtype(dtype_name))
+    np_dt = np.dtype(dtype_name)
+    xs = [t.numpy().astype(np_dt) for t in inputs]
+    if op == "AVG":
+        s = np.zeros(xs[0].shape, dtype=np.int64)
+        for x in xs:
+            s = s + x.astype(np.int64)
+        q = np.sign(s) * (np.abs(s) // n)  # truncation toward zero
+        return torch.from_numpy(q.astype(np_dt))
+    acc = xs[0].copy()
+    with np.errstate(over="ignore"):
+        for x in xs[1:]:
+            if op == "SUM":
+                acc = np.add(acc, x, dtype=np_dt)
+            elif op == "PRODUCT":
+                acc = np.multiply(acc, x, dtype=np_dt)
+            elif op == "MIN":
+                acc = np.minimum(acc, x)
+            elif op == "MAX":
+                acc = np.maximum(acc, x)
+            elif op == "BAND":
+                acc = np.bitwise_and(acc, x)
+            elif op == "BOR":
+                acc = np.bitwise_or(acc, x)
+            elif op == "BXOR":
+                acc = np.bitwise_xor(acc, x)
+            else:
+                raise ValueError(op)
+    return torch.from_numpy(np.ascontiguousarray(acc))
+
+
+def _ulp(ref, dtype_name: str):
+    import numpy as np
+
+    a = np.abs(to_np(ref).astype(np.float64))
+    if dtype_name == "float16":
+        return np.spacing(np.abs(ref.numpy())).astype(np.float64)
+    if dtype_name == "bfloat16":
+        a = np.maximum(a, 2.0 ** -126)
+        return np.exp2(np.floor(np.log2(a)) - 7)
+    if dtype_name == "float32":
+        return np.spacing(np.abs(ref.numpy())).astype(np.float64)
+    return np.spacing(np.abs(ref.numpy()))
+
+
+def compare_reduction(got, ref, inputs: list, op: str, dtype_name: str, label: str) -> list:
+    """Return a list of error strings (empty when got matches the reference).
+
+    Integers and MIN/MAX must match bitwise.  Float SUM/AVG/PRODUCT: float32 /
+    float64 within a few ulps of the accumulated magnitude; float16 / bfloat16
+    within 1 ulp of the correctly rounded reference (accumulated in float32).
+    """
+    import numpy as np
+
+    errs = []
+    if got.dtype != ref.dtype or tuple(got.shape) != tuple(ref.shape):
+        return [f"{label}: got {got.dtype}{tuple(got.shape)}, expected {ref.dtype}{tuple(ref.shape)}"]
+    op = op.upper()
+    if not is_float_name(dtype_name) or op in ("MIN", "MAX"):
+        gb, rb = bits(got), bits(ref)
+        bad = np.nonzero(gb != rb)[0]
+        if bad.size:
+            i = int(bad[0])
+            errs.append(
+                f"{label}: {bad.size}/{gb.size} elements differ bitwise; first at [{i}]: "
+                f"got {got[i].item()!r}, expected {ref[i].item()!r}"
+            )
+        return errs
+    g = to_np(got).astype(np.float64)
+    r = to_np(ref).astype(np.float64)
+    if not np.all(np.isfinite(g)):
+        i = int(np.nonzero(~np.isfinite(g))[0][0])
+        return [f"{label}: non-finite result at [{i}]: {g[i]!r} (expected {r[i]!r})"]
+    n = len(inputs)
+    if dtype_name in ("float16", "bfloat16"):
+        tol = _ulp(ref, dtype_name) * 1.0 + 1e-30
+    else:
+        eps = float(np.finfo(np.float32 if dtype_name == "float32" else np.float64).eps)
+        if op == "PRODUCT":
+            mag = np.abs(r)
+        else:
+            mag = np.sum([np.abs(to_np(t).astype(np.float64)) for t in inputs], axis=0)
+            if op == "AVG":
+                mag = mag / n
+        tol = 2.0 * n * eps * mag + _ulp(ref, dtype_name)
+    diff = np.abs(g - r)
+    bad = np.nonzero(diff > tol)[0]
+    if bad.size:
+        i = int(bad[np.argmax(diff[bad] / np.maximum(tol[bad], 1e-300))])
+        errs.append(
+            f"{label}: {bad.size}/{g.size} elements out of tolerance; worst at [{i}]: "
+            f"got {g[i]!r}, expected {r[i]!r}, |diff| {diff[i]:.3g} > tol {tol[i]:.3g}"
+        )
+    return errs
+
+
+def compare_exact(got, ref, label: str) -> list:
+    import numpy as np
+
+    if got.dtype != ref.dtype or tuple(got.shape) != tuple(ref.shape):
+        return [f"{label}: got {got.dtype}{tuple(got.shape)}, expected {ref.dtype}{tuple(ref.shape)}"]
+    gb, rb = bits(got), bits(ref)
+    bad = np.nonzero(gb.reshape(-1) != rb.reshape(-1))[0]
+    if bad.size:
+        i = int(bad[0])
+        return [f"{label}: {bad.size}/{gb.size} elements differ; first at flat [{i}]: "
+                f"got {got.reshape(-1)[i].item()!r}, expected {ref.reshape(-1)[i].item()!r}"]
+    return []

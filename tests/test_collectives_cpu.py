@@ -1,0 +1,688 @@
+"""Collective semantics on CPU tensors, world sizes 2, 3 and 4.
+
+All checks for one world size run inside ONE spawned job (spawning ranks is the
+expensive part); the job returns, per case and per rank, the list of mismatches
+and digests of the outputs that must be bitwise identical on every rank.  Each
+case is then reported as its own pytest item.
+
+Every rank regenerates every other rank's input from a seed and computes an
+independent numpy / float64 reference (never with another collective).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import pytest
+
+import dist_harness as H
+from dist_harness import (
+    FLOAT_DTYPE_NAMES,
+    INT_DTYPE_NAMES,
+    compare_exact,
+    compare_reduction,
+    digest,
+    itemsize,
+    make_input,
+    reference_reduce,
+    tdtype,
+)
+
+WORLD_SIZES = (2, 3, 4)
+FLOAT_OPS = ("SUM", "AVG", "MIN", "MAX", "PRODUCT")
+INT_OPS = FLOAT_OPS + ("BAND", "BOR", "BXOR")
+MiB = 1 << 20
+
+
+def small_sizes(dtype_name):
+    """1 element, odd sizes, and a 64 KiB ("decode"-sized) tensor."""
+    return (1, 13, 1031, (64 * 1024) // itemsize(dtype_name))
+
+
+def large_size(dtype_name):
+    """An odd element count of a little more than 2 MiB (chunked path)."""
+    return (2 * MiB) // itemsize(dtype_name) + 3
+
+
+def kind_for(op, dtype_name):
+    if op == "PRODUCT" and dtype_name in FLOAT_DTYPE_NAMES:
+        return "near1"
+    if op == "AVG" and dtype_name not in FLOAT_DTYPE_NAMES:
+        return "avg"
+    return "normal"
+
+
+def reduce_op(name):
+    import torch.distributed as dist
+
+    return getattr(dist.ReduceOp, name)
+
+
+# --------------------------------------------------------------------------
+# Case registry
+# --------------------------------------------------------------------------
+
+
+class Case:
+    def __init__(self, cid, fn, resident_only=False, identical=True):
+        self.id = cid
+        self.fn = fn
+        self.resident_only = resident_only
+        self.identical = identical  # digests must agree across ranks
+
+
+CASES: dict = {}
+
+
+def case(cid, resident_only=False, identical=True):
+    def deco(fn):
+        CASES[cid] = Case(cid, fn, resident_only, identical)
+        return fn
+
+    return deco
+
+
+def add_case(cid, fn, resident_only=False, identical=True):
+    CASES[cid] = Case(cid, fn, resident_only, identical)
+
+
+# ---- all_reduce -----------------------------------------------------------
+
+
+def _all_reduce_check(rank, ws, key, op, dtype_name, sizes, kind=None):
+    import torch.distributed as dist
+
+    errs, digs = [], {}
+    kind = kind or kind_for(op, dtype_name)
+    for n in sizes:
+        k = f"{key}/n{n}/{kind}"
+        inputs = [make_input(k, r, n, dtype_name, kind) for r in range(ws)]
+        t = inputs[rank].clone()
+        dist.all_reduce(t, op=reduce_op(op))
+        ref = reference_reduce(inputs, op, dtype_name)
+        errs += compare_reduction(t, ref, inputs, op, dtype_name, f"n={n} kind={kind}")
+        digs[f"n{n}/{kind}"] = digest(t)
+    return errs, digs
+
+
+def _make_all_reduce_case(op, dtype_name):
+    def fn(rank, ws):
+        key = f"ar/{op}/{dtype_name}"
+        errs, digs = _all_reduce_check(rank, ws, key, op, dtype_name, small_sizes(dtype_name))
+        if op == "PRODUCT" and dtype_name in INT_DTYPE_NAMES:
+            # also small factors (exact, no wrap) besides full-range wrapping values
+            e2, d2 = _all_reduce_check(rank, ws, key, op, dtype_name, (1031,), kind="near1")
+            errs += e2
+            digs.update(d2)
+        return errs, digs
+
+    return fn
+
+
+# int AVG is not supported by gloo at all; the resident backend promises it.
+for _dt in FLOAT_DTYPE_NAMES:
+    for _op in FLOAT_OPS:
+        add_case(f"all_reduce[{_op}-{_dt}]", _make_all_reduce_case(_op, _dt))
+for _dt in INT_DTYPE_NAMES:
+    for _op in INT_OPS:
+        add_case(f"all_reduce[{_op}-{_dt}]", _make_all_reduce_case(_op, _dt),
+                 resident_only=(_op == "AVG"))
+
+# one > 1 MiB tensor per op
+LARGE_ALL_REDUCE = (
+    ("SUM", "float32"),
+    ("AVG", "bfloat16"),
+    ("MIN", "float64"),
+    ("MAX", "float16"),
+    ("PRODUCT", "float32"),
+    ("SUM", "int64"),
+    ("BAND", "int32"),
+    ("BOR", "int64"),
+    ("BXOR", "uint8"),
+)
+
+
+def _make_large_all_reduce_case(op, dtype_name):
+    def fn(rank, ws):
+        return _all_reduce_check(rank, ws, f"arL/{op}/{dtype_name}", op, dtype_name,
+                                 (large_size(dtype_name),))
+
+    return fn
+
+
+for _op, _dt in LARGE_ALL_REDUCE:
+    add_case(f"all_reduce[{_op}-{_dt}-large]", _make_large_all_reduce_case(_op, _dt))
+
+
+@case("all_reduce[avg-int-truncation-negative]", resident_only=True)
+def _ar_avg_trunc(rank, ws):
+    """Hand-made values whose sums are not multiples of N, negative included."""
+    import torch
+    import torch.distributed as dist
+
+    errs, digs = [], {}
+    sums = [-7, 7, -1, 1, -5, 5, -(ws + 1), ws + 1, 0, -2 * ws - 1, -ws, 2 * ws - 1, -3 * ws + 1]
+    for dt in ("int32", "int64"):
+        others = [[(r * 3 - 5) * (i + 1) for i in range(len(sums))] for r in range(1, ws)]
+        first = [s - sum(o[i] for o in others) for i, s in enumerate(sums)]
+        vals = [torch.tensor(v, dtype=tdtype(dt)) for v in [first] + others]
+        t = vals[rank].clone()
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        ref = reference_reduce(vals, "AVG", dt)
+        # independent of reference_reduce: python integer truncation toward zero
+        manual = torch.tensor([int(s / ws) for s in sums], dtype=tdtype(dt))
+        errs += compare_exact(ref, manual, f"{dt} (self-check of the reference)")
+        errs += compare_reduction(t, ref, vals, "AVG", dt, f"{dt} hand-made")
+        digs[dt] = digest(t)
+    return errs, digs
+
+
+@case("all_reduce[3d-shape-and-offset-view]")
+def _ar_shapes(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    errs, digs = [], {}
+    # a 3-D contiguous tensor
+    inputs = [make_input("ar3d", r, 3 * 5 * 7, "float32").reshape(3, 5, 7) for r in range(ws)]
+    t = inputs[rank].clone()
+    dist.all_reduce(t)
+    ref = reference_reduce([x.reshape(-1) for x in inputs], "SUM", "float32").reshape(3, 5, 7)
+    errs += compare_reduction(t.reshape(-1), ref.reshape(-1), [x.reshape(-1) for x in inputs],
+                              "SUM", "float32", "3-D")
+    digs["3d"] = digest(t)
+    # a contiguous view with a storage offset: only the view may change
+    bases = [make_input("arview", r, 1000, "int64") for r in range(ws)]
+    base = bases[rank].clone()
+    view = base[101:858]
+    assert view.is_contiguous() and view.storage_offset() == 101
+    dist.all_reduce(view, op=dist.ReduceOp.BXOR)
+    ref = reference_reduce([b[101:858] for b in bases], "BXOR", "int64")
+    errs += compare_exact(view, ref, "offset view")
+    errs += compare_exact(base[:101], bases[rank][:101], "bytes before the view")
+    errs += compare_exact(base[858:], bases[rank][858:], "bytes after the view")
+    digs["view"] = digest(view)
+    return errs, digs
+
+
+# ---- all_to_all_single -----------------------------------------------------
+
+
+def _a2a_split(src, dst, m, variant):
+    if variant == "even":
+        return m
+    if variant == "rank0_sends_nothing" and src == 0:
+        return 0
+    if (src + 2 * dst) % 3 == 0:
+        return 0
+    return ((src * 5 + dst * 3) % 7 + 1) * m
+
+
+def _a2a_check(rank, ws, dtype_name, m, variant, label):
+    import torch
+    import torch.distributed as dist
+
+    key = f"a2a/{dtype_name}/{m}/{variant}"
+    splits = [[_a2a_split(s, d, m, variant) for d in range(ws)] for s in range(ws)]
+    inputs = [make_input(key, s, sum(splits[s]), dtype_name) for s in range(ws)]
+    in_splits = splits[rank]
+    out_splits = [splits[s][rank] for s in range(ws)]
+    out = torch.empty(sum(out_splits), dtype=tdtype(dtype_name))
+    if variant == "even":
+        dist.all_to_all_single(out, inputs[rank].clone())
+    else:
+        dist.all_to_all_single(out, inputs[rank].clone(), output_split_sizes=out_splits,
+                               input_split_sizes=in_splits)
+    pieces = []
+    for s in range(ws):
+        off = sum(splits[s][:rank])
+        pieces.append(inputs[s][off:off + splits[s][rank]])
+    ref = torch.cat(pieces)
+    return compare_exact(out, ref, label)
+
+
+def _make_a2a_case(variant, dtype_name, ms):
+    def fn(rank, ws):
+        errs = []
+        for m in ms:
+            errs += _a2a_check(rank, ws, dtype_name, m, variant, f"{variant} m={m}")
+        return errs, {}
+
+    return fn
+
+
+for _dt in ("float32", "bfloat16", "int64", "uint8"):
+    add_case(f"all_to_all_single[even-{_dt}]", _make_a2a_case("even", _dt, (1, 17, 4099)),
+             identical=False)
+    add_case(f"all_to_all_single[uneven-{_dt}]", _make_a2a_case("uneven", _dt, (1, 37)),
+             identical=False)
+add_case("all_to_all_single[uneven-rank0-sends-nothing]",
+         _make_a2a_case("rank0_sends_nothing", "float32", (5,)), identical=False)
+add_case("all_to_all_single[even-float32-large]",
+         _make_a2a_case("even", "float32", (MiB // 4 + 1,)), identical=False)
+add_case("all_to_all_single[uneven-float32-large]",
+         _make_a2a_case("uneven", "float32", (40_001,)), identical=False)
+
+
+# ---- all_gather ------------------------------------------------------------
+
+
+def _make_agit_case(dtype_name, sizes):
+    def fn(rank, ws):
+        import torch
+        import torch.distributed as dist
+
+        errs, digs = [], {}
+        for n in sizes:
+            key = f"agit/{dtype_name}/{n}"
+            inputs = [make_input(key, r, n, dtype_name) for r in range(ws)]
+            out = torch.empty(ws * n, dtype=tdtype(dtype_name))
+            src = inputs[rank].clone()
+            dist.all_gather_into_tensor(out, src)
+            errs += compare_exact(out, torch.cat(inputs), f"n={n}")
+            errs += compare_exact(src, inputs[rank], f"n={n} input modified")
+            digs[str(n)] = digest(out)
+        return errs, digs
+
+    return fn
+
+
+for _dt in ("float32", "float16", "int32", "uint8"):
+    add_case(f"all_gather_into_tensor[{_dt}]", _make_agit_case(_dt, (1, 13, 4099)))
+add_case("all_gather_into_tensor[float32-large]", _make_agit_case("float32", (300_001,)))
+
+
+def _make_ag_list_case(dtype_name, sizes):
+    def fn(rank, ws):
+        import torch
+        import torch.distributed as dist
+
+        errs, digs = [], {}
+        for n in sizes:
+            key = f"ag/{dtype_name}/{n}"
+            inputs = [make_input(key, r, n, dtype_name) for r in range(ws)]
+            outs = [torch.empty(n, dtype=tdtype(dtype_name)) for _ in range(ws)]
+            dist.all_gather(outs, inputs[rank].clone())
+            for r in range(ws):
+                errs += compare_exact(outs[r], inputs[r], f"n={n} slot {r}")
+            digs[str(n)] = digest(torch.cat(outs))
+        return errs, digs
+
+    return fn
+
+
+for _dt in ("float64", "int64", "bfloat16"):
+    add_case(f"all_gather[{_dt}]", _make_ag_list_case(_dt, (1, 1031)))
+add_case("all_gather[float64-large]", _make_ag_list_case("float64", (150_001,)))
+
+
+# ---- reduce_scatter --------------------------------------------------------
+
+
+def _make_rs_tensor_case(op, dtype_name, sizes):
+    def fn(rank, ws):
+        import torch
+        import torch.distributed as dist
+
+        errs = []
+        kind = kind_for(op, dtype_name)
+        for n in sizes:
+            key = f"rs/{op}/{dtype_name}/{n}"
+            inputs = [make_input(key, r, ws * n, dtype_name, kind) for r in range(ws)]
+            out = torch.empty(n, dtype=tdtype(dtype_name))
+            dist.reduce_scatter_tensor(out, inputs[rank].clone(), op=reduce_op(op))
+            chunks = [x[rank * n:(rank + 1) * n] for x in inputs]
+            ref = reference_reduce(chunks, op, dtype_name)
+            errs += compare_reduction(out, ref, chunks, op, dtype_name, f"n={n}")
+        return errs, {}
+
+    return fn
+
+
+for _op in ("SUM", "AVG", "MAX"):
+    for _dt in ("float32", "bfloat16", "float16", "int64"):
+        add_case(f"reduce_scatter_tensor[{_op}-{_dt}]",
+                 _make_rs_tensor_case(_op, _dt, (1, 13, 4099)),
+                 resident_only=(_op == "AVG" and _dt == "int64"), identical=False)
+add_case("reduce_scatter_tensor[MIN-uint8]", _make_rs_tensor_case("MIN", "uint8", (1, 13, 4099)),
+         identical=False)
+add_case("reduce_scatter_tensor[PRODUCT-float64]",
+         _make_rs_tensor_case("PRODUCT", "float64", (1, 13, 4099)), identical=False)
+for _op, _dt in (("SUM", "float32"), ("AVG", "bfloat16"), ("MAX", "int64")):
+    add_case(f"reduce_scatter_tensor[{_op}-{_dt}-large]",
+             _make_rs_tensor_case(_op, _dt, (MiB // itemsize(_dt) + 1,)), identical=False)
+
+
+def _make_rs_list_case(op, dtype_name, sizes):
+    def fn(rank, ws):
+        import torch
+        import torch.distributed as dist
+
+        errs = []
+        kind = kind_for(op, dtype_name)
+        for n in sizes:
+            key = f"rsl/{op}/{dtype_name}/{n}"
+            inputs = [[make_input(f"{key}/{d}", r, n, dtype_name, kind) for d in range(ws)]
+                      for r in range(ws)]
+            out = torch.empty(n, dtype=tdtype(dtype_name))
+            dist.reduce_scatter(out, [x.clone() for x in inputs[rank]], op=reduce_op(op))
+            chunks = [inputs[r][rank] for r in range(ws)]
+            ref = reference_reduce(chunks, op, dtype_name)
+            errs += compare_reduction(out, ref, chunks, op, dtype_name, f"n={n}")
+        return errs, {}
+
+    return fn
+
+
+add_case("reduce_scatter[SUM-float32]", _make_rs_list_case("SUM", "float32", (1, 1031)), identical=False)
+add_case("reduce_scatter[MIN-int32]", _make_rs_list_case("MIN", "int32", (1, 1031)), identical=False)
+
+
+# ---- broadcast / reduce / gather / scatter (every root) --------------------
+
+
+def _make_bcast_case(dtype_name, sizes):
+    def fn(rank, ws):
+        import torch.distributed as dist
+
+        errs, digs = [], {}
+        for n in sizes:
+            for root in range(ws):
+                key = f"bc/{dtype_name}/{n}/{root}"
+                mine = make_input(key, rank, n, dtype_name)
+                t = mine.clone()
+                dist.broadcast(t, src=root)
+                errs += compare_exact(t, make_input(key, root, n, dtype_name), f"n={n} root={root}")
+                digs[f"{n}/{root}"] = digest(t)
+        return errs, digs
+
+    return fn
+
+
+for _dt in ("float32", "bfloat16", "int64", "uint8"):
+    add_case(f"broadcast[{_dt}]", _make_bcast_case(_dt, (1, 1031)))
+add_case("broadcast[float32-large]", _make_bcast_case("float32", (large_size("float32"),)))
+
+
+def _make_reduce_case(op, dtype_name, sizes):
+    def fn(rank, ws):
+        import torch.distributed as dist
+
+        errs = []
+        kind = kind_for(op, dtype_name)
+        for n in sizes:
+            for root in range(ws):
+                key = f"red/{op}/{dtype_name}/{n}/{root}"
+                inputs = [make_input(key, r, n, dtype_name, kind) for r in range(ws)]
+                t = inputs[rank].clone()
+                dist.reduce(t, dst=root, op=reduce_op(op))
+                if rank == root:
+                    ref = reference_reduce(inputs, op, dtype_name)
+                    errs += compare_reduction(t, ref, inputs, op, dtype_name, f"n={n} root={root}")
+        return errs, {}
+
+    return fn
+
+
+add_case("reduce[SUM-float32]", _make_reduce_case("SUM", "float32", (13, 4099)), identical=False)
+add_case("reduce[MAX-int32]", _make_reduce_case("MAX", "int32", (13, 4099)), identical=False)
+add_case("reduce[PRODUCT-float64]", _make_reduce_case("PRODUCT", "float64", (13,)), identical=False)
+add_case("reduce[SUM-bfloat16]", _make_reduce_case("SUM", "bfloat16", (13,)), identical=False)
+add_case("reduce[SUM-float32-large]", _make_reduce_case("SUM", "float32", (MiB // 4 + 1,)),
+         identical=False)
+
+
+def _make_gather_case(dtype_name, sizes):
+    def fn(rank, ws):
+        import torch
+        import torch.distributed as dist
+
+        errs = []
+        for n in sizes:
+            for root in range(ws):
+                key = f"ga/{dtype_name}/{n}/{root}"
+                inputs = [make_input(key, r, n, dtype_name) for r in range(ws)]
+                outs = [torch.empty(n, dtype=tdtype(dtype_name)) for _ in range(ws)] if rank == root else None
+                dist.gather(inputs[rank].clone(), gather_list=outs, dst=root)
+                if rank == root:
+                    for r in range(ws):
+                        errs += compare_exact(outs[r], inputs[r], f"n={n} root={root} slot {r}")
+        return errs, {}
+
+    return fn
+
+
+add_case("gather[float32]", _make_gather_case("float32", (1, 1031)), identical=False)
+add_case("gather[int64]", _make_gather_case("int64", (1, 1031)), identical=False)
+add_case("gather[float32-large]", _make_gather_case("float32", (300_001,)), identical=False)
+
+
+def _make_scatter_case(dtype_name, sizes):
+    def fn(rank, ws):
+        import torch
+        import torch.distributed as dist
+
+        errs = []
+        for n in sizes:
+            for root in range(ws):
+                key = f"sc/{dtype_name}/{n}/{root}"
+                chunks = [make_input(f"{key}/{d}", root, n, dtype_name) for d in range(ws)]
+                out = torch.empty(n, dtype=tdtype(dtype_name))
+                dist.scatter(out, scatter_list=[c.clone() for c in chunks] if rank == root else None,
+                             src=root)
+                errs += compare_exact(out, chunks[rank], f"n={n} root={root}")
+        return errs, {}
+
+    return fn
+
+
+add_case("scatter[float32]", _make_scatter_case("float32", (1, 1031)), identical=False)
+add_case("scatter[int32]", _make_scatter_case("int32", (1, 1031)), identical=False)
+add_case("scatter[float32-large]", _make_scatter_case("float32", (300_001,)), identical=False)
+
+
+# ---- barrier, functional collectives, async -------------------------------
+
+
+@case("barrier", identical=False)
+def _barrier(rank, ws):
+    import torch.distributed as dist
+
+    errs = []
+    for _ in range(20):
+        dist.barrier()
+    # the last rank arrives 0.6 s late: nobody may leave before it arrives
+    if rank == ws - 1:
+        time.sleep(0.6)
+    t0 = time.monotonic()
+    dist.barrier()
+    waited = time.monotonic() - t0
+    if rank != ws - 1 and waited < 0.4:
+        errs.append(f"barrier returned after {waited:.3f}s although rank {ws - 1} arrived 0.6s late")
+    return errs, {}
+
+
+@case("functional_collectives", identical=False)
+def _funcol(rank, ws):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    errs = []
+    g = dist.group.WORLD
+    n = 1031
+    # all_reduce
+    inputs = [make_input("fc/ar", r, n, "float32") for r in range(ws)]
+    out = funcol.wait_tensor(funcol.all_reduce(inputs[rank].clone(), "sum", g))
+    errs += compare_reduction(out, reference_reduce(inputs, "SUM", "float32"), inputs, "SUM",
+                              "float32", "funcol.all_reduce sum")
+    inputs = [make_input("fc/armax", r, n, "int64") for r in range(ws)]
+    out = funcol.wait_tensor(funcol.all_reduce(inputs[rank].clone(), "max", g))
+    errs += compare_exact(out, reference_reduce(inputs, "MAX", "int64"), "funcol.all_reduce max")
+    # all_gather_tensor, 2-D, gather_dim 0
+    inputs = [make_input("fc/ag", r, 6 * 7, "bfloat16").reshape(6, 7) for r in range(ws)]
+    out = funcol.wait_tensor(funcol.all_gather_tensor(inputs[rank].clone(), 0, g))
+    errs += compare_exact(out, torch.cat(inputs, 0), "funcol.all_gather_tensor")
+    # reduce_scatter_tensor
+    inputs = [make_input("fc/rs", r, ws * 257, "float32") for r in range(ws)]
+    out = funcol.wait_tensor(funcol.reduce_scatter_tensor(inputs[rank].clone(), "sum", 0, g))
+    chunks = [x[rank * 257:(rank + 1) * 257] for x in inputs]
+    errs += compare_reduction(out, reference_reduce(chunks, "SUM", "float32"), chunks, "SUM",
+                              "float32", "funcol.reduce_scatter_tensor")
+    # all_to_all_single, uneven
+    splits = [[_a2a_split(s, d, 3, "uneven") for d in range(ws)] for s in range(ws)]
+    inputs = [make_input("fc/a2a", s, sum(splits[s]), "int32") for s in range(ws)]
+    out = funcol.wait_tensor(funcol.all_to_all_single(
+        inputs[rank].clone(), [splits[s][rank] for s in range(ws)], splits[rank], g))
+    ref = torch.cat([inputs[s][sum(splits[s][:rank]):sum(splits[s][:rank + 1])] for s in range(ws)])
+    errs += compare_exact(out, ref, "funcol.all_to_all_single")
+    # broadcast from the last rank
+    src = ws - 1
+    mine = make_input("fc/bc", rank, 999, "float64")
+    out = funcol.wait_tensor(funcol.broadcast(mine.clone(), src, g))
+    errs += compare_exact(out, make_input("fc/bc", src, 999, "float64"), "funcol.broadcast")
+    return errs, {}
+
+
+@case("async_ops_in_flight", identical=False)
+def _async(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    errs = []
+    n = 4099
+    a_in = [make_input("as/a", r, n, "float32") for r in range(ws)]
+    b_in = [make_input("as/b", r, n, "int64") for r in range(ws)]
+    c_in = [make_input("as/c", r, 77, "bfloat16") for r in range(ws)]
+    d_in = [make_input("as/d", r, ws * 100, "float64") for r in range(ws)]
+    bc_root = 1 % ws
+    e_mine = make_input("as/e", rank, 500, "uint8")
+    big_in = [make_input("as/big", r, MiB // 4 + 7, "float32") for r in range(ws)]
+
+    a = a_in[rank].clone()
+    b = b_in[rank].clone()
+    c_out = torch.empty(ws * 77, dtype=torch.bfloat16)
+    d_out = torch.empty(100, dtype=torch.float64)
+    e = e_mine.clone()
+    big = big_in[rank].clone()
+    works = [
+        dist.all_reduce(a, async_op=True),
+        dist.all_reduce(b, op=dist.ReduceOp.MAX, async_op=True),
+        dist.all_gather_into_tensor(c_out, c_in[rank].clone(), async_op=True),
+        dist.reduce_scatter_tensor(d_out, d_in[rank].clone(), async_op=True),
+        dist.broadcast(e, src=bc_root, async_op=True),
+        dist.all_reduce(big, async_op=True),
+    ]
+    for w in reversed(works):  # wait in the opposite order of issue
+        w.wait()
+    errs += compare_reduction(a, reference_reduce(a_in, "SUM", "float32"), a_in, "SUM", "float32", "async a")
+    errs += compare_exact(b, reference_reduce(b_in, "MAX", "int64"), "async b")
+    errs += compare_exact(c_out, torch.cat(c_in), "async c")
+    chunks = [x[rank * 100:(rank + 1) * 100] for x in d_in]
+    errs += compare_reduction(d_out, reference_reduce(chunks, "SUM", "float64"), chunks, "SUM",
+                              "float64", "async d")
+    errs += compare_exact(e, make_input("as/e", bc_root, 500, "uint8"), "async e")
+    errs += compare_reduction(big, reference_reduce(big_in, "SUM", "float32"), big_in, "SUM",
+                              "float32", "async big")
+    for i, w in enumerate(works):
+        if not w.is_completed():
+            errs.append(f"work {i}: is_completed() is False after wait()")
+
+    # is_completed() eventually becomes True without calling wait()
+    f_in = [make_input("as/f", r, 1031, "float32") for r in range(ws)]
+    f = f_in[rank].clone()
+    w = dist.all_reduce(f, async_op=True)
+    deadline = time.monotonic() + 15
+    while not w.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not w.is_completed():
+        errs.append("is_completed() still False 15 s after an async all_reduce was issued")
+    else:
+        errs += compare_reduction(f, reference_reduce(f_in, "SUM", "float32"), f_in, "SUM",
+                                  "float32", "polled work")
+    w.wait()
+
+    # get_future().wait()
+    g_in = [make_input("as/g", r, 333, "int32") for r in range(ws)]
+    g = g_in[rank].clone()
+    fut = dist.all_reduce(g, op=dist.ReduceOp.BXOR, async_op=True).get_future()
+    val = fut.wait()
+    ref = reference_reduce(g_in, "BXOR", "int32")
+    errs += compare_exact(g, ref, "future: tensor in place")
+    if isinstance(val, (list, tuple)) and len(val) == 1 and torch.is_tensor(val[0]):
+        errs += compare_exact(val[0], ref, "future value")
+    else:
+        errs.append(f"get_future().wait() returned {type(val).__name__} "
+                    f"(expected a list holding the reduced tensor)")
+    if not fut.done():
+        errs.append("future.done() is False after wait()")
+    return errs, {}
+
+
+# --------------------------------------------------------------------------
+# The job and the per-case tests
+# --------------------------------------------------------------------------
+
+
+def collectives_job(rank, ws, case_ids):
+    out = {}
+    for cid in case_ids:
+        t0 = time.monotonic()
+        try:
+            errs, digs = CASES[cid].fn(rank, ws)
+            out[cid] = {"errors": list(errs), "digests": digs, "exc": None}
+        except Exception as e:  # noqa: BLE001 - recorded per case
+            import traceback
+
+            out[cid] = {"errors": [], "digests": {}, "exc": f"{type(e).__name__}: {e}\n"
+                        + traceback.format_exc(limit=6)}
+        out[cid]["seconds"] = time.monotonic() - t0
+    return out
+
+
+def runnable_case_ids():
+    return [c.id for c in CASES.values() if H.IS_RESIDENT or not c.resident_only]
+
+
+@functools.lru_cache(maxsize=None)
+def job_results(ws):
+    try:
+        per_rank = H.run_ranks(collectives_job, ws, args=(runnable_case_ids(),),
+                               timeout_s=240, init_timeout_s=60)
+        return per_rank, None
+    except H.RanksFailed as e:
+        return None, str(e)
+
+
+@pytest.mark.parametrize("ws", WORLD_SIZES, ids=lambda w: f"ws{w}")
+@pytest.mark.parametrize("cid", list(CASES))
+def test_collective(cid, ws):
+    c = CASES[cid]
+    if c.resident_only and not H.IS_RESIDENT:
+        pytest.skip(f"not supported by {H.BACKEND!r}; promised by resident")
+    per_rank, job_err = job_results(ws)
+    if job_err is not None:
+        pytest.fail(f"the ws={ws} collectives job failed as a whole:\n{job_err}", pytrace=False)
+    problems = []
+    for r, res in enumerate(per_rank):
+        rc = res[cid]
+        if rc["exc"]:
+            problems.append(f"rank {r} raised {rc['exc']}")
+        for e in rc["errors"]:
+            problems.append(f"rank {r}: {e}")
+    if c.identical and not problems:
+        d0 = per_rank[0][cid]["digests"]
+        for r in range(1, ws):
+            dr = per_rank[r][cid]["digests"]
+            for k in d0:
+                if dr.get(k) != d0[k]:
+                    problems.append(f"{k}: rank {r} result {dr.get(k)} differs from rank 0 result {d0[k]}")
+    if problems:
+        pytest.fail(f"{cid} ws={ws}:\n" + "\n".join(problems[:30]), pytrace=False)
+
+
+def test_case_registry_is_sane():
+    assert len(CASES) > 60
+    for op in INT_OPS:
+        assert any(c.startswith(f"all_reduce[{op}-") and c.endswith("-large]") for c in CASES), op
