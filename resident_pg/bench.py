@@ -420,9 +420,7 @@ def rank_main(rank: int, ws: int, backend: str, store_port: int,
             try:
                 res = _run_cell(cid, op, nbytes, rank, ws, dev, make_batch, bstore, cfg)
             except Exception as e:  # reported, the other cells still run
-                err = f"{type(e).__name__}: {e}"
-                if not isinstance(e, CheckError):
-                    err += "\n" + traceback.format_exc(limit=6)
+                err = f"{type(e).__name__}: {e}\n" + traceback.format_exc(limit=6)
                 bstore.set(f"c{cid}/err", "1")
             if res is not None:
                 q.put(("result", rank, cid, res))
@@ -449,8 +447,14 @@ def _run_cell(cid, op, nbytes, rank, ws, dev, make_batch, bstore, cfg):
     if not case.participates:
         return None
     if cfg["check"]:
-        case.check()
-        check_status = "ok"
+        # A wrong result is recorded, not raised: the op itself completed on every
+        # rank, so all ranks go on timing it in step (raising on one rank only
+        # would leave the others waiting inside the next collective).
+        try:
+            case.check()
+            check_status = "ok"
+        except CheckError as e:
+            check_status = f"FAILED on rank {rank}: {e}"
     if case.reset is not None:
         case.reset()
     dev.synchronize()
@@ -631,12 +635,13 @@ class GroupRun:
                 info["status"] = "teardown_error"
                 info["error"] = "destroy_process_group did not return within 15 s"
                 break
-            if now - last > self.args.timeout:
+            limit = self.args.timeout if "startup_s" in info else max(self.args.timeout, 60.0)
+            if now - last > limit:
                 info["status"] = "timeout"
                 where = (f" in {self._cell(in_progress)[1]} {fmt_size(self._cell(in_progress)[2])}"
                          if in_progress is not None else
                          (" during start-up" if "startup_s" not in info else ""))
-                info["error"] = f"no progress for {self.args.timeout:.0f} s{where}"
+                info["error"] = f"no progress for {limit:.0f} s{where}"
                 break
         for p in procs:
             if p.is_alive():
@@ -649,7 +654,8 @@ class GroupRun:
         del store
         info["wall_s"] = time.time() - t0
         info["in_progress"] = in_progress
-        if info["status"] != "ok":
+        if info["status"] != "ok" and in_progress is None:
+            # (an error inside a cell is reported with that cell instead)
             self.errors.append({"attempt": attempt, "status": info["status"],
                                 "error": info.get("error", "")})
         return info
@@ -678,8 +684,8 @@ def aggregate(group: GroupRun) -> List[dict]:
                 "slowest_rank": max(ranks, key=lambda r: per_rank[r]["median_us"]),
                 "actual_bytes": r0["actual_bytes"],
                 "batch": r0["batch"], "reps": r0["reps"],
-                "check": "ok" if all(per_rank[r]["check"] == "ok" for r in ranks)
-                         else per_rank[ranks[0]]["check"],
+                "check": next((per_rank[r]["check"] for r in ranks
+                               if per_rank[r]["check"] != "ok"), "ok"),
                 "ranks": {str(r): per_rank[r] for r in ranks},
             })
         elif errs:
@@ -869,23 +875,25 @@ def build_parser() -> argparse.ArgumentParser:
             "  python -m resident_pg.bench                       # full default run (~3-5 min)\n"
             "  python -m resident_pg.bench --quick               # short run, 2 ranks\n"
             "  python -m resident_pg.bench --backends gloo --world-sizes 2 --ops all_reduce\n"
-            "  python -m resident_pg.bench --json out.json --env RESIDENT_LOG=debug\n"))
+            "  python -m resident_pg.bench --json out.json --env RESIDENT_PATH=proxy\n"
+            "  python resident_pg/bench.py --backends gloo    # same, without importing the\n"
+            "                                                 # resident_pg package (extension)\n"))
     g = p.add_argument_group("what to run")
-    g.add_argument("--backends", default=DEFAULT_BACKENDS,
+    g.add_argument("--backends", default=DEFAULT_BACKENDS, metavar="LIST",
                    help="comma list of torch.distributed backends, run in this order for each "
                         "world size (a name may repeat) [%(default)s]")
-    g.add_argument("--world-sizes", default=None,
+    g.add_argument("--world-sizes", default=None, metavar="LIST",
                    help=f"comma list of rank counts [{DEFAULT_WORLD_SIZES}; --quick: {QUICK_WORLD_SIZES}]")
-    g.add_argument("--sizes", default=None,
+    g.add_argument("--sizes", default=None, metavar="LIST",
                    help=f"comma list of message sizes in bytes, K/M suffixes are binary "
                         f"[{DEFAULT_SIZES}; --quick: {QUICK_SIZES}]")
-    g.add_argument("--ops", default="all",
-                   help=f"comma list of ops or 'all' [{','.join(ALL_OPS)}]")
+    g.add_argument("--ops", default="all", metavar="LIST",
+                   help=f"comma list of ops, or 'all' [all = {', '.join(ALL_OPS)}]")
     g.add_argument("--device", default="cpu", choices=sorted(DEVICES),
                    help="where the buffers live [%(default)s]")
     g.add_argument("--mode", default="eager", choices=sorted(MODES),
                    help="how batches of ops are issued [%(default)s]")
-    g.add_argument("--baseline", default="gloo",
+    g.add_argument("--baseline", default="gloo", metavar="LABEL",
                    help="backend label that ratios are computed against [%(default)s]")
     g.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="extra module to import in the ranks before init (for other plugin "
@@ -900,27 +908,29 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--iters", type=float, default=None, metavar="SCALE",
                    help="scale of the ops per repetition and of the per-cell time budget "
                         "[1.0; --quick: 0.3]")
-    t.add_argument("--reps", type=int, default=None,
+    t.add_argument("--reps", type=int, default=None, metavar="N",
                    help="timed repetitions (batches) per cell; slow cells use fewer, "
-                        "never under --min-reps [15; --quick: 7]")
-    t.add_argument("--min-reps", type=int, default=5, help="[%(default)s]")
-    t.add_argument("--warmup", type=int, default=4,
+                        "never under --min-reps [21; --quick: 7]")
+    t.add_argument("--min-reps", type=int, default=5, metavar="N",
+                   help="fewest repetitions of a slow cell [%(default)s]")
+    t.add_argument("--warmup", type=int, default=4, metavar="N",
                    help="single timed warm-up ops per cell, used to plan the batch; one "
                         "untimed batch follows [%(default)s]")
-    t.add_argument("--rep-ms", type=float, default=8.0,
+    t.add_argument("--rep-ms", type=float, default=10.0, metavar="MS",
                    help="target duration of one repetition, times --iters [%(default)s]")
-    t.add_argument("--cell-s", type=float, default=1.0,
+    t.add_argument("--cell-s", type=float, default=1.0, metavar="S",
                    help="time budget of the timed part of one cell, times --iters "
                         "[%(default)s]")
-    t.add_argument("--max-batch", type=int, default=2000,
+    t.add_argument("--max-batch", type=int, default=2000, metavar="N",
                    help="most ops in one repetition [%(default)s]")
     t.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the per-cell correctness check")
     o = p.add_argument_group("robustness and output")
-    o.add_argument("--timeout", type=float, default=120.0,
-                   help="seconds without progress before a group is killed; also the "
-                        "store/process-group timeout [%(default)s]")
-    o.add_argument("--max-restarts", type=int, default=2,
+    o.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                   help="seconds without progress before a group is killed (at least 60 "
+                        "during start-up); the store/process-group timeout is the larger "
+                        "of this and 60 [%(default)s]")
+    o.add_argument("--max-restarts", type=int, default=2, metavar="N",
                    help="relaunches of a group after a crash/hang, skipping the op that "
                         "failed [%(default)s]")
     o.add_argument("--json", metavar="PATH", help="write all results and metadata here")
@@ -954,7 +964,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     iters = args.iters if args.iters is not None else (0.3 if args.quick else 1.0)
-    reps = args.reps if args.reps is not None else (7 if args.quick else 15)
+    reps = args.reps if args.reps is not None else (7 if args.quick else 21)
     if iters <= 0 or reps < 1 or args.warmup < 1:
         parser.error("--iters must be > 0, --reps and --warmup >= 1")
 
@@ -963,16 +973,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     labels = backend_labels(backends)
     baseline = args.baseline if args.baseline in labels else labels[0]
-    imports = list(args.imports)
-    for b in backends:
-        mod = BACKEND_MODULES.get(b)
-        if mod and mod not in imports:
-            imports.append(mod)
+    imports = list(args.imports)   # for every backend; BACKEND_MODULES only for theirs
     cfg = {
         "device": args.device, "mode": args.mode, "check": args.check,
         "warmup": args.warmup, "reps": reps, "min_reps": min(args.min_reps, reps),
         "rep_ns": args.rep_ms * 1e6 * iters, "cell_budget_ns": args.cell_s * 1e9 * iters,
-        "max_batch": args.max_batch, "timeout": args.timeout, "imports": imports,
+        "max_batch": args.max_batch, "imports": imports,
+        # store / process-group timeout: generous, the parent's watchdog catches hangs
+        "timeout": max(args.timeout, 60.0),
     }
     meta = _metadata(args, argv)
     _log(f"resident_pg.bench: backends {labels}, world sizes {world_sizes}, "
@@ -994,7 +1002,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cells = [(i, op, s) for i, (op, s) in enumerate((op, s) for op in ws_ops for s in sizes)]
         for backend, label in zip(backends, labels):
             _log(f"[ws={ws} {label}] launching {ws} ranks, {len(cells)} cells ...")
-            g = GroupRun(ws, backend, label, cells, cfg, args)
+            gcfg = dict(cfg, imports=imports + [m for m in [BACKEND_MODULES.get(backend)]
+                                                if m and m not in imports])
+            g = GroupRun(ws, backend, label, cells, gcfg, args)
             t0 = time.time()
             try:
                 g.run()
@@ -1024,6 +1034,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     total = time.time() - t_run
     meta["loadavg_end"] = _loadavg()
 
+    git = meta["git"]
+    print(f"resident_pg.bench on {meta['hostname']} ({meta['cpu_count']} cpus, load "
+          f"{meta['loadavg_start']}), torch {meta['torch_version']}, {meta['date']}, "
+          f"commit {(git['commit'] or 'none')[:12]}{' (dirty)' if git['dirty'] else ''}")
+    print(f"device {args.device}, mode {args.mode}, float32, reps {reps}, iters x{iters:g}"
+          + (f", RESIDENT_* env {meta['env']}" if meta["env"] else ", no RESIDENT_* env"))
     print_tables(rows, world_sizes, ops, sizes, labels, baseline, args.spread)
     tline = target_line(rows, labels)
     print("\n" + tline)
@@ -1049,6 +1065,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "warmup": args.warmup, "rep_ms": args.rep_ms, "cell_s": args.cell_s,
                 "max_batch": args.max_batch, "check": args.check, "timeout_s": args.timeout,
                 "quick": args.quick, "imports": imports,
+                "backend_modules": {b: BACKEND_MODULES[b] for b in backends
+                                    if b in BACKEND_MODULES},
                 "statistic": "per rank: median/p10/p90 over repetitions of (batch time / "
                              "batch); reported: max over ranks; send_recv: one-way = "
                              "round trip / 2",

@@ -11,7 +11,6 @@ independent numpy / float64 reference (never with another collective).
 
 from __future__ import annotations
 
-import functools
 import time
 
 import pytest
@@ -64,27 +63,9 @@ def reduce_op(name):
 # --------------------------------------------------------------------------
 
 
-class Case:
-    def __init__(self, cid, fn, resident_only=False, identical=True):
-        self.id = cid
-        self.fn = fn
-        self.resident_only = resident_only
-        self.identical = identical  # digests must agree across ranks
-
-
-CASES: dict = {}
-
-
-def case(cid, resident_only=False, identical=True):
-    def deco(fn):
-        CASES[cid] = Case(cid, fn, resident_only, identical)
-        return fn
-
-    return deco
-
-
-def add_case(cid, fn, resident_only=False, identical=True):
-    CASES[cid] = Case(cid, fn, resident_only, identical)
+CASES = H.CaseRegistry()
+case = CASES.case
+add_case = CASES.add
 
 
 # ---- all_reduce -----------------------------------------------------------
@@ -585,9 +566,12 @@ def _async(rank, ws):
     errs += compare_exact(e, make_input("as/e", bc_root, 500, "uint8"), "async e")
     errs += compare_reduction(big, reference_reduce(big_in, "SUM", "float32"), big_in, "SUM",
                               "float32", "async big")
+    deadline = time.monotonic() + 5
+    while not all(w.is_completed() for w in works) and time.monotonic() < deadline:
+        time.sleep(0.01)
     for i, w in enumerate(works):
         if not w.is_completed():
-            errs.append(f"work {i}: is_completed() is False after wait()")
+            errs.append(f"work {i}: is_completed() still False 5 s after wait() returned")
 
     # is_completed() eventually becomes True without calling wait()
     f_in = [make_input("as/f", r, 1031, "float32") for r in range(ws)]
@@ -626,60 +610,16 @@ def _async(rank, ws):
 
 
 def collectives_job(rank, ws, case_ids):
-    out = {}
-    for cid in case_ids:
-        t0 = time.monotonic()
-        try:
-            errs, digs = CASES[cid].fn(rank, ws)
-            out[cid] = {"errors": list(errs), "digests": digs, "exc": None}
-        except Exception as e:  # noqa: BLE001 - recorded per case
-            import traceback
-
-            out[cid] = {"errors": [], "digests": {}, "exc": f"{type(e).__name__}: {e}\n"
-                        + traceback.format_exc(limit=6)}
-        out[cid]["seconds"] = time.monotonic() - t0
-    return out
+    return H.execute_cases(CASES, case_ids, rank, ws)
 
 
-def runnable_case_ids():
-    return [c.id for c in CASES.values() if H.IS_RESIDENT or not c.resident_only]
-
-
-@functools.lru_cache(maxsize=None)
-def job_results(ws):
-    try:
-        per_rank = H.run_ranks(collectives_job, ws, args=(runnable_case_ids(),),
-                               timeout_s=240, init_timeout_s=60)
-        return per_rank, None
-    except H.RanksFailed as e:
-        return None, str(e)
+JOBS = H.JobCache(CASES, collectives_job, "test_collective")
 
 
 @pytest.mark.parametrize("ws", WORLD_SIZES, ids=lambda w: f"ws{w}")
 @pytest.mark.parametrize("cid", list(CASES))
-def test_collective(cid, ws):
-    c = CASES[cid]
-    if c.resident_only and not H.IS_RESIDENT:
-        pytest.skip(f"not supported by {H.BACKEND!r}; promised by resident")
-    per_rank, job_err = job_results(ws)
-    if job_err is not None:
-        pytest.fail(f"the ws={ws} collectives job failed as a whole:\n{job_err}", pytrace=False)
-    problems = []
-    for r, res in enumerate(per_rank):
-        rc = res[cid]
-        if rc["exc"]:
-            problems.append(f"rank {r} raised {rc['exc']}")
-        for e in rc["errors"]:
-            problems.append(f"rank {r}: {e}")
-    if c.identical and not problems:
-        d0 = per_rank[0][cid]["digests"]
-        for r in range(1, ws):
-            dr = per_rank[r][cid]["digests"]
-            for k in d0:
-                if dr.get(k) != d0[k]:
-                    problems.append(f"{k}: rank {r} result {dr.get(k)} differs from rank 0 result {d0[k]}")
-    if problems:
-        pytest.fail(f"{cid} ws={ws}:\n" + "\n".join(problems[:30]), pytrace=False)
+def test_collective(cid, ws, request):
+    JOBS.check(cid, ws, request.session)
 
 
 def test_case_registry_is_sane():

@@ -118,10 +118,10 @@ void Communicator::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   if (proxy_) proxy_->stop();
+  // The engine (and its op pool) stays until destruction: Works may still hold handles.
+  // Poisoned, it never touches the transport or the segments again.
   if (engine_) engine_->poison("the process group was shut down");
-  engine_.reset();
   proxy_.reset();
-  transport_.reset();
   peer_inboxes_.clear();
   inbox_ = ShmSegment();
 }
@@ -134,7 +134,9 @@ bool Communicator::proxyPoll() {
     moved = true;
   }
   transport_->poll();
-  if (engine_->hasActive()) moved |= engine_->tryProgress();
+  // Async ops nobody waits on are driven here, at the proxy's idle pace: a caller blocked
+  // in wait() drives its own ops, and two spinning drivers would only contend for the core.
+  if (engine_->hasActive() && !engine_->hasWaiters()) engine_->tryProgress();
   return moved;
 }
 

@@ -204,6 +204,11 @@ void Engine::wait(OpHandle h, uint64_t timeout_ns) {
   Op& op = *h.op;
   Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
   const uint64_t deadline = timeout_ns ? nowNs() + timeout_ns : 0;
+  struct WaiterCount {
+    std::atomic<int>& n;
+    explicit WaiterCount(std::atomic<int>& c) : n(c) { n.fetch_add(1); }
+    ~WaiterCount() { n.fetch_sub(1); }
+  } waiting(waiters_);
   for (;;) {
     const OpState st = op.state.load(std::memory_order_acquire);
     if (st == OpState::kDone) return;

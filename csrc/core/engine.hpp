@@ -53,6 +53,7 @@ class Engine {
   // One progress pass if nobody else is driving; returns true if anything moved.
   bool tryProgress();
   bool hasActive() const { return active_count_.load(std::memory_order_acquire) > 0; }
+  bool hasWaiters() const { return waiters_.load(std::memory_order_acquire) > 0; }
   // The proxy side of a trigger.
   void handleTrigger(const Trigger& t);
 
@@ -119,6 +120,7 @@ class Engine {
   std::vector<Op*> free_;
   std::vector<Op*> active_;  // submission order
   std::atomic<int> active_count_{0};
+  std::atomic<int> waiters_{0};  // threads inside wait(), driving progress themselves
   std::vector<SendChannel> send_;
   std::vector<RecvChannel> recv_;
   std::vector<P2PBinding> p2p_bind_;

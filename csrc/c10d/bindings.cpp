@@ -1,0 +1,41 @@
+// Python module resident_pg._C: the backend constructor handed to
+// torch.distributed.Backend.register_backend, and introspection.
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/python.h>
+
+#include "c10d/process_group_resident.hpp"
+#include "core/log.hpp"
+#include "core/shm_segment.hpp"
+
+namespace py = pybind11;
+using resident::ProcessGroupResident;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "resident_pg: resident small-message backend for torch.distributed";
+  py::class_<ProcessGroupResident, c10d::Backend, c10::intrusive_ptr<ProcessGroupResident>>(
+      m, "ProcessGroupResident")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout,
+                       const std::map<std::string, std::string>& options) {
+             return c10::make_intrusive<ProcessGroupResident>(store, rank, size, timeout,
+                                                              options);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::arg("options") = std::map<std::string, std::string>{},
+           py::call_guard<py::gil_scoped_release>())
+      .def("transport_for", &ProcessGroupResident::transportFor, py::arg("peer"),
+           "Transport used to reach a peer: 'shm' (same host) or 'self'.")
+      .def("path_for", &ProcessGroupResident::pathFor, py::arg("peer"),
+           "Path used to reach a peer: 'direct' stores or the 'proxy' thread.")
+      .def("config", &ProcessGroupResident::describeConfig,
+           "The effective RESIDENT_* configuration of this group.")
+      .def("proxy_cpu", &ProcessGroupResident::proxyCpu,
+           "CPU the proxy thread is pinned to, or -1.");
+  m.def("remove_stale_segments", &resident::ShmSegment::removeStale,
+        "Remove /dev/shm names left by resident processes that no longer exist.");
+  m.def("set_log_level", [](int level) {
+    resident::setLogLevel(static_cast<resident::LogLevel>(level));
+  });
+}

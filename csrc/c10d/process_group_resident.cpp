@@ -1,0 +1,497 @@
+#include "c10d/process_group_resident.hpp"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+
+#include "c10d/store_bootstrap.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace resident {
+namespace {
+
+// Core errors become the exceptions torch.distributed users expect.
+template <typename F>
+auto translateErrors(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const InvalidArgument& e) {
+    C10_THROW_ERROR(ValueError, e.what());
+  } catch (const CommError& e) {
+    C10_THROW_ERROR(DistBackendError, e.what());
+  }
+}
+
+void checkTensor(const at::Tensor& t, const char* op) {
+  TORCH_CHECK_VALUE(t.defined(), "resident: ", op, ": undefined tensor");
+  TORCH_CHECK_VALUE(t.layout() == c10::kStrided, "resident: ", op,
+                    ": only dense (strided) tensors are supported, got ", t.layout());
+  TORCH_CHECK_VALUE(t.is_contiguous(), "resident: ", op,
+                    ": tensors must be contiguous (got sizes ", t.sizes(), " strides ",
+                    t.strides(), "); call .contiguous() first");
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "resident: ", op, ": tensor on ", t.device(),
+                    " is not supported by this build, which serves CPU tensors only "
+                    "(use a 'cpu:resident,cuda:nccl' backend string meanwhile)");
+}
+
+void checkSameKind(const at::Tensor& ref, const at::Tensor& t, const char* op, const char* what) {
+  checkTensor(t, op);
+  TORCH_CHECK_VALUE(t.scalar_type() == ref.scalar_type(), "resident: ", op, ": ", what,
+                    " has dtype ", t.scalar_type(), " but the input has ", ref.scalar_type(),
+                    " (dtype mix)");
+  TORCH_CHECK_VALUE(t.device() == ref.device(), "resident: ", op, ": ", what, " is on ",
+                    t.device(), " but the input is on ", ref.device(), " (device mix)");
+}
+
+const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "resident: ", op, " takes exactly one tensor, got ",
+                    tensors.size());
+  checkTensor(tensors[0], op);
+  return tensors[0];
+}
+
+DType reductionType(const at::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kDouble: return DType::kFloat64;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kInt: return DType::kInt32;
+    case at::kLong: return DType::kInt64;
+    case at::kByte: return DType::kUInt8;
+    default:
+      C10_THROW_ERROR(ValueError, c10::str("resident: ", op, " does not support dtype ",
+                                           t.scalar_type(), " (supported: float32, float64, "
+                                           "float16, bfloat16, int32, int64, uint8)"));
+  }
+}
+
+RedOp reductionOp(const c10d::ReduceOp& op, const char* name) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return RedOp::kSum;
+    case c10d::ReduceOp::AVG: return RedOp::kAvg;
+    case c10d::ReduceOp::MIN: return RedOp::kMin;
+    case c10d::ReduceOp::MAX: return RedOp::kMax;
+    case c10d::ReduceOp::PRODUCT: return RedOp::kProduct;
+    case c10d::ReduceOp::BAND: return RedOp::kBAnd;
+    case c10d::ReduceOp::BOR: return RedOp::kBOr;
+    case c10d::ReduceOp::BXOR: return RedOp::kBXor;
+    default:
+      C10_THROW_ERROR(ValueError,
+                      c10::str("resident: ", name, " does not support reduce op ",
+                               static_cast<int>(op.op_),
+                               " (supported: SUM, AVG, MIN, MAX, PRODUCT, BAND, BOR, BXOR)"));
+  }
+}
+
+size_t nbytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
+
+}  // namespace
+
+ProcessGroupResident::ProcessGroupResident(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int size, std::chrono::milliseconds timeout,
+                                           const std::map<std::string, std::string>& options)
+    : c10d::Backend(rank, size) {
+  translateErrors([&] {
+    const Config cfg = Config::fromEnvironment(options);
+    C10dStoreBootstrap bootstrap(store);
+    comm_ = std::make_shared<Communicator>(bootstrap, rank, size, cfg,
+                                           static_cast<uint64_t>(timeout.count()));
+    inflight_.reserve(cfg.max_inflight);
+    return 0;
+  });
+}
+
+ProcessGroupResident::~ProcessGroupResident() { shutdown(); }
+
+void ProcessGroupResident::setTimeout(std::chrono::milliseconds timeout) {
+  comm_->engine().setTimeoutNs(static_cast<uint64_t>(timeout.count()) * 1000000ull);
+}
+
+void ProcessGroupResident::abort() { shutdown(); }
+
+void ProcessGroupResident::shutdown() {
+  if (!comm_) return;
+  comm_->shutdown();  // fails what is in flight, stops the proxy, unmaps segments
+  inflight_.clear();
+}
+
+c10::intrusive_ptr<WorkResident> ProcessGroupResident::makeWork(
+    c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+    std::vector<at::Tensor> keep_alive) {
+  return c10::make_intrusive<WorkResident>(comm_, rank_, type, title, std::move(outputs),
+                                           std::move(keep_alive));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::submit(c10::intrusive_ptr<WorkResident> work) {
+  // Drop works whose ops finished; keep the new one until its ops have.
+  inflight_.erase(std::remove_if(inflight_.begin(), inflight_.end(),
+                                 [](const c10::intrusive_ptr<WorkResident>& w) {
+                                   return w->isCompleted();
+                                 }),
+                  inflight_.end());
+  inflight_.push_back(work);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce(std::vector<at::Tensor>& tensors,
+                                                               const c10d::AllreduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "all_reduce");
+  const DType dt = reductionType(t, "all_reduce");
+  const RedOp op = reductionOp(opts.reduceOp, "all_reduce");
+  auto work = makeWork(c10d::OpType::ALLREDUCE, "resident:all_reduce", tensors, {});
+  translateErrors([&] {
+    work->addOp(comm_->allReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op));
+    return 0;
+  });
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  const RedOp op = reductionOp(opts.reduceOp, "all_reduce_coalesced");
+  // Validate everything before starting anything: a partial start would desynchronise ranks.
+  c10::SmallVector<DType, 8> types;
+  for (const auto& t : tensors) {
+    checkTensor(t, "all_reduce_coalesced");
+    types.push_back(reductionType(t, "all_reduce_coalesced"));
+  }
+  auto work = makeWork(c10d::OpType::ALLREDUCE_COALESCED, "resident:all_reduce_coalesced",
+                       tensors, {});
+  translateErrors([&] {
+    for (const auto i : c10::irange(tensors.size())) {
+      at::Tensor& t = tensors[i];
+      work->addOp(comm_->allReduce(t.data_ptr(), t.data_ptr(), t.numel(), types[i], op));
+    }
+    return 0;
+  });
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::broadcast(std::vector<at::Tensor>& tensors,
+                                                               const c10d::BroadcastOptions& opts) {
+  const at::Tensor& t = single(tensors, "broadcast");
+  auto work = makeWork(c10d::OpType::BROADCAST, "resident:broadcast", tensors, {});
+  translateErrors([&] {
+    work->addOp(comm_->broadcast(t.data_ptr(), nbytes(t), static_cast<int>(opts.rootRank)));
+    return 0;
+  });
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::ReduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "reduce");
+  const DType dt = reductionType(t, "reduce");
+  const RedOp op = reductionOp(opts.reduceOp, "reduce");
+  auto work = makeWork(c10d::OpType::REDUCE, "resident:reduce", tensors, {});
+  translateErrors([&] {
+    work->addOp(comm_->reduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op,
+                              static_cast<int>(opts.rootRank)));
+    return 0;
+  });
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& /*opts*/) {
+  const at::Tensor& in = single(inputs, "all_gather");
+  TORCH_CHECK_VALUE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
+                    "resident: all_gather needs one output list of ", size_, " tensors");
+  c10::SmallVector<void*, 16> outs;
+  for (const auto i : c10::irange(outputs[0].size())) {
+    const at::Tensor& o = outputs[0][i];
+    checkSameKind(in, o, "all_gather", "an output tensor");
+    TORCH_CHECK_VALUE(o.numel() == in.numel(), "resident: all_gather: output tensor ", i, " has ",
+                      o.numel(), " elements but the input has ", in.numel(), " (size mismatch)");
+    outs.push_back(o.data_ptr());
+  }
+  auto work = makeWork(c10d::OpType::ALLGATHER, "resident:all_gather", outputs[0], inputs);
+  translateErrors([&] {
+    work->addOp(comm_->allGather(in.data_ptr(), outs.data(), nbytes(in)));
+    return 0;
+  });
+  return submit(work);
+}
+
+void ProcessGroupResident::addAllGatherBase(WorkResident& work, at::Tensor& output,
+                                            at::Tensor& input) {
+  checkTensor(input, "all_gather_into_tensor");
+  checkSameKind(input, output, "all_gather_into_tensor", "the output");
+  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_,
+                    "resident: all_gather_into_tensor: output has ", output.numel(),
+                    " elements, expected world size x input = ", input.numel() * size_,
+                    " (size mismatch)");
+  c10::SmallVector<void*, 16> outs;
+  auto* base = static_cast<unsigned char*>(output.data_ptr());
+  for (int p = 0; p < size_; ++p) outs.push_back(base + p * nbytes(input));
+  translateErrors([&] {
+    work.addOp(comm_->allGather(input.data_ptr(), outs.data(), nbytes(input)));
+    return 0;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
+  auto work = makeWork(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor", {output},
+                       {input});
+  addAllGatherBase(*work, output, input);
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& /*opts*/) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
+                    "resident: all_gather_into_tensor_coalesced: ", outputs.size(),
+                    " outputs for ", inputs.size(), " inputs");
+  auto work = makeWork(c10d::OpType::COALESCED, "resident:all_gather_into_tensor_coalesced",
+                       outputs, inputs);
+  for (const auto i : c10::irange(inputs.size())) addAllGatherBase(*work, outputs[i], inputs[i]);
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  const at::Tensor& in = single(inputs, "gather");
+  const int root = static_cast<int>(opts.rootRank);
+  c10::SmallVector<void*, 16> outs(static_cast<size_t>(size_), nullptr);
+  std::vector<at::Tensor> result;
+  if (rank_ == root) {
+    TORCH_CHECK_VALUE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
+                      "resident: gather: the root needs one output list of ", size_, " tensors");
+    for (const auto i : c10::irange(outputs[0].size())) {
+      const at::Tensor& o = outputs[0][i];
+      checkSameKind(in, o, "gather", "an output tensor");
+      TORCH_CHECK_VALUE(o.numel() == in.numel(), "resident: gather: output tensor ", i, " has ",
+                        o.numel(), " elements but the input has ", in.numel(),
+                        " (size mismatch)");
+      outs[i] = o.data_ptr();
+    }
+    result = outputs[0];
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(),
+                      "resident: gather: only the root passes output tensors");
+  }
+  auto work = makeWork(c10d::OpType::GATHER, "resident:gather", result, inputs);
+  translateErrors([&] {
+    work->addOp(comm_->gather(in.data_ptr(), outs.data(), nbytes(in), root));
+    return 0;
+  });
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  const at::Tensor& out = single(outputs, "scatter");
+  const int root = static_cast<int>(opts.rootRank);
+  c10::SmallVector<const void*, 16> ins(static_cast<size_t>(size_), nullptr);
+  std::vector<at::Tensor> keep;
+  if (rank_ == root) {
+    TORCH_CHECK_VALUE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
+                      "resident: scatter: the root needs one input list of ", size_, " tensors");
+    for (const auto i : c10::irange(inputs[0].size())) {
+      const at::Tensor& t = inputs[0][i];
+      checkSameKind(out, t, "scatter", "an input tensor");
+      TORCH_CHECK_VALUE(t.numel() == out.numel(), "resident: scatter: input tensor ", i, " has ",
+                        t.numel(), " elements but the output has ", out.numel(),
+                        " (size mismatch)");
+      ins[i] = t.data_ptr();
+    }
+    keep = inputs[0];
+  }
+  auto work = makeWork(c10d::OpType::SCATTER, "resident:scatter", outputs, keep);
+  translateErrors([&] {
+    work->addOp(comm_->scatter(ins.data(), out.data_ptr(), nbytes(out), root));
+    return 0;
+  });
+  return submit(work);
+}
+
+void ProcessGroupResident::addReduceScatterBase(WorkResident& work, at::Tensor& output,
+                                                at::Tensor& input, const c10d::ReduceOp& op) {
+  checkTensor(output, "reduce_scatter_tensor");
+  checkSameKind(output, input, "reduce_scatter_tensor", "the input");
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * size_,
+                    "resident: reduce_scatter_tensor: input has ", input.numel(),
+                    " elements, expected world size x output = ", output.numel() * size_,
+                    " (size mismatch)");
+  const DType dt = reductionType(output, "reduce_scatter_tensor");
+  const RedOp rop = reductionOp(op, "reduce_scatter_tensor");
+  translateErrors([&] {
+    work.addOp(comm_->reduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), dt, rop));
+    return 0;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  auto work = makeWork(c10d::OpType::_REDUCE_SCATTER_BASE, "resident:reduce_scatter_tensor",
+                       {output}, {input});
+  addReduceScatterBase(*work, output, input, opts.reduceOp);
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
+                    "resident: reduce_scatter_tensor_coalesced: ", outputs.size(),
+                    " outputs for ", inputs.size(), " inputs");
+  auto work = makeWork(c10d::OpType::COALESCED, "resident:reduce_scatter_tensor_coalesced",
+                       outputs, inputs);
+  for (const auto i : c10::irange(inputs.size()))
+    addReduceScatterBase(*work, outputs[i], inputs[i], opts.reduceOp);
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const at::Tensor& out = single(outputs, "reduce_scatter");
+  TORCH_CHECK_VALUE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
+                    "resident: reduce_scatter needs one input list of ", size_, " tensors");
+  c10::SmallVector<const void*, 16> ins;
+  for (const auto i : c10::irange(inputs[0].size())) {
+    const at::Tensor& t = inputs[0][i];
+    checkSameKind(out, t, "reduce_scatter", "an input tensor");
+    TORCH_CHECK_VALUE(t.numel() == out.numel(), "resident: reduce_scatter: input tensor ", i,
+                      " has ", t.numel(), " elements but the output has ", out.numel(),
+                      " (size mismatch)");
+    ins.push_back(t.data_ptr());
+  }
+  const DType dt = reductionType(out, "reduce_scatter");
+  const RedOp rop = reductionOp(opts.reduceOp, "reduce_scatter");
+  auto work = makeWork(c10d::OpType::REDUCE_SCATTER, "resident:reduce_scatter", outputs,
+                       inputs[0]);
+  translateErrors([&] {
+    work->addOp(comm_->reduceScatterV(ins.data(), out.data_ptr(), out.numel(), dt, rop));
+    return 0;
+  });
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+    std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& /*opts*/) {
+  checkTensor(input, "all_to_all_single");
+  checkSameKind(input, output, "all_to_all_single", "the output");
+  // Split sizes count rows of dim 0; empty means equal splits.
+  auto rowBytes = [](const at::Tensor& t) -> size_t {
+    return t.dim() == 0 || t.size(0) == 0 ? 0 : nbytes(t) / static_cast<size_t>(t.size(0));
+  };
+  auto layoutOf = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* what,
+                      c10::SmallVector<size_t, 16>& bytes, c10::SmallVector<size_t, 16>& offs) {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    if (splits.empty()) {
+      TORCH_CHECK_VALUE(rows % size_ == 0, "resident: all_to_all_single: ", what, " dim 0 (",
+                        rows, ") is not divisible by the group size ", size_,
+                        "; pass split sizes");
+    } else {
+      TORCH_CHECK_VALUE(splits.size() == static_cast<size_t>(size_),
+                        "resident: all_to_all_single: ", what, " split sizes have ",
+                        splits.size(), " entries for a group of ", size_);
+      int64_t sum = 0;
+      for (int64_t s : splits) {
+        TORCH_CHECK_VALUE(s >= 0, "resident: all_to_all_single: negative split size ", s);
+        sum += s;
+      }
+      TORCH_CHECK_VALUE(sum == rows, "resident: all_to_all_single: ", what,
+                        " split sizes sum to ", sum, " but dim 0 is ", rows);
+    }
+    size_t off = 0;
+    for (int p = 0; p < size_; ++p) {
+      const int64_t r = splits.empty() ? rows / size_ : splits[static_cast<size_t>(p)];
+      bytes.push_back(static_cast<size_t>(r) * rowBytes(t));
+      offs.push_back(off);
+      off += bytes.back();
+    }
+  };
+  c10::SmallVector<size_t, 16> in_bytes, in_offs, out_bytes, out_offs;
+  layoutOf(input, input_splits, "input", in_bytes, in_offs);
+  layoutOf(output, output_splits, "output", out_bytes, out_offs);
+  c10::SmallVector<const void*, 16> ins;
+  c10::SmallVector<void*, 16> outs;
+  for (int p = 0; p < size_; ++p) {
+    ins.push_back(static_cast<const unsigned char*>(input.data_ptr()) + in_offs[p]);
+    outs.push_back(static_cast<unsigned char*>(output.data_ptr()) + out_offs[p]);
+  }
+  auto work = makeWork(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_single", {output},
+                       {input});
+  translateErrors([&] {
+    work->addOp(comm_->allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data()));
+    return 0;
+  });
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(std::vector<at::Tensor>& outputs,
+                                                              std::vector<at::Tensor>& inputs,
+                                                              const c10d::AllToAllOptions& /*opts*/) {
+  TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(size_) &&
+                        inputs.size() == static_cast<size_t>(size_),
+                    "resident: all_to_all needs ", size_, " input and output tensors, got ",
+                    inputs.size(), " and ", outputs.size());
+  c10::SmallVector<const void*, 16> ins;
+  c10::SmallVector<void*, 16> outs;
+  c10::SmallVector<size_t, 16> in_bytes, out_bytes;
+  for (int p = 0; p < size_; ++p) {
+    checkTensor(inputs[p], "all_to_all");
+    checkSameKind(inputs[0], inputs[p], "all_to_all", "an input tensor");
+    checkSameKind(inputs[0], outputs[p], "all_to_all", "an output tensor");
+    ins.push_back(inputs[p].data_ptr());
+    outs.push_back(outputs[p].data_ptr());
+    in_bytes.push_back(nbytes(inputs[p]));
+    out_bytes.push_back(nbytes(outputs[p]));
+  }
+  auto work = makeWork(c10d::OpType::ALLTOALL, "resident:all_to_all", outputs, inputs);
+  translateErrors([&] {
+    work->addOp(comm_->allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data()));
+    return 0;
+  });
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor>& tensors,
+                                                          int dst, int tag) {
+  const at::Tensor& t = single(tensors, "send");
+  auto work = makeWork(c10d::OpType::SEND, "resident:send", {}, tensors);
+  translateErrors([&] {
+    work->addOp(comm_->send(t.data_ptr(), nbytes(t), dst, static_cast<uint64_t>(tag)));
+    return 0;
+  });
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recv(std::vector<at::Tensor>& tensors,
+                                                          int src, int tag) {
+  const at::Tensor& t = single(tensors, "recv");
+  auto work = makeWork(c10d::OpType::RECV, "resident:recv", tensors, {});
+  translateErrors([&] {
+    work->addOp(comm_->recv(t.data_ptr(), nbytes(t), src, static_cast<uint64_t>(tag)));
+    return 0;
+  });
+  return submit(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recvAnysource(
+    std::vector<at::Tensor>& /*tensors*/, int /*tag*/) {
+  C10_THROW_ERROR(ValueError,
+                  "resident: recv from any source is not supported; pass src explicitly");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::barrier(const c10d::BarrierOptions& /*opts*/) {
+  auto work = makeWork(c10d::OpType::BARRIER, "resident:barrier", {}, {});
+  translateErrors([&] {
+    work->addOp(comm_->barrier());
+    return 0;
+  });
+  return submit(work);
+}
+
+}  // namespace resident

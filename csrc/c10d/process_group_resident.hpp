@@ -1,0 +1,97 @@
+// ProcessGroupResident: the c10d::Backend adapter. It validates tensors (contiguous, device,
+// dtype, sizes), turns each call into core ops on the group's Communicator and returns a
+// WorkResident. Works are kept alive here until their ops finished, so dropping an async
+// Work never frees tensors the op still writes.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "c10d/work_resident.hpp"
+#include "core/communicator.hpp"
+
+namespace resident {
+
+class ProcessGroupResident : public c10d::Backend {
+ public:
+  ProcessGroupResident(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout,
+                       const std::map<std::string, std::string>& options);
+  ~ProcessGroupResident() override;
+
+  const std::string getBackendName() const override { return "resident"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void abort() override;
+  void shutdown() override;
+
+  // Introspection: per-peer transport and path, the configuration, the proxy's CPU.
+  std::string transportFor(int peer) const { return comm_->transportFor(peer); }
+  std::string pathFor(int peer) const { return comm_->pathFor(peer); }
+  std::string describeConfig() const { return comm_->config().describe(); }
+  int proxyCpu() const { return comm_->proxyCpu(); }
+
+ private:
+  c10::intrusive_ptr<WorkResident> makeWork(c10d::OpType type, const char* title,
+                                            std::vector<at::Tensor> outputs,
+                                            std::vector<at::Tensor> keep_alive);
+  c10::intrusive_ptr<c10d::Work> submit(c10::intrusive_ptr<WorkResident> work);
+  void addAllGatherBase(WorkResident& work, at::Tensor& output, at::Tensor& input);
+  void addReduceScatterBase(WorkResident& work, at::Tensor& output, at::Tensor& input,
+                            const c10d::ReduceOp& op);
+
+  std::shared_ptr<Communicator> comm_;
+  std::vector<c10::intrusive_ptr<WorkResident>> inflight_;
+};
+
+}  // namespace resident

@@ -1,0 +1,109 @@
+#include "c10d/work_resident.hpp"
+
+#include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include "core/error.hpp"
+
+namespace resident {
+
+WorkResident::WorkResident(std::shared_ptr<Communicator> comm, int rank, c10d::OpType type,
+                           const char* profiling_title, std::vector<at::Tensor> outputs,
+                           std::vector<at::Tensor> keep_alive)
+    : c10d::Work(rank, type, profiling_title),
+      comm_(std::move(comm)),
+      outputs_(std::move(outputs)),
+      keep_alive_(std::move(keep_alive)) {}
+
+WorkResident::~WorkResident() {
+  for (const OpHandle& h : ops_) comm_->engine().release(h);
+}
+
+bool WorkResident::collect() {
+  if (finished_.load(std::memory_order_acquire)) return true;
+  Engine& engine = comm_->engine();
+  for (const OpHandle& h : ops_) {
+    if (!engine.test(h)) return false;
+  }
+  for (const OpHandle& h : ops_) {
+    const Op& op = *h.op;
+    if (op.state.load(std::memory_order_acquire) == OpState::kFailed && !failed_) {
+      failed_ = true;
+      timeout_ = op.error_kind == ErrorKind::kTimeout;
+      error_ = op.error;
+    }
+  }
+  finished_.store(true, std::memory_order_release);
+  return true;
+}
+
+bool WorkResident::isCompleted() { return collect(); }
+
+bool WorkResident::isSuccess() const { return finished_.load() && !failed_; }
+
+void WorkResident::rethrow() const {
+  if (timeout_) C10_THROW_ERROR(DistBackendError, error_);
+  C10_THROW_ERROR(DistBackendError, error_);
+}
+
+std::exception_ptr WorkResident::exception() const {
+  if (!finished_.load() || !failed_) return nullptr;
+  try {
+    rethrow();
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+bool WorkResident::wait(std::chrono::milliseconds timeout) {
+  Engine& engine = comm_->engine();
+  const uint64_t timeout_ns =
+      timeout == kNoTimeout ? 0 : static_cast<uint64_t>(timeout.count()) * 1000000ull;
+  for (const OpHandle& h : ops_) {
+    try {
+      engine.wait(h, timeout_ns);
+    } catch (const CommError& e) {
+      if (!engine.test(h)) {  // the wait's own timeout passed; the op is still in flight
+        C10_THROW_ERROR(DistBackendError, e.what());
+      }
+    }
+  }
+  collect();
+  if (failed_) rethrow();
+  return true;
+}
+
+void WorkResident::onOpDone(void* self) {
+  auto* work = static_cast<WorkResident*>(self);
+  if (work->future_pending_.fetch_sub(1) == 1) {
+    work->collect();
+    if (work->failed_) {
+      work->future_->setError(work->exception());
+    } else {
+      work->future_->markCompleted(c10::IValue(work->outputs_));
+    }
+  }
+  // Drop the reference taken when the callback was registered.
+  c10::raw::intrusive_ptr::decref(work);
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkResident::getFuture() {
+  if (future_) return future_;
+  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  if (ops_.empty()) {
+    future_->markCompleted(c10::IValue(outputs_));
+    return future_;
+  }
+  // One pending count per op, plus one held while registering so that a callback firing
+  // during registration cannot complete the future early.
+  future_pending_.store(static_cast<int>(ops_.size()) + 1);
+  for (const OpHandle& h : ops_) {
+    c10::raw::intrusive_ptr::incref(this);
+    comm_->engine().setCompletionCallback(h, &WorkResident::onOpDone, this);
+  }
+  c10::raw::intrusive_ptr::incref(this);
+  onOpDone(this);
+  return future_;
+}
+
+}  // namespace resident

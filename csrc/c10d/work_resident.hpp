@@ -1,0 +1,51 @@
+// The Work a resident op returns: wraps one or more pooled core ops, keeps the tensors alive
+// while they are in flight, and completes a future when asked for one. wait() drives
+// progress on the calling thread, so a blocking op costs no thread hand-off.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "core/communicator.hpp"
+
+namespace resident {
+
+class WorkResident : public c10d::Work {
+ public:
+  WorkResident(std::shared_ptr<Communicator> comm, int rank, c10d::OpType type,
+               const char* profiling_title, std::vector<at::Tensor> outputs,
+               std::vector<at::Tensor> keep_alive);
+  ~WorkResident() override;
+
+  void addOp(OpHandle h) { ops_.push_back(h); }
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override { return outputs_; }
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void synchronize() override {}
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+ private:
+  static void onOpDone(void* self);
+  // Inspects finished ops; records the first error. Returns true when all finished.
+  bool collect();
+  [[noreturn]] void rethrow() const;
+
+  std::shared_ptr<Communicator> comm_;
+  std::vector<OpHandle> ops_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> keep_alive_;
+  std::atomic<bool> finished_{false};
+  bool failed_ = false;
+  bool timeout_ = false;
+  std::string error_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<int> future_pending_{0};
+};
+
+}  // namespace resident

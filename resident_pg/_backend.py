@@ -1,0 +1,45 @@
+"""Creation of ProcessGroupResident from torch.distributed's extended backend API."""
+
+from datetime import timedelta
+
+from resident_pg import _C
+
+_OPTION_KEYS = (
+    "path", "slot_bytes", "slots", "max_inflight", "spin_us", "yield_us", "max_sleep_us",
+    "proxy_spin_us", "proxy_cpu", "transport", "debug",
+)
+
+
+def normalize_options(backend_options):
+    """pg_options for the resident backend: None or a dict of RESIDENT_* settings.
+
+    Keys are the variable names without the RESIDENT_ prefix, in lower case, e.g.
+    ``{"path": "proxy", "slot_bytes": 65536}``; they override the environment for that group.
+    """
+    if backend_options is None:
+        return {}
+    if not isinstance(backend_options, dict):
+        raise TypeError(
+            "resident: pg_options must be a dict of RESIDENT_* settings, e.g. "
+            f"{{'path': 'proxy'}}; got {type(backend_options).__name__}"
+        )
+    out = {}
+    for key, value in backend_options.items():
+        k = str(key).lower().removeprefix("resident_")
+        if k not in _OPTION_KEYS:
+            raise ValueError(f"resident: unknown option {key!r} (known: {', '.join(_OPTION_KEYS)})")
+        out[k] = str(value)
+    return out
+
+
+def create_backend(dist_backend_opts, backend_options):
+    timeout = dist_backend_opts.timeout
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    return _C.ProcessGroupResident(
+        dist_backend_opts.store,
+        dist_backend_opts.group_rank,
+        dist_backend_opts.group_size,
+        timeout,
+        normalize_options(backend_options),
+    )

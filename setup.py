@@ -1,0 +1,46 @@
+"""Build of resident_pg: one extension, resident_pg._C.
+
+The torch-free core (csrc/core) and the c10d adapter (csrc/c10d) are C++17. CUDA device code
+(kernels/*.cu) is compiled with nvcc when there is any and nvcc is found; the core never
+needs it.
+"""
+
+import glob
+import os
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def sources(pattern):
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+cpp = sources("csrc/core/*.cpp") + sources("csrc/c10d/*.cpp")
+cuda = sources("kernels/*.cu")
+use_cuda = bool(cuda) and CUDA_HOME is not None and os.environ.get("RESIDENT_NO_CUDA") != "1"
+
+common = dict(
+    name="resident_pg._C",
+    include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "kernels")],
+    extra_compile_args={
+        # No -std here: torch picks the standard its headers need (C++17 for 2.11, C++20 for
+        # 2.14). The core itself is C++17 and its unit tests build it with -std=c++17.
+        "cxx": ["-O2", "-Wall", "-Wno-unused-parameter"],
+        "nvcc": ["-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90",
+                 "-gencode=arch=compute_90,code=compute_90"],
+    },
+    libraries=["rt"],
+)
+if use_cuda:
+    ext = CUDAExtension(sources=cpp + cuda, **common)
+else:
+    common["extra_compile_args"] = common["extra_compile_args"]["cxx"]
+    ext = CppExtension(sources=cpp, **common)
+
+setup(
+    ext_modules=[ext],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

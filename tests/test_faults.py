@@ -1,0 +1,279 @@
+"""Faults and bad input.
+
+Faults: in a 3-rank job, rank 1 dies (os._exit), is SIGKILLed by the parent, or
+simply stops calling collectives (sleeps).  Ranks 0 and 2 must raise within the
+group timeout (5 s) plus slack, and (resident) the message must name rank 1.
+After a crash, a fresh job in fresh processes must work.
+
+Bad input (resident): mismatched sizes across ranks, dtype mixes, unsupported
+reduce ops and non-contiguous tensors must raise on every rank (never hang,
+never return garbage).  Each bad-input case runs in its own job because the
+group may be unusable after the error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+
+import dist_harness as H
+from dist_harness import compare_exact, compare_reduction, make_input, reference_reduce
+
+GROUP_TIMEOUT_S = 5
+SLACK_S = 10
+FAILING_RANK = 1
+WS = 3
+SURVIVORS = [r for r in range(WS) if r != FAILING_RANK]
+NAMES_RANK_1 = re.compile(r"rank\D{0,3}1\b", re.IGNORECASE)
+
+
+def _warmup(rank, ws):
+    import torch.distributed as dist
+
+    for i in range(3):
+        inputs = [make_input(f"fault/warm/{i}", r, 1031, "float32") for r in range(ws)]
+        t = inputs[rank].clone()
+        dist.all_reduce(t)
+        errs = compare_reduction(t, reference_reduce(inputs, "SUM", "float32"), inputs, "SUM",
+                                 "float32", "warm-up")
+        if errs:
+            raise AssertionError(errs)
+
+
+def _fault_job(rank, ws, mode):
+    import torch.distributed as dist
+
+    _warmup(rank, ws)
+    big = make_input("fault/big", rank, (4 << 20) // 4 + 1, "float32")
+    if rank == FAILING_RANK:
+        if mode == "exit":
+            time.sleep(0.5)  # the survivors are already waiting inside the collective
+            os._exit(1)
+        elif mode == "sigkill":
+            w = dist.all_reduce(big.clone(), async_op=True)  # die with a large collective in flight
+            H.request_sigkill("fault test")
+        elif mode == "sleep":
+            time.sleep(120)  # stops calling collectives; the parent kills it
+            return {"raised": False, "note": "sleeper woke up"}
+        raise AssertionError(f"unknown mode {mode}")
+    t0 = time.monotonic()
+    try:
+        for i in range(20):
+            dist.all_reduce(big.clone() if mode == "sigkill" else make_input("fault/x", rank, 4099, "float32"))
+        return {"raised": False, "elapsed": time.monotonic() - t0}
+    except Exception as e:  # noqa: BLE001
+        return {
+            "raised": True,
+            "elapsed": time.monotonic() - t0,
+            "type": type(e).__name__,
+            "is_runtime_error": isinstance(e, RuntimeError),
+            "message": str(e),
+        }
+
+
+def _healthy_job(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    errs = []
+    for n in (1, 4099, (2 << 20) // 4 + 1):
+        inputs = [make_input(f"fault/after/{n}", r, n, "float32") for r in range(ws)]
+        t = inputs[rank].clone()
+        dist.all_reduce(t)
+        errs += compare_reduction(t, reference_reduce(inputs, "SUM", "float32"), inputs, "SUM",
+                                  "float32", f"after crash n={n}")
+    out = torch.empty(ws * 10, dtype=torch.int64)
+    inputs = [make_input("fault/after/ag", r, 10, "int64") for r in range(ws)]
+    dist.all_gather_into_tensor(out, inputs[rank].clone())
+    errs += compare_exact(out, torch.cat(inputs), "all_gather after crash")
+    return errs
+
+
+_FAULT_RESULTS: dict = {}
+
+
+def fault_outcomes(mode):
+    if mode not in _FAULT_RESULTS:
+        t0 = time.monotonic()
+        outcomes = H.run_ranks_collect(
+            _fault_job, WS, args=(mode,), init_timeout_s=GROUP_TIMEOUT_S, timeout_s=90,
+            stop_when_done=SURVIVORS, destroy_grace_s=15,
+        )
+        wall = time.monotonic() - t0
+        after = None
+        if mode in ("exit", "sigkill"):
+            try:
+                per_rank = H.run_ranks(_healthy_job, WS, timeout_s=90)
+                after = [f"rank {r}: {e}" for r, errs in enumerate(per_rank) for e in errs]
+            except H.RanksFailed as e:
+                after = [str(e)]
+        _FAULT_RESULTS[mode] = (outcomes, wall, after)
+    return _FAULT_RESULTS[mode]
+
+
+def _describe(outcomes):
+    return "\n".join(o.describe() + (f"\n  value: {o.value!r}" if o.value is not None else "")
+                     for o in outcomes)
+
+
+MODES = ["exit", "sigkill", "sleep"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_survivors_raise_within_timeout(mode):
+    outcomes, wall, _ = fault_outcomes(mode)
+    failed = outcomes[FAILING_RANK]
+    if mode == "exit":
+        assert failed.status == "died" and failed.exitcode == 1, _describe(outcomes)
+    elif mode == "sigkill":
+        assert failed.kill_requested and failed.status == "killed", _describe(outcomes)
+    for r in SURVIVORS:
+        o = outcomes[r]
+        assert o.status == "ok", f"rank {r} did not get through the job:\n{_describe(outcomes)}"
+        v = o.value
+        assert v["raised"], f"rank {r} never raised although rank {FAILING_RANK} is gone: {v}"
+        assert v["elapsed"] <= GROUP_TIMEOUT_S + SLACK_S, (
+            f"rank {r} raised only after {v['elapsed']:.1f}s (group timeout {GROUP_TIMEOUT_S}s): {v}"
+        )
+
+
+@pytest.mark.resident_only
+@pytest.mark.parametrize("mode", MODES)
+def test_error_names_failing_peer(mode):
+    outcomes, _, _ = fault_outcomes(mode)
+    msgs = []
+    for r in SURVIVORS:
+        v = outcomes[r].value
+        if not (outcomes[r].status == "ok" and v and v.get("raised")):
+            pytest.fail(f"rank {r} did not raise:\n{_describe(outcomes)}")
+        if not NAMES_RANK_1.search(v["message"]):
+            msgs.append(f"rank {r} ({v['type']}): {v['message']!r}")
+    assert not msgs, "error messages do not name the failing peer (rank 1):\n" + "\n".join(msgs)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_survivors_teardown_does_not_hang(mode):
+    outcomes, _, _ = fault_outcomes(mode)
+    for r in SURVIVORS:
+        assert outcomes[r].destroy_status in ("ok", "error"), (
+            f"rank {r}: destroy_process_group after the fault: {outcomes[r].destroy_status} "
+            f"(waited 15 s)\n{_describe(outcomes)}"
+        )
+
+
+@pytest.mark.parametrize("mode", ["exit", "sigkill"])
+def test_fresh_job_after_crash_works(mode):
+    _, _, after = fault_outcomes(mode)
+    assert not after, "\n".join(after)
+
+
+# --------------------------------------------------------------------------
+# bad input
+# --------------------------------------------------------------------------
+
+
+def _bad_input_job(rank, ws, what):
+    import torch
+    import torch.distributed as dist
+
+    t0 = time.monotonic()
+    garbage = None
+    try:
+        if what == "mismatched_sizes":
+            t = make_input("bad/size", rank, 1000 + 3 * rank, "float32")
+            dist.all_reduce(t)
+            garbage = t[:4].tolist()
+        elif what == "mismatched_sizes_large":
+            t = make_input("bad/sizeL", rank, (2 << 20) // 4 + rank, "float32")
+            dist.all_reduce(t)
+            garbage = t[:4].tolist()
+        elif what == "all_gather_dtype_mix":
+            out = [torch.empty(10, dtype=torch.float32), torch.empty(10, dtype=torch.float64)]
+            out += [torch.empty(10, dtype=torch.float32) for _ in range(ws - 2)]
+            dist.all_gather(out, make_input("bad/ag", rank, 10, "float32"))
+            garbage = [o.dtype for o in out]
+        elif what == "premul_sum":
+            op = dist._make_nccl_premul_sum(2.0)
+            t = make_input("bad/premul", rank, 10, "float32")
+            dist.all_reduce(t, op=op)
+            garbage = t[:4].tolist()
+        elif what == "band_on_float":
+            t = make_input("bad/band", rank, 10, "float32")
+            dist.all_reduce(t, op=dist.ReduceOp.BAND)
+            garbage = t[:4].tolist()
+        elif what == "non_contiguous":
+            base = make_input("bad/nc", rank, 4 * 6, "float32").reshape(4, 6)
+            t = base.t()
+            assert not t.is_contiguous()
+            dist.all_reduce(t)
+            garbage = t.reshape(-1)[:4].tolist()
+        else:
+            raise AssertionError(what)
+    except Exception as e:  # noqa: BLE001
+        return {"raised": True, "type": type(e).__name__, "message": str(e),
+                "ok_type": isinstance(e, (RuntimeError, ValueError)) or what == "all_gather_dtype_mix",
+                "elapsed": time.monotonic() - t0}
+    return {"raised": False, "result": garbage, "elapsed": time.monotonic() - t0}
+
+
+BAD_INPUT = {
+    # what: regex the message must match (None: any message)
+    "mismatched_sizes": re.compile(r"size|mismatch", re.IGNORECASE),
+    "mismatched_sizes_large": re.compile(r"size|mismatch", re.IGNORECASE),
+    "all_gather_dtype_mix": None,
+    "premul_sum": re.compile(r"PREMUL_?SUM", re.IGNORECASE),
+    "band_on_float": re.compile(r"BAND", re.IGNORECASE),
+    "non_contiguous": re.compile(r"contiguous", re.IGNORECASE),
+}
+
+
+@pytest.mark.resident_only
+@pytest.mark.parametrize("what", list(BAD_INPUT))
+def test_bad_input_raises_on_every_rank(what):
+    if what == "premul_sum" and not hasattr(__import__("torch").distributed, "_make_nccl_premul_sum"):
+        pytest.skip("torch has no _make_nccl_premul_sum")
+    timeout = 10
+    outcomes = H.run_ranks_collect(_bad_input_job, 2, args=(what,), init_timeout_s=timeout,
+                                   timeout_s=60, stop_when_done=[0, 1], destroy_grace_s=10)
+    pattern = BAD_INPUT[what]
+    problems = []
+    for o in outcomes:
+        if o.status != "ok":
+            problems.append(f"rank {o.rank}: {o.describe()}")
+            continue
+        v = o.value
+        if not v["raised"]:
+            problems.append(f"rank {o.rank} did not raise (returned {v['result']!r})")
+            continue
+        if not v["ok_type"]:
+            problems.append(f"rank {o.rank} raised {v['type']}, expected RuntimeError/ValueError: {v['message']!r}")
+        if v["elapsed"] > timeout + SLACK_S:
+            problems.append(f"rank {o.rank} raised only after {v['elapsed']:.1f}s")
+        if pattern is not None and not pattern.search(v["message"]):
+            problems.append(f"rank {o.rank}: message does not match /{pattern.pattern}/: {v['message']!r}")
+    assert not problems, f"{what}:\n" + "\n".join(problems)
+
+
+def _cuda_mix_job(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    out = [torch.empty(10, device="cuda") for _ in range(ws)]
+    out[-1] = torch.empty(10)  # one CPU tensor among CUDA tensors
+    try:
+        dist.all_gather(out, torch.ones(10, device="cuda"))
+    except Exception as e:  # noqa: BLE001
+        return str(e)
+    return None
+
+
+@pytest.mark.gpu
+@pytest.mark.resident_only
+def test_cuda_cpu_device_mix_raises():
+    """A CUDA tensor with a CPU tensor in one call must raise (needs a GPU)."""
+    res = H.run_ranks_collect(_cuda_mix_job, 2, init_timeout_s=10, timeout_s=60, stop_when_done=[0, 1])
+    for o in res:
+        assert o.status == "ok" and o.value is not None, o.describe()

@@ -1,0 +1,311 @@
+"""Process groups and API surface: subgroups alive at once, backend strings,
+repeated init/destroy, torchrun launch, env:// and tcp:// rendezvous."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import dist_harness as H
+from dist_harness import (
+    compare_exact,
+    compare_reduction,
+    digest,
+    make_input,
+    reference_reduce,
+    tdtype,
+)
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _fail_on_errors(per_rank):
+    problems = [f"rank {r}: {e}" for r, errs in enumerate(per_rank) for e in errs]
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------
+# several subgroups alive at once, interleaved with the world group
+# --------------------------------------------------------------------------
+
+
+def _subgroups_job(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    errs = []
+    g01 = dist.new_group([0, 1])
+    g23 = dist.new_group([2, 3])
+    g02 = dist.new_group([0, 2])
+    members = {"g01": (g01, [0, 1]), "g23": (g23, [2, 3]), "g02": (g02, [0, 2])}
+    for name, (g, ranks) in members.items():
+        if rank in ranks:
+            if dist.get_rank(g) != ranks.index(rank):
+                errs.append(f"{name}: get_rank={dist.get_rank(g)}, expected {ranks.index(rank)}")
+            if dist.get_world_size(g) != 2:
+                errs.append(f"{name}: get_world_size={dist.get_world_size(g)}, expected 2")
+
+    def sub_inputs(key, ranks, n, dt, kind="normal"):
+        return [make_input(key, r, n, dt, kind) for r in ranks]
+
+    for it in range(3):
+        k = f"grp/{it}"
+        # world all_reduce
+        inputs = [make_input(k + "/w", r, 1031, "float32") for r in range(ws)]
+        t = inputs[rank].clone()
+        dist.all_reduce(t)
+        errs += compare_reduction(t, reference_reduce(inputs, "SUM", "float32"), inputs, "SUM",
+                                  "float32", f"it{it} world all_reduce")
+        # g01 all_reduce MAX
+        if rank in (0, 1):
+            inp = sub_inputs(k + "/g01", [0, 1], 257, "int64")
+            t = inp[rank].clone()
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g01)
+            errs += compare_exact(t, reference_reduce(inp, "MAX", "int64"), f"it{it} g01 all_reduce MAX")
+        # g23 all_gather_into_tensor
+        if rank in (2, 3):
+            inp = sub_inputs(k + "/g23", [2, 3], 99, "bfloat16")
+            out = torch.empty(2 * 99, dtype=torch.bfloat16)
+            dist.all_gather_into_tensor(out, inp[rank - 2].clone(), group=g23)
+            errs += compare_exact(out, torch.cat(inp), f"it{it} g23 all_gather_into_tensor")
+        # g02 broadcast from global rank 2
+        if rank in (0, 2):
+            t = make_input(k + "/g02b", rank, 500, "float64")
+            dist.broadcast(t, src=2, group=g02)
+            errs += compare_exact(t, make_input(k + "/g02b", 2, 500, "float64"), f"it{it} g02 broadcast")
+        # world all_gather
+        inputs = [make_input(k + "/wag", r, 17, "int32") for r in range(ws)]
+        out = torch.empty(ws * 17, dtype=torch.int32)
+        dist.all_gather_into_tensor(out, inputs[rank].clone())
+        errs += compare_exact(out, torch.cat(inputs), f"it{it} world all_gather")
+        # g02 reduce_scatter SUM
+        if rank in (0, 2):
+            inp = sub_inputs(k + "/g02rs", [0, 2], 2 * 300, "float32")
+            out = torch.empty(300, dtype=torch.float32)
+            me = [0, 2].index(rank)
+            dist.reduce_scatter_tensor(out, inp[me].clone(), group=g02)
+            chunks = [x[me * 300:(me + 1) * 300] for x in inp]
+            errs += compare_reduction(out, reference_reduce(chunks, "SUM", "float32"), chunks, "SUM",
+                                      "float32", f"it{it} g02 reduce_scatter")
+        # p2p inside g23 (dst/src are global ranks)
+        if rank == 2:
+            dist.send(make_input(k + "/p2p", 2, 64, "uint8"), dst=3, group=g23, tag=it)
+        elif rank == 3:
+            buf = torch.zeros(64, dtype=torch.uint8)
+            dist.recv(buf, src=2, group=g23, tag=it)
+            errs += compare_exact(buf, make_input(k + "/p2p", 2, 64, "uint8"), f"it{it} g23 send/recv")
+        # async ops on different groups in flight together
+        pending = []
+        for name, (g, ranks) in members.items():
+            if rank in ranks:
+                inp = sub_inputs(f"{k}/async/{name}", ranks, 4099, "float32")
+                t = inp[ranks.index(rank)].clone()
+                pending.append((name, inp, t, dist.all_reduce(t, group=g, async_op=True)))
+        inputs = [make_input(k + "/wasync", r, 4099, "int64") for r in range(ws)]
+        tw = inputs[rank].clone()
+        ww = dist.all_reduce(tw, op=dist.ReduceOp.BXOR, async_op=True)
+        for name, inp, t, w in pending:
+            w.wait()
+            errs += compare_reduction(t, reference_reduce(inp, "SUM", "float32"), inp, "SUM", "float32",
+                                      f"it{it} async {name}")
+        ww.wait()
+        errs += compare_exact(tw, reference_reduce(inputs, "BXOR", "int64"), f"it{it} async world")
+    dist.barrier()
+    return errs
+
+
+def test_subgroups_alive_at_once_interleaved():
+    _fail_on_errors(H.run_ranks(_subgroups_job, 4, timeout_s=120))
+
+
+# --------------------------------------------------------------------------
+# backend strings
+# --------------------------------------------------------------------------
+
+
+def _backend_string_job(rank, ws, expect_cpu_backend):
+    import torch
+    import torch.distributed as dist
+
+    errs = []
+    if H.IS_RESIDENT:
+        if "resident" not in dist.Backend.backend_list:
+            errs.append(f"'resident' not in dist.Backend.backend_list: {dist.Backend.backend_list}")
+    cfg = str(dist.get_backend_config())
+    if f"cpu:{expect_cpu_backend}" not in cfg:
+        errs.append(f"get_backend_config() = {cfg!r}; expected cpu:{expect_cpu_backend}")
+    inputs = [make_input("bs/ar", r, 4099, "float32") for r in range(ws)]
+    t = inputs[rank].clone()
+    dist.all_reduce(t)
+    errs += compare_reduction(t, reference_reduce(inputs, "SUM", "float32"), inputs, "SUM", "float32",
+                              "all_reduce")
+    inputs = [make_input("bs/ag", r, 33, "int64") for r in range(ws)]
+    out = torch.empty(ws * 33, dtype=torch.int64)
+    dist.all_gather_into_tensor(out, inputs[rank].clone())
+    errs += compare_exact(out, torch.cat(inputs), "all_gather_into_tensor")
+    dist.barrier()
+    return errs
+
+
+@pytest.mark.parametrize(
+    "backend_string, cpu_backend",
+    [
+        (f"cpu:{H.BACKEND}", H.BACKEND),
+        (f"cpu:gloo,cuda:{H.BACKEND}", "gloo"),
+    ],
+    ids=["cpu:B", "cpu:gloo,cuda:B"],
+)
+def test_backend_strings(backend_string, cpu_backend):
+    _fail_on_errors(H.run_ranks(_backend_string_job, 2, args=(cpu_backend,), backend=backend_string,
+                                timeout_s=90))
+
+
+def _subgroup_with_other_backend_job(rank, ws):
+    """World group on gloo, a subgroup on the backend under test."""
+    import torch.distributed as dist
+
+    errs = []
+    H.import_backend_module(H.BACKEND)
+    g = dist.new_group(list(range(ws)), backend=H.BACKEND)
+    inputs = [make_input("sgb", r, 1031, "float64") for r in range(ws)]
+    t = inputs[rank].clone()
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=g)
+    errs += compare_exact(t, reference_reduce(inputs, "MIN", "float64"), "subgroup MIN")
+    t2 = inputs[rank].clone()
+    dist.all_reduce(t2)  # world (gloo)
+    errs += compare_reduction(t2, reference_reduce(inputs, "SUM", "float64"), inputs, "SUM", "float64",
+                              "world SUM")
+    return errs
+
+
+def test_new_group_with_backend_under_test_on_gloo_world():
+    _fail_on_errors(H.run_ranks(_subgroup_with_other_backend_job, 2, backend="gloo", timeout_s=90))
+
+
+# --------------------------------------------------------------------------
+# repeated init / destroy in one process
+# --------------------------------------------------------------------------
+
+
+def _cycles_job(rank, ws, cycles):
+    import torch
+    import torch.distributed as dist
+
+    errs = []
+    for c in range(cycles):
+        if dist.is_initialized():
+            errs.append(f"cycle {c}: is_initialized() before init")
+        H.init_pg(prefix=f"cycle{c}/")
+        if dist.get_rank() != rank or dist.get_world_size() != ws:
+            errs.append(f"cycle {c}: rank/world_size {dist.get_rank()}/{dist.get_world_size()}")
+        inputs = [make_input(f"cyc/{c}", r, 2053, "float32") for r in range(ws)]
+        t = inputs[rank].clone()
+        dist.all_reduce(t)
+        errs += compare_reduction(t, reference_reduce(inputs, "SUM", "float32"), inputs, "SUM",
+                                  "float32", f"cycle {c} all_reduce")
+        sub = dist.new_group(list(range(ws)))
+        t = inputs[rank].clone()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=sub)
+        errs += compare_exact(t, reference_reduce(inputs, "MAX", "float32"), f"cycle {c} subgroup MAX")
+        dist.destroy_process_group(sub)  # the world group must keep working
+        inputs = [make_input(f"cyc/{c}/b", r, 100, "int64") for r in range(ws)]
+        out = torch.empty(ws * 100, dtype=torch.int64)
+        dist.all_gather_into_tensor(out, inputs[rank].clone())
+        errs += compare_exact(out, torch.cat(inputs), f"cycle {c} all_gather after subgroup destroy")
+        dist.barrier()
+        dist.destroy_process_group()
+        if dist.is_initialized():
+            errs.append(f"cycle {c}: is_initialized() after destroy")
+    return errs
+
+
+def test_repeated_init_destroy_in_one_process():
+    _fail_on_errors(H.run_ranks(_cycles_job, 2, args=(3,), init=False, timeout_s=120))
+
+
+# --------------------------------------------------------------------------
+# rendezvous: env:// and tcp://
+# --------------------------------------------------------------------------
+
+
+def _rdzv_job(rank, ws):
+    import torch.distributed as dist
+
+    errs = []
+    if dist.get_rank() != rank or dist.get_world_size() != ws:
+        errs.append(f"rank/world_size {dist.get_rank()}/{dist.get_world_size()}")
+    inputs = [make_input("rdzv", r, 777, "int32") for r in range(ws)]
+    t = inputs[rank].clone()
+    dist.all_reduce(t)
+    errs += compare_exact(t, reference_reduce(inputs, "SUM", "int32"), "all_reduce SUM int32")
+    return errs
+
+
+@pytest.mark.parametrize("rendezvous", ["env", "tcp"])
+def test_rendezvous_methods(rendezvous):
+    _fail_on_errors(H.run_ranks(_rdzv_job, 2, rendezvous=rendezvous, timeout_s=90))
+
+
+# --------------------------------------------------------------------------
+# torchrun
+# --------------------------------------------------------------------------
+
+TORCHRUN_SCRIPT = textwrap.dedent(
+    """
+    import datetime, json, os, sys
+    sys.path.insert(0, sys.argv[3])
+    import torch
+    import torch.distributed as dist
+    import dist_harness as H
+
+    backend, out_dir = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    H.import_backend_module(backend)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=30))
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    errs = []
+    if rank != int(os.environ["RANK"]) or ws != int(os.environ["WORLD_SIZE"]):
+        errs.append("rank/world size do not match the environment")
+    inputs = [H.make_input("torchrun", r, 3001, "float32") for r in range(ws)]
+    t = inputs[rank].clone()
+    dist.all_reduce(t)
+    errs += H.compare_reduction(t, H.reference_reduce(inputs, "SUM", "float32"), inputs, "SUM",
+                                "float32", "all_reduce")
+    bc = H.make_input("torchrun/bc", rank, 100, "int64")
+    dist.broadcast(bc, src=1)
+    errs += H.compare_exact(bc, H.make_input("torchrun/bc", 1, 100, "int64"), "broadcast")
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "ws": ws, "errors": errs}, f)
+    """
+)
+
+
+def test_torchrun_launch(tmp_path):
+    script = tmp_path / "tiny_job.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+           str(script), H.BACKEND, str(tmp_path), TESTS_DIR]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                         start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        pytest.fail("torchrun job timed out after 120 s:\n" + out[-5000:])
+    assert p.returncode == 0, f"torchrun exited {p.returncode}:\n{out[-5000:]}"
+    for r in range(2):
+        f = tmp_path / f"rank{r}.json"
+        assert f.exists(), f"rank {r} wrote no result:\n{out[-5000:]}"
+        res = json.loads(f.read_text())
+        assert res["ws"] == 2 and res["rank"] == r
+        assert not res["errors"], res["errors"]
