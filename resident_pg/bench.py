@@ -1,6 +1,10 @@
 """Latency ladder benchmark for torch.distributed backends (resident vs gloo, ...).
 
-Run as ``python -m resident_pg.bench`` (or ``python resident_pg/bench.py``).
+Run as ``python -m resident_pg.bench``.  ``python resident_pg/bench.py`` runs the
+same code without importing the ``resident_pg`` package: ``-m`` executes the
+package's ``__init__`` (which loads the compiled extension) in this process and in
+every spawned rank, so while the extension is not built only the script form
+works (e.g. ``--backends gloo``).
 
 For every world size and every backend, one set of rank processes is spawned
 (multiprocessing "spawn", rendezvous through a TCPStore hosted by this parent
@@ -11,7 +15,7 @@ backends are measured under the same machine conditions in one run.
 
 Timing method, per (op, size) "cell":
   * a store barrier aligns all ranks;
-  * one correctness check of the op with known values (``--no-check`` skips);
+  * one correctness check of the op with known values;
   * a few single timed warm-up ops; rank 0 derives from them a batch count
     (ops per timed repetition) and a repetition count, so that each repetition
     lasts about ``--rep-ms`` x ``--iters`` and a cell stays within a time
@@ -22,7 +26,15 @@ Timing method, per (op, size) "cell":
   * per rank: median, p10, p90 over the R samples; reported value: the maximum
     over ranks of each per-rank statistic.
 send/recv is a ping-pong between ranks 0 and 1 (other ranks idle); reported
-time is one-way = round trip / 2.
+time is one-way = round trip / 2.  ``--rounds N`` launches every group N times
+(backends alternating) and reports the median over rounds, for effects that
+last a whole run (process placement, back-off state of a backend).
+
+A failing backend or op is reported and the run goes on: an exception in an op
+is recorded for that cell and the op is skipped for larger sizes; a rank that
+dies or a group that makes no progress for ``--timeout`` seconds is killed and
+relaunched without the op it was in.  Each cell first checks the op's result
+with known values (``--no-check`` skips it); a wrong result is flagged, not fatal.
 
 The bench sets no environment variable and no torch setting that could change
 a backend's behaviour; RESIDENT_* (and any other) variables in the environment
@@ -31,8 +43,8 @@ are inherited by the rank processes, and ``--env KEY=VALUE`` adds some.
 Extension points (not implemented on purpose): a CUDA device goes into
 ``DEVICES`` (allocation on the rank's GPU, ``synchronize`` around timed
 regions), a CUDA-graph mode goes into ``MODES`` (capture ``batch`` steps once,
-time replays).  The op builders only use ``Device.alloc`` so they need no
-change.
+time replays).  The op builders allocate only through the device object, so
+they need no change.
 """
 
 from __future__ import annotations
@@ -392,7 +404,8 @@ def rank_main(rank: int, ws: int, backend: str, store_port: int,
         import warnings
         # torch >= 2.13 marks all_gather_into_tensor / reduce_scatter_tensor as
         # deprecated (in favour of *_single); they are what we benchmark.
-        warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use",
+                                category=FutureWarning)
 
         phase = "store connect"
         store = dist.TCPStore("127.0.0.1", store_port, None, False,
@@ -696,6 +709,37 @@ def aggregate(group: GroupRun) -> List[dict]:
     return rows
 
 
+def combine_rounds(rows: List[dict], rounds: int) -> List[dict]:
+    """One row per (world size, label, op, size): median over rounds of each statistic.
+
+    With one round the rows are returned as they are (plus round_medians_us)."""
+    by_key: Dict[tuple, List[dict]] = {}
+    for r in rows:
+        by_key.setdefault((r["world_size"], r["label"], r["op"], r["size_bytes"]), []).append(r)
+    out = []
+    for key, rs in by_key.items():
+        ok = [r for r in rs if "median_us" in r]
+        if rounds == 1 and len(rs) == 1:
+            row = dict(rs[0])
+            row.pop("round", None)
+        elif not ok:
+            row = {k: v for k, v in rs[0].items() if k not in ("round",)}
+        else:
+            row = {k: ok[0][k] for k in ("world_size", "backend", "label", "op", "size_bytes",
+                                         "actual_bytes", "check")}
+            for k in ("median_us", "p10_us", "p90_us"):
+                row[k] = _median([r[k] for r in ok])
+            bad = [r["check"] for r in ok if r["check"] != "ok"]
+            row["check"] = bad[0] if bad else "ok"
+            errs = [r["error"] for r in rs if "error" in r]
+            if errs:
+                row["round_errors"] = errs
+        row["rounds"] = len(ok)
+        row["round_medians_us"] = [r["median_us"] for r in ok]
+        out.append(row)
+    return out
+
+
 def _first_error(errs: Dict[int, str]) -> str:
     r = min(errs)
     who = "parent" if r < 0 else f"rank {r}"
@@ -713,7 +757,8 @@ def _fmt_us(v: Optional[float]) -> str:
 
 
 def print_tables(rows: List[dict], world_sizes, ops, sizes, labels, baseline,
-                 spread: bool, out=sys.stdout) -> None:
+                 spread: bool, rounds: int = 1, out=None) -> None:
+    out = out or sys.stdout
     idx = {(r["world_size"], r["label"], r["op"], r["size_bytes"]): r for r in rows}
     others = [lb for lb in labels if lb != baseline] if baseline else []
     for ws in world_sizes:
@@ -722,6 +767,8 @@ def print_tables(rows: List[dict], world_sizes, ops, sizes, labels, baseline,
             head.append(f"{lb} µs")
             if spread:
                 head.append("p10-p90")
+            if rounds > 1:
+                head.append("rounds")
         for lb in others:
             head += [f"{lb}/{baseline}", f"{baseline}/{lb}"]
         lines = []
@@ -734,8 +781,7 @@ def print_tables(rows: List[dict], world_sizes, ops, sizes, labels, baseline,
                     r = idx.get((ws, lb, op, size))
                     if r is None or "median_us" not in r:
                         cells.append("ERR" if r is not None and "error" in r else "-")
-                        if spread:
-                            cells.append("")
+                        cells += [""] * (int(spread) + int(rounds > 1))
                         continue
                     mark = ""
                     if r.get("actual_bytes") != size:
@@ -748,6 +794,9 @@ def print_tables(rows: List[dict], world_sizes, ops, sizes, labels, baseline,
                     cells.append(_fmt_us(r["median_us"]) + mark)
                     if spread:
                         cells.append(f"{_fmt_us(r['p10_us'])}-{_fmt_us(r['p90_us'])}")
+                    if rounds > 1:
+                        rm = r["round_medians_us"]
+                        cells.append(f"{_fmt_us(min(rm))}-{_fmt_us(max(rm))} ({len(rm)})")
                 for lb in others:
                     if lb in meds and baseline in meds and meds[lb] > 0 and meds[baseline] > 0:
                         cells += [f"{meds[lb] / meds[baseline]:.3f}",
@@ -757,10 +806,13 @@ def print_tables(rows: List[dict], world_sizes, ops, sizes, labels, baseline,
                 lines.append(cells)
         widths = [max(len(str(c[i])) for c in [head] + lines) for i in range(len(head))]
         title = (f"world size {ws}: µs per op, median over repetitions, max over ranks"
-                 + ("; p10-p90 likewise" if spread else ""))
+                 + ("; p10-p90 likewise" if spread else "")
+                 + (f"; median over {rounds} rounds (rounds: min-max of the round "
+                    f"medians, rounds with a result)" if rounds > 1 else ""))
         print(f"\n== {title}", file=out)
-        fmt_row = lambda c: "  ".join(  # noqa: E731
-            str(x).ljust(w) if i < 2 else str(x).rjust(w) for i, (x, w) in enumerate(zip(c, widths)))
+        def fmt_row(c):
+            return "  ".join(str(x).ljust(w) if i < 2 else str(x).rjust(w)
+                             for i, (x, w) in enumerate(zip(c, widths)))
         print(fmt_row(head), file=out)
         print("  ".join("-" * w for w in widths), file=out)
         prev_op = None
@@ -845,7 +897,8 @@ def _metadata(args, argv) -> Dict[str, Any]:
         "resident_pg_version": rpg_version,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git": _git_info(),
-        "command_line": [sys.executable] + list(argv),
+        "command_line": (list(getattr(sys, "orig_argv", [])) if argv == sys.argv[1:]
+                         else [sys.executable, "-m", "resident_pg.bench"] + list(argv)),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("RESIDENT_")},
         "env_overrides": dict(args.env),
     }
@@ -865,10 +918,12 @@ def build_parser() -> argparse.ArgumentParser:
             "backends alternate within each world size.  Reported: µs per op, median over\n"
             "repetitions, max over ranks (p10/p90 likewise), plus ratios to --baseline."),
         epilog=(
-            "sizes: all_reduce = tensor; all_to_all_single = per-rank buffer; all_gather_into_tensor\n"
-            "= gathered output; reduce_scatter_tensor = input; send_recv = message (ping-pong\n"
-            "rank 0 <-> 1, one-way time = round trip / 2).  float32; tiny sizes are rounded up to\n"
-            "one element per rank (marked * in the table).\n\n"
+            "sizes: all_reduce = tensor; all_to_all_single = per-rank buffer;\n"
+            "all_gather_into_tensor = gathered output; reduce_scatter_tensor = input;\n"
+            "send_recv = message (ping-pong rank 0 <-> 1, one-way time = round trip / 2).\n"
+            "float32; tiny sizes are rounded up to one element per rank (marked * in the\n"
+            "table).  A table entry is the median over repetitions of (batch time / ops in\n"
+            "the batch), max over ranks; --rounds N repeats whole groups.\n\n"
             "The bench changes no backend setting: RESIDENT_* variables of the environment are\n"
             "passed to the ranks as they are (use --env to add some) and recorded in the JSON.\n\n"
             "examples:\n"
@@ -883,7 +938,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list of torch.distributed backends, run in this order for each "
                         "world size (a name may repeat) [%(default)s]")
     g.add_argument("--world-sizes", default=None, metavar="LIST",
-                   help=f"comma list of rank counts [{DEFAULT_WORLD_SIZES}; --quick: {QUICK_WORLD_SIZES}]")
+                   help=f"comma list of rank counts [{DEFAULT_WORLD_SIZES}; "
+                        f"--quick: {QUICK_WORLD_SIZES}]")
     g.add_argument("--sizes", default=None, metavar="LIST",
                    help=f"comma list of message sizes in bytes, K/M suffixes are binary "
                         f"[{DEFAULT_SIZES}; --quick: {QUICK_SIZES}]")
@@ -923,6 +979,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "[%(default)s]")
     t.add_argument("--max-batch", type=int, default=2000, metavar="N",
                    help="most ops in one repetition [%(default)s]")
+    t.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="launch every (world size, backend) group N times, alternating "
+                        "backends (A B A B ...); a table entry is then the median over "
+                        "rounds of the per-round medians, and the table shows the range "
+                        "of the round medians.  Catches run-to-run (e.g. process "
+                        "placement) effects that repetitions inside one run cannot "
+                        "[%(default)s]")
     t.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the per-cell correctness check")
     o = p.add_argument_group("robustness and output")
@@ -965,8 +1028,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(str(e))
     iters = args.iters if args.iters is not None else (0.3 if args.quick else 1.0)
     reps = args.reps if args.reps is not None else (7 if args.quick else 21)
-    if iters <= 0 or reps < 1 or args.warmup < 1:
-        parser.error("--iters must be > 0, --reps and --warmup >= 1")
+    if iters <= 0 or reps < 1 or args.warmup < 1 or args.rounds < 1:
+        parser.error("--iters must be > 0, --reps, --warmup and --rounds >= 1")
 
     for k, v in args.env:
         os.environ[k] = v   # inherited by the spawned ranks; the parent never uses a backend
@@ -997,14 +1060,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows: List[dict] = []
     groups: List[dict] = []
     errors: List[dict] = []
-    for ws in world_sizes:
+    for ws, rnd in ((w, r) for w in world_sizes for r in range(args.rounds)):
         ws_ops = [o for o in ops if not (o == "send_recv" and ws < 2)]
         cells = [(i, op, s) for i, (op, s) in enumerate((op, s) for op in ws_ops for s in sizes)]
-        for backend, label in zip(backends, labels):
+        for backend, label0 in zip(backends, labels):
+            label = label0 if args.rounds == 1 else f"{label0} round {rnd + 1}/{args.rounds}"
             _log(f"[ws={ws} {label}] launching {ws} ranks, {len(cells)} cells ...")
             gcfg = dict(cfg, imports=imports + [m for m in [BACKEND_MODULES.get(backend)]
                                                 if m and m not in imports])
-            g = GroupRun(ws, backend, label, cells, gcfg, args)
+            g = GroupRun(ws, backend, label0, cells, gcfg, args)
             t0 = time.time()
             try:
                 g.run()
@@ -1013,18 +1077,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"})
             wall = time.time() - t0
             grows = aggregate(g)
+            for r in grows:
+                r["round"] = rnd
             rows.extend(grows)
             n_ok = sum("median_us" in r for r in grows)
-            groups.append({"world_size": ws, "backend": backend, "label": label,
+            groups.append({"world_size": ws, "backend": backend, "label": label0, "round": rnd,
                            "wall_s": wall, "cells": len(cells), "cells_ok": n_ok,
                            "launches": g.launches, "errors": g.errors})
             for e in g.errors:
-                errors.append({"world_size": ws, "backend": backend, "label": label, **e})
+                errors.append({"world_size": ws, "backend": backend, "label": label0,
+                               "round": rnd, **e})
                 _log(f"[ws={ws} {label}] ERROR ({e['status']}): {e['error'].rstrip()}")
             for r in grows:
                 if "error" in r and not r["error"].startswith("not run"):
-                    errors.append({"world_size": ws, "backend": backend, "label": label,
-                                   "op": r["op"], "size_bytes": r["size_bytes"],
+                    errors.append({"world_size": ws, "backend": backend, "label": label0,
+                                   "round": rnd, "op": r["op"], "size_bytes": r["size_bytes"],
                                    "status": "cell_error", "error": r["error"]})
                     _log(f"[ws={ws} {label}] {r['op']} {fmt_size(r['size_bytes'])}: "
                          f"{r['error'].rstrip()}")
@@ -1032,6 +1099,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   if g.launches and "startup_s" in g.launches[0] else "")
             _log(f"[ws={ws} {label}] {n_ok}/{len(cells)} cells ok, {st}wall {wall:.1f} s")
     total = time.time() - t_run
+    round_rows = rows
+    rows = combine_rounds(round_rows, args.rounds)
     meta["loadavg_end"] = _loadavg()
 
     git = meta["git"]
@@ -1040,14 +1109,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"commit {(git['commit'] or 'none')[:12]}{' (dirty)' if git['dirty'] else ''}")
     print(f"device {args.device}, mode {args.mode}, float32, reps {reps}, iters x{iters:g}"
           + (f", RESIDENT_* env {meta['env']}" if meta["env"] else ", no RESIDENT_* env"))
-    print_tables(rows, world_sizes, ops, sizes, labels, baseline, args.spread)
+    print_tables(rows, world_sizes, ops, sizes, labels, baseline, args.spread, args.rounds)
     tline = target_line(rows, labels)
     print("\n" + tline)
     if errors:
         print(f"\n{len(errors)} problem(s):")
         for e in errors:
             where = (f" {e['op']} {fmt_size(e['size_bytes'])}" if "op" in e else "")
-            print(f"  ws={e['world_size']} {e['label']}{where}: "
+            rd = f" round {e['round'] + 1}" if args.rounds > 1 else ""
+            print(f"  ws={e['world_size']} {e['label']}{rd}{where}: "
                   f"{e['error'].strip().splitlines()[0] if e['error'].strip() else e['status']}")
     print(f"\ntotal bench time {total:.1f} s  (load average at start "
           f"{meta['loadavg_start']}, at end {meta['loadavg_end']})")
@@ -1064,7 +1134,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "iters_scale": iters, "reps": reps, "min_reps": cfg["min_reps"],
                 "warmup": args.warmup, "rep_ms": args.rep_ms, "cell_s": args.cell_s,
                 "max_batch": args.max_batch, "check": args.check, "timeout_s": args.timeout,
-                "quick": args.quick, "imports": imports,
+                "quick": args.quick, "imports": imports, "rounds": args.rounds,
                 "backend_modules": {b: BACKEND_MODULES[b] for b in backends
                                     if b in BACKEND_MODULES},
                 "statistic": "per rank: median/p10/p90 over repetitions of (batch time / "
@@ -1072,6 +1142,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "round trip / 2",
             },
             "results": rows,
+            "results_by_round": round_rows if args.rounds > 1 else None,
             "groups": groups,
             "errors": errors,
             "target": {**TARGET, "line": tline},

@@ -404,11 +404,6 @@ def _run(
         timed_out = False
         destroy_deadline = None
 
-        def all_settled() -> bool:
-            return all(o.status != "pending" and o.destroy_status != "not-run"
-                       or o.status in ("died", "killed", "timeout")
-                       for o in outcomes)
-
         while conns:
             now = time.monotonic()
             if now >= deadline:
@@ -463,6 +458,12 @@ def _run(
                 elif kind == "kill_me":
                     o.kill_requested = True
                     _kill(procs[r])
+        if stop_when_done is not None and not timed_out:
+            # let ranks that finished their teardown exit by themselves (atexit cleanup)
+            exit_deadline = time.monotonic() + 3
+            for r in stop_when_done:
+                if outcomes[r].destroy_status in ("ok", "error"):
+                    procs[r].join(timeout=max(0.0, exit_deadline - time.monotonic()))
         # Anything still pending is killed.
         for r, p in enumerate(procs):
             o = outcomes[r]

@@ -131,7 +131,7 @@ def test_bench_smoke_gloo(tmp_path):
 
 def _resident_registered():
     code = ("import resident_pg, torch.distributed as d; "
-            "import sys; sys.exit(0 if 'resident' in d.Backend._plugins else 1)")
+            "import sys; sys.exit(0 if 'resident' in d.Backend.backend_list else 1)")
     try:
         return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                               timeout=120).returncode == 0
@@ -151,7 +151,12 @@ def test_bench_smoke_resident(tmp_path):
 
 FAULT_MODULE = '''
 import os, time, torch.distributed as dist
-_ag, _rs = dist.all_gather_into_tensor, dist.reduce_scatter_tensor
+_ar, _ag, _rs = dist.all_reduce, dist.all_gather_into_tensor, dist.reduce_scatter_tensor
+def ar(t, *a, **k):
+    w = _ar(t, *a, **k)
+    if dist.get_rank() == 1:
+        t.add_(1)            # wrong result on one rank
+    return w
 def ag(*a, **k):
     if dist.get_rank() == 1:
         os._exit(3)          # rank dies in the middle of a collective
@@ -160,14 +165,15 @@ def rs(*a, **k):
     if dist.get_rank() == 1:
         time.sleep(3600)     # rank hangs
     return _rs(*a, **k)
-dist.all_gather_into_tensor, dist.reduce_scatter_tensor = ag, rs
+dist.all_reduce, dist.all_gather_into_tensor, dist.reduce_scatter_tensor = ar, ag, rs
 '''
 
 
 def test_bench_survives_failures(tmp_path):
-    # A backend that cannot start is reported and the next backend still runs.  A
-    # crashing and a hanging op (injected through --import) must each cost only
-    # that op: the group is relaunched without it and the other ops are measured.
+    # A backend that cannot start is reported and the next backend still runs.
+    # Faults injected through --import: a wrong result is flagged but timed; a
+    # crashing and a hanging op must each cost only that op (the group is
+    # relaunched without it and the other ops are measured).
     (tmp_path / "bench_fault_inject.py").write_text(FAULT_MODULE)
     out = tmp_path / "fault.json"
     env = dict(os.environ)
@@ -186,6 +192,8 @@ def test_bench_survives_failures(tmp_path):
     assert any(e["label"] == "no_such_backend" for e in doc["errors"])
     by_op = {r["op"]: r for r in doc["results"] if r["label"] == "gloo"}
     assert "median_us" in by_op["all_reduce"]
+    assert by_op["all_reduce"]["check"].startswith("FAILED on rank 1"), by_op["all_reduce"]
+    assert "correctness check FAILED" in proc.stdout
     assert "median_us" in by_op["send_recv"]       # measured after two relaunches
     assert "exited with code 3" in by_op["all_gather_into_tensor"]["error"]
     assert "no progress" in by_op["reduce_scatter_tensor"]["error"]

@@ -29,17 +29,17 @@
     const cudaError_t e_ = (call);                                                 \
     if (e_ != cudaSuccess) Die(__FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
   } while (0)
-#define PCK(cond)                                                \
-  do {                                                           \
+#define PCK(cond)                                                 \
+  do {                                                            \
     if (!(cond)) Die(__FILE__, __LINE__, #cond, strerror(errno)); \
   } while (0)
 
 namespace {
 
-constexpr uint64_t kAbort = ~0ull;                   // written to a flag to release a stuck peer
-constexpr uint64_t kSpinTimeoutNs = 2000000000ull;   // any single device wait
-constexpr uint64_t kBudgetNs = 5000000000ull;        // whole ping-pong kernel (time-sliced case)
-constexpr int kBatch = 10;   // reps per sample: keeps samples far above timer granularity
+constexpr uint64_t kAbort = ~0ull;                  // written to a flag to release a stuck peer
+constexpr uint64_t kSpinTimeoutNs = 2000000000ull;  // any single device wait
+constexpr uint64_t kBudgetNs = 5000000000ull;       // whole ping-pong kernel (time-sliced case)
+constexpr int kBatch = 10;  // reps per sample: keeps samples far above timer granularity
 constexpr int kWarmup = 200;
 constexpr size_t kShmBytes = 4096;
 enum : int { kOk = 0, kTimeout = 1, kPeerAbort = 2, kBudget = 3 };
@@ -51,9 +51,9 @@ const char* ErrName(int e) {
 // Flags on separate 128 B lines so the two directions never share a line. Lives in one page of
 // mapped pinned (or registered shm) host memory; the host-only fields coordinate the processes.
 struct Mailbox {
-  alignas(128) uint64_t ping;  // written by the pinger kernel
-  alignas(128) uint64_t pong;  // written by the responder (host thread or the other process)
-  alignas(128) uint64_t go;    // blocker kernel token / child start signal
+  alignas(128) uint64_t ping;     // written by the pinger kernel
+  alignas(128) uint64_t pong;     // written by the responder (host thread or the other process)
+  alignas(128) uint64_t go;       // blocker kernel token / child start signal
   uint64_t ping_done, pong_done;  // round trips completed, written by each kernel at its end
   int32_t ping_err, pong_err, blocker_timeout;
   int32_t child_ready, child_done;
@@ -183,8 +183,8 @@ double NowUs() {
 // Runs Pinger on mailbox h (device view d) while `respond` runs on this thread; returns the
 // kernel's status and per-batch timestamps.
 template <class F>
-PingStatus RunPinger(cudaStream_t s, Mailbox* h, Mailbox* d, uint64_t n,
-                     std::vector<uint64_t>* ts, F respond) {
+PingStatus RunPinger(cudaStream_t s, Mailbox* h, Mailbox* d, uint64_t n, std::vector<uint64_t>* ts,
+                     F respond) {
   ts->resize(n / kBatch + 1);
   const size_t smem = ts->size() * sizeof(uint64_t);
   uint64_t* ts_d;
@@ -218,9 +218,8 @@ Result FlagResult(const char* name, const std::vector<uint64_t>& ts, const PingS
   }
   const std::string what = "round_trips=" + std::to_string(st.done) + "/" + std::to_string(n) +
                            " kernel=" + ErrName(st.err) + note;
-  return Summarize({name, "", 8, "us one-way (round trip / 2)", what,
-                    st.err == kOk || st.err == kBudget},
-                   v);
+  return Summarize(
+      {name, "", 8, "us one-way (round trip / 2)", what, st.err == kOk || st.err == kBudget}, v);
 }
 
 // 1. GPU -> spinning host thread -> GPU.
@@ -526,8 +525,9 @@ int main(int argc, char** argv) {
 
   const char* mps = getenv("CUDA_MPS_PIPE_DIRECTORY");
   printf("CUDA_MPS_PIPE_DIRECTORY: %s\n",
-         mps ? mps : "(not set; cross_process_flag time-slices unless an MPS daemon serves the "
-                     "default pipe)");
+         mps ? mps
+             : "(not set; cross_process_flag time-slices unless an MPS daemon serves the "
+               "default pipe)");
   CK(cudaSetDeviceFlags(cudaDeviceScheduleSpin));  // lowest sync latency
   CK(cudaSetDevice(0));
   cudaDeviceProp prop;
@@ -545,8 +545,9 @@ int main(int argc, char** argv) {
   }
   if (o.Start("data_floor_sm")) DataFloor(s, o.iters, res);
   if (o.Start("kernel_launch")) {
-    res.push_back(LaunchSync("kernel_launch", s, o.iters, [&] { Empty<<<1, 1, 0, s>>>(); },
-                             "empty <<<1,1>>> + cudaStreamSynchronize"));
+    res.push_back(LaunchSync(
+        "kernel_launch", s, o.iters, [&] { Empty<<<1, 1, 0, s>>>(); },
+        "empty <<<1,1>>> + cudaStreamSynchronize"));
   }
   if (o.Start("graph_replay")) {
     cudaGraph_t g;
@@ -556,8 +557,9 @@ int main(int argc, char** argv) {
     CK(cudaStreamEndCapture(s, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     CK(cudaGraphUpload(ge, s));
-    res.push_back(LaunchSync("graph_replay", s, o.iters, [&] { CK(cudaGraphLaunch(ge, s)); },
-                             "1 empty-kernel node + cudaStreamSynchronize"));
+    res.push_back(LaunchSync(
+        "graph_replay", s, o.iters, [&] { CK(cudaGraphLaunch(ge, s)); },
+        "1 empty-kernel node + cudaStreamSynchronize"));
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
   }

@@ -19,8 +19,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout,
                        const std::map<std::string, std::string>& options) {
-             return c10::make_intrusive<ProcessGroupResident>(store, rank, size, timeout,
-                                                              options);
+             return c10::make_intrusive<ProcessGroupResident>(store, rank, size, timeout, options);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::arg("options") = std::map<std::string, std::string>{},
@@ -35,7 +34,6 @@ PYBIND11_MODULE(_C, m) {
            "CPU the proxy thread is pinned to, or -1.");
   m.def("remove_stale_segments", &resident::ShmSegment::removeStale,
         "Remove /dev/shm names left by resident processes that no longer exist.");
-  m.def("set_log_level", [](int level) {
-    resident::setLogLevel(static_cast<resident::LogLevel>(level));
-  });
+  m.def("set_log_level",
+        [](int level) { resident::setLogLevel(static_cast<resident::LogLevel>(level)); });
 }

@@ -28,9 +28,8 @@ void checkTensor(const at::Tensor& t, const char* op) {
   TORCH_CHECK_VALUE(t.defined(), "resident: ", op, ": undefined tensor");
   TORCH_CHECK_VALUE(t.layout() == c10::kStrided, "resident: ", op,
                     ": only dense (strided) tensors are supported, got ", t.layout());
-  TORCH_CHECK_VALUE(t.is_contiguous(), "resident: ", op,
-                    ": tensors must be contiguous (got sizes ", t.sizes(), " strides ",
-                    t.strides(), "); call .contiguous() first");
+  TORCH_CHECK_VALUE(t.is_contiguous(), "resident: ", op, ": tensors must be contiguous (got sizes ",
+                    t.sizes(), " strides ", t.strides(), "); call .contiguous() first");
   TORCH_CHECK_VALUE(t.device().is_cpu(), "resident: ", op, ": tensor on ", t.device(),
                     " is not supported by this build, which serves CPU tensors only "
                     "(use a 'cpu:resident,cuda:nccl' backend string meanwhile)");
@@ -41,8 +40,8 @@ void checkSameKind(const at::Tensor& ref, const at::Tensor& t, const char* op, c
   TORCH_CHECK_VALUE(t.scalar_type() == ref.scalar_type(), "resident: ", op, ": ", what,
                     " has dtype ", t.scalar_type(), " but the input has ", ref.scalar_type(),
                     " (dtype mix)");
-  TORCH_CHECK_VALUE(t.device() == ref.device(), "resident: ", op, ": ", what, " is on ",
-                    t.device(), " but the input is on ", ref.device(), " (device mix)");
+  TORCH_CHECK_VALUE(t.device() == ref.device(), "resident: ", op, ": ", what, " is on ", t.device(),
+                    " but the input is on ", ref.device(), " (device mix)");
 }
 
 const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op) {
@@ -54,39 +53,57 @@ const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op)
 
 DType reductionType(const at::Tensor& t, const char* op) {
   switch (t.scalar_type()) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kDouble: return DType::kFloat64;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kInt: return DType::kInt32;
-    case at::kLong: return DType::kInt64;
-    case at::kByte: return DType::kUInt8;
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kInt:
+      return DType::kInt32;
+    case at::kLong:
+      return DType::kInt64;
+    case at::kByte:
+      return DType::kUInt8;
     default:
-      C10_THROW_ERROR(ValueError, c10::str("resident: ", op, " does not support dtype ",
-                                           t.scalar_type(), " (supported: float32, float64, "
-                                           "float16, bfloat16, int32, int64, uint8)"));
+      C10_THROW_ERROR(ValueError,
+                      c10::str("resident: ", op, " does not support dtype ", t.scalar_type(),
+                               " (supported: float32, float64, "
+                               "float16, bfloat16, int32, int64, uint8)"));
   }
 }
 
 RedOp reductionOp(const c10d::ReduceOp& op, const char* name) {
   switch (op.op_) {
-    case c10d::ReduceOp::SUM: return RedOp::kSum;
-    case c10d::ReduceOp::AVG: return RedOp::kAvg;
-    case c10d::ReduceOp::MIN: return RedOp::kMin;
-    case c10d::ReduceOp::MAX: return RedOp::kMax;
-    case c10d::ReduceOp::PRODUCT: return RedOp::kProduct;
-    case c10d::ReduceOp::BAND: return RedOp::kBAnd;
-    case c10d::ReduceOp::BOR: return RedOp::kBOr;
-    case c10d::ReduceOp::BXOR: return RedOp::kBXor;
+    case c10d::ReduceOp::SUM:
+      return RedOp::kSum;
+    case c10d::ReduceOp::AVG:
+      return RedOp::kAvg;
+    case c10d::ReduceOp::MIN:
+      return RedOp::kMin;
+    case c10d::ReduceOp::MAX:
+      return RedOp::kMax;
+    case c10d::ReduceOp::PRODUCT:
+      return RedOp::kProduct;
+    case c10d::ReduceOp::BAND:
+      return RedOp::kBAnd;
+    case c10d::ReduceOp::BOR:
+      return RedOp::kBOr;
+    case c10d::ReduceOp::BXOR:
+      return RedOp::kBXor;
     default:
-      C10_THROW_ERROR(ValueError,
-                      c10::str("resident: ", name, " does not support reduce op ",
-                               static_cast<int>(op.op_),
-                               " (supported: SUM, AVG, MIN, MAX, PRODUCT, BAND, BOR, BXOR)"));
+      C10_THROW_ERROR(
+          ValueError,
+          c10::str("resident: ", name, " does not support reduce op ", static_cast<int>(op.op_),
+                   " (supported: SUM, AVG, MIN, MAX, PRODUCT, BAND, BOR, BXOR)"));
   }
 }
 
-size_t nbytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
+size_t nbytes(const at::Tensor& t) {
+  return t.numel() * t.element_size();
+}
 
 }  // namespace
 
@@ -104,13 +121,17 @@ ProcessGroupResident::ProcessGroupResident(const c10::intrusive_ptr<c10d::Store>
   });
 }
 
-ProcessGroupResident::~ProcessGroupResident() { shutdown(); }
+ProcessGroupResident::~ProcessGroupResident() {
+  shutdown();
+}
 
 void ProcessGroupResident::setTimeout(std::chrono::milliseconds timeout) {
   comm_->engine().setTimeoutNs(static_cast<uint64_t>(timeout.count()) * 1000000ull);
 }
 
-void ProcessGroupResident::abort() { shutdown(); }
+void ProcessGroupResident::abort() {
+  shutdown();
+}
 
 void ProcessGroupResident::shutdown() {
   if (!comm_) return;
@@ -127,11 +148,10 @@ c10::intrusive_ptr<WorkResident> ProcessGroupResident::makeWork(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::submit(c10::intrusive_ptr<WorkResident> work) {
   // Drop works whose ops finished; keep the new one until its ops have.
-  inflight_.erase(std::remove_if(inflight_.begin(), inflight_.end(),
-                                 [](const c10::intrusive_ptr<WorkResident>& w) {
-                                   return w->isCompleted();
-                                 }),
-                  inflight_.end());
+  inflight_.erase(
+      std::remove_if(inflight_.begin(), inflight_.end(),
+                     [](const c10::intrusive_ptr<WorkResident>& w) { return w->isCompleted(); }),
+      inflight_.end());
   inflight_.push_back(work);
   return work;
 }
@@ -158,8 +178,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce_coalesced(
     checkTensor(t, "all_reduce_coalesced");
     types.push_back(reductionType(t, "all_reduce_coalesced"));
   }
-  auto work = makeWork(c10d::OpType::ALLREDUCE_COALESCED, "resident:all_reduce_coalesced",
-                       tensors, {});
+  auto work =
+      makeWork(c10d::OpType::ALLREDUCE_COALESCED, "resident:all_reduce_coalesced", tensors, {});
   translateErrors([&] {
     for (const auto i : c10::irange(tensors.size())) {
       at::Tensor& t = tensors[i];
@@ -236,8 +256,8 @@ void ProcessGroupResident::addAllGatherBase(WorkResident& work, at::Tensor& outp
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
-  auto work = makeWork(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor", {output},
-                       {input});
+  auto work =
+      makeWork(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor", {output}, {input});
   addAllGatherBase(*work, output, input);
   return submit(work);
 }
@@ -246,8 +266,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_into_tensor_coale
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& /*opts*/) {
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
-                    "resident: all_gather_into_tensor_coalesced: ", outputs.size(),
-                    " outputs for ", inputs.size(), " inputs");
+                    "resident: all_gather_into_tensor_coalesced: ", outputs.size(), " outputs for ",
+                    inputs.size(), " inputs");
   auto work = makeWork(c10d::OpType::COALESCED, "resident:all_gather_into_tensor_coalesced",
                        outputs, inputs);
   for (const auto i : c10::irange(inputs.size())) addAllGatherBase(*work, outputs[i], inputs[i]);
@@ -268,8 +288,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::gather(
       const at::Tensor& o = outputs[0][i];
       checkSameKind(in, o, "gather", "an output tensor");
       TORCH_CHECK_VALUE(o.numel() == in.numel(), "resident: gather: output tensor ", i, " has ",
-                        o.numel(), " elements but the input has ", in.numel(),
-                        " (size mismatch)");
+                        o.numel(), " elements but the input has ", in.numel(), " (size mismatch)");
       outs[i] = o.data_ptr();
     }
     result = outputs[0];
@@ -341,10 +360,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter_tensor_coale
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
-                    "resident: reduce_scatter_tensor_coalesced: ", outputs.size(),
-                    " outputs for ", inputs.size(), " inputs");
-  auto work = makeWork(c10d::OpType::COALESCED, "resident:reduce_scatter_tensor_coalesced",
-                       outputs, inputs);
+                    "resident: reduce_scatter_tensor_coalesced: ", outputs.size(), " outputs for ",
+                    inputs.size(), " inputs");
+  auto work = makeWork(c10d::OpType::COALESCED, "resident:reduce_scatter_tensor_coalesced", outputs,
+                       inputs);
   for (const auto i : c10::irange(inputs.size()))
     addReduceScatterBase(*work, outputs[i], inputs[i], opts.reduceOp);
   return submit(work);
@@ -367,8 +386,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter(
   }
   const DType dt = reductionType(out, "reduce_scatter");
   const RedOp rop = reductionOp(opts.reduceOp, "reduce_scatter");
-  auto work = makeWork(c10d::OpType::REDUCE_SCATTER, "resident:reduce_scatter", outputs,
-                       inputs[0]);
+  auto work = makeWork(c10d::OpType::REDUCE_SCATTER, "resident:reduce_scatter", outputs, inputs[0]);
   translateErrors([&] {
     work->addOp(comm_->reduceScatterV(ins.data(), out.data_ptr(), out.numel(), dt, rop));
     return 0;
@@ -389,20 +407,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
                       c10::SmallVector<size_t, 16>& bytes, c10::SmallVector<size_t, 16>& offs) {
     const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
     if (splits.empty()) {
-      TORCH_CHECK_VALUE(rows % size_ == 0, "resident: all_to_all_single: ", what, " dim 0 (",
-                        rows, ") is not divisible by the group size ", size_,
-                        "; pass split sizes");
+      TORCH_CHECK_VALUE(rows % size_ == 0, "resident: all_to_all_single: ", what, " dim 0 (", rows,
+                        ") is not divisible by the group size ", size_, "; pass split sizes");
     } else {
       TORCH_CHECK_VALUE(splits.size() == static_cast<size_t>(size_),
-                        "resident: all_to_all_single: ", what, " split sizes have ",
-                        splits.size(), " entries for a group of ", size_);
+                        "resident: all_to_all_single: ", what, " split sizes have ", splits.size(),
+                        " entries for a group of ", size_);
       int64_t sum = 0;
       for (int64_t s : splits) {
         TORCH_CHECK_VALUE(s >= 0, "resident: all_to_all_single: negative split size ", s);
         sum += s;
       }
-      TORCH_CHECK_VALUE(sum == rows, "resident: all_to_all_single: ", what,
-                        " split sizes sum to ", sum, " but dim 0 is ", rows);
+      TORCH_CHECK_VALUE(sum == rows, "resident: all_to_all_single: ", what, " split sizes sum to ",
+                        sum, " but dim 0 is ", rows);
     }
     size_t off = 0;
     for (int p = 0; p < size_; ++p) {
@@ -421,8 +438,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
     ins.push_back(static_cast<const unsigned char*>(input.data_ptr()) + in_offs[p]);
     outs.push_back(static_cast<unsigned char*>(output.data_ptr()) + out_offs[p]);
   }
-  auto work = makeWork(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_single", {output},
-                       {input});
+  auto work =
+      makeWork(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_single", {output}, {input});
   translateErrors([&] {
     work->addOp(comm_->allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data()));
     return 0;
@@ -430,13 +447,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
   return submit(work);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(std::vector<at::Tensor>& outputs,
-                                                              std::vector<at::Tensor>& inputs,
-                                                              const c10d::AllToAllOptions& /*opts*/) {
-  TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(size_) &&
-                        inputs.size() == static_cast<size_t>(size_),
-                    "resident: all_to_all needs ", size_, " input and output tensors, got ",
-                    inputs.size(), " and ", outputs.size());
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllToAllOptions& /*opts*/) {
+  TORCH_CHECK_VALUE(
+      outputs.size() == static_cast<size_t>(size_) && inputs.size() == static_cast<size_t>(size_),
+      "resident: all_to_all needs ", size_, " input and output tensors, got ", inputs.size(),
+      " and ", outputs.size());
   c10::SmallVector<const void*, 16> ins;
   c10::SmallVector<void*, 16> outs;
   c10::SmallVector<size_t, 16> in_bytes, out_bytes;
@@ -457,8 +474,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(std::vector<at::Te
   return submit(work);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor>& tensors,
-                                                          int dst, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor>& tensors, int dst,
+                                                          int tag) {
   const at::Tensor& t = single(tensors, "send");
   auto work = makeWork(c10d::OpType::SEND, "resident:send", {}, tensors);
   translateErrors([&] {
@@ -468,8 +485,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor
   return submit(work);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recv(std::vector<at::Tensor>& tensors,
-                                                          int src, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recv(std::vector<at::Tensor>& tensors, int src,
+                                                          int tag) {
   const at::Tensor& t = single(tensors, "recv");
   auto work = makeWork(c10d::OpType::RECV, "resident:recv", tensors, {});
   translateErrors([&] {

@@ -37,9 +37,13 @@ bool WorkResident::collect() {
   return true;
 }
 
-bool WorkResident::isCompleted() { return collect(); }
+bool WorkResident::isCompleted() {
+  return collect();
+}
 
-bool WorkResident::isSuccess() const { return finished_.load() && !failed_; }
+bool WorkResident::isSuccess() const {
+  return finished_.load() && !failed_;
+}
 
 void WorkResident::rethrow() const {
   if (timeout_) C10_THROW_ERROR(DistBackendError, error_);

@@ -21,20 +21,20 @@ struct OutboxEntry {
 struct SendChannel {
   int peer = -1;
   Ring ring = kCollectiveRing;
-  bool proxied = false;                         // writes go through the proxy thread
-  uint64_t reserved = 0;                        // next sequence handed to a new op
-  uint64_t next = 0;                            // next sequence to post
+  bool proxied = false;                          // writes go through the proxy thread
+  uint64_t reserved = 0;                         // next sequence handed to a new op
+  uint64_t next = 0;                             // next sequence to post
   const std::atomic<uint64_t>* acked = nullptr;  // peer's consumed count (our inbox)
-  std::atomic<uint64_t> transmitted{0};         // chunks whose bytes left the source
-  std::vector<OutboxEntry> outbox;              // one per slot
+  std::atomic<uint64_t> transmitted{0};          // chunks whose bytes left the source
+  std::vector<OutboxEntry> outbox;               // one per slot
 };
 
 struct RecvChannel {
   int peer = -1;
   Ring ring = kCollectiveRing;
-  bool proxied = false;            // acks go through the proxy thread
+  bool proxied = false;  // acks go through the proxy thread
   uint64_t reserved = 0;
-  uint64_t next = 0;               // next sequence to consume
+  uint64_t next = 0;                   // next sequence to consume
   unsigned char* ring_base = nullptr;  // our inbox, ring (peer, ring)
 };
 

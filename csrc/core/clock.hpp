@@ -30,7 +30,10 @@ class Backoff {
   Backoff(uint64_t spin_ns, uint64_t yield_ns, uint64_t max_sleep_ns)
       : spin_ns_(spin_ns), yield_ns_(yield_ns), max_sleep_ns_(max_sleep_ns) {}
 
-  void reset() { idle_since_ = 0; sleep_ns_ = kFirstSleepNs; }
+  void reset() {
+    idle_since_ = 0;
+    sleep_ns_ = kFirstSleepNs;
+  }
 
   // One idle step. Returns the time read, if any was read (0 otherwise).
   void pause() {

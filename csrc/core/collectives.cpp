@@ -10,8 +10,12 @@
 namespace resident {
 namespace {
 
-const unsigned char* cbytes(const void* p) { return static_cast<const unsigned char*>(p); }
-unsigned char* bytes(void* p) { return static_cast<unsigned char*>(p); }
+const unsigned char* cbytes(const void* p) {
+  return static_cast<const unsigned char*>(p);
+}
+unsigned char* bytes(void* p) {
+  return static_cast<unsigned char*>(p);
+}
 
 void localCopy(void* dst, const void* src, size_t n) {
   if (n != 0 && dst != src) std::memmove(dst, src, n);
@@ -75,7 +79,8 @@ OpHandle Communicator::reduceScatter(const void* in, void* out, size_t count, DT
   // Reused per thread: no allocation after the first call.
   thread_local std::vector<const void*> blocks;
   blocks.resize(static_cast<size_t>(nranks_));
-  for (int p = 0; p < nranks_; ++p) blocks[static_cast<size_t>(p)] = cbytes(in) + static_cast<size_t>(p) * n;
+  for (int p = 0; p < nranks_; ++p)
+    blocks[static_cast<size_t>(p)] = cbytes(in) + static_cast<size_t>(p) * n;
   return reduceScatterV(blocks.data(), out, count, dtype, op);
 }
 

@@ -55,8 +55,8 @@ Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Co
   // One descriptor exchange: host key, pid, inbox name and size.
   const std::string host_key = localHostKey();
   std::ostringstream desc;
-  desc << host_key << "|" << getpid() << "|" << inbox_.name() << "|" << layout_.totalBytes()
-       << "|" << cfg.slots << "|" << cfg.slot_bytes;
+  desc << host_key << "|" << getpid() << "|" << inbox_.name() << "|" << layout_.totalBytes() << "|"
+       << cfg.slots << "|" << cfg.slot_bytes;
   const auto all = allGatherStrings(store, rank, nranks, "resident/desc", desc.str());
 
   peers_.resize(static_cast<size_t>(nranks));
@@ -64,7 +64,8 @@ Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Co
   std::vector<unsigned char*> bases(static_cast<size_t>(nranks), nullptr);
   for (int p = 0; p < nranks; ++p) {
     const auto f = split(all[static_cast<size_t>(p)], '|');
-    if (f.size() != 6) throw CommError("resident: malformed descriptor from rank " + std::to_string(p));
+    if (f.size() != 6)
+      throw CommError("resident: malformed descriptor from rank " + std::to_string(p));
     PeerInfo& info = peers_[static_cast<size_t>(p)];
     info.host = f[0].substr(0, f[0].find('/'));
     info.pid = std::stoi(f[1]);
@@ -82,7 +83,8 @@ Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Co
                       "; this build has the shm transport only (tcp and ib are not built yet)");
     }
     peer_inboxes_[static_cast<size_t>(p)] = ShmSegment::open(f[2], std::stoull(f[3]));
-    bases[static_cast<size_t>(p)] = static_cast<unsigned char*>(peer_inboxes_[static_cast<size_t>(p)].data());
+    bases[static_cast<size_t>(p)] =
+        static_cast<unsigned char*>(peer_inboxes_[static_cast<size_t>(p)].data());
   }
   // Everyone has mapped everyone: names can go, so nothing outlives a crash in /dev/shm.
   allGatherStrings(store, rank, nranks, "resident/mapped", "1");
@@ -106,13 +108,16 @@ Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Co
   proxy_ = std::make_unique<Proxy>(*this, cfg);
   proxy_->start();
   for (int p = 0; p < nranks; ++p) {
-    if (p != rank) RLOG_INFO("rank %d -> rank %d: transport %s, path %s", rank, p,
-                             transportFor(p).c_str(), pathFor(p).c_str());
+    if (p != rank)
+      RLOG_INFO("rank %d -> rank %d: transport %s, path %s", rank, p, transportFor(p).c_str(),
+                pathFor(p).c_str());
   }
   RLOG_INFO("communicator rank %d/%d ready: %s", rank, nranks, cfg.describe().c_str());
 }
 
-Communicator::~Communicator() { shutdown(); }
+Communicator::~Communicator() {
+  shutdown();
+}
 
 void Communicator::shutdown() {
   if (shut_down_) return;

@@ -22,8 +22,7 @@ namespace resident {
 
 class Communicator : public ProxyHandler {
  public:
-  Communicator(BootstrapStore& store, int rank, int nranks, const Config& cfg,
-               uint64_t timeout_ms);
+  Communicator(BootstrapStore& store, int rank, int nranks, const Config& cfg, uint64_t timeout_ms);
   ~Communicator() override;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -34,8 +33,7 @@ class Communicator : public ProxyHandler {
   // Collectives. Counts are elements of `dtype`; byte counts are bytes. Per-rank pointer
   // arrays have nranks entries. All return at once; completion through engine().
   OpHandle allReduce(const void* in, void* out, size_t count, DType dtype, RedOp op);
-  OpHandle reduceScatter(const void* in, void* out, size_t count_per_rank, DType dtype,
-                         RedOp op);
+  OpHandle reduceScatter(const void* in, void* out, size_t count_per_rank, DType dtype, RedOp op);
   // List form: inputs[r] is the block for rank r.
   OpHandle reduceScatterV(const void* const* inputs, void* out, size_t count, DType dtype,
                           RedOp op);

@@ -25,11 +25,15 @@ uint64_t parseUnsigned(const std::string& key, const std::string& value, uint64_
 
 void apply(Config& c, const std::string& key, const std::string& value) {
   if (key == "path") {
-    if (value == "auto") c.path = PathMode::kAuto;
-    else if (value == "direct") c.path = PathMode::kDirect;
-    else if (value == "proxy") c.path = PathMode::kProxy;
-    else throw InvalidArgument("resident: RESIDENT_PATH must be auto, direct or proxy, got '" +
-                               value + "'");
+    if (value == "auto")
+      c.path = PathMode::kAuto;
+    else if (value == "direct")
+      c.path = PathMode::kDirect;
+    else if (value == "proxy")
+      c.path = PathMode::kProxy;
+    else
+      throw InvalidArgument("resident: RESIDENT_PATH must be auto, direct or proxy, got '" + value +
+                            "'");
   } else if (key == "slot_bytes") {
     // Multiple of 64 so that every element type stays aligned inside a slot.
     c.slot_bytes = static_cast<uint32_t>(parseUnsigned(key, value, 64, 64u << 20)) & ~63u;
@@ -59,9 +63,8 @@ void apply(Config& c, const std::string& key, const std::string& value) {
   }
 }
 
-const char* kKeys[] = {"path",          "slot_bytes", "slots",     "max_inflight",
-                       "spin_us",       "yield_us",   "max_sleep_us", "proxy_spin_us",
-                       "proxy_cpu",     "transport"};
+const char* kKeys[] = {"path",     "slot_bytes",   "slots",         "max_inflight", "spin_us",
+                       "yield_us", "max_sleep_us", "proxy_spin_us", "proxy_cpu",    "transport"};
 
 }  // namespace
 
@@ -87,9 +90,12 @@ std::string Config::describe() const {
 
 const char* pathModeName(PathMode mode) {
   switch (mode) {
-    case PathMode::kAuto: return "auto";
-    case PathMode::kDirect: return "direct";
-    case PathMode::kProxy: return "proxy";
+    case PathMode::kAuto:
+      return "auto";
+    case PathMode::kDirect:
+      return "direct";
+    case PathMode::kProxy:
+      return "proxy";
   }
   return "?";
 }

@@ -72,16 +72,22 @@ Engine::Engine(int rank, int nranks, const Config& cfg, const InboxLayout& layou
   }
 }
 
-Engine::~Engine() { poison("the process group was destroyed"); }
+Engine::~Engine() {
+  poison("the process group was destroyed");
+}
 
 void Engine::lock() {
   Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
   while (lock_.test_and_set(std::memory_order_acquire)) backoff.pause();
 }
 
-bool Engine::tryLock() { return !lock_.test_and_set(std::memory_order_acquire); }
+bool Engine::tryLock() {
+  return !lock_.test_and_set(std::memory_order_acquire);
+}
 
-void Engine::unlock() { lock_.clear(std::memory_order_release); }
+void Engine::unlock() {
+  lock_.clear(std::memory_order_release);
+}
 
 void Engine::runCallbacks() {
   // Callbacks may re-enter the backend (a future's continuation starting an op), so they run
@@ -126,8 +132,7 @@ Op* Engine::begin() {
     if (poisoned()) {
       const std::string reason = poison_reason_;
       unlock();
-      throw CommError("resident: the process group is unusable after an earlier error: " +
-                      reason);
+      throw CommError("resident: the process group is unusable after an earlier error: " + reason);
     }
   }
   Op* op = free_.back();
@@ -216,8 +221,10 @@ void Engine::wait(OpHandle h, uint64_t timeout_ns) {
       if (op.error_kind == ErrorKind::kTimeout) throw TimeoutError(op.error);
       throw CommError(op.error);
     }
-    if (tryProgress()) backoff.reset();
-    else backoff.pause();
+    if (tryProgress())
+      backoff.reset();
+    else
+      backoff.pause();
     if (deadline != 0 && nowNs() > deadline) {
       throw TimeoutError("resident: wait() timed out after " +
                          std::to_string(timeout_ns / 1000000) + " ms on " + op.describe());
@@ -284,7 +291,8 @@ void Engine::poison(const std::string& reason) {
     RLOG_ERROR("%s", reason.c_str());
   }
   for (Op* op : active_) {
-    if (op->state.load() == OpState::kActive) finishOp(*op, OpState::kFailed, ErrorKind::kComm, reason);
+    if (op->state.load() == OpState::kActive)
+      finishOp(*op, OpState::kFailed, ErrorKind::kComm, reason);
   }
   active_.clear();
   unlock();
@@ -389,8 +397,8 @@ void Engine::postChunk(SendChannel& ch, const Op& op, const unsigned char* src, 
   e.meta.op_seq = op.seq;
   e.meta.total_bytes = total;
   e.meta.chunk_index = chunk;
-  e.meta.chunk_bytes =
-      static_cast<uint32_t>(std::min<uint64_t>(layout_.slotBytes(), total - std::min(total, offset)));
+  e.meta.chunk_bytes = static_cast<uint32_t>(
+      std::min<uint64_t>(layout_.slotBytes(), total - std::min(total, offset)));
   e.meta.signature = op.signature();
   e.src = src;
   ++ch.next;
@@ -438,9 +446,9 @@ void Engine::consumeChunk(RecvChannel& ch) {
 
 void Engine::validate(const Op& op, const SlotHeader& h, int peer, uint32_t chunk,
                       uint64_t expected_bytes) const {
-  const uint32_t expected_sig =
-      op.kind == OpKind::kRecv ? opSignature(OpKind::kSend, DType::kBytes, RedOp::kNone)
-                               : op.signature();
+  const uint32_t expected_sig = op.kind == OpKind::kRecv
+                                    ? opSignature(OpKind::kSend, DType::kBytes, RedOp::kNone)
+                                    : op.signature();
   const bool seq_ok = op.kind == OpKind::kRecv || h.meta.op_seq == op.seq;
   if (h.meta.signature == expected_sig && seq_ok && h.meta.total_bytes == expected_bytes &&
       h.meta.chunk_index == chunk)
@@ -493,8 +501,8 @@ bool Engine::progressReduce(Op& op) {
       const PeerTransfer& t = op.peers[static_cast<size_t>(p)];
       if (t.sends && k < t.send_chunks) {
         const SendChannel& ch = send_[static_cast<size_t>(p) * kRings + op.ring];
-        if (t.sent <= k || (ch.proxied && ch.transmitted.load(std::memory_order_acquire) <=
-                                              t.send_first + k)) {
+        if (t.sent <= k ||
+            (ch.proxied && ch.transmitted.load(std::memory_order_acquire) <= t.send_first + k)) {
           op.waiting_on = p;
           return moved;
         }
@@ -508,7 +516,8 @@ bool Engine::progressReduce(Op& op) {
           return moved;
         }
         validate(op, *h, p, k, t.recv_bytes);
-        op.reduce_inputs[static_cast<size_t>(p)] = reinterpret_cast<const unsigned char*>(h) + kLine;
+        op.reduce_inputs[static_cast<size_t>(p)] =
+            reinterpret_cast<const unsigned char*>(h) + kLine;
       }
     }
     const uint64_t off = static_cast<uint64_t>(k) * chunk;
@@ -545,7 +554,8 @@ bool Engine::deliverFromStash(Op& op) {
                       " bytes but the matching send carried " + std::to_string(s.total) +
                       " bytes (size mismatch)");
     }
-    if (s.total != 0) std::memcpy(op.peers[static_cast<size_t>(op.peer)].recv_ptr, s.data.data(), s.total);
+    if (s.total != 0)
+      std::memcpy(op.peers[static_cast<size_t>(op.peer)].recv_ptr, s.data.data(), s.total);
     PeerTransfer& t = op.peers[static_cast<size_t>(op.peer)];
     t.received = t.recv_chunks;
     op.bound = true;
@@ -604,11 +614,12 @@ bool Engine::progressP2PRecvs() {
       if (b.op != nullptr) {
         PeerTransfer& t = b.op->peers[static_cast<size_t>(p)];
         validate(*b.op, *h, p, t.received, b.op->bytes);
-        std::memcpy(t.recv_ptr + static_cast<uint64_t>(t.received) * chunk, payload, h->meta.chunk_bytes);
+        std::memcpy(t.recv_ptr + static_cast<uint64_t>(t.received) * chunk, payload,
+                    h->meta.chunk_bytes);
         if (++t.received == t.recv_chunks) b.op = nullptr;
       } else {
-        std::memcpy(b.stash->data.data() + static_cast<uint64_t>(b.stash->received) * chunk, payload,
-                    h->meta.chunk_bytes);
+        std::memcpy(b.stash->data.data() + static_cast<uint64_t>(b.stash->received) * chunk,
+                    payload, h->meta.chunk_bytes);
         if (++b.stash->received == b.stash->chunks) b.stash = nullptr;
       }
       consumeChunk(ch);
@@ -620,11 +631,11 @@ bool Engine::progressP2PRecvs() {
 
 void Engine::checkDeadline(Op& op, uint64_t now) {
   const int peer = op.waiting_on;
-  const std::string peer_text =
-      peer >= 0 ? "rank " + std::to_string(peer) + " (pid " +
-                      std::to_string(peers_[static_cast<size_t>(peer)].pid) + " on " +
-                      peers_[static_cast<size_t>(peer)].host + ")"
-                : std::string("its peers");
+  const std::string peer_text = peer >= 0
+                                    ? "rank " + std::to_string(peer) + " (pid " +
+                                          std::to_string(peers_[static_cast<size_t>(peer)].pid) +
+                                          " on " + peers_[static_cast<size_t>(peer)].host + ")"
+                                    : std::string("its peers");
   if (now > op.deadline_ns) {
     throw TimeoutError("resident: " + op.describe() + " on rank " + std::to_string(rank_) +
                        " timed out after " + std::to_string((now - op.start_ns) / 1000000) +

@@ -29,9 +29,9 @@ enum class TriggerType : uint64_t { kTransmit = 1, kAck = 2 };
 
 class Engine {
  public:
-  Engine(int rank, int nranks, const Config& cfg, const InboxLayout& layout,
-         unsigned char* inbox, Transport* transport, std::vector<PeerInfo> peers,
-         std::vector<bool> proxied, TriggerFifo* fifo, uint64_t timeout_ns);
+  Engine(int rank, int nranks, const Config& cfg, const InboxLayout& layout, unsigned char* inbox,
+         Transport* transport, std::vector<PeerInfo> peers, std::vector<bool> proxied,
+         TriggerFifo* fifo, uint64_t timeout_ns);
   ~Engine();
 
   // Starting an op: begin() locks the engine and returns a blank op (waiting for a free one
@@ -101,7 +101,7 @@ class Engine {
     std::vector<unsigned char> data;
   };
   struct P2PBinding {
-    Op* op = nullptr;      // bound recv op, or
+    Op* op = nullptr;        // bound recv op, or
     Stash* stash = nullptr;  // bound stash entry
   };
   bool deliverFromStash(Op& op);

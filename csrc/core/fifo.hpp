@@ -20,8 +20,7 @@ class TriggerFifo {
  public:
   static constexpr uint64_t kLapBit = 1ull << 63;
 
-  explicit TriggerFifo(uint32_t capacity_pow2)
-      : mask_(capacity_pow2 - 1), slots_(capacity_pow2) {
+  explicit TriggerFifo(uint32_t capacity_pow2) : mask_(capacity_pow2 - 1), slots_(capacity_pow2) {
     for (auto& s : slots_) {
       s.fst.store(0, std::memory_order_relaxed);
       s.snd.store(0, std::memory_order_relaxed);

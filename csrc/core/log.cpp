@@ -30,20 +30,30 @@ std::atomic<int>& levelStorage() {
 
 const char* levelName(LogLevel level) {
   switch (level) {
-    case LogLevel::kError: return "ERROR";
-    case LogLevel::kWarn: return "WARN";
-    case LogLevel::kInfo: return "INFO";
-    case LogLevel::kDebug: return "DEBUG";
-    case LogLevel::kTrace: return "TRACE";
-    default: return "";
+    case LogLevel::kError:
+      return "ERROR";
+    case LogLevel::kWarn:
+      return "WARN";
+    case LogLevel::kInfo:
+      return "INFO";
+    case LogLevel::kDebug:
+      return "DEBUG";
+    case LogLevel::kTrace:
+      return "TRACE";
+    default:
+      return "";
   }
 }
 
 }  // namespace
 
-LogLevel logLevel() { return static_cast<LogLevel>(levelStorage().load(std::memory_order_relaxed)); }
+LogLevel logLevel() {
+  return static_cast<LogLevel>(levelStorage().load(std::memory_order_relaxed));
+}
 
-void setLogLevel(LogLevel level) { levelStorage().store(static_cast<int>(level)); }
+void setLogLevel(LogLevel level) {
+  levelStorage().store(static_cast<int>(level));
+}
 
 void logMessage(LogLevel level, const char* file, int line, const char* fmt, ...) {
   char buf[1024];

@@ -16,10 +16,10 @@ void logMessage(LogLevel level, const char* file, int line, const char* fmt, ...
 
 }  // namespace resident
 
-#define RESIDENT_LOG(level, ...)                                                            \
-  do {                                                                                      \
-    if (static_cast<int>(::resident::logLevel()) >= static_cast<int>(level))                \
-      ::resident::logMessage(level, __FILE__, __LINE__, __VA_ARGS__);                       \
+#define RESIDENT_LOG(level, ...)                                             \
+  do {                                                                       \
+    if (static_cast<int>(::resident::logLevel()) >= static_cast<int>(level)) \
+      ::resident::logMessage(level, __FILE__, __LINE__, __VA_ARGS__);        \
   } while (0)
 #define RLOG_ERROR(...) RESIDENT_LOG(::resident::LogLevel::kError, __VA_ARGS__)
 #define RLOG_WARN(...) RESIDENT_LOG(::resident::LogLevel::kWarn, __VA_ARGS__)

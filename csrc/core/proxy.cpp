@@ -45,8 +45,10 @@ void Proxy::run() {
   // Hot for proxy_spin_us after the last work, then yield/sleep with back-off.
   Backoff backoff(cfg_.proxy_spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
   while (!stop_.load(std::memory_order_acquire)) {
-    if (handler_.proxyPoll()) backoff.reset();
-    else backoff.pause();
+    if (handler_.proxyPoll())
+      backoff.reset();
+    else
+      backoff.pause();
   }
 }
 

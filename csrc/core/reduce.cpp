@@ -41,7 +41,7 @@ uint16_t floatToHalf(float f) {
     return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
   }
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
-  if (abs < 0x38800000u) {  // subnormal half (or zero)
+  if (abs < 0x38800000u) {                                               // subnormal half (or zero)
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
     const uint32_t exp = abs >> 23;
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
@@ -84,12 +84,16 @@ struct Plain {
 };
 struct Half {
   using Acc = float;
-  static Acc load(const void* p, size_t i) { return halfToFloat(static_cast<const uint16_t*>(p)[i]); }
+  static Acc load(const void* p, size_t i) {
+    return halfToFloat(static_cast<const uint16_t*>(p)[i]);
+  }
   static void store(void* p, size_t i, Acc v) { static_cast<uint16_t*>(p)[i] = floatToHalf(v); }
 };
 struct BFloat {
   using Acc = float;
-  static Acc load(const void* p, size_t i) { return bf16ToFloat(static_cast<const uint16_t*>(p)[i]); }
+  static Acc load(const void* p, size_t i) {
+    return bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
+  }
   static void store(void* p, size_t i, Acc v) { static_cast<uint16_t*>(p)[i] = floatToBf16(v); }
 };
 // Integers accumulate in uint64 (wrapping arithmetic is well defined there) and are
@@ -125,13 +129,20 @@ void reduceTyped(void* out, const void* const* in, int n, size_t count) {
     A acc = E::load(in[0], i);
     for (int r = 1; r < n; ++r) {
       const A v = E::load(in[r], i);
-      if constexpr (Op == RedOp::kSum || Op == RedOp::kAvg) acc = wrapAdd(acc, v);
-      else if constexpr (Op == RedOp::kProduct) acc = wrapMul(acc, v);
-      else if constexpr (Op == RedOp::kMin) acc = v < acc ? v : acc;
-      else if constexpr (Op == RedOp::kMax) acc = v > acc ? v : acc;
-      else if constexpr (Op == RedOp::kBAnd) acc = acc & v;
-      else if constexpr (Op == RedOp::kBOr) acc = acc | v;
-      else if constexpr (Op == RedOp::kBXor) acc = acc ^ v;
+      if constexpr (Op == RedOp::kSum || Op == RedOp::kAvg)
+        acc = wrapAdd(acc, v);
+      else if constexpr (Op == RedOp::kProduct)
+        acc = wrapMul(acc, v);
+      else if constexpr (Op == RedOp::kMin)
+        acc = v < acc ? v : acc;
+      else if constexpr (Op == RedOp::kMax)
+        acc = v > acc ? v : acc;
+      else if constexpr (Op == RedOp::kBAnd)
+        acc = acc & v;
+      else if constexpr (Op == RedOp::kBOr)
+        acc = acc | v;
+      else if constexpr (Op == RedOp::kBXor)
+        acc = acc ^ v;
     }
     if constexpr (Op == RedOp::kAvg) acc = acc / static_cast<A>(n);
     E::store(out, i, acc);
@@ -141,22 +152,32 @@ void reduceTyped(void* out, const void* const* in, int n, size_t count) {
 template <typename E>
 void dispatchFloatOp(RedOp op, void* out, const void* const* in, int n, size_t count) {
   switch (op) {
-    case RedOp::kSum: return reduceTyped<E, RedOp::kSum>(out, in, n, count);
-    case RedOp::kAvg: return reduceTyped<E, RedOp::kAvg>(out, in, n, count);
-    case RedOp::kMin: return reduceTyped<E, RedOp::kMin>(out, in, n, count);
-    case RedOp::kMax: return reduceTyped<E, RedOp::kMax>(out, in, n, count);
-    case RedOp::kProduct: return reduceTyped<E, RedOp::kProduct>(out, in, n, count);
-    default: return;
+    case RedOp::kSum:
+      return reduceTyped<E, RedOp::kSum>(out, in, n, count);
+    case RedOp::kAvg:
+      return reduceTyped<E, RedOp::kAvg>(out, in, n, count);
+    case RedOp::kMin:
+      return reduceTyped<E, RedOp::kMin>(out, in, n, count);
+    case RedOp::kMax:
+      return reduceTyped<E, RedOp::kMax>(out, in, n, count);
+    case RedOp::kProduct:
+      return reduceTyped<E, RedOp::kProduct>(out, in, n, count);
+    default:
+      return;
   }
 }
 
 template <typename E>
 void dispatchIntOp(RedOp op, void* out, const void* const* in, int n, size_t count) {
   switch (op) {
-    case RedOp::kBAnd: return reduceTyped<E, RedOp::kBAnd>(out, in, n, count);
-    case RedOp::kBOr: return reduceTyped<E, RedOp::kBOr>(out, in, n, count);
-    case RedOp::kBXor: return reduceTyped<E, RedOp::kBXor>(out, in, n, count);
-    default: return dispatchFloatOp<E>(op, out, in, n, count);
+    case RedOp::kBAnd:
+      return reduceTyped<E, RedOp::kBAnd>(out, in, n, count);
+    case RedOp::kBOr:
+      return reduceTyped<E, RedOp::kBOr>(out, in, n, count);
+    case RedOp::kBXor:
+      return reduceTyped<E, RedOp::kBXor>(out, in, n, count);
+    default:
+      return dispatchFloatOp<E>(op, out, in, n, count);
   }
 }
 
@@ -168,45 +189,69 @@ bool reductionSupported(DType dtype, RedOp op) {
   return true;
 }
 
-void reduceInto(DType dtype, RedOp op, void* out, const void* const* inputs, int n,
-                size_t count) {
+void reduceInto(DType dtype, RedOp op, void* out, const void* const* inputs, int n, size_t count) {
   switch (dtype) {
-    case DType::kFloat32: return dispatchFloatOp<Plain<float>>(op, out, inputs, n, count);
-    case DType::kFloat64: return dispatchFloatOp<Plain<double>>(op, out, inputs, n, count);
-    case DType::kFloat16: return dispatchFloatOp<Half>(op, out, inputs, n, count);
-    case DType::kBFloat16: return dispatchFloatOp<BFloat>(op, out, inputs, n, count);
-    case DType::kInt32: return dispatchIntOp<Int<int32_t>>(op, out, inputs, n, count);
-    case DType::kInt64: return dispatchIntOp<Int<int64_t>>(op, out, inputs, n, count);
-    case DType::kUInt8: return dispatchIntOp<Int<uint8_t>>(op, out, inputs, n, count);
-    case DType::kBytes: return;
+    case DType::kFloat32:
+      return dispatchFloatOp<Plain<float>>(op, out, inputs, n, count);
+    case DType::kFloat64:
+      return dispatchFloatOp<Plain<double>>(op, out, inputs, n, count);
+    case DType::kFloat16:
+      return dispatchFloatOp<Half>(op, out, inputs, n, count);
+    case DType::kBFloat16:
+      return dispatchFloatOp<BFloat>(op, out, inputs, n, count);
+    case DType::kInt32:
+      return dispatchIntOp<Int<int32_t>>(op, out, inputs, n, count);
+    case DType::kInt64:
+      return dispatchIntOp<Int<int64_t>>(op, out, inputs, n, count);
+    case DType::kUInt8:
+      return dispatchIntOp<Int<uint8_t>>(op, out, inputs, n, count);
+    case DType::kBytes:
+      return;
   }
 }
 
 const char* dtypeName(DType t) {
   switch (t) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kUInt8: return "uint8";
-    case DType::kBytes: return "bytes";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kBytes:
+      return "bytes";
   }
   return "?";
 }
 
 const char* redOpName(RedOp op) {
   switch (op) {
-    case RedOp::kSum: return "SUM";
-    case RedOp::kAvg: return "AVG";
-    case RedOp::kMin: return "MIN";
-    case RedOp::kMax: return "MAX";
-    case RedOp::kProduct: return "PRODUCT";
-    case RedOp::kBAnd: return "BAND";
-    case RedOp::kBOr: return "BOR";
-    case RedOp::kBXor: return "BXOR";
-    case RedOp::kNone: return "none";
+    case RedOp::kSum:
+      return "SUM";
+    case RedOp::kAvg:
+      return "AVG";
+    case RedOp::kMin:
+      return "MIN";
+    case RedOp::kMax:
+      return "MAX";
+    case RedOp::kProduct:
+      return "PRODUCT";
+    case RedOp::kBAnd:
+      return "BAND";
+    case RedOp::kBOr:
+      return "BOR";
+    case RedOp::kBXor:
+      return "BXOR";
+    case RedOp::kNone:
+      return "none";
   }
   return "?";
 }

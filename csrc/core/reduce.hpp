@@ -13,8 +13,7 @@ namespace resident {
 bool reductionSupported(DType dtype, RedOp op);
 
 // out[i] = inputs[0][i] op ... op inputs[n-1][i]. `out` may alias any input.
-void reduceInto(DType dtype, RedOp op, void* out, const void* const* inputs, int n,
-                size_t count);
+void reduceInto(DType dtype, RedOp op, void* out, const void* const* inputs, int n, size_t count);
 
 float halfToFloat(uint16_t h);
 uint16_t floatToHalf(float f);

@@ -51,9 +51,13 @@ void* mapFd(int fd, size_t bytes, const std::string& name) {
 
 }  // namespace
 
-ShmSegment::~ShmSegment() { release(); }
+ShmSegment::~ShmSegment() {
+  release();
+}
 
-ShmSegment::ShmSegment(ShmSegment&& other) noexcept { *this = std::move(other); }
+ShmSegment::ShmSegment(ShmSegment&& other) noexcept {
+  *this = std::move(other);
+}
 
 ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
   if (this != &other) {

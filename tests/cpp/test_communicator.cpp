@@ -102,7 +102,8 @@ void testCollectives(const Config& cfg, int n) {
       run(c.reduceScatter(rs_in.data(), rs_out.data(), count, DType::kFloat32, RedOp::kMax));
       for (size_t i = 0; i < count; ++i) {
         float ref = -1e30f;
-        for (int p = 0; p < n; ++p) ref = std::max(ref, randomFloats(200 + p, count * n)[r * count + i]);
+        for (int p = 0; p < n; ++p)
+          ref = std::max(ref, randomFloats(200 + p, count * n)[r * count + i]);
         CHECK(rs_out[i] == ref);
         if (i > 8) break;  // the reference regeneration is slow; first elements suffice here
       }
@@ -116,14 +117,16 @@ void testCollectives(const Config& cfg, int n) {
       inb[p] = ((r + p) % 3) * 30000 + (p == 0 ? 0 : 1);
       outb[p] = ((p + r) % 3) * 30000 + (r == 0 ? 0 : 1);
       sendb[p].resize(inb[p]);
-      for (size_t i = 0; i < inb[p]; ++i) sendb[p][i] = static_cast<unsigned char>(r * 31 + p * 7 + i);
+      for (size_t i = 0; i < inb[p]; ++i)
+        sendb[p][i] = static_cast<unsigned char>(r * 31 + p * 7 + i);
       recvb[p].resize(outb[p]);
       ins[p] = sendb[p].data();
       outs[p] = recvb[p].data();
     }
     run(c.allToAll(ins.data(), inb.data(), outs.data(), outb.data()));
     for (int p = 0; p < n; ++p)
-      for (size_t i = 0; i < outb[p]; ++i) CHECK(recvb[p][i] == static_cast<unsigned char>(p * 31 + r * 7 + i));
+      for (size_t i = 0; i < outb[p]; ++i)
+        CHECK(recvb[p][i] == static_cast<unsigned char>(p * 31 + r * 7 + i));
     run(c.barrier());
     // P2P ring 0 -> 1 with tags in opposite order, one of them chunked.
     if (n >= 2 && r < 2) {

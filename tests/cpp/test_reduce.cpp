@@ -19,7 +19,7 @@ int main() {
     if (((v >> 10) & 0x1f) == 0x1f) continue;  // inf/nan
     CHECK(floatToHalf(halfToFloat(v)) == v);
   }
-  CHECK(floatToHalf(65520.0f) == 0x7c00);      // rounds to inf
+  CHECK(floatToHalf(65520.0f) == 0x7c00);            // rounds to inf
   CHECK(floatToHalf(1.0f + 1.0f / 2048) == 0x3c00);  // tie to even
   CHECK(halfToFloat(0x0001) == std::ldexp(1.0f, -24));
   CHECK(floatToBf16(1.0f) == 0x3f80);
@@ -55,7 +55,8 @@ int main() {
   const void* uin[n] = {u[0].data(), u[1].data(), u[2].data()};
   std::vector<uint8_t> uout(count);
   reduceInto(DType::kUInt8, RedOp::kSum, uout.data(), uin, n, count);
-  for (size_t i = 0; i < count; ++i) CHECK(uout[i] == static_cast<uint8_t>(u[0][i] + u[1][i] + u[2][i]));
+  for (size_t i = 0; i < count; ++i)
+    CHECK(uout[i] == static_cast<uint8_t>(u[0][i] + u[1][i] + u[2][i]));
   reduceInto(DType::kUInt8, RedOp::kAvg, uout.data(), uin, n, count);
   for (size_t i = 0; i < count; ++i) CHECK(uout[i] == (u[0][i] + u[1][i] + u[2][i]) / 3);
   reduceInto(DType::kUInt8, RedOp::kBXor, uout.data(), uin, n, count);

@@ -1,0 +1,196 @@
+"""Resource leaks (resident): /dev/shm segments and threads.
+
+* After a normal exit, and after a rank is SIGKILLed (the others erroring out),
+  no /dev/shm entry whose name starts with "resident" may remain that was not
+  there before the test.  Segments visible while the job runs must be mode 0600.
+* The number of OS threads (/proc/self/task) after destroy_process_group returns
+  to the number before init_process_group.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import dist_harness as H
+from dist_harness import compare_exact, compare_reduction, make_input, reference_reduce
+
+pytestmark = pytest.mark.resident_only
+
+MiB = 1 << 20
+
+
+def _exercise(rank, ws, tag):
+    """Small and large collectives, async ops, p2p and a subgroup."""
+    import torch
+    import torch.distributed as dist
+
+    errs = []
+    for n in (1, 4099, 2 * MiB // 4 + 1):
+        inputs = [make_input(f"leak/{tag}/{n}", r, n, "float32") for r in range(ws)]
+        t = inputs[rank].clone()
+        dist.all_reduce(t)
+        errs += compare_reduction(t, reference_reduce(inputs, "SUM", "float32"), inputs, "SUM",
+                                  "float32", f"{tag} all_reduce n={n}")
+    inputs = [make_input(f"leak/{tag}/ag", r, MiB // 4, "float32") for r in range(ws)]
+    out = torch.empty(ws * (MiB // 4))
+    w = dist.all_gather_into_tensor(out, inputs[rank].clone(), async_op=True)
+    w.wait()
+    errs += compare_exact(out, torch.cat(inputs), f"{tag} async all_gather")
+    peer = (rank + 1) % ws
+    src = (rank - 1) % ws
+    buf = torch.empty(1000)
+    wr = dist.irecv(buf, src=src, tag=4)
+    dist.isend(make_input(f"leak/{tag}/p2p", rank, 1000, "float32"), dst=peer, tag=4).wait()
+    wr.wait()
+    errs += compare_exact(buf, make_input(f"leak/{tag}/p2p", src, 1000, "float32"), f"{tag} p2p")
+    sub = dist.new_group([0, 1])
+    if rank in (0, 1):
+        t = inputs[rank][:100].clone()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=sub)
+        errs += compare_exact(t, reference_reduce([x[:100] for x in inputs[:2]], "MAX", "float32"),
+                              f"{tag} subgroup")
+    dist.barrier()
+    return errs
+
+
+# --------------------------------------------------------------------------
+# /dev/shm
+# --------------------------------------------------------------------------
+
+
+def _shm_normal_job(rank, ws):
+    errs = _exercise(rank, ws, "shm")
+    seen = H.list_shm()
+    import torch.distributed as dist
+
+    dist.barrier()  # nobody tears down before everyone has looked
+    return {"errors": errs, "seen": seen, "uid": os.getuid()}
+
+
+def _new_entries(before, settle_s=3.0):
+    deadline = time.monotonic() + settle_s
+    while True:
+        new = {k: v for k, v in H.list_shm().items() if k not in before}
+        if not new or time.monotonic() > deadline:
+            return new
+        time.sleep(0.1)
+
+
+def _check_modes(results):
+    problems = []
+    for r, res in enumerate(results):
+        for name, (mode, uid, _size) in res["seen"].items():
+            if mode != 0o600:
+                problems.append(f"rank {r} saw /dev/shm/{name} with mode {oct(mode)} (expected 0o600)")
+            if uid != res["uid"]:
+                problems.append(f"rank {r} saw /dev/shm/{name} owned by uid {uid}")
+    return problems
+
+
+def test_no_shm_leftover_after_normal_exit(shm_snapshot):
+    results = H.run_ranks(_shm_normal_job, 3, timeout_s=120)
+    problems = [f"rank {r}: {e}" for r, res in enumerate(results) for e in res["errors"]]
+    problems += _check_modes(results)
+    new = _new_entries(shm_snapshot)
+    if new:
+        problems.append(f"left in /dev/shm after a normal exit: {sorted(new)}")
+    assert not problems, "\n".join(problems)
+
+
+def _shm_kill_job(rank, ws):
+    import torch.distributed as dist
+
+    errs = _exercise(rank, ws, "kill")
+    seen = H.list_shm()
+    dist.barrier()
+    if rank == ws - 1:
+        H.request_sigkill("shm leak test")
+    t0 = time.monotonic()
+    try:
+        for _ in range(10):
+            dist.all_reduce(make_input("leak/kill/after", rank, 2 * MiB // 4, "float32"))
+        raised = None
+    except Exception as e:  # noqa: BLE001
+        raised = f"{type(e).__name__}: {e}"
+    return {"errors": errs, "seen": seen, "uid": os.getuid(), "raised": raised,
+            "elapsed": time.monotonic() - t0}
+
+
+def test_no_shm_leftover_after_sigkill(shm_snapshot):
+    ws = 3
+    outcomes = H.run_ranks_collect(_shm_kill_job, ws, init_timeout_s=5, timeout_s=90,
+                                   stop_when_done=list(range(ws - 1)), destroy_grace_s=15)
+    # every process is gone by now (the harness joined or killed them)
+    new = _new_entries(shm_snapshot)
+    problems = []
+    if outcomes[ws - 1].status != "killed":
+        problems.append(f"rank {ws - 1} was not killed: {outcomes[ws - 1].describe()}")
+    survivors = []
+    for o in outcomes[:-1]:
+        if o.status != "ok":
+            problems.append(o.describe())
+            continue
+        survivors.append(o.value)
+        problems += [f"rank {o.rank}: {e}" for e in o.value["errors"]]
+        if o.value["raised"] is None:
+            problems.append(f"rank {o.rank}: no error although rank {ws - 1} was SIGKILLed")
+    problems += _check_modes(survivors)
+    if new:
+        problems.append(f"left in /dev/shm after rank {ws - 1} was SIGKILLed: {sorted(new)}")
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------
+# threads
+# --------------------------------------------------------------------------
+
+
+def _threads_job(rank, ws, cycles):
+    import torch
+    import torch.distributed as dist
+
+    # warm torch up outside the measured window (lazy pools, allocators, ...)
+    x = make_input("warm", rank, 1000, "float32")
+    (x + x).sum().item()
+    H.connect_store()
+    report = []
+    for c in range(cycles):
+        before = H.task_count()
+        H.init_pg(prefix=f"threads{c}/")
+        errs = _exercise(rank, ws, f"thr{c}")
+        during = H.task_count()
+        dist.destroy_process_group()
+        deadline = time.monotonic() + 5
+        after = H.task_count()
+        while after > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+            after = H.task_count()
+        names = []
+        if after > before:
+            for tid in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{tid}/comm") as f:
+                        names.append(f.read().strip())
+                except OSError:
+                    pass
+        report.append({"cycle": c, "before": before, "during": during, "after": after,
+                       "errors": errs, "thread_names": names})
+    return report
+
+
+def test_threads_return_to_baseline_after_destroy():
+    results = H.run_ranks(_threads_job, 2, args=(2,), init=False, timeout_s=120)
+    problems = []
+    for r, rep in enumerate(results):
+        for c in rep:
+            problems += [f"rank {r}: {e}" for e in c["errors"]]
+            if c["after"] > c["before"]:
+                problems.append(
+                    f"rank {r} cycle {c['cycle']}: {c['before']} threads before init, {c['during']} "
+                    f"while running, {c['after']} 5 s after destroy_process_group; "
+                    f"threads now: {c['thread_names']}"
+                )
+    assert not problems, "\n".join(problems)
