@@ -847,6 +847,8 @@ def target_line(rows: List[dict], labels: Sequence[str]) -> str:
     res, base = got[t["backend"]]["median_us"], got[t["baseline"]]["median_us"]
     speedup = base / res if res > 0 else float("inf")
     verdict = "PASS" if speedup >= t["min_speedup"] else "MISS"
+    if got[t["backend"]].get("check", "ok") not in ("ok", "skipped"):
+        verdict += " but INVALID: wrong results"
     return (f"{what}: {verdict}  ({t['baseline']} {_fmt_us(base)} µs, {t['backend']} "
             f"{_fmt_us(res)} µs, speed-up {speedup:.1f}x)")
 
@@ -1089,6 +1091,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                "round": rnd, **e})
                 _log(f"[ws={ws} {label}] ERROR ({e['status']}): {e['error'].rstrip()}")
             for r in grows:
+                if r.get("check", "ok") not in ("ok", "skipped"):
+                    errors.append({"world_size": ws, "backend": backend, "label": label0,
+                                   "round": rnd, "op": r["op"], "size_bytes": r["size_bytes"],
+                                   "status": "check_failed", "error": r["check"]})
+                    _log(f"[ws={ws} {label}] {r['op']} {fmt_size(r['size_bytes'])}: "
+                         f"wrong result, {r['check']}")
                 if "error" in r and not r["error"].startswith("not run"):
                     errors.append({"world_size": ws, "backend": backend, "label": label0,
                                    "round": rnd, "op": r["op"], "size_bytes": r["size_bytes"],

@@ -3,10 +3,12 @@
 # there, run the tests (GPU-marked ones included), the latency benchmark and the GPU floor
 # benchmark under MPS, and leave full logs and JSON under $OUT.
 #
-#   usage: bash scripts/device_run.sh [quick|full]      (OUT defaults to ./device_out)
+#   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
+#   stages: build floors tests bench bench-quick   (default: build floors tests bench)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-MODE=${1:-full}
+STAGES=${*:-build floors tests bench}
+has() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/device_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -18,13 +20,13 @@ step "machine"
   > "$OUT/machine.txt" 2>&1
 head -3 "$OUT/machine.txt"
 
+if has build; then
 step "build"
 if ! MAX_JOBS=16 python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
   echo "build failed"; tail -30 "$OUT/build.log"; exit 1
 fi
+fi
 
-step "floors build"
-bash benchmarks/floors/build.sh > "$OUT/floors_build.log" 2>&1 || status=1
 
 step "MPS start"
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
@@ -32,19 +34,27 @@ mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 nvidia-cuda-mps-control -d && sleep 1
 trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
 
-step "floors"
-benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1 || status=1
-tail -25 "$OUT/floors.log"
-
-step "tests"
-python3 -m pytest -q -x tests -p no:cacheprovider > "$OUT/tests.log" 2>&1 || status=1
-tail -5 "$OUT/tests.log"
-
-step "bench"
-if [ "$MODE" = quick ]; then
-  python3 -m resident_pg.bench --quick --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
-else
-  python3 -m resident_pg.bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
+if has floors; then
+  step "floors"
+  bash benchmarks/floors/build.sh > "$OUT/floors_build.log" 2>&1 || status=1
+  benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1 || status=1
+  tail -25 "$OUT/floors.log"
 fi
-tail -60 "$OUT/bench.log"
+
+if has tests; then
+  step "tests"
+  python3 -m pytest -q tests -p no:cacheprovider > "$OUT/tests.log" 2>&1 || status=1
+  tail -5 "$OUT/tests.log"
+fi
+
+if has bench; then
+  step "bench"
+  python3 -m resident_pg.bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
+  tail -80 "$OUT/bench.log"
+fi
+if has bench-quick; then
+  step "bench (quick)"
+  python3 -m resident_pg.bench --quick --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
+  tail -40 "$OUT/bench.log"
+fi
 exit $status

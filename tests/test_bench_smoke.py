@@ -169,6 +169,7 @@ dist.all_reduce, dist.all_gather_into_tensor, dist.reduce_scatter_tensor = ar, a
 '''
 
 
+@pytest.mark.slow  # ~30-40 s: four group launches and one 5 s hang
 def test_bench_survives_failures(tmp_path):
     # A backend that cannot start is reported and the next backend still runs.
     # Faults injected through --import: a wrong result is flagged but timed; a
@@ -194,6 +195,7 @@ def test_bench_survives_failures(tmp_path):
     assert "median_us" in by_op["all_reduce"]
     assert by_op["all_reduce"]["check"].startswith("FAILED on rank 1"), by_op["all_reduce"]
     assert "correctness check FAILED" in proc.stdout
+    assert any(e["status"] == "check_failed" for e in doc["errors"])
     assert "median_us" in by_op["send_recv"]       # measured after two relaunches
     assert "exited with code 3" in by_op["all_gather_into_tensor"]["error"]
     assert "no progress" in by_op["reduce_scatter_tensor"]["error"]

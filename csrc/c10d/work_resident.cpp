@@ -1,5 +1,6 @@
 #include "c10d/work_resident.hpp"
 
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -10,7 +11,9 @@ namespace resident {
 WorkResident::WorkResident(std::shared_ptr<Communicator> comm, int rank, c10d::OpType type,
                            const char* profiling_title, std::vector<at::Tensor> outputs,
                            std::vector<at::Tensor> keep_alive)
-    : c10d::Work(rank, type, profiling_title),
+    // A profiling title makes Work allocate a RecordFunction per op: only when a profiler
+    // is listening.
+    : c10d::Work(rank, type, at::hasCallbacks() ? profiling_title : nullptr),
       comm_(std::move(comm)),
       outputs_(std::move(outputs)),
       keep_alive_(std::move(keep_alive)) {}
