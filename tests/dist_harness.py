@@ -120,6 +120,7 @@ class RankContext:
     rendezvous: str = "store"
     rdzv_port: Optional[int] = None
     init_timeout_s: float = 20.0
+    store_timeout_s: float = 30.0
     conn: Any = None
     _store: Any = None
     _store_lock: Any = dataclasses.field(default_factory=threading.Lock)
@@ -173,7 +174,7 @@ def connect_store(timeout_s: Optional[float] = None):
                 CTX.store_port,
                 None,
                 is_master=False,
-                timeout=datetime.timedelta(seconds=timeout_s or max(CTX.init_timeout_s, 30)),
+                timeout=datetime.timedelta(seconds=timeout_s or CTX.store_timeout_s),
             )
         return CTX._store
 
@@ -230,6 +231,11 @@ def request_sigkill(note: str = "") -> None:
     os._exit(99)  # the parent did not kill us: make it visible
 
 
+def request_kill_of(target_rank: int, note: str = "") -> None:
+    """Ask the parent to SIGKILL another rank (returns at once)."""
+    CTX.conn.send(("kill_rank", CTX.rank, target_rank, note))
+
+
 def _set_pdeathsig() -> None:
     """Die with the parent (pytest killed -> no orphaned ranks)."""
     try:
@@ -251,7 +257,7 @@ def _exc_fields(e: BaseException) -> tuple:
 
 
 def _rank_main(fn, rank, world_size, args, backend, store_port, rendezvous, rdzv_port,
-               init_timeout_s, do_init, conn):
+               init_timeout_s, store_timeout_s, do_init, conn):
     _set_pdeathsig()
     CTX.rank = rank
     CTX.world_size = world_size
@@ -260,6 +266,7 @@ def _rank_main(fn, rank, world_size, args, backend, store_port, rendezvous, rdzv
     CTX.rendezvous = rendezvous
     CTX.rdzv_port = rdzv_port
     CTX.init_timeout_s = init_timeout_s
+    CTX.store_timeout_s = store_timeout_s
     CTX.conn = conn
     conn.send(("pid", rank, os.getpid()))
     try:
@@ -357,10 +364,13 @@ def _run(
     stop_when_done: Optional[Sequence[int]] = None,
     destroy_grace_s: float = 15.0,
     error_grace_s: float = 10.0,
+    store_timeout_s: Optional[float] = None,
 ) -> list:
     import torch.distributed as dist
 
     backend = backend or BACKEND
+    if store_timeout_s is None:
+        store_timeout_s = max(init_timeout_s, 30)
     ctx = mp.get_context("spawn")
     child_env = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::FutureWarning"}
     child_env.update(env or {})
@@ -371,7 +381,7 @@ def _run(
     if rendezvous == "store":
         store = dist.TCPStore(
             "127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=max(init_timeout_s, 30)),
+            timeout=datetime.timedelta(seconds=store_timeout_s),
         )
         store_port = store.port
     else:
@@ -388,7 +398,7 @@ def _run(
                 p = ctx.Process(
                     target=_rank_main,
                     args=(fn, r, world_size, tuple(args), backend, store_port, rendezvous,
-                          rdzv_port, init_timeout_s, init, send_end),
+                          rdzv_port, init_timeout_s, store_timeout_s, init, send_end),
                     name=f"rank{r}",
                     daemon=True,
                 )
@@ -458,6 +468,10 @@ def _run(
                 elif kind == "kill_me":
                     o.kill_requested = True
                     _kill(procs[r])
+                elif kind == "kill_rank":
+                    target = msg[2]
+                    outcomes[target].kill_requested = True
+                    _kill(procs[target])
         if stop_when_done is not None and not timed_out:
             # let ranks that finished their teardown exit by themselves (atexit cleanup)
             exit_deadline = time.monotonic() + 3
@@ -515,6 +529,7 @@ def run_ranks(
     init_timeout_s: float = 20,
     init: bool = True,
     rendezvous: str = "store",
+    store_timeout_s: Optional[float] = None,
 ) -> list:
     """Run fn(rank, world_size, *args) in world_size spawned ranks; return results by rank.
 
@@ -523,11 +538,14 @@ def run_ranks(
     TCPStore hosted by the parent), ``"tcp"`` (``tcp://127.0.0.1:port``) or
     ``"env"`` (``env://`` with MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE).
     ``init=False`` leaves initialisation to fn (see :func:`init_pg`).
+    ``store_timeout_s`` (default max(init_timeout_s, 30)) is the timeout of the
+    ranks' TCPStore clients, i.e. of store waits during rendezvous.
     Raises :class:`RanksFailed` if any rank raised, died, or failed to tear down,
     or if ``timeout_s`` passed (all children are then SIGKILLed).
     """
     outcomes = _run(fn, world_size, args=args, backend=backend, timeout_s=timeout_s, env=env,
-                    init_timeout_s=init_timeout_s, init=init, rendezvous=rendezvous, strict=True)
+                    init_timeout_s=init_timeout_s, init=init, rendezvous=rendezvous, strict=True,
+                    store_timeout_s=store_timeout_s)
     return [o.value for o in outcomes]
 
 
@@ -544,6 +562,7 @@ def run_ranks_collect(
     rendezvous: str = "store",
     stop_when_done: Optional[Sequence[int]] = None,
     destroy_grace_s: float = 15.0,
+    store_timeout_s: Optional[float] = None,
 ) -> list:
     """Like :func:`run_ranks` but never raises for rank failures: one RankOutcome per rank.
 
@@ -554,7 +573,8 @@ def run_ranks_collect(
     """
     return _run(fn, world_size, args=args, backend=backend, timeout_s=timeout_s, env=env,
                 init_timeout_s=init_timeout_s, init=init, rendezvous=rendezvous, strict=False,
-                stop_when_done=stop_when_done, destroy_grace_s=destroy_grace_s)
+                stop_when_done=stop_when_done, destroy_grace_s=destroy_grace_s,
+                store_timeout_s=store_timeout_s)
 
 
 # --------------------------------------------------------------------------

@@ -68,6 +68,26 @@ case = CASES.case
 add_case = CASES.add
 
 
+# ---- sanity: the backend under test is really the one in use ---------------
+
+
+@case("sanity[backend-under-test]", identical=False)
+def _sanity(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    errs = []
+    if dist.get_backend() != H.BACKEND:
+        errs.append(f"dist.get_backend() = {dist.get_backend()!r}, expected {H.BACKEND!r}")
+    cls = type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__
+    expected = "ProcessGroupResident" if H.IS_RESIDENT else None
+    if expected and cls != expected:
+        errs.append(f"the world group's CPU backend is {cls}, expected {expected}")
+    if dist.get_rank() != rank or dist.get_world_size() != ws:
+        errs.append(f"rank/world size {dist.get_rank()}/{dist.get_world_size()}")
+    return errs, {}
+
+
 # ---- all_reduce -----------------------------------------------------------
 
 

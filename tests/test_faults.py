@@ -195,6 +195,16 @@ def _bad_input_job(rank, ws, what):
             out += [torch.empty(10, dtype=torch.float32) for _ in range(ws - 2)]
             dist.all_gather(out, make_input("bad/ag", rank, 10, "float32"))
             garbage = [o.dtype for o in out]
+        elif what == "all_gather_dtype_mix_backend":
+            # straight to the ProcessGroup (bypasses torch's Python-level dtype check)
+            out = [torch.empty(10, dtype=torch.float32), torch.empty(10, dtype=torch.float64)]
+            out += [torch.empty(10, dtype=torch.float32) for _ in range(ws - 2)]
+            dist.group.WORLD.allgather([out], [make_input("bad/agb", rank, 10, "float32")]).wait()
+            garbage = [o.dtype for o in out]
+        elif what == "all_gather_into_tensor_dtype_mix_backend":
+            out = torch.empty(ws * 10, dtype=torch.float64)
+            dist.group.WORLD._allgather_base(out, make_input("bad/agtb", rank, 10, "float32")).wait()
+            garbage = out[:4].tolist()
         elif what == "premul_sum":
             op = dist._make_nccl_premul_sum(2.0)
             t = make_input("bad/premul", rank, 10, "float32")
@@ -214,7 +224,7 @@ def _bad_input_job(rank, ws, what):
             raise AssertionError(what)
     except Exception as e:  # noqa: BLE001
         return {"raised": True, "type": type(e).__name__, "message": str(e),
-                "ok_type": isinstance(e, (RuntimeError, ValueError)) or what == "all_gather_dtype_mix",
+                "ok_type": isinstance(e, (RuntimeError, ValueError)) or "dtype_mix" in what,
                 "elapsed": time.monotonic() - t0}
     return {"raised": False, "result": garbage, "elapsed": time.monotonic() - t0}
 
@@ -224,6 +234,8 @@ BAD_INPUT = {
     "mismatched_sizes": re.compile(r"size|mismatch", re.IGNORECASE),
     "mismatched_sizes_large": re.compile(r"size|mismatch", re.IGNORECASE),
     "all_gather_dtype_mix": None,
+    "all_gather_dtype_mix_backend": None,
+    "all_gather_into_tensor_dtype_mix_backend": None,
     "premul_sum": re.compile(r"PREMUL_?SUM", re.IGNORECASE),
     "band_on_float": re.compile(r"BAND", re.IGNORECASE),
     "non_contiguous": re.compile(r"contiguous", re.IGNORECASE),

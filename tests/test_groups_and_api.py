@@ -137,6 +137,10 @@ def _backend_string_job(rank, ws, expect_cpu_backend):
     if H.IS_RESIDENT:
         if "resident" not in dist.Backend.backend_list:
             errs.append(f"'resident' not in dist.Backend.backend_list: {dist.Backend.backend_list}")
+    cls = type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__
+    expected_cls = {"resident": "ProcessGroupResident", "gloo": "ProcessGroupGloo"}[expect_cpu_backend]
+    if cls != expected_cls:
+        errs.append(f"the CPU backend of the world group is {cls}, expected {expected_cls}")
     cfg = str(dist.get_backend_config())
     if f"cpu:{expect_cpu_backend}" not in cfg:
         errs.append(f"get_backend_config() = {cfg!r}; expected cpu:{expect_cpu_backend}")
@@ -168,11 +172,15 @@ def test_backend_strings(backend_string, cpu_backend):
 
 def _subgroup_with_other_backend_job(rank, ws):
     """World group on gloo, a subgroup on the backend under test."""
+    import torch
     import torch.distributed as dist
 
     errs = []
     H.import_backend_module(H.BACKEND)
     g = dist.new_group(list(range(ws)), backend=H.BACKEND)
+    cls = type(g._get_backend(torch.device("cpu"))).__name__
+    if H.IS_RESIDENT and cls != "ProcessGroupResident":
+        errs.append(f"subgroup CPU backend is {cls}")
     inputs = [make_input("sgb", r, 1031, "float64") for r in range(ws)]
     t = inputs[rank].clone()
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=g)

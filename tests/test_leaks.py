@@ -194,3 +194,62 @@ def test_threads_return_to_baseline_after_destroy():
                     f"threads now: {c['thread_names']}"
                 )
     assert not problems, "\n".join(problems)
+
+
+def _shm_init_kill_job(rank, ws, before, init_timeout_s, late_rank_joins):
+    """Rank 2 joins late: while ranks 0 and 1 wait inside init_process_group (their
+    segments exist and are still named), rank 2 checks the modes, has rank 0 SIGKILLed,
+    then tries to join (or, with late_rank_joins=False, never joins).  The ranks that
+    are left must fail, and nothing may stay in /dev/shm."""
+    import torch.distributed as dist
+
+    seen = {}
+    if rank == ws - 1:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            seen = {k: v for k, v in H.list_shm().items() if k not in before}
+            if len(seen) >= ws - 1:
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)
+        seen = {k: v for k, v in H.list_shm().items() if k not in before}
+        H.request_kill_of(0, "killed inside init_process_group")
+        time.sleep(1.0)
+        if not late_rank_joins:
+            return {"seen": seen, "uid": os.getuid(), "raised": "(never joined)", "elapsed": 0.0}
+    t0 = time.monotonic()
+    try:
+        H.init_pg(timeout_s=init_timeout_s)
+        dist.all_reduce(make_input("leak/initkill", rank, 1000, "float32"))
+        raised = None
+    except Exception as e:  # noqa: BLE001
+        raised = f"{type(e).__name__}: {e}"
+    return {"seen": seen, "uid": os.getuid(), "raised": raised, "elapsed": time.monotonic() - t0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("late_rank_joins", [True, False], ids=["late-rank-joins", "late-rank-never-joins"])
+def test_no_shm_leftover_after_sigkill_during_init(shm_snapshot, late_rank_joins):
+    ws = 3
+    init_timeout_s = 10
+    outcomes = H.run_ranks_collect(_shm_init_kill_job, ws,
+                                   args=(shm_snapshot, init_timeout_s, late_rank_joins),
+                                   init=False, init_timeout_s=init_timeout_s, timeout_s=120,
+                                   store_timeout_s=init_timeout_s + 5,
+                                   stop_when_done=[1, 2], destroy_grace_s=15)
+    new = _new_entries(shm_snapshot)
+    problems = []
+    if outcomes[0].status != "killed":
+        problems.append(f"rank 0 was not killed: {outcomes[0].describe()}")
+    for o in outcomes[1:]:
+        if o.status != "ok":
+            problems.append(o.describe())
+        elif o.value["raised"] is None:
+            problems.append(f"rank {o.rank}: no error although rank 0 was SIGKILLed")
+    late = outcomes[ws - 1].value if outcomes[ws - 1].status == "ok" else None
+    if late is not None:
+        problems += _check_modes([late])
+    if new:
+        problems.append(f"left in /dev/shm after rank 0 was SIGKILLed inside init: {sorted(new)}")
+    assert not problems, "\n".join(problems) + "\n" + "\n".join(
+        f"rank {o.rank}: {o.value!r}" for o in outcomes if o.value is not None)
