@@ -10,10 +10,8 @@
 Configuration: RESIDENT_* environment variables or ``pg_options={...}`` (see README.md).
 """
 
-import torch  # noqa: F401  (loads libtorch before the extension)
-import torch.distributed as dist
-
-from resident_pg import _C
+# Nothing heavy at import time: torch's entry points import this package while torch itself is
+# still importing. The extension (resident_pg._C) loads when the first group is created.
 from resident_pg._autoload import BACKEND_NAME, register
 
 __version__ = "0.1.0"
@@ -22,6 +20,11 @@ register()
 
 
 def _backend_of(group=None, device="cpu"):
+    import torch
+    import torch.distributed as dist
+
+    from resident_pg import _C
+
     group = group if group is not None else dist.group.WORLD
     backend = group._get_backend(torch.device(device))
     if not isinstance(backend, _C.ProcessGroupResident):
@@ -32,6 +35,8 @@ def _backend_of(group=None, device="cpu"):
 
 def describe(group=None, device="cpu"):
     """How this rank reaches each peer of ``group``: transport and path, plus the config."""
+    import torch.distributed as dist
+
     backend = _backend_of(group, device)
     size = dist.get_world_size(group)
     return {

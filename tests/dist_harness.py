@@ -530,6 +530,7 @@ def run_ranks(
     init: bool = True,
     rendezvous: str = "store",
     store_timeout_s: Optional[float] = None,
+    error_grace_s: float = 10.0,
 ) -> list:
     """Run fn(rank, world_size, *args) in world_size spawned ranks; return results by rank.
 
@@ -539,13 +540,14 @@ def run_ranks(
     ``"env"`` (``env://`` with MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE).
     ``init=False`` leaves initialisation to fn (see :func:`init_pg`).
     ``store_timeout_s`` (default max(init_timeout_s, 30)) is the timeout of the
-    ranks' TCPStore clients, i.e. of store waits during rendezvous.
+    ranks' TCPStore clients, i.e. of store waits during rendezvous.  Once a rank
+    has failed, the others get ``error_grace_s`` to finish before they are killed.
     Raises :class:`RanksFailed` if any rank raised, died, or failed to tear down,
     or if ``timeout_s`` passed (all children are then SIGKILLed).
     """
     outcomes = _run(fn, world_size, args=args, backend=backend, timeout_s=timeout_s, env=env,
                     init_timeout_s=init_timeout_s, init=init, rendezvous=rendezvous, strict=True,
-                    store_timeout_s=store_timeout_s)
+                    store_timeout_s=store_timeout_s, error_grace_s=error_grace_s)
     return [o.value for o in outcomes]
 
 

@@ -179,6 +179,50 @@ def _ar_avg_trunc(rank, ws):
     return errs, digs
 
 
+def _crafted_inputs(ws, n, dtype_name, seed_key):
+    """Inputs whose SUM depends on the order / precision of accumulation.
+
+    float32/float64: per element, a random rank holds +B and another -B (B so large
+    that adding 1 to it is lost), the others hold 1: only rank order 0..N-1 gives
+    the reference bit pattern.  float16/bfloat16: one rank holds a value whose ulp
+    is 2 and the others hold 1: float32 accumulation + one rounding differs from
+    accumulating in the short type.
+    """
+    import numpy as np
+    import torch
+
+    rng = H.rng_for(seed_key, 0)
+    big = {"float32": 2.0 ** 25, "float64": 2.0 ** 54, "float16": 2048.0, "bfloat16": 256.0}[dtype_name]
+    vals = np.ones((ws, n))
+    pos = rng.integers(0, ws, size=n)
+    if dtype_name in ("float32", "float64"):
+        neg = (pos + rng.integers(1, ws, size=n)) % ws
+        vals[pos, np.arange(n)] = big
+        vals[neg, np.arange(n)] = -big
+    else:
+        vals[pos, np.arange(n)] = big
+        sign = np.where(rng.random(n) < 0.5, -1.0, 1.0)
+        vals = vals * sign
+    return [torch.from_numpy(vals[r].copy()).to(tdtype(dtype_name)) for r in range(ws)]
+
+
+@case("all_reduce[SUM-rank-order-and-accumulation-precision]")
+def _ar_order(rank, ws):
+    """Bitwise: reduction in rank order, float32/float64 accumulated in their own dtype,
+    float16/bfloat16 accumulated in float32 and rounded once."""
+    import torch.distributed as dist
+
+    errs, digs = [], {}
+    for dt in ("float32", "float64", "float16", "bfloat16"):
+        for n in (1, 1031, large_size(dt)):
+            inputs = _crafted_inputs(ws, n, dt, f"order/{dt}/{n}")
+            t = inputs[rank].clone()
+            dist.all_reduce(t)
+            errs += compare_exact(t, reference_reduce(inputs, "SUM", dt), f"{dt} n={n}")
+            digs[f"{dt}/{n}"] = digest(t)
+    return errs, digs
+
+
 @case("all_reduce[3d-shape-and-offset-view]")
 def _ar_shapes(rank, ws):
     import torch

@@ -288,6 +288,10 @@ TORCHRUN_SCRIPT = textwrap.dedent(
     bc = H.make_input("torchrun/bc", rank, 100, "int64")
     dist.broadcast(bc, src=1)
     errs += H.compare_exact(bc, H.make_input("torchrun/bc", 1, 100, "int64"), "broadcast")
+    if "resident" in backend:
+        cls = type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__
+        if cls != "ProcessGroupResident":
+            errs.append(f"CPU backend is {cls}")
     dist.barrier()
     dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
@@ -317,3 +321,31 @@ def test_torchrun_launch(tmp_path):
         res = json.loads(f.read_text())
         assert res["ws"] == 2 and res["rank"] == r
         assert not res["errors"], res["errors"]
+
+
+# --------------------------------------------------------------------------
+# the harness itself
+# --------------------------------------------------------------------------
+
+
+def _harness_selftest_job(rank, ws):
+    import time
+
+    if rank == 1:
+        raise ValueError("boom from the harness self-test")
+    time.sleep(300)  # a hung rank: the parent must kill it
+
+
+def test_harness_reports_rank_exception_and_kills_hung_ranks():
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(H.RanksFailed) as ei:
+        H.run_ranks(_harness_selftest_job, 2, init=False, timeout_s=60, error_grace_s=1)
+    elapsed = time.monotonic() - t0
+    text = str(ei.value)
+    assert "rank 1" in text and "ValueError: boom from the harness self-test" in text, text
+    assert "_harness_selftest_job" in text, "traceback text missing:\n" + text
+    assert elapsed < 30, f"the parent took {elapsed:.1f}s to give up on the hung rank"
+    o0 = ei.value.outcomes[0]
+    assert o0.status == "killed", o0.describe()

@@ -79,6 +79,15 @@ def _new_entries(before, settle_s=3.0):
         time.sleep(0.1)
 
 
+def _cleanup(new):
+    """Remove what a failing test left behind, so later runs start clean."""
+    for name in new:
+        try:
+            os.unlink(os.path.join(H.SHM_DIR, name))
+        except OSError:
+            pass
+
+
 def _check_modes(results):
     problems = []
     for r, res in enumerate(results):
@@ -97,6 +106,7 @@ def test_no_shm_leftover_after_normal_exit(shm_snapshot):
     new = _new_entries(shm_snapshot)
     if new:
         problems.append(f"left in /dev/shm after a normal exit: {sorted(new)}")
+        _cleanup(new)
     assert not problems, "\n".join(problems)
 
 
@@ -140,6 +150,7 @@ def test_no_shm_leftover_after_sigkill(shm_snapshot):
     problems += _check_modes(survivors)
     if new:
         problems.append(f"left in /dev/shm after rank {ws - 1} was SIGKILLed: {sorted(new)}")
+        _cleanup(new)
     assert not problems, "\n".join(problems)
 
 
@@ -251,5 +262,6 @@ def test_no_shm_leftover_after_sigkill_during_init(shm_snapshot, late_rank_joins
         problems += _check_modes([late])
     if new:
         problems.append(f"left in /dev/shm after rank 0 was SIGKILLed inside init: {sorted(new)}")
+        _cleanup(new)
     assert not problems, "\n".join(problems) + "\n" + "\n".join(
         f"rank {o.rank}: {o.value!r}" for o in outcomes if o.value is not None)

@@ -3,8 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
+#include <cstdio>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -17,9 +16,10 @@ constexpr uint32_t kFifoCapacity = 4096;
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep)) out.push_back(item);
+  size_t start = 0;
+  for (size_t pos; (pos = s.find(sep, start)) != std::string::npos; start = pos + 1)
+    out.push_back(s.substr(start, pos - start));
+  out.push_back(s.substr(start));
   return out;
 }
 
@@ -28,9 +28,15 @@ std::vector<std::string> split(const std::string& s, char sep) {
 std::string localHostKey() {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
+  // No iostreams in the core: an extension's libstdc++ stream symbols can clash with the
+  // host's (seen with torch 2.11 on the GPU machine).
   std::string boot;
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::getline(f, boot);
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {0};
+    if (std::fgets(buf, sizeof(buf), f) != nullptr) boot = buf;
+    std::fclose(f);
+    while (!boot.empty() && (boot.back() == '\n' || boot.back() == '\r')) boot.pop_back();
+  }
   struct stat st;
   const unsigned long mnt = stat("/proc/self/ns/mnt", &st) == 0 ? st.st_ino : 0;
   return std::string(host) + "/" + boot + "/" + std::to_string(mnt);
@@ -54,10 +60,10 @@ Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Co
 
   // One descriptor exchange: host key, pid, inbox name and size.
   const std::string host_key = localHostKey();
-  std::ostringstream desc;
-  desc << host_key << "|" << getpid() << "|" << inbox_.name() << "|" << layout_.totalBytes() << "|"
-       << cfg.slots << "|" << cfg.slot_bytes;
-  const auto all = allGatherStrings(store, rank, nranks, "resident/desc", desc.str());
+  const std::string desc = host_key + "|" + std::to_string(getpid()) + "|" + inbox_.name() + "|" +
+                           std::to_string(layout_.totalBytes()) + "|" + std::to_string(cfg.slots) +
+                           "|" + std::to_string(cfg.slot_bytes);
+  const auto all = allGatherStrings(store, rank, nranks, "resident/desc", desc);
 
   peers_.resize(static_cast<size_t>(nranks));
   peer_inboxes_.resize(static_cast<size_t>(nranks));

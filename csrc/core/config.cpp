@@ -3,7 +3,6 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
-#include <sstream>
 
 #include "core/error.hpp"
 
@@ -80,12 +79,12 @@ Config Config::fromEnvironment(const std::map<std::string, std::string>& options
 }
 
 std::string Config::describe() const {
-  std::ostringstream os;
-  os << "path=" << pathModeName(path) << " slot_bytes=" << slot_bytes << " slots=" << slots
-     << " max_inflight=" << max_inflight << " spin_us=" << spin_us << " yield_us=" << yield_us
-     << " max_sleep_us=" << max_sleep_us << " proxy_spin_us=" << proxy_spin_us
-     << " proxy_cpu=" << proxy_cpu << " transport=" << transport;
-  return os.str();
+  return std::string("path=") + pathModeName(path) + " slot_bytes=" + std::to_string(slot_bytes) +
+         " slots=" + std::to_string(slots) + " max_inflight=" + std::to_string(max_inflight) +
+         " spin_us=" + std::to_string(spin_us) + " yield_us=" + std::to_string(yield_us) +
+         " max_sleep_us=" + std::to_string(max_sleep_us) +
+         " proxy_spin_us=" + std::to_string(proxy_spin_us) +
+         " proxy_cpu=" + std::to_string(proxy_cpu) + " transport=" + transport;
 }
 
 const char* pathModeName(PathMode mode) {

@@ -1,7 +1,5 @@
 #include "core/op.hpp"
 
-#include <sstream>
-
 namespace resident {
 
 const char* opKindName(OpKind kind) {
@@ -43,15 +41,15 @@ std::string describeSignature(uint32_t signature) {
 }
 
 std::string Op::describe() const {
-  std::ostringstream os;
-  os << describeSignature(signature());
+  std::string s = describeSignature(signature());
   if (kind == OpKind::kSend || kind == OpKind::kRecv) {
-    os << " (" << (kind == OpKind::kSend ? "to" : "from") << " rank " << peer << ", tag " << seq
-       << ", " << bytes << " bytes)";
+    s += std::string(" (") + (kind == OpKind::kSend ? "to" : "from") + " rank " +
+         std::to_string(peer) + ", tag " + std::to_string(seq) + ", " + std::to_string(bytes) +
+         " bytes)";
   } else {
-    os << " (op #" << seq << ", " << bytes << " bytes)";
+    s += " (op #" + std::to_string(seq) + ", " + std::to_string(bytes) + " bytes)";
   }
-  return os.str();
+  return s;
 }
 
 }  // namespace resident
