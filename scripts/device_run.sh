@@ -4,10 +4,10 @@
 # benchmark under MPS, and leave full logs and JSON under $OUT.
 #
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
-#   stages: build floors tests bench bench-quick   (default: build floors tests bench)
+#   stages: build floors tests overhead bench bench-quick   (default: all but bench-quick)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-STAGES=${*:-build floors tests bench}
+STAGES=${*:-build floors tests overhead bench}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/device_out}
 mkdir -p "$OUT"
@@ -45,6 +45,12 @@ if has tests; then
   step "tests"
   python3 -m pytest -q tests -p no:cacheprovider > "$OUT/tests.log" 2>&1 || status=1
   tail -5 "$OUT/tests.log"
+fi
+
+if has overhead; then
+  step "overhead"
+  python3 benchmarks/overhead.py --json "$OUT/overhead.json" > "$OUT/overhead.log" 2>&1 || status=1
+  tail -5 "$OUT/overhead.log"
 fi
 
 if has bench; then

@@ -37,7 +37,6 @@ import multiprocessing.connection as mpc
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 import traceback
@@ -410,7 +409,6 @@ def _run(
 
         deadline = t0 + timeout_s
         first_error_at = None
-        reported = set()
         timed_out = False
         destroy_deadline = None
 

@@ -225,7 +225,6 @@ def _ar_order(rank, ws):
 
 @case("all_reduce[3d-shape-and-offset-view]")
 def _ar_shapes(rank, ws):
-    import torch
     import torch.distributed as dist
 
     errs, digs = [], {}

@@ -53,7 +53,7 @@ def _fault_job(rank, ws, mode):
             time.sleep(0.5)  # the survivors are already waiting inside the collective
             os._exit(1)
         elif mode == "sigkill":
-            w = dist.all_reduce(big.clone(), async_op=True)  # die with a large collective in flight
+            dist.all_reduce(big.clone(), async_op=True)  # die with a large collective in flight
             H.request_sigkill("fault test")
         elif mode == "sleep":
             time.sleep(120)  # stops calling collectives; the parent kills it

@@ -16,10 +16,8 @@ import dist_harness as H
 from dist_harness import (
     compare_exact,
     compare_reduction,
-    digest,
     make_input,
     reference_reduce,
-    tdtype,
 )
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))

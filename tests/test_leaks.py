@@ -159,8 +159,22 @@ def test_no_shm_leftover_after_sigkill(shm_snapshot):
 # --------------------------------------------------------------------------
 
 
+def _our_task_count():
+    """Threads of this process, not counting the CUDA driver's helper threads ("cuda…"),
+    which torch's lazy CUDA initialisation starts once per process and never stops."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith("cuda"):
+                    continue
+        except OSError:
+            continue
+        n += 1
+    return n
+
+
 def _threads_job(rank, ws, cycles):
-    import torch
     import torch.distributed as dist
 
     # warm torch up outside the measured window (lazy pools, allocators, ...)
@@ -169,16 +183,16 @@ def _threads_job(rank, ws, cycles):
     H.connect_store()
     report = []
     for c in range(cycles):
-        before = H.task_count()
+        before = _our_task_count()
         H.init_pg(prefix=f"threads{c}/")
         errs = _exercise(rank, ws, f"thr{c}")
-        during = H.task_count()
+        during = _our_task_count()
         dist.destroy_process_group()
         deadline = time.monotonic() + 5
-        after = H.task_count()
+        after = _our_task_count()
         while after > before and time.monotonic() < deadline:
             time.sleep(0.05)
-            after = H.task_count()
+            after = _our_task_count()
         names = []
         if after > before:
             for tid in os.listdir("/proc/self/task"):

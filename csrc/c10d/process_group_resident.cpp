@@ -4,12 +4,52 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <string>
+#include <type_traits>
 
 #include "c10d/store_bootstrap.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
 namespace resident {
+// Messages are built from strings only: streaming values through c10::str instantiates
+// libstdc++ stream code inside this extension, which crashed under torch 2.11 (GPU machine).
+void append(std::string& s, const char* v) {
+  s += v;
+}
+void append(std::string& s, const std::string& v) {
+  s += v;
+}
+template <typename T, std::enable_if_t<std::is_integral<T>::value, int> = 0>
+void append(std::string& s, T v) {
+  s += std::to_string(v);
+}
+void append(std::string& s, c10::ScalarType t) {
+  s += c10::toString(t);
+}
+void append(std::string& s, const c10::Device& d) {
+  s += d.str();
+}
+void append(std::string& s, c10::Layout l) {
+  s += l == c10::kStrided ? "strided" : "non-strided";
+}
+void append(std::string& s, c10::IntArrayRef a) {
+  s += "[";
+  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+  s += "]";
+}
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::string s;
+  (append(s, args), ...);
+  return s;
+}
+
+#define RESIDENT_CHECK_VALUE(cond, ...)                                     \
+  do {                                                                      \
+    if (!(cond)) C10_THROW_ERROR(ValueError, ::resident::cat(__VA_ARGS__)); \
+  } while (0)
+
 namespace {
 
 // Core errors become the exceptions torch.distributed users expect.
@@ -25,28 +65,29 @@ auto translateErrors(F&& f) -> decltype(f()) {
 }
 
 void checkTensor(const at::Tensor& t, const char* op) {
-  TORCH_CHECK_VALUE(t.defined(), "resident: ", op, ": undefined tensor");
-  TORCH_CHECK_VALUE(t.layout() == c10::kStrided, "resident: ", op,
-                    ": only dense (strided) tensors are supported, got ", t.layout());
-  TORCH_CHECK_VALUE(t.is_contiguous(), "resident: ", op, ": tensors must be contiguous (got sizes ",
-                    t.sizes(), " strides ", t.strides(), "); call .contiguous() first");
-  TORCH_CHECK_VALUE(t.device().is_cpu(), "resident: ", op, ": tensor on ", t.device(),
-                    " is not supported by this build, which serves CPU tensors only "
-                    "(use a 'cpu:resident,cuda:nccl' backend string meanwhile)");
+  RESIDENT_CHECK_VALUE(t.defined(), "resident: ", op, ": undefined tensor");
+  RESIDENT_CHECK_VALUE(t.layout() == c10::kStrided, "resident: ", op,
+                       ": only dense (strided) tensors are supported, got ", t.layout());
+  RESIDENT_CHECK_VALUE(t.is_contiguous(), "resident: ", op,
+                       ": tensors must be contiguous (got sizes ", t.sizes(), " strides ",
+                       t.strides(), "); call .contiguous() first");
+  RESIDENT_CHECK_VALUE(t.device().is_cpu(), "resident: ", op, ": tensor on ", t.device(),
+                       " is not supported by this build, which serves CPU tensors only "
+                       "(use a 'cpu:resident,cuda:nccl' backend string meanwhile)");
 }
 
 void checkSameKind(const at::Tensor& ref, const at::Tensor& t, const char* op, const char* what) {
   checkTensor(t, op);
-  TORCH_CHECK_VALUE(t.scalar_type() == ref.scalar_type(), "resident: ", op, ": ", what,
-                    " has dtype ", t.scalar_type(), " but the input has ", ref.scalar_type(),
-                    " (dtype mix)");
-  TORCH_CHECK_VALUE(t.device() == ref.device(), "resident: ", op, ": ", what, " is on ", t.device(),
-                    " but the input is on ", ref.device(), " (device mix)");
+  RESIDENT_CHECK_VALUE(t.scalar_type() == ref.scalar_type(), "resident: ", op, ": ", what,
+                       " has dtype ", t.scalar_type(), " but the input has ", ref.scalar_type(),
+                       " (dtype mix)");
+  RESIDENT_CHECK_VALUE(t.device() == ref.device(), "resident: ", op, ": ", what, " is on ",
+                       t.device(), " but the input is on ", ref.device(), " (device mix)");
 }
 
 const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op) {
-  TORCH_CHECK_VALUE(tensors.size() == 1, "resident: ", op, " takes exactly one tensor, got ",
-                    tensors.size());
+  RESIDENT_CHECK_VALUE(tensors.size() == 1, "resident: ", op, " takes exactly one tensor, got ",
+                       tensors.size());
   checkTensor(tensors[0], op);
   return tensors[0];
 }
@@ -68,10 +109,9 @@ DType reductionType(const at::Tensor& t, const char* op) {
     case at::kByte:
       return DType::kUInt8;
     default:
-      C10_THROW_ERROR(ValueError,
-                      c10::str("resident: ", op, " does not support dtype ", t.scalar_type(),
-                               " (supported: float32, float64, "
-                               "float16, bfloat16, int32, int64, uint8)"));
+      C10_THROW_ERROR(ValueError, cat("resident: ", op, " does not support dtype ", t.scalar_type(),
+                                      " (supported: float32, float64, "
+                                      "float16, bfloat16, int32, int64, uint8)"));
   }
 }
 
@@ -96,8 +136,8 @@ RedOp reductionOp(const c10d::ReduceOp& op, const char* name) {
     default:
       C10_THROW_ERROR(
           ValueError,
-          c10::str("resident: ", name, " does not support reduce op ", static_cast<int>(op.op_),
-                   " (supported: SUM, AVG, MIN, MAX, PRODUCT, BAND, BOR, BXOR)"));
+          cat("resident: ", name, " does not support reduce op ", static_cast<int>(op.op_),
+              " (supported: SUM, AVG, MIN, MAX, PRODUCT, BAND, BOR, BXOR)"));
   }
 }
 
@@ -219,14 +259,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& /*opts*/) {
   const at::Tensor& in = single(inputs, "all_gather");
-  TORCH_CHECK_VALUE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
-                    "resident: all_gather needs one output list of ", size_, " tensors");
+  RESIDENT_CHECK_VALUE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
+                       "resident: all_gather needs one output list of ", size_, " tensors");
   c10::SmallVector<void*, 16> outs;
   for (const auto i : c10::irange(outputs[0].size())) {
     const at::Tensor& o = outputs[0][i];
     checkSameKind(in, o, "all_gather", "an output tensor");
-    TORCH_CHECK_VALUE(o.numel() == in.numel(), "resident: all_gather: output tensor ", i, " has ",
-                      o.numel(), " elements but the input has ", in.numel(), " (size mismatch)");
+    RESIDENT_CHECK_VALUE(o.numel() == in.numel(), "resident: all_gather: output tensor ", i,
+                         " has ", o.numel(), " elements but the input has ", in.numel(),
+                         " (size mismatch)");
     outs.push_back(o.data_ptr());
   }
   auto work = makeWork(c10d::OpType::ALLGATHER, "resident:all_gather", outputs[0], inputs);
@@ -241,10 +282,10 @@ void ProcessGroupResident::addAllGatherBase(WorkResident& work, at::Tensor& outp
                                             at::Tensor& input) {
   checkTensor(input, "all_gather_into_tensor");
   checkSameKind(input, output, "all_gather_into_tensor", "the output");
-  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_,
-                    "resident: all_gather_into_tensor: output has ", output.numel(),
-                    " elements, expected world size x input = ", input.numel() * size_,
-                    " (size mismatch)");
+  RESIDENT_CHECK_VALUE(output.numel() == input.numel() * size_,
+                       "resident: all_gather_into_tensor: output has ", output.numel(),
+                       " elements, expected world size x input = ", input.numel() * size_,
+                       " (size mismatch)");
   c10::SmallVector<void*, 16> outs;
   auto* base = static_cast<unsigned char*>(output.data_ptr());
   for (int p = 0; p < size_; ++p) outs.push_back(base + p * nbytes(input));
@@ -265,9 +306,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_allgather_base(
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& /*opts*/) {
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
-                    "resident: all_gather_into_tensor_coalesced: ", outputs.size(), " outputs for ",
-                    inputs.size(), " inputs");
+  RESIDENT_CHECK_VALUE(outputs.size() == inputs.size(),
+                       "resident: all_gather_into_tensor_coalesced: ", outputs.size(),
+                       " outputs for ", inputs.size(), " inputs");
   auto work = makeWork(c10d::OpType::COALESCED, "resident:all_gather_into_tensor_coalesced",
                        outputs, inputs);
   for (const auto i : c10::irange(inputs.size())) addAllGatherBase(*work, outputs[i], inputs[i]);
@@ -282,19 +323,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::gather(
   c10::SmallVector<void*, 16> outs(static_cast<size_t>(size_), nullptr);
   std::vector<at::Tensor> result;
   if (rank_ == root) {
-    TORCH_CHECK_VALUE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
-                      "resident: gather: the root needs one output list of ", size_, " tensors");
+    RESIDENT_CHECK_VALUE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
+                         "resident: gather: the root needs one output list of ", size_, " tensors");
     for (const auto i : c10::irange(outputs[0].size())) {
       const at::Tensor& o = outputs[0][i];
       checkSameKind(in, o, "gather", "an output tensor");
-      TORCH_CHECK_VALUE(o.numel() == in.numel(), "resident: gather: output tensor ", i, " has ",
-                        o.numel(), " elements but the input has ", in.numel(), " (size mismatch)");
+      RESIDENT_CHECK_VALUE(o.numel() == in.numel(), "resident: gather: output tensor ", i, " has ",
+                           o.numel(), " elements but the input has ", in.numel(),
+                           " (size mismatch)");
       outs[i] = o.data_ptr();
     }
     result = outputs[0];
   } else {
-    TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(),
-                      "resident: gather: only the root passes output tensors");
+    RESIDENT_CHECK_VALUE(outputs.empty() || outputs[0].empty(),
+                         "resident: gather: only the root passes output tensors");
   }
   auto work = makeWork(c10d::OpType::GATHER, "resident:gather", result, inputs);
   translateErrors([&] {
@@ -312,14 +354,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::scatter(
   c10::SmallVector<const void*, 16> ins(static_cast<size_t>(size_), nullptr);
   std::vector<at::Tensor> keep;
   if (rank_ == root) {
-    TORCH_CHECK_VALUE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
-                      "resident: scatter: the root needs one input list of ", size_, " tensors");
+    RESIDENT_CHECK_VALUE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
+                         "resident: scatter: the root needs one input list of ", size_, " tensors");
     for (const auto i : c10::irange(inputs[0].size())) {
       const at::Tensor& t = inputs[0][i];
       checkSameKind(out, t, "scatter", "an input tensor");
-      TORCH_CHECK_VALUE(t.numel() == out.numel(), "resident: scatter: input tensor ", i, " has ",
-                        t.numel(), " elements but the output has ", out.numel(),
-                        " (size mismatch)");
+      RESIDENT_CHECK_VALUE(t.numel() == out.numel(), "resident: scatter: input tensor ", i, " has ",
+                           t.numel(), " elements but the output has ", out.numel(),
+                           " (size mismatch)");
       ins[i] = t.data_ptr();
     }
     keep = inputs[0];
@@ -336,10 +378,10 @@ void ProcessGroupResident::addReduceScatterBase(WorkResident& work, at::Tensor& 
                                                 at::Tensor& input, const c10d::ReduceOp& op) {
   checkTensor(output, "reduce_scatter_tensor");
   checkSameKind(output, input, "reduce_scatter_tensor", "the input");
-  TORCH_CHECK_VALUE(input.numel() == output.numel() * size_,
-                    "resident: reduce_scatter_tensor: input has ", input.numel(),
-                    " elements, expected world size x output = ", output.numel() * size_,
-                    " (size mismatch)");
+  RESIDENT_CHECK_VALUE(input.numel() == output.numel() * size_,
+                       "resident: reduce_scatter_tensor: input has ", input.numel(),
+                       " elements, expected world size x output = ", output.numel() * size_,
+                       " (size mismatch)");
   const DType dt = reductionType(output, "reduce_scatter_tensor");
   const RedOp rop = reductionOp(op, "reduce_scatter_tensor");
   translateErrors([&] {
@@ -359,9 +401,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_reduce_scatter_base(
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
-                    "resident: reduce_scatter_tensor_coalesced: ", outputs.size(), " outputs for ",
-                    inputs.size(), " inputs");
+  RESIDENT_CHECK_VALUE(outputs.size() == inputs.size(),
+                       "resident: reduce_scatter_tensor_coalesced: ", outputs.size(),
+                       " outputs for ", inputs.size(), " inputs");
   auto work = makeWork(c10d::OpType::COALESCED, "resident:reduce_scatter_tensor_coalesced", outputs,
                        inputs);
   for (const auto i : c10::irange(inputs.size()))
@@ -373,15 +415,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const at::Tensor& out = single(outputs, "reduce_scatter");
-  TORCH_CHECK_VALUE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
-                    "resident: reduce_scatter needs one input list of ", size_, " tensors");
+  RESIDENT_CHECK_VALUE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
+                       "resident: reduce_scatter needs one input list of ", size_, " tensors");
   c10::SmallVector<const void*, 16> ins;
   for (const auto i : c10::irange(inputs[0].size())) {
     const at::Tensor& t = inputs[0][i];
     checkSameKind(out, t, "reduce_scatter", "an input tensor");
-    TORCH_CHECK_VALUE(t.numel() == out.numel(), "resident: reduce_scatter: input tensor ", i,
-                      " has ", t.numel(), " elements but the output has ", out.numel(),
-                      " (size mismatch)");
+    RESIDENT_CHECK_VALUE(t.numel() == out.numel(), "resident: reduce_scatter: input tensor ", i,
+                         " has ", t.numel(), " elements but the output has ", out.numel(),
+                         " (size mismatch)");
     ins.push_back(t.data_ptr());
   }
   const DType dt = reductionType(out, "reduce_scatter");
@@ -407,19 +449,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
                       c10::SmallVector<size_t, 16>& bytes, c10::SmallVector<size_t, 16>& offs) {
     const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
     if (splits.empty()) {
-      TORCH_CHECK_VALUE(rows % size_ == 0, "resident: all_to_all_single: ", what, " dim 0 (", rows,
-                        ") is not divisible by the group size ", size_, "; pass split sizes");
+      RESIDENT_CHECK_VALUE(rows % size_ == 0, "resident: all_to_all_single: ", what, " dim 0 (",
+                           rows, ") is not divisible by the group size ", size_,
+                           "; pass split sizes");
     } else {
-      TORCH_CHECK_VALUE(splits.size() == static_cast<size_t>(size_),
-                        "resident: all_to_all_single: ", what, " split sizes have ", splits.size(),
-                        " entries for a group of ", size_);
+      RESIDENT_CHECK_VALUE(splits.size() == static_cast<size_t>(size_),
+                           "resident: all_to_all_single: ", what, " split sizes have ",
+                           splits.size(), " entries for a group of ", size_);
       int64_t sum = 0;
       for (int64_t s : splits) {
-        TORCH_CHECK_VALUE(s >= 0, "resident: all_to_all_single: negative split size ", s);
+        RESIDENT_CHECK_VALUE(s >= 0, "resident: all_to_all_single: negative split size ", s);
         sum += s;
       }
-      TORCH_CHECK_VALUE(sum == rows, "resident: all_to_all_single: ", what, " split sizes sum to ",
-                        sum, " but dim 0 is ", rows);
+      RESIDENT_CHECK_VALUE(sum == rows, "resident: all_to_all_single: ", what,
+                           " split sizes sum to ", sum, " but dim 0 is ", rows);
     }
     size_t off = 0;
     for (int p = 0; p < size_; ++p) {
@@ -450,7 +493,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllToAllOptions& /*opts*/) {
-  TORCH_CHECK_VALUE(
+  RESIDENT_CHECK_VALUE(
       outputs.size() == static_cast<size_t>(size_) && inputs.size() == static_cast<size_t>(size_),
       "resident: all_to_all needs ", size_, " input and output tensors, got ", inputs.size(),
       " and ", outputs.size());

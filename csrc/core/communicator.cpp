@@ -49,6 +49,29 @@ Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Co
     throw InvalidArgument("resident: invalid rank " + std::to_string(rank) + " of " +
                           std::to_string(nranks));
   }
+  try {
+    install(store, timeout_ms);
+  } catch (...) {
+    // A peer killed during set-up may have left its segment's name behind: remove names of
+    // dead creators now rather than at the next group creation.
+    inbox_ = ShmSegment();
+    ShmSegment::removeStale();
+    throw;
+  }
+  proxy_ = std::make_unique<Proxy>(*this, cfg);
+  proxy_->start();
+  for (int p = 0; p < nranks; ++p) {
+    if (p != rank)
+      RLOG_INFO("rank %d -> rank %d: transport %s, path %s", rank, p, transportFor(p).c_str(),
+                pathFor(p).c_str());
+  }
+  RLOG_INFO("communicator rank %d/%d ready: %s", rank, nranks, cfg.describe().c_str());
+}
+
+void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
+  const int rank = rank_;
+  const int nranks = nranks_;
+  const Config& cfg = cfg_;
   ShmSegment::removeStale();
   inbox_ = ShmSegment::create(layout_.totalBytes());
   auto* header = static_cast<InboxHeader*>(inbox_.data());
@@ -111,14 +134,6 @@ Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Co
   engine_ = std::make_unique<Engine>(rank, nranks, cfg, layout_,
                                      static_cast<unsigned char*>(inbox_.data()), transport_.get(),
                                      peers_, proxied_, fifo_.get(), timeout_ms * 1000000ull);
-  proxy_ = std::make_unique<Proxy>(*this, cfg);
-  proxy_->start();
-  for (int p = 0; p < nranks; ++p) {
-    if (p != rank)
-      RLOG_INFO("rank %d -> rank %d: transport %s, path %s", rank, p, transportFor(p).c_str(),
-                pathFor(p).c_str());
-  }
-  RLOG_INFO("communicator rank %d/%d ready: %s", rank, nranks, cfg.describe().c_str());
 }
 
 Communicator::~Communicator() {

@@ -60,6 +60,7 @@ class Communicator : public ProxyHandler {
   bool proxyPoll() override;
 
  private:
+  void install(BootstrapStore& store, uint64_t timeout_ms);  // segments, peers, engine
   void checkRank(int r, const char* what) const;
   void checkReduction(DType dtype, RedOp op, const char* what) const;
 

@@ -1,0 +1,81 @@
+"""Where the time of one small all_reduce goes: the full `dist.all_reduce` call, the
+ProcessGroup call without torch's Python wrapper, and the backend object's own call, for each
+backend, 2 ranks, 8 bytes, side by side in one run. Medians of batches, µs per op.
+
+    python benchmarks/overhead.py [--backends resident,gloo] [--iters 5000] [--json PATH]
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _rank(rank, world, port, backend, iters, queue):
+    if backend == "resident":
+        import resident_pg  # noqa: F401
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    t = torch.ones(2)
+    pg = dist.group.WORLD
+    be = pg._get_backend(torch.device("cpu"))
+    calls = {
+        "dist.all_reduce": lambda: dist.all_reduce(t),
+        "ProcessGroup.allreduce().wait()": lambda: pg.allreduce([t]).wait(),
+        "Backend.allreduce().wait()": lambda: be.allreduce([t]).wait(),
+    }
+    out = {}
+    for name, fn in calls.items():
+        for _ in range(iters // 5):
+            fn()
+        samples = []
+        for _ in range(9):
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(iters // 9):
+                fn()
+            samples.append((time.perf_counter() - start) / (iters // 9) * 1e6)
+        out[name] = statistics.median(samples)
+    queue.put((rank, out))
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backends", default="resident,gloo")
+    ap.add_argument("--iters", type=int, default=5000)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    results = {}
+    for backend in args.backends.split(","):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_rank, args=(r, 2, port, backend, args.iters, queue))
+                 for r in range(2)]
+        for p in procs:
+            p.start()
+        per_rank = dict(queue.get(timeout=600) for _ in procs)
+        for p in procs:
+            p.join()
+        results[backend] = {k: max(per_rank[r][k] for r in per_rank) for k in per_rank[0]}
+    names = list(next(iter(results.values())))
+    print(f"{'call (2 ranks, 8 B, µs/op, max over ranks)':44s}" + "".join(f"{b:>12s}" for b in results))
+    for n in names:
+        print(f"{n:44s}" + "".join(f"{results[b][n]:12.2f}" for b in results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "torch": torch.__version__, "host": socket.gethostname(),
+                       "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
