@@ -115,6 +115,11 @@ DType reductionType(const at::Tensor& t, const char* op) {
   }
 }
 
+std::string reduceOpName(const c10d::ReduceOp& op) {
+  if (op.op_ == c10d::ReduceOp::PREMUL_SUM) return "PREMUL_SUM";
+  return std::to_string(static_cast<int>(op.op_));
+}
+
 RedOp reductionOp(const c10d::ReduceOp& op, const char* name) {
   switch (op.op_) {
     case c10d::ReduceOp::SUM:
@@ -134,10 +139,9 @@ RedOp reductionOp(const c10d::ReduceOp& op, const char* name) {
     case c10d::ReduceOp::BXOR:
       return RedOp::kBXor;
     default:
-      C10_THROW_ERROR(
-          ValueError,
-          cat("resident: ", name, " does not support reduce op ", static_cast<int>(op.op_),
-              " (supported: SUM, AVG, MIN, MAX, PRODUCT, BAND, BOR, BXOR)"));
+      C10_THROW_ERROR(ValueError,
+                      cat("resident: ", name, " does not support reduce op ", reduceOpName(op),
+                          " (supported: SUM, AVG, MIN, MAX, PRODUCT, BAND, BOR, BXOR)"));
   }
 }
 
