@@ -32,7 +32,6 @@ bool WorkResident::collect() {
     const Op& op = *h.op;
     if (op.state.load(std::memory_order_acquire) == OpState::kFailed && !failed_) {
       failed_ = true;
-      timeout_ = op.error_kind == ErrorKind::kTimeout;
       error_ = op.error;
     }
   }
@@ -49,7 +48,6 @@ bool WorkResident::isSuccess() const {
 }
 
 void WorkResident::rethrow() const {
-  if (timeout_) C10_THROW_ERROR(DistBackendError, error_);
   C10_THROW_ERROR(DistBackendError, error_);
 }
 

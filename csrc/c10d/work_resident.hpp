@@ -42,7 +42,6 @@ class WorkResident : public c10d::Work {
   std::vector<at::Tensor> keep_alive_;
   std::atomic<bool> finished_{false};
   bool failed_ = false;
-  bool timeout_ = false;
   std::string error_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> future_pending_{0};

@@ -94,6 +94,7 @@ void Engine::runCallbacks() {
   // with the engine unlocked; take them out under the lock first.
   constexpr int kBatch = 16;
   std::pair<void (*)(void*), void*> batch[kBatch];
+  if (!has_callbacks_.load(std::memory_order_acquire)) return;  // the usual case: one load
   for (;;) {
     int n = 0;
     if (!tryLock()) return;  // whoever holds the engine will run them
@@ -101,6 +102,7 @@ void Engine::runCallbacks() {
       batch[n++] = callbacks_.back();
       callbacks_.pop_back();
     }
+    if (callbacks_.empty()) has_callbacks_.store(false, std::memory_order_release);
     unlock();
     if (n == 0) return;
     for (int i = 0; i < n; ++i) batch[i].first(batch[i].second);
@@ -263,7 +265,7 @@ bool Engine::tryProgress() {
   if (!tryLock()) return false;
   const bool moved = progressLocked();
   unlock();
-  if (!callbacks_.empty()) runCallbacks();
+  runCallbacks();
   return moved;
 }
 
@@ -272,6 +274,7 @@ void Engine::finishOp(Op& op, OpState state, ErrorKind kind, const std::string& 
   if (!error.empty()) op.error = error;
   if (op.on_done != nullptr) {
     callbacks_.emplace_back(op.on_done, op.on_done_ctx);
+    has_callbacks_.store(true, std::memory_order_release);
     op.on_done = nullptr;
   }
   RLOG_TRACE("%s %s", state == OpState::kDone ? "done" : "failed", op.describe().c_str());
@@ -286,45 +289,37 @@ void Engine::finishOp(Op& op, OpState state, ErrorKind kind, const std::string& 
 
 void Engine::poison(const std::string& reason) {
   lock();
+  failAllLocked(reason, ErrorKind::kComm);
+  unlock();
+  runCallbacks();
+}
+
+void Engine::failAllLocked(const std::string& reason, ErrorKind kind) {
   if (!poisoned_.exchange(true)) {
     poison_reason_ = reason;
     RLOG_ERROR("%s", reason.c_str());
   }
   for (Op* op : active_) {
-    if (op->state.load() == OpState::kActive)
-      finishOp(*op, OpState::kFailed, ErrorKind::kComm, reason);
+    if (op->state.load() == OpState::kActive) finishOp(*op, OpState::kFailed, kind, reason);
   }
   active_.clear();
-  unlock();
-  runCallbacks();
 }
 
 bool Engine::progressLocked() {
   if (active_.empty()) return false;
   bool moved = false;
-  Op* culprit = nullptr;
   try {
     moved |= progressP2PRecvs();
-    const uint64_t now = nowNs();
     for (Op* op : active_) {
       if (op->state.load(std::memory_order_relaxed) != OpState::kActive) continue;
-      culprit = op;
-      moved |= progressOp(*op, now);
+      moved |= progressOp(*op);
     }
   } catch (const CommError& e) {
     // A mismatch, a dead peer or a timeout leaves the channels in an unknown state: every op
     // of the group fails with the reason, and later calls refuse to start.
     const ErrorKind kind =
         dynamic_cast<const TimeoutError*>(&e) != nullptr ? ErrorKind::kTimeout : ErrorKind::kComm;
-    if (!poisoned_.exchange(true)) {
-      poison_reason_ = e.what();
-      RLOG_ERROR("%s", e.what());
-    }
-    for (Op* op : active_) {
-      if (op->state.load() == OpState::kActive) finishOp(*op, OpState::kFailed, kind, e.what());
-    }
-    (void)culprit;
-    active_.clear();
+    failAllLocked(e.what(), kind);
     return true;
   }
   // Drop finished ops, keeping submission order.
@@ -335,7 +330,7 @@ bool Engine::progressLocked() {
   return moved;
 }
 
-bool Engine::progressOp(Op& op, uint64_t now) {
+bool Engine::progressOp(Op& op) {
   bool moved = false;
   if (op.kind == OpKind::kRecv) {
     if (!op.bound) moved |= deliverFromStash(op);
@@ -348,7 +343,7 @@ bool Engine::progressOp(Op& op, uint64_t now) {
     finishOp(op, OpState::kDone, ErrorKind::kNone, std::string());
     return true;
   }
-  if (!moved) checkDeadline(op, now);
+  if (!moved) checkDeadline(op, nowNs());  // the clock is read only while an op is stuck
   return moved;
 }
 

@@ -72,13 +72,14 @@ class Engine {
   bool tryLock();
   void unlock();
   bool progressLocked();
-  bool progressOp(Op& op, uint64_t now);
+  bool progressOp(Op& op);
   bool progressSends(Op& op);
   bool progressPlaceRecvs(Op& op);
   bool progressReduce(Op& op);
   bool progressP2PRecvs();
   bool opFinished(const Op& op) const;
   void finishOp(Op& op, OpState state, ErrorKind kind, const std::string& error);
+  void failAllLocked(const std::string& reason, ErrorKind kind);
   void checkDeadline(Op& op, uint64_t now);
   void runCallbacks();
 
@@ -127,6 +128,7 @@ class Engine {
   std::vector<std::unique_ptr<Stash>> stash_;
   // Completion callbacks of finished ops, run after unlock.
   std::vector<std::pair<void (*)(void*), void*>> callbacks_;
+  std::atomic<bool> has_callbacks_{false};
   uint64_t coll_seq_ = 0;
   std::atomic<bool> poisoned_{false};
   std::string poison_reason_;
