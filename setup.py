@@ -7,8 +7,23 @@ needs it.
 
 import glob
 import os
+import shutil
 
 from setuptools import setup
+
+# torch guesses CUDA_HOME from the nvcc on PATH, which may be a wrapper script outside the
+# toolkit (/usr/local/bin/nvcc); fall back to the standard toolkit location then.
+def _has_headers(home):
+    return bool(home) and os.path.exists(os.path.join(home, "include", "cuda_runtime_api.h"))
+
+
+if not _has_headers(os.environ.get("CUDA_HOME")):
+    _nvcc = shutil.which("nvcc")
+    for _home in (os.path.dirname(os.path.dirname(os.path.realpath(_nvcc))) if _nvcc else "",
+                  "/usr/local/cuda"):
+        if _has_headers(_home):
+            os.environ["CUDA_HOME"] = _home
+            break
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -18,9 +33,14 @@ def sources(pattern):
     return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
 
 
-cpp = sources("csrc/core/*.cpp") + sources("csrc/c10d/*.cpp")
 cuda = sources("kernels/*.cu")
 use_cuda = bool(cuda) and CUDA_HOME is not None and os.environ.get("RESIDENT_NO_CUDA") != "1"
+# The CUDA path: device code (kernels/), its torch-free host side (csrc/cuda) and the adapter's
+# CUDA Work (csrc/c10d/work_cuda.cpp); without nvcc, csrc/c10d/no_cuda.cpp stands in.
+skip = "csrc/c10d/no_cuda.cpp" if use_cuda else "csrc/c10d/work_cuda.cpp"
+cpp = [s for s in sources("csrc/core/*.cpp") + sources("csrc/c10d/*.cpp") if s != skip]
+if use_cuda:
+    cpp += sources("csrc/cuda/*.cpp")
 
 common = dict(
     name="resident_pg._C",

@@ -1,5 +1,6 @@
 #include "c10d/process_group_resident.hpp"
 
+#include <ATen/Context.h>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
@@ -71,9 +72,10 @@ void checkTensor(const at::Tensor& t, const char* op) {
   RESIDENT_CHECK_VALUE(t.is_contiguous(), "resident: ", op,
                        ": tensors must be contiguous (got sizes ", t.sizes(), " strides ",
                        t.strides(), "); call .contiguous() first");
-  RESIDENT_CHECK_VALUE(t.device().is_cpu(), "resident: ", op, ": tensor on ", t.device(),
-                       " is not supported by this build, which serves CPU tensors only "
-                       "(use a 'cpu:resident,cuda:nccl' backend string meanwhile)");
+  RESIDENT_CHECK_VALUE(t.device().is_cpu() || (t.device().is_cuda() && cudaPathBuilt()),
+                       "resident: ", op, ": tensor on ", t.device(),
+                       " is not supported (resident serves CPU tensors",
+                       cudaPathBuilt() ? " and CUDA tensors)" : "; this build has no CUDA path)");
 }
 
 void checkSameKind(const at::Tensor& ref, const at::Tensor& t, const char* op, const char* what) {
@@ -156,12 +158,26 @@ ProcessGroupResident::ProcessGroupResident(const c10::intrusive_ptr<c10d::Store>
                                            const std::map<std::string, std::string>& options)
     : c10d::Backend(rank, size) {
   translateErrors([&] {
-    const Config cfg = Config::fromEnvironment(options);
+    Config cfg = Config::fromEnvironment(options);
+    // Carry a GPU region in the segment when this process can run the CUDA path.
+    cfg.gpu_region = cudaPathBuilt() && at::hasCUDA();
     C10dStoreBootstrap bootstrap(store);
     comm_ = std::make_shared<Communicator>(bootstrap, rank, size, cfg,
                                            static_cast<uint64_t>(timeout.count()));
     inflight_.reserve(cfg.max_inflight);
+    timeout_ms_ = static_cast<uint64_t>(timeout.count());
     return 0;
+  });
+}
+
+template <typename F>
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::cudaOp(c10d::OpType type, const char* title,
+                                                            const std::vector<at::Tensor>& outputs,
+                                                            const std::vector<at::Tensor>& inputs,
+                                                            bool async_op, F&& launch) {
+  return translateErrors([&] {
+    return runCudaOp(*comm_, gpu_, cuda_streams_, timeout_ms_, rank_, type, title, outputs, inputs,
+                     async_op, launch);
   });
 }
 
@@ -171,6 +187,8 @@ ProcessGroupResident::~ProcessGroupResident() {
 
 void ProcessGroupResident::setTimeout(std::chrono::milliseconds timeout) {
   comm_->engine().setTimeoutNs(static_cast<uint64_t>(timeout.count()) * 1000000ull);
+  timeout_ms_ = static_cast<uint64_t>(timeout.count());
+  if (gpu_) gpu_->setTimeoutMs(timeout_ms_);
 }
 
 void ProcessGroupResident::abort() {
@@ -179,7 +197,8 @@ void ProcessGroupResident::abort() {
 
 void ProcessGroupResident::shutdown() {
   if (!comm_) return;
-  comm_->shutdown();  // fails what is in flight, stops the proxy, unmaps segments
+  shutdownCuda(gpu_, cuda_streams_);  // before the segments it registered go away
+  comm_->shutdown();                  // fails what is in flight, stops the proxy, unmaps segments
   inflight_.clear();
 }
 
@@ -205,6 +224,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce(std::vector<at::T
   const at::Tensor& t = single(tensors, "all_reduce");
   const DType dt = reductionType(t, "all_reduce");
   const RedOp op = reductionOp(opts.reduceOp, "all_reduce");
+  if (t.is_cuda()) {
+    return cudaOp(c10d::OpType::ALLREDUCE, "resident:all_reduce", tensors, tensors, opts.asyncOp,
+                  [&](GpuCommunicator& g, void* s) {
+                    g.allReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op, s);
+                  });
+  }
   auto work = makeWork(c10d::OpType::ALLREDUCE, "resident:all_reduce", tensors, {});
   translateErrors([&] {
     work->addOp(comm_->allReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op));
@@ -222,6 +247,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce_coalesced(
     checkTensor(t, "all_reduce_coalesced");
     types.push_back(reductionType(t, "all_reduce_coalesced"));
   }
+  if (!tensors.empty() && tensors[0].is_cuda()) {
+    for (const auto& t : tensors) checkSameKind(tensors[0], t, "all_reduce_coalesced", "a tensor");
+    return cudaOp(c10d::OpType::ALLREDUCE_COALESCED, "resident:all_reduce_coalesced", tensors,
+                  tensors, opts.asyncOp, [&](GpuCommunicator& g, void* s) {
+                    for (const auto i : c10::irange(tensors.size()))
+                      g.allReduce(tensors[i].data_ptr(), tensors[i].data_ptr(), tensors[i].numel(),
+                                  types[i], op, s);
+                  });
+  }
   auto work =
       makeWork(c10d::OpType::ALLREDUCE_COALESCED, "resident:all_reduce_coalesced", tensors, {});
   translateErrors([&] {
@@ -237,6 +271,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::broadcast(std::vector<at::Tensor>& tensors,
                                                                const c10d::BroadcastOptions& opts) {
   const at::Tensor& t = single(tensors, "broadcast");
+  if (t.is_cuda()) {
+    return cudaOp(c10d::OpType::BROADCAST, "resident:broadcast", tensors, tensors, opts.asyncOp,
+                  [&](GpuCommunicator& g, void* s) {
+                    g.broadcast(t.data_ptr(), nbytes(t), static_cast<int>(opts.rootRank), s);
+                  });
+  }
   auto work = makeWork(c10d::OpType::BROADCAST, "resident:broadcast", tensors, {});
   translateErrors([&] {
     work->addOp(comm_->broadcast(t.data_ptr(), nbytes(t), static_cast<int>(opts.rootRank)));
@@ -250,6 +290,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce(std::vector<at::Tens
   const at::Tensor& t = single(tensors, "reduce");
   const DType dt = reductionType(t, "reduce");
   const RedOp op = reductionOp(opts.reduceOp, "reduce");
+  if (t.is_cuda()) {
+    return cudaOp(c10d::OpType::REDUCE, "resident:reduce", tensors, tensors, opts.asyncOp,
+                  [&](GpuCommunicator& g, void* s) {
+                    g.reduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op,
+                             static_cast<int>(opts.rootRank), s);
+                  });
+  }
   auto work = makeWork(c10d::OpType::REDUCE, "resident:reduce", tensors, {});
   translateErrors([&] {
     work->addOp(comm_->reduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op,
@@ -261,7 +308,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& /*opts*/) {
+    const c10d::AllgatherOptions& opts) {
   const at::Tensor& in = single(inputs, "all_gather");
   RESIDENT_CHECK_VALUE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
                        "resident: all_gather needs one output list of ", size_, " tensors");
@@ -274,6 +321,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather(
                          " (size mismatch)");
     outs.push_back(o.data_ptr());
   }
+  if (in.is_cuda()) {
+    return cudaOp(c10d::OpType::ALLGATHER, "resident:all_gather", outputs[0], inputs, opts.asyncOp,
+                  [&](GpuCommunicator& g, void* s) {
+                    g.allGather(in.data_ptr(), outs.data(), nbytes(in), s);
+                  });
+  }
   auto work = makeWork(c10d::OpType::ALLGATHER, "resident:all_gather", outputs[0], inputs);
   translateErrors([&] {
     work->addOp(comm_->allGather(in.data_ptr(), outs.data(), nbytes(in)));
@@ -282,14 +335,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather(
   return submit(work);
 }
 
-void ProcessGroupResident::addAllGatherBase(WorkResident& work, at::Tensor& output,
-                                            at::Tensor& input) {
+void ProcessGroupResident::checkAllGatherBase(const at::Tensor& output, const at::Tensor& input) {
   checkTensor(input, "all_gather_into_tensor");
   checkSameKind(input, output, "all_gather_into_tensor", "the output");
   RESIDENT_CHECK_VALUE(output.numel() == input.numel() * size_,
                        "resident: all_gather_into_tensor: output has ", output.numel(),
                        " elements, expected world size x input = ", input.numel() * size_,
                        " (size mismatch)");
+}
+
+void ProcessGroupResident::addAllGatherBase(WorkResident& work, at::Tensor& output,
+                                            at::Tensor& input) {
+  checkAllGatherBase(output, input);
   c10::SmallVector<void*, 16> outs;
   auto* base = static_cast<unsigned char*>(output.data_ptr());
   for (int p = 0; p < size_; ++p) outs.push_back(base + p * nbytes(input));
@@ -299,8 +356,25 @@ void ProcessGroupResident::addAllGatherBase(WorkResident& work, at::Tensor& outp
   });
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allGatherBaseCuda(
+    c10d::OpType type, const char* title, const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs, bool async_op) {
+  for (const auto i : c10::irange(inputs.size())) checkAllGatherBase(outputs[i], inputs[i]);
+  return cudaOp(type, title, outputs, inputs, async_op, [&](GpuCommunicator& g, void* s) {
+    for (const auto i : c10::irange(inputs.size())) {
+      c10::SmallVector<void*, 16> outs;
+      auto* base = static_cast<unsigned char*>(outputs[i].data_ptr());
+      for (int p = 0; p < size_; ++p) outs.push_back(base + p * nbytes(inputs[i]));
+      g.allGather(inputs[i].data_ptr(), outs.data(), nbytes(inputs[i]), s);
+    }
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_allgather_base(
-    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  if (input.is_cuda())
+    return allGatherBaseCuda(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor",
+                             {output}, {input}, opts.asyncOp);
   auto work =
       makeWork(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor", {output}, {input});
   addAllGatherBase(*work, output, input);
@@ -309,10 +383,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_allgather_base(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& /*opts*/) {
+    const c10d::AllgatherOptions& opts) {
   RESIDENT_CHECK_VALUE(outputs.size() == inputs.size(),
                        "resident: all_gather_into_tensor_coalesced: ", outputs.size(),
                        " outputs for ", inputs.size(), " inputs");
+  if (!inputs.empty() && inputs[0].is_cuda())
+    return allGatherBaseCuda(c10d::OpType::COALESCED, "resident:all_gather_into_tensor_coalesced",
+                             outputs, inputs, opts.asyncOp);
   auto work = makeWork(c10d::OpType::COALESCED, "resident:all_gather_into_tensor_coalesced",
                        outputs, inputs);
   for (const auto i : c10::irange(inputs.size())) addAllGatherBase(*work, outputs[i], inputs[i]);
@@ -342,6 +419,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::gather(
     RESIDENT_CHECK_VALUE(outputs.empty() || outputs[0].empty(),
                          "resident: gather: only the root passes output tensors");
   }
+  if (in.is_cuda()) {
+    return cudaOp(c10d::OpType::GATHER, "resident:gather", result, inputs, opts.asyncOp,
+                  [&](GpuCommunicator& g, void* s) {
+                    g.gather(in.data_ptr(), outs.data(), nbytes(in), root, s);
+                  });
+  }
   auto work = makeWork(c10d::OpType::GATHER, "resident:gather", result, inputs);
   translateErrors([&] {
     work->addOp(comm_->gather(in.data_ptr(), outs.data(), nbytes(in), root));
@@ -370,6 +453,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::scatter(
     }
     keep = inputs[0];
   }
+  if (out.is_cuda()) {
+    return cudaOp(c10d::OpType::SCATTER, "resident:scatter", outputs, keep, opts.asyncOp,
+                  [&](GpuCommunicator& g, void* s) {
+                    g.scatter(ins.data(), out.data_ptr(), nbytes(out), root, s);
+                  });
+  }
   auto work = makeWork(c10d::OpType::SCATTER, "resident:scatter", outputs, keep);
   translateErrors([&] {
     work->addOp(comm_->scatter(ins.data(), out.data_ptr(), nbytes(out), root));
@@ -378,14 +467,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::scatter(
   return submit(work);
 }
 
-void ProcessGroupResident::addReduceScatterBase(WorkResident& work, at::Tensor& output,
-                                                at::Tensor& input, const c10d::ReduceOp& op) {
+void ProcessGroupResident::checkReduceScatterBase(const at::Tensor& output,
+                                                  const at::Tensor& input) {
   checkTensor(output, "reduce_scatter_tensor");
   checkSameKind(output, input, "reduce_scatter_tensor", "the input");
   RESIDENT_CHECK_VALUE(input.numel() == output.numel() * size_,
                        "resident: reduce_scatter_tensor: input has ", input.numel(),
                        " elements, expected world size x output = ", output.numel() * size_,
                        " (size mismatch)");
+}
+
+void ProcessGroupResident::addReduceScatterBase(WorkResident& work, at::Tensor& output,
+                                                at::Tensor& input, const c10d::ReduceOp& op) {
+  checkReduceScatterBase(output, input);
   const DType dt = reductionType(output, "reduce_scatter_tensor");
   const RedOp rop = reductionOp(op, "reduce_scatter_tensor");
   translateErrors([&] {
@@ -394,8 +488,27 @@ void ProcessGroupResident::addReduceScatterBase(WorkResident& work, at::Tensor& 
   });
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduceScatterBaseCuda(
+    c10d::OpType type, const char* title, const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  c10::SmallVector<DType, 8> types;
+  for (const auto i : c10::irange(inputs.size())) {
+    checkReduceScatterBase(outputs[i], inputs[i]);
+    types.push_back(reductionType(outputs[i], "reduce_scatter_tensor"));
+  }
+  const RedOp rop = reductionOp(opts.reduceOp, "reduce_scatter_tensor");
+  return cudaOp(type, title, outputs, inputs, opts.asyncOp, [&](GpuCommunicator& g, void* s) {
+    for (const auto i : c10::irange(inputs.size()))
+      g.reduceScatter(inputs[i].data_ptr(), outputs[i].data_ptr(), outputs[i].numel(), types[i],
+                      rop, s);
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  if (input.is_cuda())
+    return reduceScatterBaseCuda(c10d::OpType::_REDUCE_SCATTER_BASE,
+                                 "resident:reduce_scatter_tensor", {output}, {input}, opts);
   auto work = makeWork(c10d::OpType::_REDUCE_SCATTER_BASE, "resident:reduce_scatter_tensor",
                        {output}, {input});
   addReduceScatterBase(*work, output, input, opts.reduceOp);
@@ -408,6 +521,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter_tensor_coale
   RESIDENT_CHECK_VALUE(outputs.size() == inputs.size(),
                        "resident: reduce_scatter_tensor_coalesced: ", outputs.size(),
                        " outputs for ", inputs.size(), " inputs");
+  if (!inputs.empty() && inputs[0].is_cuda())
+    return reduceScatterBaseCuda(c10d::OpType::COALESCED,
+                                 "resident:reduce_scatter_tensor_coalesced", outputs, inputs, opts);
   auto work = makeWork(c10d::OpType::COALESCED, "resident:reduce_scatter_tensor_coalesced", outputs,
                        inputs);
   for (const auto i : c10::irange(inputs.size()))
@@ -432,6 +548,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter(
   }
   const DType dt = reductionType(out, "reduce_scatter");
   const RedOp rop = reductionOp(opts.reduceOp, "reduce_scatter");
+  if (out.is_cuda()) {
+    return cudaOp(c10d::OpType::REDUCE_SCATTER, "resident:reduce_scatter", outputs, inputs[0],
+                  opts.asyncOp, [&](GpuCommunicator& g, void* s) {
+                    g.reduceScatterV(ins.data(), out.data_ptr(), out.numel(), dt, rop, s);
+                  });
+  }
   auto work = makeWork(c10d::OpType::REDUCE_SCATTER, "resident:reduce_scatter", outputs, inputs[0]);
   translateErrors([&] {
     work->addOp(comm_->reduceScatterV(ins.data(), out.data_ptr(), out.numel(), dt, rop));
@@ -442,7 +564,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
-    std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& /*opts*/) {
+    std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) {
   checkTensor(input, "all_to_all_single");
   checkSameKind(input, output, "all_to_all_single", "the output");
   // Split sizes count rows of dim 0; empty means equal splits.
@@ -485,6 +607,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
     ins.push_back(static_cast<const unsigned char*>(input.data_ptr()) + in_offs[p]);
     outs.push_back(static_cast<unsigned char*>(output.data_ptr()) + out_offs[p]);
   }
+  if (input.is_cuda()) {
+    return cudaOp(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_single", {output}, {input},
+                  opts.asyncOp, [&](GpuCommunicator& g, void* s) {
+                    g.allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data(), s);
+                  });
+  }
   auto work =
       makeWork(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_single", {output}, {input});
   translateErrors([&] {
@@ -494,9 +622,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
   return submit(work);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllToAllOptions& /*opts*/) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(std::vector<at::Tensor>& outputs,
+                                                              std::vector<at::Tensor>& inputs,
+                                                              const c10d::AllToAllOptions& opts) {
   RESIDENT_CHECK_VALUE(
       outputs.size() == static_cast<size_t>(size_) && inputs.size() == static_cast<size_t>(size_),
       "resident: all_to_all needs ", size_, " input and output tensors, got ", inputs.size(),
@@ -513,6 +641,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(
     in_bytes.push_back(nbytes(inputs[p]));
     out_bytes.push_back(nbytes(outputs[p]));
   }
+  if (inputs[0].is_cuda()) {
+    return cudaOp(c10d::OpType::ALLTOALL, "resident:all_to_all", outputs, inputs, opts.asyncOp,
+                  [&](GpuCommunicator& g, void* s) {
+                    g.allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data(), s);
+                  });
+  }
   auto work = makeWork(c10d::OpType::ALLTOALL, "resident:all_to_all", outputs, inputs);
   translateErrors([&] {
     work->addOp(comm_->allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data()));
@@ -524,6 +658,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor>& tensors, int dst,
                                                           int tag) {
   const at::Tensor& t = single(tensors, "send");
+  if (t.is_cuda()) {
+    return cudaOp(c10d::OpType::SEND, "resident:send", {}, tensors, false,
+                  [&](GpuCommunicator& g, void* s) { g.send(t.data_ptr(), nbytes(t), dst, s); });
+  }
   auto work = makeWork(c10d::OpType::SEND, "resident:send", {}, tensors);
   translateErrors([&] {
     work->addOp(comm_->send(t.data_ptr(), nbytes(t), dst, static_cast<uint64_t>(tag)));
@@ -535,6 +673,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recv(std::vector<at::Tensor>& tensors, int src,
                                                           int tag) {
   const at::Tensor& t = single(tensors, "recv");
+  if (t.is_cuda()) {
+    return cudaOp(c10d::OpType::RECV, "resident:recv", tensors, tensors, false,
+                  [&](GpuCommunicator& g, void* s) { g.recv(t.data_ptr(), nbytes(t), src, s); });
+  }
   auto work = makeWork(c10d::OpType::RECV, "resident:recv", tensors, {});
   translateErrors([&] {
     work->addOp(comm_->recv(t.data_ptr(), nbytes(t), src, static_cast<uint64_t>(tag)));
@@ -549,6 +691,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recvAnysource(
                   "resident: recv from any source is not supported; pass src explicitly");
 }
 
+// A barrier is a host-level synchronisation (torch hands non-NCCL backends a CPU tensor):
+// it always takes the CPU path, also in groups that move CUDA tensors.
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::barrier(const c10d::BarrierOptions& /*opts*/) {
   auto work = makeWork(c10d::OpType::BARRIER, "resident:barrier", {}, {});
   translateErrors([&] {

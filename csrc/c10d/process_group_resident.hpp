@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "c10d/work_cuda.hpp"
 #include "c10d/work_resident.hpp"
 #include "core/communicator.hpp"
 
@@ -83,12 +84,32 @@ class ProcessGroupResident : public c10d::Backend {
                                             std::vector<at::Tensor> outputs,
                                             std::vector<at::Tensor> keep_alive);
   c10::intrusive_ptr<c10d::Work> submit(c10::intrusive_ptr<WorkResident> work);
+  void checkAllGatherBase(const at::Tensor& output, const at::Tensor& input);
+  void checkReduceScatterBase(const at::Tensor& output, const at::Tensor& input);
+  c10::intrusive_ptr<c10d::Work> allGatherBaseCuda(c10d::OpType type, const char* title,
+                                                   const std::vector<at::Tensor>& outputs,
+                                                   const std::vector<at::Tensor>& inputs,
+                                                   bool async_op);
+  c10::intrusive_ptr<c10d::Work> reduceScatterBaseCuda(c10d::OpType type, const char* title,
+                                                       const std::vector<at::Tensor>& outputs,
+                                                       const std::vector<at::Tensor>& inputs,
+                                                       const c10d::ReduceScatterOptions& opts);
   void addAllGatherBase(WorkResident& work, at::Tensor& output, at::Tensor& input);
   void addReduceScatterBase(WorkResident& work, at::Tensor& output, at::Tensor& input,
                             const c10d::ReduceOp& op);
 
+  // CUDA tensors: one kernel on a stream (csrc/c10d/work_cuda.cpp).
+  template <typename F>
+  c10::intrusive_ptr<c10d::Work> cudaOp(c10d::OpType type, const char* title,
+                                        const std::vector<at::Tensor>& outputs,
+                                        const std::vector<at::Tensor>& inputs, bool async_op,
+                                        F&& launch);
+
   std::shared_ptr<Communicator> comm_;
   std::vector<c10::intrusive_ptr<WorkResident>> inflight_;
+  std::shared_ptr<GpuCommunicator> gpu_;  // created on the first CUDA op
+  std::shared_ptr<CudaStreams> cuda_streams_;
+  uint64_t timeout_ms_ = 0;
 };
 
 }  // namespace resident

@@ -30,6 +30,8 @@ class Backoff {
   Backoff(uint64_t spin_ns, uint64_t yield_ns, uint64_t max_sleep_ns)
       : spin_ns_(spin_ns), yield_ns_(yield_ns), max_sleep_ns_(max_sleep_ns) {}
 
+  void setSpinNs(uint64_t ns) { spin_ns_ = ns; }
+
   void reset() {
     idle_since_ = 0;
     sleep_ns_ = kFirstSleepNs;

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/shm_transport.hpp"
@@ -44,7 +45,11 @@ std::string localHostKey() {
 
 Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Config& cfg,
                            uint64_t timeout_ms)
-    : rank_(rank), nranks_(nranks), cfg_(cfg), layout_(nranks, cfg.slots, cfg.slot_bytes) {
+    : rank_(rank),
+      nranks_(nranks),
+      cfg_(cfg),
+      layout_(nranks, cfg.slots, cfg.slot_bytes),
+      gpu_layout_(nranks, cfg.gpu_chunk_bytes) {
   if (nranks < 1 || rank < 0 || rank >= nranks) {
     throw InvalidArgument("resident: invalid rank " + std::to_string(rank) + " of " +
                           std::to_string(nranks));
@@ -73,7 +78,11 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   const int nranks = nranks_;
   const Config& cfg = cfg_;
   ShmSegment::removeStale();
-  inbox_ = ShmSegment::create(layout_.totalBytes());
+  // The GPU region follows the CPU rings, page-aligned, when this process can use CUDA.
+  gpu_region_offset_ = (layout_.totalBytes() + 4095) & ~size_t{4095};
+  const size_t segment_bytes =
+      cfg.gpu_region ? gpu_region_offset_ + gpu_layout_.totalBytes() : layout_.totalBytes();
+  inbox_ = ShmSegment::create(segment_bytes);
   auto* header = static_cast<InboxHeader*>(inbox_.data());
   header->magic = kInboxMagic;
   header->nranks = static_cast<uint32_t>(nranks);
@@ -84,8 +93,8 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   // One descriptor exchange: host key, pid, inbox name and size.
   const std::string host_key = localHostKey();
   const std::string desc = host_key + "|" + std::to_string(getpid()) + "|" + inbox_.name() + "|" +
-                           std::to_string(layout_.totalBytes()) + "|" + std::to_string(cfg.slots) +
-                           "|" + std::to_string(cfg.slot_bytes);
+                           std::to_string(segment_bytes) + "|" + std::to_string(cfg.slots) + "|" +
+                           std::to_string(cfg.slot_bytes);
   const auto all = allGatherStrings(store, rank, nranks, "resident/desc", desc);
 
   peers_.resize(static_cast<size_t>(nranks));
@@ -159,11 +168,27 @@ bool Communicator::proxyPoll() {
     engine_->handleTrigger(t);
     moved = true;
   }
+  // seq_cst pair with setExtraPoller: either the remover sees busy, or this load sees null.
+  extra_busy_.store(true);
+  if (ProxyHandler* extra = extra_poller_.load()) moved |= extra->proxyPoll();
+  extra_busy_.store(false);
   transport_->poll();
   // Async ops nobody waits on are driven here, at the proxy's idle pace: a caller blocked
   // in wait() drives its own ops, and two spinning drivers would only contend for the core.
   if (engine_->hasActive() && !engine_->hasWaiters()) engine_->tryProgress();
   return moved;
+}
+
+void Communicator::setExtraPoller(ProxyHandler* poller) {
+  extra_poller_.store(poller);
+  if (poller == nullptr)
+    while (extra_busy_.load()) cpuRelax();
+}
+
+int Communicator::localIndex() const {
+  int index = 0;
+  for (int p = 0; p < rank_; ++p) index += peers_[static_cast<size_t>(p)].same_host ? 1 : 0;
+  return index;
 }
 
 std::string Communicator::transportFor(int peer) const {

@@ -3,6 +3,7 @@
 // only fills in a pooled op and writes data plus a flag. Torch-free: pointers and byte counts.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "core/config.hpp"
 #include "core/engine.hpp"
 #include "core/fifo.hpp"
+#include "core/gpu_layout.hpp"
 #include "core/layout.hpp"
 #include "core/proxy.hpp"
 #include "core/shm_segment.hpp"
@@ -59,6 +61,26 @@ class Communicator : public ProxyHandler {
 
   bool proxyPoll() override;
 
+  // For the CUDA path (csrc/cuda), which installs itself on top of this communicator.
+  const GpuLayout& gpuLayout() const { return gpu_layout_; }
+  // This rank's segment (base, bytes) and the GPU region's offset in every rank's segment.
+  unsigned char* segmentBase() const { return static_cast<unsigned char*>(inbox_.data()); }
+  size_t segmentBytes() const { return inbox_.size(); }
+  size_t gpuRegionOffset() const { return gpu_region_offset_; }
+  // A same-host peer's segment mapped here (nullptr otherwise) and its size.
+  unsigned char* peerSegment(int p) const {
+    return static_cast<unsigned char*>(peer_inboxes_[static_cast<size_t>(p)].data());
+  }
+  size_t peerSegmentBytes(int p) const { return peer_inboxes_[static_cast<size_t>(p)].size(); }
+  bool proxied(int p) const { return proxied_[static_cast<size_t>(p)]; }
+  Transport& transport() { return *transport_; }
+  // Index of this rank among the ranks on its host (to spread proxies over cores).
+  int localIndex() const;
+  // A second poller the proxy runs on every pass (the GPU trigger ring). Removing it
+  // (nullptr) returns only once the proxy is outside the old poller's proxyPoll.
+  void setExtraPoller(ProxyHandler* poller);
+  Proxy* proxy() { return proxy_.get(); }
+
  private:
   void install(BootstrapStore& store, uint64_t timeout_ms);  // segments, peers, engine
   void checkRank(int r, const char* what) const;
@@ -76,6 +98,10 @@ class Communicator : public ProxyHandler {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Proxy> proxy_;
   bool shut_down_ = false;
+  GpuLayout gpu_layout_;
+  size_t gpu_region_offset_ = 0;
+  std::atomic<ProxyHandler*> extra_poller_{nullptr};
+  std::atomic<bool> extra_busy_{false};
 };
 
 // Identifies this host and shared-memory domain: peers with equal keys can map each other's

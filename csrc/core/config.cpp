@@ -55,6 +55,11 @@ void apply(Config& c, const std::string& key, const std::string& value) {
       throw InvalidArgument("resident: RESIDENT_TRANSPORT must be auto or shm, got '" + value +
                             "'");
     c.transport = value;
+  } else if (key == "gpu_chunk_bytes") {
+    // A multiple of the 2 KiB part a thread block moves per round.
+    c.gpu_chunk_bytes = static_cast<uint32_t>(parseUnsigned(key, value, 2048, 1u << 20)) & ~2047u;
+  } else if (key == "gpu_proxy_spin_us") {
+    c.gpu_proxy_spin_us = parseUnsigned(key, value, 0, 600000000);
   } else if (key == "debug") {
     // Handled by the logger (RESIDENT_DEBUG); accepted here so that it is not an error.
   } else {
@@ -62,8 +67,9 @@ void apply(Config& c, const std::string& key, const std::string& value) {
   }
 }
 
-const char* kKeys[] = {"path",     "slot_bytes",   "slots",         "max_inflight", "spin_us",
-                       "yield_us", "max_sleep_us", "proxy_spin_us", "proxy_cpu",    "transport"};
+const char* kKeys[] = {"path",      "slot_bytes", "slots",           "max_inflight",
+                       "spin_us",   "yield_us",   "max_sleep_us",    "proxy_spin_us",
+                       "proxy_cpu", "transport",  "gpu_chunk_bytes", "gpu_proxy_spin_us"};
 
 }  // namespace
 
@@ -84,7 +90,9 @@ std::string Config::describe() const {
          " spin_us=" + std::to_string(spin_us) + " yield_us=" + std::to_string(yield_us) +
          " max_sleep_us=" + std::to_string(max_sleep_us) +
          " proxy_spin_us=" + std::to_string(proxy_spin_us) +
-         " proxy_cpu=" + std::to_string(proxy_cpu) + " transport=" + transport;
+         " proxy_cpu=" + std::to_string(proxy_cpu) + " transport=" + transport +
+         " gpu_chunk_bytes=" + std::to_string(gpu_chunk_bytes) +
+         " gpu_proxy_spin_us=" + std::to_string(gpu_proxy_spin_us);
 }
 
 const char* pathModeName(PathMode mode) {

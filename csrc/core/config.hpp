@@ -15,16 +15,21 @@ enum class PathMode : uint8_t {
 };
 
 struct Config {
-  PathMode path = PathMode::kAuto;  // RESIDENT_PATH=auto|direct|proxy
-  uint32_t slot_bytes = 64 * 1024;  // RESIDENT_SLOT_BYTES: payload bytes per slot
-  uint32_t slots = 4;               // RESIDENT_SLOTS: slots per channel ring
-  uint32_t max_inflight = 256;      // RESIDENT_MAX_INFLIGHT: ops in flight per group
-  uint64_t spin_us = 50;            // RESIDENT_SPIN_US: hot polling before yielding
-  uint64_t yield_us = 2000;         // RESIDENT_YIELD_US: yielding before sleeping
-  uint64_t max_sleep_us = 200;      // RESIDENT_MAX_SLEEP_US: cap of sleep back-off
-  uint64_t proxy_spin_us = 20000;   // RESIDENT_PROXY_SPIN_US: proxy hot after work
-  int proxy_cpu = -1;               // RESIDENT_PROXY_CPU: pin the proxy (-1: don't)
-  std::string transport = "auto";   // RESIDENT_TRANSPORT=auto|shm
+  PathMode path = PathMode::kAuto;       // RESIDENT_PATH=auto|direct|proxy
+  uint32_t slot_bytes = 64 * 1024;       // RESIDENT_SLOT_BYTES: payload bytes per slot
+  uint32_t slots = 4;                    // RESIDENT_SLOTS: slots per channel ring
+  uint32_t max_inflight = 256;           // RESIDENT_MAX_INFLIGHT: ops in flight per group
+  uint64_t spin_us = 50;                 // RESIDENT_SPIN_US: hot polling before yielding
+  uint64_t yield_us = 2000;              // RESIDENT_YIELD_US: yielding before sleeping
+  uint64_t max_sleep_us = 200;           // RESIDENT_MAX_SLEEP_US: cap of sleep back-off
+  uint64_t proxy_spin_us = 20000;        // RESIDENT_PROXY_SPIN_US: proxy hot after work
+  int proxy_cpu = -1;                    // RESIDENT_PROXY_CPU: pin the proxy (-1: don't)
+  std::string transport = "auto";        // RESIDENT_TRANSPORT=auto|shm
+  uint32_t gpu_chunk_bytes = 64 * 1024;  // RESIDENT_GPU_CHUNK_BYTES: CUDA payload per round
+  uint64_t gpu_proxy_spin_us = 200000;  // RESIDENT_GPU_PROXY_SPIN_US: proxy hot after a GPU trigger
+  // Not a variable: set by the adapter when this process can use CUDA, so that the segment
+  // carries the GPU region (CPU-only processes do not pay for it).
+  bool gpu_region = false;
 
   // Reads the environment; then applies `options` (keys as the variables without the
   // RESIDENT_ prefix, lower case, e.g. {"path": "proxy"}). Throws InvalidArgument on bad values.

@@ -78,4 +78,35 @@ class TriggerFifo {
   std::atomic<uint64_t> tail_{0};
 };
 
+// Consumer side of a trigger FIFO that lives in external memory (the mapped host memory a
+// GPU producer writes): `slots` of 2 x 8 bytes, same lap-bit rule as TriggerFifo, and the
+// tail published to `tail_word` for the producer's flow control.
+class TriggerRingView {
+ public:
+  TriggerRingView() = default;
+  TriggerRingView(void* slots, uint64_t* tail_word, uint32_t capacity_pow2)
+      : slots_(static_cast<uint64_t*>(slots)), tail_word_(tail_word), mask_(capacity_pow2 - 1) {}
+
+  bool tryPop(Trigger& out) {
+    uint64_t* s = slots_ + 2 * (tail_ & mask_);
+    const uint64_t snd = __atomic_load_n(s + 1, __ATOMIC_ACQUIRE);
+    if ((snd & TriggerFifo::kLapBit) != lapBit(tail_)) return false;
+    out.fst = __atomic_load_n(s, __ATOMIC_RELAXED);
+    out.snd = snd & ~TriggerFifo::kLapBit;
+    ++tail_;
+    return true;
+  }
+  // Publishes consumption (batched: once per drained batch).
+  void publishTail() { __atomic_store_n(tail_word_, tail_, __ATOMIC_RELEASE); }
+
+ private:
+  uint64_t lapBit(uint64_t pos) const {
+    return ((pos / (mask_ + 1)) & 1) ? 0 : TriggerFifo::kLapBit;
+  }
+  uint64_t* slots_ = nullptr;
+  uint64_t* tail_word_ = nullptr;
+  uint64_t mask_ = 0;
+  uint64_t tail_ = 0;
+};
+
 }  // namespace resident

@@ -21,6 +21,21 @@ bool pinCurrentThread(int cpu) {
   return pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0;
 }
 
+bool Proxy::pin(int cpu) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (!thread_.joinable() || cpu < 0 || cpu >= CPU_SETSIZE ||
+      sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || !CPU_ISSET(cpu, &allowed)) {
+    return false;
+  }
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  if (pthread_setaffinity_np(thread_.native_handle(), sizeof(one), &one) != 0) return false;
+  bound_cpu_.store(cpu);
+  return true;
+}
+
 void Proxy::start() {
   stop_.store(false);
   thread_ = std::thread([this] { run(); });
@@ -43,8 +58,12 @@ void Proxy::run() {
     }
   }
   // Hot for proxy_spin_us after the last work, then yield/sleep with back-off.
-  Backoff backoff(cfg_.proxy_spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
+  spin_us_.store(cfg_.proxy_spin_us);
+  uint64_t spin_us = cfg_.proxy_spin_us;
+  Backoff backoff(spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
   while (!stop_.load(std::memory_order_acquire)) {
+    const uint64_t want = spin_us_.load(std::memory_order_relaxed);
+    if (want != spin_us) backoff.setSpinNs((spin_us = want) * 1000);
     if (handler_.proxyPoll())
       backoff.reset();
     else

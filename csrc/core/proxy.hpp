@@ -25,6 +25,10 @@ class Proxy {
   void start();
   void stop();  // joins the thread; idempotent
   int boundCpu() const { return bound_cpu_.load(); }
+  // Pins the running proxy thread to `cpu` (must be in the allowed set). Returns success.
+  bool pin(int cpu);
+  // How long the proxy stays hot after work (the GPU proxy path wants longer than the CPU path).
+  void setSpinUs(uint64_t us) { spin_us_.store(us, std::memory_order_relaxed); }
 
  private:
   void run();
@@ -32,6 +36,7 @@ class Proxy {
   const Config cfg_;
   std::atomic<bool> stop_{false};
   std::atomic<int> bound_cpu_{-1};
+  std::atomic<uint64_t> spin_us_{0};
   std::thread thread_;
 };
 

@@ -1,0 +1,60 @@
+// Layout of the GPU region of a rank's segment: the mapped pinned host memory that CUDA
+// kernels of peers write flag-carrying lines into (direct path) or that the proxy fills on
+// their behalf (proxy path). Offsets are identical on all ranks, so a write is addressed by
+// (peer, offset) alone. Torch-free and CUDA-free: kernels include it too.
+//
+//   [control: 4 lines][trigger FIFO][coll_in: nranks x 2 slots][p2p_in: nranks x 2 slots]
+//   [credit_in: nranks lines]
+//
+// coll_in(src): lines src wrote for collectives (lockstep rounds, parity-double-buffered).
+// p2p_in(src):  lines src sent point-to-point.  credit_in(dst): the last p2p round dst
+// consumed of what this rank sent it (flow control of one-directional streams).
+// The outbox (proxy path only, local and not shared) mirrors coll/p2p/credit per destination.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace resident {
+
+struct GpuLayout {
+  static constexpr uint32_t kLineBytes = 16;  // 8 B payload + two 4 B flags (LL line)
+  static constexpr uint32_t kLinePayload = 8;
+  static constexpr uint32_t kCollSlots = 2;  // lockstep rounds need two
+  static constexpr uint32_t kP2PSlots = 2;   // credits flow-control the rest
+  static constexpr uint32_t kFifoCapacity = 4096;
+  static constexpr size_t kControlBytes = 256;
+  // Control words (each on its own 64-byte line).
+  static constexpr size_t kErrorWord = 0;       // set by a kernel that gave up (timeout)
+  static constexpr size_t kAbortWord = 64;      // set by the host: kernels exit at once
+  static constexpr size_t kFifoTailWord = 128;  // the proxy's consumer position
+
+  GpuLayout() = default;
+  GpuLayout(int nranks, uint32_t chunk_bytes)
+      : nranks(static_cast<size_t>(nranks)), chunk(chunk_bytes) {}
+
+  size_t nranks = 0;
+  uint32_t chunk = 0;  // payload bytes per slot (one round of one peer)
+
+  size_t slotBytes() const { return static_cast<size_t>(chunk) / kLinePayload * kLineBytes; }
+  size_t fifoOffset() const { return kControlBytes; }
+  size_t collIn(int src) const {
+    return fifoOffset() + kFifoCapacity * 16 + static_cast<size_t>(src) * kCollSlots * slotBytes();
+  }
+  size_t p2pIn(int src) const {
+    return collIn(static_cast<int>(nranks)) + static_cast<size_t>(src) * kP2PSlots * slotBytes();
+  }
+  size_t creditIn(int dst) const {
+    return p2pIn(static_cast<int>(nranks)) + static_cast<size_t>(dst) * 64;
+  }
+  size_t totalBytes() const { return creditIn(static_cast<int>(nranks)); }
+
+  // Outbox (proxy path): what this rank sends to `dst`, staged before the proxy posts it.
+  size_t outboxStride() const { return (kCollSlots + kP2PSlots) * slotBytes() + 64; }
+  size_t outColl(int dst) const { return static_cast<size_t>(dst) * outboxStride(); }
+  size_t outP2P(int dst) const { return outColl(dst) + kCollSlots * slotBytes(); }
+  size_t outCredit(int dst) const { return outP2P(dst) + kP2PSlots * slotBytes(); }
+  size_t outboxBytes() const { return outboxStride() * nranks; }
+};
+
+}  // namespace resident

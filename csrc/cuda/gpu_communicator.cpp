@@ -1,0 +1,502 @@
+#include "cuda/gpu_communicator.hpp"
+
+#include <cuda_runtime.h>
+#include <sched.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "collective_launch.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace resident {
+namespace {
+
+static_assert(static_cast<int>(DType::kUInt8) == 6 && static_cast<int>(RedOp::kBXor) == 7,
+              "kernels/reduce_device.cuh mirrors the DType and RedOp codes");
+
+const char* opName(uint32_t id) {
+  static const char* kNames[] = {
+      "all_reduce", "reduce_scatter", "reduce",    "all_gather", "gather",
+      "scatter",    "all_to_all",     "broadcast", "send",       "recv"};
+  return id < sizeof(kNames) / sizeof(kNames[0]) ? kNames[id] : "op";
+}
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw CommError(std::string("resident: ") + what + " failed: " + cudaGetErrorString(err));
+}
+
+// Set-up runs in relaxed capture mode, so that a first CUDA op issued inside a graph
+// capture can still register memory and allocate.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&prev_);
+    if (prev_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() { cudaSetDevice(prev_); }
+
+ private:
+  int prev_ = 0;
+};
+
+std::vector<int> parseCpuList(const std::string& text) {
+  std::vector<int> cpus;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t end = text.find(',', i);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(i, end - i);
+    const size_t dash = item.find('-');
+    if (!item.empty() && item[0] >= '0' && item[0] <= '9') {
+      const int lo = std::atoi(item.c_str());
+      const int hi = dash == std::string::npos ? lo : std::atoi(item.c_str() + dash + 1);
+      for (int c = lo; c <= hi; ++c) cpus.push_back(c);
+    }
+    i = end + 1;
+  }
+  return cpus;
+}
+
+}  // namespace
+
+GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeout_ms)
+    : comm_(comm), rank_(comm.rank()), nranks_(comm.size()), device_(device) {
+  if (nranks_ > gpu::kMaxRanks) {
+    throw InvalidArgument("resident: CUDA tensors are supported in groups of at most " +
+                          std::to_string(gpu::kMaxRanks) + " ranks; this group has " +
+                          std::to_string(nranks_));
+  }
+  const GpuLayout& lay = comm.gpuLayout();
+  const size_t needed = comm.gpuRegionOffset() + lay.totalBytes();
+  if (comm.segmentBytes() < needed) {
+    throw InvalidArgument(
+        "resident: this group was created without a GPU region (CUDA was not available in the "
+        "process when the group was created); create the group after CUDA is usable");
+  }
+  DeviceGuard guard(device);
+  RelaxedCapture relaxed;
+  auto registerMapped = [&](unsigned char* base, size_t bytes, int owner) -> unsigned char* {
+    check(cudaHostRegister(base, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
+          "cudaHostRegister of a shared segment");
+    registered_.push_back(base);
+    void* dev = nullptr;
+    check(cudaHostGetDevicePointer(&dev, base, 0), "cudaHostGetDevicePointer");
+    RLOG_DEBUG("rank %d: segment of rank %d registered for device %d", rank_, owner, device);
+    return static_cast<unsigned char*>(dev) + comm.gpuRegionOffset();
+  };
+  try {
+    gpu::DeviceState host_state{};
+    region_.local = registerMapped(comm.segmentBase(), comm.segmentBytes(), rank_);
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      if (comm.proxied(p)) {
+        any_proxied_ = true;
+        continue;
+      }
+      if (comm.peerSegmentBytes(p) < needed) {
+        throw CommError("resident: rank " + std::to_string(p) +
+                        " has no GPU region in its segment (was CUDA unavailable there?)");
+      }
+      host_state.remote[p] = registerMapped(comm.peerSegment(p), comm.peerSegmentBytes(p), p);
+    }
+    if (any_proxied_) {
+      void* out = nullptr;
+      check(cudaHostAlloc(&out, lay.outboxBytes(), cudaHostAllocMapped | cudaHostAllocPortable),
+            "cudaHostAlloc of the proxy outbox");
+      outbox_host_ = static_cast<unsigned char*>(out);
+      std::memset(outbox_host_, 0, lay.outboxBytes());
+      void* dev = nullptr;
+      check(cudaHostGetDevicePointer(&dev, out, 0), "cudaHostGetDevicePointer (outbox)");
+      region_.outbox = static_cast<unsigned char*>(dev);
+    }
+    check(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(gpu::DeviceState)),
+          "cudaMalloc of the device state");
+    check(cudaMemcpy(state_, &host_state, sizeof(host_state), cudaMemcpyHostToDevice),
+          "cudaMemcpy of the device state");
+  } catch (...) {
+    shutdown();
+    throw;
+  }
+  region_.state = state_;
+  region_.slot_bytes = lay.slotBytes();
+  region_.coll_in0 = lay.collIn(0);
+  region_.p2p_in0 = lay.p2pIn(0);
+  region_.credit_in0 = lay.creditIn(0);
+  region_.out_stride = lay.outboxStride();
+  region_.chunk = lay.chunk;
+  region_.fifo_mask = GpuLayout::kFifoCapacity - 1;
+  region_.fifo_offset = lay.fifoOffset();
+  region_.timeout_ns = timeout_ms * 1000000ull;
+  unsigned char* gpu_base = comm.segmentBase() + comm.gpuRegionOffset();
+  ring_ = TriggerRingView(gpu_base + lay.fifoOffset(),
+                          reinterpret_cast<uint64_t*>(gpu_base + GpuLayout::kFifoTailWord),
+                          GpuLayout::kFifoCapacity);
+  comm.setExtraPoller(this);
+  if (any_proxied_ && comm.proxy() != nullptr) {
+    comm.proxy()->setSpinUs(comm.config().gpu_proxy_spin_us);
+    if (comm.config().proxy_cpu < 0) pinProxyNearDevice();
+  }
+  RLOG_INFO("rank %d: CUDA path on device %d installed (%s)", rank_, device,
+            any_proxied_ ? "proxy peers present" : "direct");
+}
+
+GpuCommunicator::~GpuCommunicator() {
+  shutdown();
+}
+
+void GpuCommunicator::pinProxyNearDevice() {
+  char bus[64] = {0};
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device_) != cudaSuccess) return;
+  for (char* c = bus; *c; ++c) *c = static_cast<char>(std::tolower(*c));
+  std::string list;
+  const std::string path = std::string("/sys/bus/pci/devices/") + bus + "/local_cpulist";
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[512] = {0};
+    if (std::fgets(buf, sizeof(buf), f) != nullptr) list = buf;
+    std::fclose(f);
+  }
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+  std::vector<int> near;
+  for (int c : parseCpuList(list))
+    if (c < CPU_SETSIZE && CPU_ISSET(c, &allowed)) near.push_back(c);
+  if (near.empty()) {  // no NUMA information: any allowed CPU
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &allowed)) near.push_back(c);
+  }
+  if (near.size() < 2) return;  // pinning to the only core would starve the caller
+  // Spread the proxies of this host's ranks from the top of the list down (callers tend to
+  // start on low CPUs).
+  const int cpu = near[near.size() - 1 - static_cast<size_t>(comm_.localIndex()) % near.size()];
+  if (comm_.proxy()->pin(cpu))
+    RLOG_INFO("rank %d: proxy pinned to cpu %d near GPU %s", rank_, cpu, bus);
+}
+
+void GpuCommunicator::shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  comm_.setExtraPoller(nullptr);  // waits until the proxy is outside proxyPoll
+  if (region_.local != nullptr) {
+    abortKernels();
+    // Kernels of this communicator exit once they see the abort word; wait for them before
+    // the memory they write goes away.
+    DeviceGuard guard(device_);
+    cudaDeviceSynchronize();
+  }
+  for (void* base : registered_) cudaHostUnregister(base);
+  registered_.clear();
+  if (outbox_host_ != nullptr) cudaFreeHost(outbox_host_);
+  outbox_host_ = nullptr;
+  if (state_ != nullptr) cudaFree(state_);
+  state_ = nullptr;
+}
+
+void GpuCommunicator::abortKernels() {
+  unsigned char* gpu_base = comm_.segmentBase() + comm_.gpuRegionOffset();
+  __atomic_store_n(reinterpret_cast<uint64_t*>(gpu_base + GpuLayout::kAbortWord), 1ull,
+                   __ATOMIC_RELEASE);
+}
+
+std::string GpuCommunicator::deviceError() const {
+  const unsigned char* gpu_base = comm_.segmentBase() + comm_.gpuRegionOffset();
+  const uint64_t word = __atomic_load_n(
+      reinterpret_cast<const uint64_t*>(gpu_base + GpuLayout::kErrorWord), __ATOMIC_ACQUIRE);
+  if (word == 0) return {};
+  const auto code = static_cast<gpu::ErrorCode>(word & 0xff);
+  const uint32_t op = (word >> 8) & 0xff;
+  const int64_t peer = static_cast<int64_t>(word >> 16) - 1;
+  std::string msg = std::string("resident: a CUDA ") + opName(op) + " on rank " +
+                    std::to_string(rank_) + " gave up waiting for rank " + std::to_string(peer);
+  if (code == gpu::ErrorCode::kTimeout)
+    msg += ": timed out on the device after " + std::to_string(region_.timeout_ns / 1000000) +
+           " ms (the peer is dead, stuck, or called a different op)";
+  else
+    msg += ": the process group was aborted or shut down";
+  return msg + "; this process group can no longer be used";
+}
+
+void GpuCommunicator::checkUsable() const {
+  if (shut_down_) throw CommError("resident: the process group was shut down");
+  const std::string err = deviceError();
+  if (!err.empty()) throw CommError(err);
+}
+
+void GpuCommunicator::checkRank(int r, const char* what) const {
+  if (r < 0 || r >= nranks_) {
+    throw InvalidArgument(std::string("resident: ") + what + ": rank " + std::to_string(r) +
+                          " is out of range for a group of " + std::to_string(nranks_));
+  }
+}
+
+void GpuCommunicator::checkReduction(DType dtype, RedOp op, const char* what) const {
+  const bool bitwise = op == RedOp::kBAnd || op == RedOp::kBOr || op == RedOp::kBXor;
+  if (dtype == DType::kBytes || op == RedOp::kNone || (bitwise && !isIntegral(dtype))) {
+    throw InvalidArgument(std::string("resident: ") + what + " does not support " + redOpName(op) +
+                          " on " + dtypeName(dtype));
+  }
+}
+
+uint32_t GpuCommunicator::roundsFor(size_t bytes) const {
+  const uint64_t r = (bytes + region_.chunk - 1) / region_.chunk;
+  if (r > 0xffffffffull) throw InvalidArgument("resident: message too large");
+  return r == 0 ? 1u : static_cast<uint32_t>(r);
+}
+
+gpu::CollectiveArgs& GpuCommunicator::begin(OpId op) {
+  checkUsable();
+  gpu::CollectiveArgs& a = args_;
+  a.reg = region_;
+  a.local_in = nullptr;
+  a.out = nullptr;
+  a.rank = rank_;
+  a.nranks = nranks_;
+  a.mode = static_cast<uint8_t>(gpu::Mode::kCopy);
+  a.dtype = 0;
+  a.redop = 0;
+  a.op_id = op;
+  for (int p = 0; p < nranks_; ++p) a.peers[p] = gpu::PeerPlan{};
+  return a;
+}
+
+// Declares p a partner of this op (p == rank: the local copy/contribution).
+void GpuCommunicator::partner(int p, const void* send, size_t send_bytes, void* recv,
+                              size_t recv_bytes) {
+  gpu::PeerPlan& pp = args_.peers[p];
+  pp.send = send;
+  pp.recv = recv;
+  pp.send_bytes = send_bytes;
+  pp.recv_bytes = recv_bytes;
+  pp.rounds = roundsFor(send_bytes > recv_bytes ? send_bytes : recv_bytes);
+}
+
+void GpuCommunicator::launchCollective(void* stream) {
+  gpu::CollectiveArgs& a = args_;
+  uint32_t rounds_max = 0;
+  uint64_t first_round_max = 0;
+  for (int p = 0; p < nranks_; ++p) {
+    const gpu::PeerPlan& pp = a.peers[p];
+    if (pp.rounds == 0) continue;
+    rounds_max = pp.rounds > rounds_max ? pp.rounds : rounds_max;
+    const uint64_t b = pp.send_bytes > pp.recv_bytes ? pp.send_bytes : pp.recv_bytes;
+    const uint64_t first = b < region_.chunk ? b : region_.chunk;
+    first_round_max = first > first_round_max ? first : first_round_max;
+  }
+  if (rounds_max == 0) return;  // nothing to exchange with anyone (e.g. a group of one)
+  uint32_t parts =
+      static_cast<uint32_t>((first_round_max + gpu::kPartPayload - 1) / gpu::kPartPayload);
+  parts = parts ? parts : 1;
+  const uint32_t blocks = parts < gpu::kMaxBlocks ? parts : gpu::kMaxBlocks;
+  a.rounds_max = rounds_max;
+  a.parts_per_block = (parts + blocks - 1) / blocks;
+  check(gpu::launchCollective(a, blocks, static_cast<cudaStream_t>(stream)),
+        "launching the collective kernel");
+}
+
+void GpuCommunicator::allReduce(const void* in, void* out, size_t count, DType dtype, RedOp op,
+                                void* stream) {
+  checkReduction(dtype, op, "all_reduce");
+  auto& a = begin(kAllReduce);
+  const size_t bytes = count * dtypeSize(dtype);
+  for (int p = 0; p < nranks_; ++p) partner(p, in, bytes, p == rank_ ? out : nullptr, bytes);
+  a.mode = static_cast<uint8_t>(gpu::Mode::kReduce);
+  a.dtype = static_cast<uint8_t>(dtype);
+  a.redop = static_cast<uint8_t>(op);
+  a.local_in = in;
+  a.out = out;
+  launchCollective(stream);
+}
+
+void GpuCommunicator::reduceScatter(const void* in, void* out, size_t count, DType dtype, RedOp op,
+                                    void* stream) {
+  std::vector<const void*> inputs(static_cast<size_t>(nranks_));
+  const size_t bytes = count * dtypeSize(dtype);
+  for (int p = 0; p < nranks_; ++p)
+    inputs[static_cast<size_t>(p)] = static_cast<const unsigned char*>(in) + p * bytes;
+  reduceScatterV(inputs.data(), out, count, dtype, op, stream);
+}
+
+void GpuCommunicator::reduceScatterV(const void* const* inputs, void* out, size_t count,
+                                     DType dtype, RedOp op, void* stream) {
+  checkReduction(dtype, op, "reduce_scatter");
+  auto& a = begin(kReduceScatter);
+  const size_t bytes = count * dtypeSize(dtype);
+  for (int p = 0; p < nranks_; ++p) partner(p, inputs[p], bytes, p == rank_ ? out : nullptr, bytes);
+  a.mode = static_cast<uint8_t>(gpu::Mode::kReduce);
+  a.dtype = static_cast<uint8_t>(dtype);
+  a.redop = static_cast<uint8_t>(op);
+  a.local_in = inputs[rank_];
+  a.out = out;
+  launchCollective(stream);
+}
+
+void GpuCommunicator::reduce(const void* in, void* out, size_t count, DType dtype, RedOp op,
+                             int root, void* stream) {
+  checkReduction(dtype, op, "reduce");
+  checkRank(root, "reduce");
+  auto& a = begin(kReduce);
+  const size_t bytes = count * dtypeSize(dtype);
+  if (rank_ == root) {
+    for (int p = 0; p < nranks_; ++p)
+      partner(p, p == rank_ ? in : nullptr, p == rank_ ? bytes : 0, p == rank_ ? out : nullptr,
+              bytes);
+    a.mode = static_cast<uint8_t>(gpu::Mode::kReduce);
+    a.dtype = static_cast<uint8_t>(dtype);
+    a.redop = static_cast<uint8_t>(op);
+    a.local_in = in;
+    a.out = out;
+  } else {
+    partner(root, in, bytes, nullptr, 0);
+  }
+  launchCollective(stream);
+}
+
+void GpuCommunicator::allGather(const void* in, void* const* outs, size_t bytes, void* stream) {
+  begin(kAllGather);
+  for (int p = 0; p < nranks_; ++p) partner(p, in, bytes, outs[p], bytes);
+  launchCollective(stream);
+}
+
+void GpuCommunicator::gather(const void* in, void* const* outs, size_t bytes, int root,
+                             void* stream) {
+  checkRank(root, "gather");
+  begin(kGather);
+  if (rank_ == root) {
+    for (int p = 0; p < nranks_; ++p)
+      partner(p, p == rank_ ? in : nullptr, p == rank_ ? bytes : 0, outs[p], bytes);
+  } else {
+    partner(root, in, bytes, nullptr, 0);
+  }
+  launchCollective(stream);
+}
+
+void GpuCommunicator::scatter(const void* const* ins, void* out, size_t bytes, int root,
+                              void* stream) {
+  checkRank(root, "scatter");
+  begin(kScatter);
+  if (rank_ == root) {
+    for (int p = 0; p < nranks_; ++p)
+      partner(p, ins[p], bytes, p == rank_ ? out : nullptr, p == rank_ ? bytes : 0);
+  } else {
+    partner(root, nullptr, 0, out, bytes);
+  }
+  launchCollective(stream);
+}
+
+void GpuCommunicator::allToAll(const void* const* ins, const size_t* in_bytes, void* const* outs,
+                               const size_t* out_bytes, void* stream) {
+  if (in_bytes[rank_] != out_bytes[rank_]) {
+    throw InvalidArgument("resident: all_to_all: this rank sends itself " +
+                          std::to_string(in_bytes[rank_]) + " bytes but expects " +
+                          std::to_string(out_bytes[rank_]) + " from itself (split mismatch)");
+  }
+  begin(kAllToAll);
+  for (int p = 0; p < nranks_; ++p) partner(p, ins[p], in_bytes[p], outs[p], out_bytes[p]);
+  launchCollective(stream);
+}
+
+void GpuCommunicator::broadcast(void* buf, size_t bytes, int root, void* stream) {
+  checkRank(root, "broadcast");
+  begin(kBroadcast);
+  if (rank_ == root) {
+    for (int p = 0; p < nranks_; ++p)
+      if (p != rank_) partner(p, buf, bytes, nullptr, 0);
+  } else {
+    partner(root, nullptr, 0, buf, bytes);
+  }
+  launchCollective(stream);
+}
+
+void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t bytes, int peer,
+                                void* stream) {
+  checkUsable();
+  checkRank(peer, is_send ? "send" : "recv");
+  if (peer == rank_)
+    throw InvalidArgument(std::string("resident: ") + (is_send ? "send to" : "recv from") +
+                          " this rank itself is not supported");
+  gpu::P2PArgs a{};
+  a.reg = region_;
+  a.send = src;
+  a.recv = dst;
+  a.bytes = bytes;
+  a.rank = rank_;
+  a.peer = peer;
+  a.rounds = roundsFor(bytes);
+  a.op_id = is_send ? kSend : kRecv;
+  const size_t first = bytes < region_.chunk ? bytes : region_.chunk;
+  uint32_t parts = static_cast<uint32_t>((first + gpu::kPartPayload - 1) / gpu::kPartPayload);
+  parts = parts ? parts : 1;
+  const uint32_t blocks = parts < gpu::kMaxBlocks ? parts : gpu::kMaxBlocks;
+  a.parts_per_block = (parts + blocks - 1) / blocks;
+  auto s = static_cast<cudaStream_t>(stream);
+  check(is_send ? gpu::launchSend(a, blocks, s) : gpu::launchRecv(a, blocks, s),
+        is_send ? "launching the send kernel" : "launching the recv kernel");
+}
+
+void GpuCommunicator::send(const void* buf, size_t bytes, int peer, void* stream) {
+  launchP2P(true, buf, nullptr, bytes, peer, stream);
+}
+
+void GpuCommunicator::recv(void* buf, size_t bytes, int peer, void* stream) {
+  launchP2P(false, nullptr, buf, bytes, peer, stream);
+}
+
+bool GpuCommunicator::proxyPoll() {
+  // Drain what the kernels pushed, merging adjacent ranges to the same peer into one write
+  // (a batch per peer); a fixed array, no allocation.
+  struct Write {
+    int peer;
+    uint64_t local, remote, bytes;
+  };
+  Write batch[64];
+  int n = 0;
+  int popped = 0;
+  Trigger t;
+  while (popped < 256 && ring_.tryPop(t)) {
+    ++popped;
+    const Write w{static_cast<int>(t.snd & ((1ull << gpu::kTriggerPeerBits) - 1)), t.fst >> 32,
+                  t.fst & 0xffffffffull, t.snd >> gpu::kTriggerPeerBits};
+    if (n > 0) {
+      Write& last = batch[n - 1];
+      if (last.peer == w.peer && last.local + last.bytes == w.local &&
+          last.remote + last.bytes == w.remote) {
+        last.bytes += w.bytes;
+        continue;
+      }
+    }
+    if (n == 64) {
+      for (int i = 0; i < n; ++i)
+        comm_.transport().write(batch[i].peer, comm_.gpuRegionOffset() + batch[i].remote,
+                                outbox_host_ + batch[i].local, batch[i].bytes);
+      n = 0;
+    }
+    batch[n++] = w;
+  }
+  for (int i = 0; i < n; ++i)
+    comm_.transport().write(batch[i].peer, comm_.gpuRegionOffset() + batch[i].remote,
+                            outbox_host_ + batch[i].local, batch[i].bytes);
+  if (popped > 0) ring_.publishTail();
+  if (!error_logged_.load(std::memory_order_relaxed)) {
+    const std::string err = deviceError();
+    if (!err.empty()) {
+      error_logged_.store(true);
+      RLOG_ERROR("%s", err.c_str());
+      comm_.engine().poison(err);
+    }
+  }
+  return popped > 0;
+}
+
+}  // namespace resident

@@ -1,0 +1,96 @@
+// The CUDA path of a communicator, installed on first use of a CUDA tensor: registers the
+// segments (own and same-host peers') as mapped pinned memory, allocates the device-side
+// sequence state, and launches one kernel per op on the caller's stream. Its proxyPoll runs
+// on the communicator's resident proxy thread: it drains the trigger FIFO the kernels fill
+// on the proxy path and posts the writes through the transport. Torch-free; streams are
+// passed as opaque handles (cudaStream_t).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/communicator.hpp"
+#include "core/dtype.hpp"
+#include "core/fifo.hpp"
+#include "exchange_args.hpp"
+
+namespace resident {
+
+class GpuCommunicator : public ProxyHandler {
+ public:
+  GpuCommunicator(Communicator& comm, int device, uint64_t timeout_ms);
+  ~GpuCommunicator() override;
+  GpuCommunicator(const GpuCommunicator&) = delete;
+  GpuCommunicator& operator=(const GpuCommunicator&) = delete;
+
+  int device() const { return device_; }
+
+  // Every op enqueues one kernel on `stream` and returns; byte counts and element counts as
+  // in Communicator. Per-rank pointer arrays have nranks entries.
+  void allReduce(const void* in, void* out, size_t count, DType dtype, RedOp op, void* stream);
+  void reduceScatter(const void* in, void* out, size_t count, DType dtype, RedOp op, void* stream);
+  void reduceScatterV(const void* const* inputs, void* out, size_t count, DType dtype, RedOp op,
+                      void* stream);
+  void reduce(const void* in, void* out, size_t count, DType dtype, RedOp op, int root,
+              void* stream);
+  void allGather(const void* in, void* const* outs, size_t bytes, void* stream);
+  void gather(const void* in, void* const* outs, size_t bytes, int root, void* stream);
+  void scatter(const void* const* ins, void* out, size_t bytes, int root, void* stream);
+  void allToAll(const void* const* ins, const size_t* in_bytes, void* const* outs,
+                const size_t* out_bytes, void* stream);
+  void broadcast(void* buf, size_t bytes, int root, void* stream);
+  void send(const void* buf, size_t bytes, int peer, void* stream);
+  void recv(void* buf, size_t bytes, int peer, void* stream);
+
+  void setTimeoutMs(uint64_t ms) { region_.timeout_ns = ms * 1000000ull; }
+  // Empty while no kernel gave up; otherwise why, naming the op and the peer.
+  std::string deviceError() const;
+  // Makes every kernel of this communicator still waiting give up (shutdown, abort).
+  void abortKernels();
+  // Waits for this communicator's eager work, detaches from the proxy and releases the
+  // registrations and device memory. Idempotent; the destructor calls it.
+  void shutdown();
+
+  bool proxyPoll() override;
+
+ private:
+  enum OpId : uint8_t {
+    kAllReduce,
+    kReduceScatter,
+    kReduce,
+    kAllGather,
+    kGather,
+    kScatter,
+    kAllToAll,
+    kBroadcast,
+    kSend,
+    kRecv
+  };
+  gpu::CollectiveArgs& begin(OpId op);
+  void partner(int p, const void* send, size_t send_bytes, void* recv, size_t recv_bytes);
+  void launchCollective(void* stream);
+  void launchP2P(bool is_send, const void* src, void* dst, size_t bytes, int peer, void* stream);
+  void checkUsable() const;
+  void checkRank(int r, const char* what) const;
+  void checkReduction(DType dtype, RedOp op, const char* what) const;
+  uint32_t roundsFor(size_t bytes) const;
+  void pinProxyNearDevice();
+
+  Communicator& comm_;
+  const int rank_, nranks_;
+  int device_ = -1;
+  gpu::Region region_{};
+  gpu::DeviceState* state_ = nullptr;
+  unsigned char* outbox_host_ = nullptr;
+  std::vector<void*> registered_;
+  TriggerRingView ring_;
+  gpu::CollectiveArgs args_{};  // reused by every collective launch (no allocation per op)
+  std::atomic<bool> error_logged_{false};
+  bool any_proxied_ = false;
+  bool shut_down_ = false;
+};
+
+}  // namespace resident

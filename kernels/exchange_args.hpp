@@ -1,0 +1,84 @@
+// Arguments of the CUDA kernels, shared by the host launcher and the device code. Plain data:
+// no torch, no CUDA types. A kernel's arguments are captured by value into a CUDA graph, so
+// everything that must change between replays (sequence numbers, FIFO head) lives in
+// DeviceState, in device memory, and advances on the device.
+#pragma once
+
+#include <cstdint>
+
+namespace resident {
+namespace gpu {
+
+constexpr int kMaxRanks = 64;                    // per group on the CUDA path
+constexpr int kThreads = 256;                    // threads per block; one LL line each per part
+constexpr uint32_t kPartPayload = kThreads * 8;  // payload bytes of one part (2 KiB)
+constexpr int kMaxBlocks = 64;
+
+enum class Mode : uint8_t { kCopy = 0, kReduce = 1 };
+enum class ErrorCode : uint32_t { kNone = 0, kTimeout = 1, kAborted = 2 };
+
+// Per-peer state that persists across ops (device memory, zeroed at install).
+struct DeviceState {
+  uint32_t coll_round[kMaxRanks];      // collective rounds completed with each peer
+  uint32_t p2p_send_round[kMaxRanks];  // p2p rounds sent to each peer
+  uint32_t p2p_recv_round[kMaxRanks];  // p2p rounds received from each peer
+  uint32_t p2p_credit[kMaxRanks];      // cached: last round each peer said it consumed
+  uint32_t p2p_done[kMaxRanks][2];     // blocks done with a received round, by parity
+  uint32_t blocks_done;                // blocks of the current kernel that finished
+  uint32_t failed;                     // a block gave up: the others stop polling
+  unsigned long long fifo_head;        // trigger FIFO producer position
+  unsigned long long fifo_tail_cache;  // last tail read from host memory
+  unsigned char* remote[kMaxRanks];    // peer's GPU region mapped here (direct path) or null
+};
+
+struct PeerPlan {
+  const void* send;  // bytes to send to this peer (device memory)
+  void* recv;        // where bytes from this peer go (copy mode)
+  uint64_t send_bytes;
+  uint64_t recv_bytes;
+  uint32_t rounds;  // rounds exchanged with this peer; 0: not a partner in this op
+  uint32_t pad;
+};
+
+// Where a kernel finds the shared memory of the communicator.
+struct Region {
+  DeviceState* state;
+  unsigned char* local;   // this rank's GPU region (device pointer of mapped host memory)
+  unsigned char* outbox;  // staging for the proxy path (device pointer), or null
+  uint64_t slot_bytes;    // bytes of lines per slot
+  uint64_t coll_in0, p2p_in0, credit_in0;  // offsets of coll_in(0), p2p_in(0), credit_in(0)
+  uint64_t out_stride;                     // outbox bytes per destination
+  uint32_t chunk;                          // payload bytes per round
+  uint32_t fifo_mask;
+  uint64_t fifo_offset;
+  uint64_t timeout_ns;  // a wait longer than this reports a timeout and gives up
+};
+
+struct CollectiveArgs {
+  Region reg;
+  const void* local_in;  // reduce mode: this rank's contribution
+  void* out;             // reduce mode: the result
+  int32_t rank, nranks;
+  uint8_t mode, dtype, redop, op_id;
+  uint32_t rounds_max;
+  uint32_t parts_per_block;
+  PeerPlan peers[kMaxRanks];
+};
+
+struct P2PArgs {
+  Region reg;
+  const void* send;  // send: source; recv: null
+  void* recv;        // recv: destination; send: null
+  uint64_t bytes;
+  int32_t rank, peer;
+  uint32_t rounds;
+  uint32_t parts_per_block;
+  uint8_t op_id;
+};
+
+// Trigger words (16 bytes, see core/fifo.hpp): fst = local offset << 32 | remote offset
+// (outbox -> the peer's GPU region); snd = bytes << 24 | peer, top bit = lap parity.
+constexpr int kTriggerPeerBits = 24;
+
+}  // namespace gpu
+}  // namespace resident

@@ -1,0 +1,129 @@
+// Device half of the channels: LL lines (8 payload bytes and two copies of a 4-byte flag in
+// 16 bytes, written by one vector store, so a reader that sees both flags sees the data),
+// bounded polling with a %globaltimer deadline, and the trigger FIFO producer.
+#pragma once
+
+#include <cstdint>
+
+#include "exchange_args.hpp"
+
+namespace resident {
+namespace gpu {
+
+__device__ __forceinline__ uint64_t globalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void storeLine(unsigned char* p, uint64_t data, uint32_t flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p),
+               "r"(static_cast<uint32_t>(data)), "r"(flag), "r"(static_cast<uint32_t>(data >> 32)),
+               "r"(flag)
+               : "memory");
+}
+
+__device__ __forceinline__ bool loadLine(const unsigned char* p, uint32_t flag, uint64_t& data) {
+  uint32_t d0, f0, d1, f1;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+               : "l"(p)
+               : "memory");
+  data = static_cast<uint64_t>(d0) | (static_cast<uint64_t>(d1) << 32);
+  return f0 == flag && f1 == flag;
+}
+
+__device__ __forceinline__ uint64_t loadVolatile64(const void* p) {
+  uint64_t v;
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void storeRelease64(void* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Up to 8 bytes of user memory (device) as one word; tails and unaligned data bytewise.
+__device__ __forceinline__ uint64_t loadBytes(const unsigned char* p, uint32_t n) {
+  if (n == 8 && (reinterpret_cast<uintptr_t>(p) & 7) == 0)
+    return *reinterpret_cast<const uint64_t*>(p);
+  uint64_t v = 0;
+  for (uint32_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+__device__ __forceinline__ void storeBytes(unsigned char* p, uint64_t v, uint32_t n) {
+  if (n == 8 && (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+    *reinterpret_cast<uint64_t*>(p) = v;
+    return;
+  }
+  for (uint32_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+// Waiting with a deadline. A block that gives up records why (the first one wins) in the
+// host-visible error word and raises `failed` so the other blocks stop polling.
+struct Waiter {
+  const Region& reg;
+  uint64_t deadline;
+  uint32_t op_id;
+
+  __device__ Waiter(const Region& r, uint32_t op) : reg(r), op_id(op) {
+    deadline = globalTimerNs() + r.timeout_ns;
+  }
+
+  // Called every few hundred polls: true when the op must give up.
+  __device__ bool shouldStop(int peer) {
+    if (*reinterpret_cast<volatile uint32_t*>(&reg.state->failed)) return true;
+    const uint64_t abort_word = loadVolatile64(reg.local + 64);  // GpuLayout::kAbortWord
+    const bool timed_out = globalTimerNs() > deadline;
+    if (abort_word == 0 && !timed_out) return false;
+    const ErrorCode code = abort_word ? ErrorCode::kAborted : ErrorCode::kTimeout;
+    if (atomicCAS(&reg.state->failed, 0u, 1u) == 0u) {
+      // code | op | peer + 1, so that zero means "no error".
+      const uint64_t word = static_cast<uint64_t>(code) | (static_cast<uint64_t>(op_id) << 8) |
+                            (static_cast<uint64_t>(peer + 1) << 16);
+      storeRelease64(reg.local + 0, word);  // GpuLayout::kErrorWord
+    }
+    return true;
+  }
+
+  // Polls one line until it carries `flag`; false when giving up.
+  __device__ bool line(const unsigned char* p, uint32_t flag, uint64_t& data, int peer) {
+    for (uint32_t spins = 0; !loadLine(p, flag, data);) {
+      if (++spins == 128) {
+        spins = 0;
+        if (shouldStop(peer)) return false;
+      }
+    }
+    return true;
+  }
+};
+
+// Producer of the trigger FIFO in this rank's GPU region (many blocks may push).
+__device__ inline bool pushTrigger(Waiter& w, int peer, uint64_t local_off, uint64_t remote_off,
+                                   uint64_t bytes) {
+  const Region& reg = w.reg;
+  DeviceState* st = reg.state;
+  const unsigned long long pos = atomicAdd(&st->fifo_head, 1ull);
+  const unsigned long long cap = reg.fifo_mask + 1ull;
+  if (pos - *reinterpret_cast<volatile unsigned long long*>(&st->fifo_tail_cache) >= cap) {
+    for (uint32_t spins = 0;;) {
+      const unsigned long long tail = loadVolatile64(reg.local + 128);  // kFifoTailWord
+      atomicMax(&st->fifo_tail_cache, tail);
+      if (pos - tail < cap) break;
+      if (++spins == 16) {
+        spins = 0;
+        if (w.shouldStop(peer)) return false;
+      }
+    }
+  }
+  unsigned char* slot = reg.local + reg.fifo_offset + 16 * (pos & reg.fifo_mask);
+  const uint64_t lap = ((pos / cap) & 1) ? 0 : (1ull << 63);
+  const uint64_t fst = (local_off << 32) | remote_off;
+  const uint64_t snd = (bytes << kTriggerPeerBits) | static_cast<uint64_t>(peer) | lap;
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(slot), "l"(fst) : "memory");
+  storeRelease64(slot + 8, snd);
+  return true;
+}
+
+}  // namespace gpu
+}  // namespace resident

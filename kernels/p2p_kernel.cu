@@ -1,0 +1,169 @@
+// Point-to-point: one kernel for send and one for recv, on the caller's stream. Each
+// direction of a pair is its own channel of rounds (so a send and a recv between the same two
+// ranks never pair up with each other); the receiver returns a credit per round consumed, and
+// the sender waits for the credit of round g-2 before reusing its slot. A send therefore
+// completes without waiting for the matching recv, up to two rounds ahead.
+#include <cuda_runtime.h>
+
+#include "collective_launch.hpp"
+#include "ll_device.cuh"
+#include "rounds_device.cuh"
+
+namespace resident {
+namespace gpu {
+namespace {
+
+// Lines of part j: payload lines, or one credit line for an empty message (part 0 only).
+__device__ __forceinline__ uint32_t linesOf(uint32_t round_bytes, uint32_t part) {
+  if (round_bytes == 0) return part == 0 ? 1u : 0u;
+  return payloadLines(round_bytes, part);
+}
+
+__global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P2PArgs a) {
+  __shared__ int stop;
+  const Region& reg = a.reg;
+  DeviceState* st = reg.state;
+  unsigned char* remote = st->remote[a.peer];
+  const uint32_t base = st->p2p_send_round[a.peer];
+  if (threadIdx.x == 0) stop = 0;
+  __syncthreads();
+  Waiter w(reg, a.op_id);
+  const uint32_t t = threadIdx.x;
+  const uint32_t j0 = blockIdx.x * a.parts_per_block;
+  for (uint32_t r = 0; r < a.rounds && !stop; ++r) {
+    const uint32_t g = base + r + 1;
+    const uint32_t slot = (g - 1) & 1;
+    if (t == 0) {  // flow control: the receiver must have consumed round g - 2 (same slot)
+      volatile uint32_t* cached = &st->p2p_credit[a.peer];
+      for (uint32_t spins = 0; static_cast<int32_t>(*cached - (g - 2)) < 0;) {
+        *cached =
+            static_cast<uint32_t>(loadVolatile64(reg.local + reg.credit_in0 + 64ull * a.peer));
+        if (++spins == 64) {
+          spins = 0;
+          if (w.shouldStop(a.peer)) {
+            stop = 1;
+            break;
+          }
+        }
+      }
+    }
+    __syncthreads();
+    if (stop) break;
+    const uint32_t bytes = roundBytes(a.bytes, r, reg.chunk);
+    const uint64_t remote_off =
+        reg.p2p_in0 + (static_cast<uint64_t>(a.rank) * 2 + slot) * reg.slot_bytes;
+    const uint64_t local_off =
+        static_cast<uint64_t>(a.peer) * reg.out_stride + (2 + slot) * reg.slot_bytes;
+    unsigned char* dst = remote ? remote + remote_off : reg.outbox + local_off;
+    const auto* src =
+        static_cast<const unsigned char*>(a.send) + static_cast<uint64_t>(r) * reg.chunk;
+    uint32_t j_end = j0;
+    for (uint32_t j = j0; j < j0 + a.parts_per_block; ++j) {
+      const uint32_t lines = linesOf(bytes, j);
+      if (lines == 0) break;
+      j_end = j + 1;
+      if (t < lines) {
+        const uint32_t nb = lineBytes(bytes, j, t);
+        const uint64_t v =
+            nb ? loadBytes(src + static_cast<uint64_t>(j) * kPartPayload + t * 8, nb) : 0;
+        storeLine(dst + (static_cast<uint64_t>(j) * kThreads + t) * 16, v, g);
+      }
+    }
+    if (!remote && j_end > j0) {
+      __syncthreads();
+      if (t == 0) {
+        const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
+        const uint64_t n =
+            (static_cast<uint64_t>(j_end - 1 - j0) * kThreads + linesOf(bytes, j_end - 1)) * 16;
+        __threadfence_system();
+        if (!pushTrigger(w, a.peer, local_off + first, remote_off + first, n)) stop = 1;
+      }
+    }
+  }
+  __syncthreads();
+  if (t == 0) {
+    __threadfence();
+    if (atomicAdd(&st->blocks_done, 1u) == gridDim.x - 1) {
+      st->p2p_send_round[a.peer] = base + a.rounds;
+      st->blocks_done = 0;
+      __threadfence();
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P2PArgs a) {
+  __shared__ int stop;
+  const Region& reg = a.reg;
+  DeviceState* st = reg.state;
+  unsigned char* remote = st->remote[a.peer];
+  const uint32_t base = st->p2p_recv_round[a.peer];
+  if (threadIdx.x == 0) stop = 0;
+  __syncthreads();
+  Waiter w(reg, a.op_id);
+  const uint32_t t = threadIdx.x;
+  const uint32_t j0 = blockIdx.x * a.parts_per_block;
+  for (uint32_t r = 0; r < a.rounds; ++r) {
+    const uint32_t g = base + r + 1;
+    const uint32_t slot = (g - 1) & 1;
+    const uint32_t bytes = roundBytes(a.bytes, r, reg.chunk);
+    const unsigned char* src =
+        reg.local + reg.p2p_in0 + (static_cast<uint64_t>(a.peer) * 2 + slot) * reg.slot_bytes;
+    auto* dst = static_cast<unsigned char*>(a.recv) + static_cast<uint64_t>(r) * reg.chunk;
+    for (uint32_t j = j0; j < j0 + a.parts_per_block && !stop; ++j) {
+      const uint32_t lines = linesOf(bytes, j);
+      if (lines == 0) break;
+      if (t < lines) {
+        uint64_t v;
+        if (!w.line(src + (static_cast<uint64_t>(j) * kThreads + t) * 16, g, v, a.peer)) {
+          stop = 1;
+          break;
+        }
+        const uint32_t nb = lineBytes(bytes, j, t);
+        if (nb) storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8, v, nb);
+      }
+    }
+    __syncthreads();
+    if (stop) break;
+    // The last block done with this round returns its credit to the sender.
+    if (t == 0) {
+      __threadfence();
+      if (atomicAdd(&st->p2p_done[a.peer][slot], 1u) == gridDim.x - 1) {
+        st->p2p_done[a.peer][slot] = 0;
+        const uint64_t remote_off = reg.credit_in0 + 64ull * a.rank;
+        if (remote) {
+          storeRelease64(remote + remote_off, g);
+        } else {
+          const uint64_t local_off =
+              static_cast<uint64_t>(a.peer) * reg.out_stride + 4 * reg.slot_bytes;
+          storeRelease64(reg.outbox + local_off, g);
+          __threadfence_system();
+          if (!pushTrigger(w, a.peer, local_off, remote_off, 8)) stop = 1;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (t == 0) {
+    __threadfence();
+    if (atomicAdd(&st->blocks_done, 1u) == gridDim.x - 1) {
+      st->p2p_recv_round[a.peer] = base + a.rounds;
+      st->blocks_done = 0;
+      __threadfence();
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream) {
+  sendKernel<<<blocks, kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t launchRecv(const P2PArgs& args, unsigned blocks, cudaStream_t stream) {
+  recvKernel<<<blocks, kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace gpu
+}  // namespace resident

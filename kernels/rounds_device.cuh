@@ -1,0 +1,48 @@
+// How a message is cut into rounds (one chunk per round and peer), parts (2 KiB per thread
+// block pass) and LL lines (8 payload bytes). Both sides of a channel compute the same cut
+// from the byte counts alone.
+#pragma once
+
+#include <cstdint>
+
+#include "exchange_args.hpp"
+
+namespace resident {
+namespace gpu {
+
+// Payload bytes of round r of a message of `total` bytes.
+__device__ __forceinline__ uint32_t roundBytes(uint64_t total, uint32_t r, uint32_t chunk) {
+  const uint64_t off = static_cast<uint64_t>(r) * chunk;
+  if (off >= total) return 0u;
+  const uint64_t left = total - off;
+  return static_cast<uint32_t>(left < chunk ? left : chunk);
+}
+
+// Parts of a round that carries `bytes` (at least one: an empty exchange still sends a credit).
+__device__ __forceinline__ uint32_t partsOf(uint32_t bytes) {
+  const uint32_t n = (bytes + kPartPayload - 1) / kPartPayload;
+  return n ? n : 1u;
+}
+
+// Payload bytes of part j of a round carrying `round_bytes` (may be <= 0).
+__device__ __forceinline__ int64_t partLen(uint32_t round_bytes, uint32_t part) {
+  return static_cast<int64_t>(round_bytes) - static_cast<int64_t>(part) * kPartPayload;
+}
+
+// Payload lines of a part (0 when it carries nothing).
+__device__ __forceinline__ uint32_t payloadLines(uint32_t round_bytes, uint32_t part) {
+  const int64_t len = partLen(round_bytes, part);
+  if (len <= 0) return 0u;
+  const int64_t lines = (len + 7) / 8;
+  return static_cast<uint32_t>(lines < kThreads ? lines : kThreads);
+}
+
+// Bytes carried by line t of part j (0 for a credit line).
+__device__ __forceinline__ uint32_t lineBytes(uint32_t round_bytes, uint32_t part, uint32_t t) {
+  const int64_t len = partLen(round_bytes, part) - static_cast<int64_t>(t) * 8;
+  if (len <= 0) return 0u;
+  return static_cast<uint32_t>(len < 8 ? len : 8);
+}
+
+}  // namespace gpu
+}  // namespace resident
