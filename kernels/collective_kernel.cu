@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "collective_launch.hpp"
+#include "launch_device.cuh"
 #include "ll_device.cuh"
 #include "reduce_device.cuh"
 #include "rounds_device.cuh"
@@ -121,7 +122,7 @@ __device__ void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w, int p,
       const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
       const uint64_t bytes =
           (static_cast<uint64_t>(j1 - 1 - j0) * kThreads + linesOf(sb, j1 - 1)) * 16;
-      __threadfence_system();
+      // pushTrigger's release store orders the block's line stores (joined by the barrier).
       if (!pushTrigger(w, p, local_off + first, remote_off + first, bytes)) sh.stop = 1;
     }
   }
@@ -153,6 +154,7 @@ __device__ void recvRound(const CollectiveArgs& a, Shared& sh, Waiter& w, int p,
 __global__ void __launch_bounds__(kThreads)
     collectiveKernel(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
+  pdlEnter();
   DeviceState* st = a.reg.state;
   for (int p = threadIdx.x; p < a.nranks; p += blockDim.x) {
     sh.base[p] = st->coll_round[p];
@@ -199,24 +201,20 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (sh.stop) break;
   }
-  // The last block to finish advances the round numbers for the next op.
+  // The last block to finish advances the round numbers for the next op (a single block
+  // needs no counter: the kernel boundary publishes its stores).
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&st->blocks_done, 1u) == gridDim.x - 1) {
-      for (int p = 0; p < a.nranks; ++p)
-        if (p != a.rank) st->coll_round[p] += a.peers[p].rounds;
-      st->blocks_done = 0;
-      __threadfence();
-    }
+  if (threadIdx.x == 0 && lastBlockOf(&st->blocks_done)) {
+    for (int p = 0; p < a.nranks; ++p)
+      if (p != a.rank) st->coll_round[p] += a.peers[p].rounds;
   }
 }
 
 }  // namespace
 
-cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream) {
-  collectiveKernel<<<blocks, kThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream,
+                             bool pdl) {
+  return launchKernel(collectiveKernel, args, blocks, stream, pdl);
 }
 
 }  // namespace gpu

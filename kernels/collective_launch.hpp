@@ -1,4 +1,5 @@
 // Host entry points of the kernels (compiled by nvcc; called from csrc/cuda). Torch-free.
+// `pdl`: launch with programmatic dependent launch (RESIDENT_GPU_PDL).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,9 +9,10 @@
 namespace resident {
 namespace gpu {
 
-cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream);
-cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream);
-cudaError_t launchRecv(const P2PArgs& args, unsigned blocks, cudaStream_t stream);
+cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream,
+                             bool pdl);
+cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl);
+cudaError_t launchRecv(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl);
 
 }  // namespace gpu
 }  // namespace resident

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "collective_launch.hpp"
+#include "launch_device.cuh"
 #include "ll_device.cuh"
 #include "rounds_device.cuh"
 
@@ -21,6 +22,7 @@ __device__ __forceinline__ uint32_t linesOf(uint32_t round_bytes, uint32_t part)
 
 __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P2PArgs a) {
   __shared__ int stop;
+  pdlEnter();
   const Region& reg = a.reg;
   DeviceState* st = reg.state;
   unsigned char* remote = st->remote[a.peer];
@@ -75,24 +77,17 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
         const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
         const uint64_t n =
             (static_cast<uint64_t>(j_end - 1 - j0) * kThreads + linesOf(bytes, j_end - 1)) * 16;
-        __threadfence_system();
         if (!pushTrigger(w, a.peer, local_off + first, remote_off + first, n)) stop = 1;
       }
     }
   }
   __syncthreads();
-  if (t == 0) {
-    __threadfence();
-    if (atomicAdd(&st->blocks_done, 1u) == gridDim.x - 1) {
-      st->p2p_send_round[a.peer] = base + a.rounds;
-      st->blocks_done = 0;
-      __threadfence();
-    }
-  }
+  if (t == 0 && lastBlockOf(&st->blocks_done)) st->p2p_send_round[a.peer] = base + a.rounds;
 }
 
 __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P2PArgs a) {
   __shared__ int stop;
+  pdlEnter();
   const Region& reg = a.reg;
   DeviceState* st = reg.state;
   unsigned char* remote = st->remote[a.peer];
@@ -126,9 +121,7 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
     if (stop) break;
     // The last block done with this round returns its credit to the sender.
     if (t == 0) {
-      __threadfence();
-      if (atomicAdd(&st->p2p_done[a.peer][slot], 1u) == gridDim.x - 1) {
-        st->p2p_done[a.peer][slot] = 0;
+      if (lastBlockOf(&st->p2p_done[a.peer][slot])) {
         const uint64_t remote_off = reg.credit_in0 + 64ull * a.rank;
         if (remote) {
           storeRelease64(remote + remote_off, g);
@@ -136,33 +129,23 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
           const uint64_t local_off =
               static_cast<uint64_t>(a.peer) * reg.out_stride + 4 * reg.slot_bytes;
           storeRelease64(reg.outbox + local_off, g);
-          __threadfence_system();
           if (!pushTrigger(w, a.peer, local_off, remote_off, 8)) stop = 1;
         }
       }
     }
   }
   __syncthreads();
-  if (t == 0) {
-    __threadfence();
-    if (atomicAdd(&st->blocks_done, 1u) == gridDim.x - 1) {
-      st->p2p_recv_round[a.peer] = base + a.rounds;
-      st->blocks_done = 0;
-      __threadfence();
-    }
-  }
+  if (t == 0 && lastBlockOf(&st->blocks_done)) st->p2p_recv_round[a.peer] = base + a.rounds;
 }
 
 }  // namespace
 
-cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream) {
-  sendKernel<<<blocks, kThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl) {
+  return launchKernel(sendKernel, args, blocks, stream, pdl);
 }
 
-cudaError_t launchRecv(const P2PArgs& args, unsigned blocks, cudaStream_t stream) {
-  recvKernel<<<blocks, kThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+cudaError_t launchRecv(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl) {
+  return launchKernel(recvKernel, args, blocks, stream, pdl);
 }
 
 }  // namespace gpu

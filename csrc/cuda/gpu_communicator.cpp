@@ -72,7 +72,11 @@ std::vector<int> parseCpuList(const std::string& text) {
 }  // namespace
 
 GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeout_ms)
-    : comm_(comm), rank_(comm.rank()), nranks_(comm.size()), device_(device) {
+    : comm_(comm),
+      rank_(comm.rank()),
+      nranks_(comm.size()),
+      device_(device),
+      pdl_(comm.config().gpu_pdl) {
   if (nranks_ > gpu::kMaxRanks) {
     throw InvalidArgument("resident: CUDA tensors are supported in groups of at most " +
                           std::to_string(gpu::kMaxRanks) + " ranks; this group has " +
@@ -301,7 +305,7 @@ void GpuCommunicator::launchCollective(void* stream) {
   const uint32_t blocks = parts < gpu::kMaxBlocks ? parts : gpu::kMaxBlocks;
   a.rounds_max = rounds_max;
   a.parts_per_block = (parts + blocks - 1) / blocks;
-  check(gpu::launchCollective(a, blocks, static_cast<cudaStream_t>(stream)),
+  check(gpu::launchCollective(a, blocks, static_cast<cudaStream_t>(stream), pdl_),
         "launching the collective kernel");
 }
 
@@ -441,7 +445,7 @@ void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t
   const uint32_t blocks = parts < gpu::kMaxBlocks ? parts : gpu::kMaxBlocks;
   a.parts_per_block = (parts + blocks - 1) / blocks;
   auto s = static_cast<cudaStream_t>(stream);
-  check(is_send ? gpu::launchSend(a, blocks, s) : gpu::launchRecv(a, blocks, s),
+  check(is_send ? gpu::launchSend(a, blocks, s, pdl_) : gpu::launchRecv(a, blocks, s, pdl_),
         is_send ? "launching the send kernel" : "launching the recv kernel");
 }
 

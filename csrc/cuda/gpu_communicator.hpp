@@ -82,6 +82,7 @@ class GpuCommunicator : public ProxyHandler {
   Communicator& comm_;
   const int rank_, nranks_;
   int device_ = -1;
+  const bool pdl_;
   gpu::Region region_{};
   gpu::DeviceState* state_ = nullptr;
   unsigned char* outbox_host_ = nullptr;

@@ -1,0 +1,46 @@
+// Kernel launch with programmatic dependent launch (Hopper): the next op's kernel is
+// scheduled while the previous one drains and waits in griddepcontrol.wait, so consecutive
+// ops on a stream (and in a captured graph) do not pay the full launch gap.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "exchange_args.hpp"
+
+namespace resident {
+namespace gpu {
+
+// First statements of every kernel: wait for the previous kernel on the stream to complete
+// (its memory visible) before touching anything, then let the next one start launching.
+__device__ __forceinline__ void pdlEnter() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// Called by one thread per block: true in exactly one block, the last to pass `counter`
+// (which it resets). A single block needs no counter: the kernel boundary publishes.
+__device__ __forceinline__ bool lastBlockOf(uint32_t* counter) {
+  if (gridDim.x == 1) return true;
+  __threadfence();
+  if (atomicAdd(counter, 1u) != gridDim.x - 1) return false;
+  *counter = 0;
+  return true;
+}
+
+template <typename Args>
+cudaError_t launchKernel(void (*kernel)(Args), const Args& args, unsigned blocks,
+                         cudaStream_t stream, bool pdl) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, args);
+}
+
+}  // namespace gpu
+}  // namespace resident
