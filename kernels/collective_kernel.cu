@@ -212,6 +212,12 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+int residentBlocksPerSm() {
+  int coll = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&coll, collectiveKernel, kThreads, 0);
+  return coll;
+}
+
 cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream,
                              bool pdl) {
   return launchKernel(collectiveKernel, args, blocks, stream, pdl);

@@ -9,6 +9,8 @@
 namespace resident {
 namespace gpu {
 
+// How many blocks of the collective kernel (the heaviest) fit on one SM at once.
+int residentBlocksPerSm();
 cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream,
                              bool pdl);
 cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl);

@@ -40,11 +40,23 @@ The bench sets no environment variable and no torch setting that could change
 a backend's behaviour; RESIDENT_* (and any other) variables in the environment
 are inherited by the rank processes, and ``--env KEY=VALUE`` adds some.
 
-Extension points (not implemented on purpose): a CUDA device goes into
-``DEVICES`` (allocation on the rank's GPU, ``synchronize`` around timed
-regions), a CUDA-graph mode goes into ``MODES`` (capture ``batch`` steps once,
-time replays).  The op builders allocate only through the device object, so
-they need no change.
+Devices and modes (``DEVICES``, ``MODES``): "cpu" + "eager" is the CPU ladder.
+``--device cuda`` (module ``bench_cuda``) puts the buffers on GPU
+``rank % device_count`` and synchronizes the GPU around timed regions; in mode
+"eager" a repetition is `batch` back-to-back calls then one synchronize, in
+mode "graph" the `batch` calls are captured once into one CUDA graph and a
+repetition is one replay plus a synchronize (per op = replay time / batch).
+In graph mode the correctness check is also captured and replayed (twice,
+fresh inputs) so that ops which a graph does not really capture fail the check.
+``--mode eager,graph`` runs both, as separate groups.  The op builders allocate
+only through the device object.
+
+Backend variants: ``--backends NAME[:KEY=VALUE...]``, e.g. ``resident:path=proxy``;
+lower-case keys go to the group as ``pg_options`` ({"path": "proxy"}), upper-case
+keys (``resident:RESIDENT_PATH=proxy``) are set in that group's rank processes'
+environment.  Without a baseline (cuda: there is none, NCCL cannot run two
+ranks on one GPU), ``--floors floors.json`` gives each cuda row its ratio to the
+physical floor (benchmarks/floors) and the run prints the CUDA targets.
 """
 
 from __future__ import annotations
@@ -86,7 +98,11 @@ OP_ALIASES = {
 }
 DEFAULT_SIZES = "8,64,512,4K,16K,64K,256K,1M"
 QUICK_SIZES = "8,512,16K,1M"
+QUICK_SIZES_CUDA = "8,512,16K,64K,1M"
 DEFAULT_BACKENDS = "resident,gloo"
+# --device cuda: no baseline backend; the direct and the proxy path side by side.
+DEFAULT_CUDA_BACKENDS = "resident:path=direct,resident:path=proxy"
+DEFAULT_MODES = {"cpu": "eager", "cuda": "eager,graph"}
 DEFAULT_WORLD_SIZES = "2,4,8"
 QUICK_WORLD_SIZES = "2"
 
@@ -179,6 +195,37 @@ def percentile(values: Sequence[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
+def parse_backend_spec(spec: str) -> Tuple[str, Dict[str, str], Dict[str, str]]:
+    """'resident:path=proxy:RESIDENT_SPIN_US=10' -> ('resident', {'path': 'proxy'},
+    {'RESIDENT_SPIN_US': '10'}): lower-case keys are pg_options of the group, upper-case
+    keys environment variables of its rank processes."""
+    name, *opts = [x.strip() for x in spec.strip().split(":")]
+    if not name:
+        raise ValueError(f"bad backend {spec!r} (expected NAME[:KEY=VALUE...])")
+    pg_options: Dict[str, str] = {}
+    env: Dict[str, str] = {}
+    for o in opts:
+        k, eq, v = o.partition("=")
+        if not eq or not k.strip():
+            raise ValueError(f"bad backend option {o!r} in {spec!r} (expected KEY=VALUE)")
+        k = k.strip()
+        (env if k.isupper() else pg_options)[k] = v.strip()
+    return name, pg_options, env
+
+
+def parse_modes(text: str) -> List[str]:
+    modes = []
+    for t in text.split(","):
+        t = t.strip().lower()
+        if t and t not in modes:
+            if t not in MODES:
+                raise ValueError(f"unknown mode {t!r}; choose from {', '.join(sorted(MODES))}")
+            modes.append(t)
+    if not modes:
+        raise ValueError("no modes given")
+    return modes
+
+
 def backend_labels(backends: Sequence[str]) -> List[str]:
     """Unique display labels; a backend given twice becomes 'gloo', 'gloo#2'."""
     seen: Dict[str, int] = {}
@@ -219,8 +266,21 @@ class CpuDevice:
         pass
 
 
-# name -> class(rank, world_size); a "cuda" entry can be added here.
-DEVICES: Dict[str, Callable[..., Any]] = {"cpu": CpuDevice}
+def _bench_cuda():
+    """The CUDA half of the bench (a sibling module; imported only when used)."""
+    if __package__:
+        from . import bench_cuda
+    else:  # run as a script: this file's directory is on sys.path
+        import bench_cuda  # type: ignore[no-redef]
+    return bench_cuda
+
+
+def _cuda_device(rank: int, world_size: int):
+    return _bench_cuda().CudaDevice(rank, world_size)
+
+
+# name -> class(rank, world_size)
+DEVICES: Dict[str, Callable[..., Any]] = {"cpu": CpuDevice, "cuda": _cuda_device}
 
 
 def eager_batch(step: Callable[[], None], count: int, dev) -> Callable[[], None]:
@@ -233,10 +293,16 @@ def eager_batch(step: Callable[[], None], count: int, dev) -> Callable[[], None]
     return run
 
 
-# name -> factory(step, count, device) -> batch callable.  A graph-captured
-# mode would capture `count` calls of `step` into a graph here and return a
-# replay callable.
-MODES: Dict[str, Callable[..., Callable[[], None]]] = {"eager": eager_batch}
+def graph_batch(step: Callable[[], None], count: int, dev) -> Callable[[], None]:
+    """Capture `count` back-to-back ops into one CUDA graph; the callable replays it."""
+    if getattr(dev, "name", None) != "cuda":
+        raise RuntimeError("mode 'graph' needs --device cuda")
+    return _bench_cuda().graph_batch(step, count, dev)
+
+
+# name -> factory(step, count, device) -> batch callable (the caller synchronizes)
+MODES: Dict[str, Callable[..., Callable[[], None]]] = {"eager": eager_batch,
+                                                        "graph": graph_batch}
 
 
 # --------------------------------------------------------------------------
@@ -244,17 +310,32 @@ MODES: Dict[str, Callable[..., Callable[[], None]]] = {"eager": eager_batch}
 # --------------------------------------------------------------------------
 
 class OpCase:
-    def __init__(self, step, actual_bytes, participates, check, scale=1.0, reset=None):
+    """One (op, size) cell on one rank.
+
+    The correctness check is split so that graph mode can capture it: `setup`
+    writes known inputs (and poisons outputs), `body` issues the op(s), `verify`
+    raises CheckError on a wrong result.  Eager check: setup, body, verify."""
+
+    def __init__(self, step, actual_bytes, participates, setup=None, body=None, verify=None,
+                 scale=1.0, reset=None):
         self.step = step                  # issues one op (one round trip for send_recv)
         self.actual_bytes = actual_bytes  # bytes of the buffer the size refers to
         self.participates = participates  # False: this rank is idle for this op
-        self.check = check                # () -> None, raises on wrong result
+        self.setup, self.body, self.verify = setup, body, verify
         self.scale = scale                # per-step time -> reported time
         self.reset = reset                # () -> None, restores timing buffers
+
+    def check(self) -> None:
+        self.setup()
+        self.body()
+        self.verify()
 
 
 class CheckError(RuntimeError):
     pass
+
+
+POISON = -7.0  # outputs are filled with this before a checked op
 
 
 def _expect(name, got, want) -> None:
@@ -286,89 +367,91 @@ def build_op(op: str, nbytes: int, rank: int, ws: int, dev) -> OpCase:
         def step():
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
 
-        def check():
-            t.fill_(rank + 1)
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-            _expect(op, t, torch.full_like(t, ws * (ws + 1) / 2))
-
-        return OpCase(step, n * ELEM_BYTES, True, check, reset=lambda: t.zero_())
+        want = torch.full_like(t, ws * (ws + 1) / 2)
+        return OpCase(step, n * ELEM_BYTES, True,
+                      setup=lambda: t.fill_(rank + 1), body=step,
+                      verify=lambda: _expect(op, t, want), reset=lambda: t.zero_())
 
     if op == "all_to_all_single":
         n = max(ws, -(-n // ws) * ws)
         chunk = n // ws
         inp, out = dev.alloc(n, 0.0), dev.alloc(n, None)
+        # every element of chunk j sent by rank r holds r*ws + j
+        known = rank * ws + dev.arange(n) // chunk
+        want = dev.arange(n) // chunk * ws + rank  # chunk i came from rank i
 
         def step():
             dist.all_to_all_single(out, inp)
 
-        def check():
-            # every element of chunk j sent by rank r holds r*ws + j
-            base = dev.arange(n) // chunk  # j
-            inp.copy_(rank * ws + base)
-            dist.all_to_all_single(out, inp)
-            want = dev.arange(n) // chunk * ws + rank  # chunk i came from rank i
-            _expect(op, out, want)
-            inp.zero_()
+        def setup():
+            inp.copy_(known)
+            out.fill_(POISON)
 
-        return OpCase(step, n * ELEM_BYTES, True, check)
+        return OpCase(step, n * ELEM_BYTES, True, setup=setup, body=step,
+                      verify=lambda: _expect(op, out, want), reset=lambda: inp.zero_())
 
     if op == "all_gather_into_tensor":
         chunk = max(1, n // ws)
         inp, out = dev.alloc(chunk, float(rank)), dev.alloc(chunk * ws, None)
+        want = dev.arange(chunk * ws) // chunk
 
         def step():
             dist.all_gather_into_tensor(out, inp)
 
-        def check():
+        def setup():
             inp.fill_(rank)
-            dist.all_gather_into_tensor(out, inp)
-            _expect(op, out, dev.arange(chunk * ws) // chunk)
+            out.fill_(POISON)
 
-        return OpCase(step, chunk * ws * ELEM_BYTES, True, check)
+        return OpCase(step, chunk * ws * ELEM_BYTES, True, setup=setup, body=step,
+                      verify=lambda: _expect(op, out, want))
 
     if op == "reduce_scatter_tensor":
         chunk = max(1, n // ws)
         inp, out = dev.alloc(chunk * ws, 0.0), dev.alloc(chunk, None)
+        # element of chunk j on rank r: r + j  -> rank i gets sum_r (r + i)
+        known = dev.arange(chunk * ws) // chunk + rank
+        want = torch.full_like(out, ws * (ws - 1) / 2 + ws * rank)
 
         def step():
             dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM)
 
-        def check():
-            # element of chunk j on rank r: r + j  -> rank i gets sum_r (r + i)
-            inp.copy_(dev.arange(chunk * ws) // chunk + rank)
-            dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM)
-            _expect(op, out, torch.full_like(out, ws * (ws - 1) / 2 + ws * rank))
+        def setup():
+            inp.copy_(known)
+            out.fill_(POISON)
 
-        return OpCase(step, chunk * ws * ELEM_BYTES, True, check,
-                      reset=lambda: inp.zero_())
+        return OpCase(step, chunk * ws * ELEM_BYTES, True, setup=setup, body=step,
+                      verify=lambda: _expect(op, out, want), reset=lambda: inp.zero_())
 
     if op == "send_recv":
         if ws < 2:
             raise ValueError("send_recv needs at least 2 ranks")
         t = dev.alloc(n, 0.0)
+        sent, back = dev.arange(n), dev.arange(n) + 1
+        # rank 0 sends 0..n-1, rank 1 adds 1 and sends it back: both end with 1..n
         if rank == 0:
             def step():
                 dist.send(t, 1)
                 dist.recv(t, 1)
 
-            def check():
-                t.copy_(dev.arange(n))
-                dist.send(t, 1)
-                dist.recv(t, 1)
-                _expect(op + " (rank 0 got back)", t, dev.arange(n) + 1)
+            setup = lambda: t.copy_(sent)  # noqa: E731
+            body = step
+            what = op + " (rank 0 got back)"
         elif rank == 1:
             def step():
                 dist.recv(t, 0)
                 dist.send(t, 0)
 
-            def check():
+            def body():
                 dist.recv(t, 0)
-                _expect(op + " (rank 1 got)", t, dev.arange(n))
                 t.add_(1)
                 dist.send(t, 0)
+
+            setup = lambda: t.fill_(POISON)  # noqa: E731
+            what = op + " (rank 1 got, plus 1)"
         else:
-            return OpCase(None, n * ELEM_BYTES, False, None, scale=0.5)
-        return OpCase(step, n * ELEM_BYTES, True, check, scale=0.5)
+            return OpCase(None, n * ELEM_BYTES, False, scale=0.5)
+        return OpCase(step, n * ELEM_BYTES, True, setup=setup, body=body,
+                      verify=lambda: _expect(what, t, back), scale=0.5)
 
     raise ValueError(f"unknown op {op!r}")
 
@@ -395,6 +478,7 @@ def rank_main(rank: int, ws: int, backend: str, store_port: int,
     t_start = time.time()
     phase = "start-up"
     try:
+        os.environ.update(cfg.get("env") or {})   # a variant's upper-case options
         import importlib
         for mod in cfg["imports"]:
             phase = f"import {mod}"
@@ -407,18 +491,21 @@ def rank_main(rank: int, ws: int, backend: str, store_port: int,
         warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use",
                                 category=FutureWarning)
 
+        phase = f"device {cfg['device']}"
+        dev = DEVICES[cfg["device"]](rank, ws)   # before init: a CUDA rank picks its GPU first
+        make_batch = MODES[cfg["mode"]]
         phase = "store connect"
         store = dist.TCPStore("127.0.0.1", store_port, None, False,
                               timeout=datetime.timedelta(seconds=cfg["timeout"]))
         phase = f"init_process_group(backend={backend!r})"
+        extra = {"pg_options": cfg["pg_options"]} if cfg.get("pg_options") else {}
         dist.init_process_group(backend=backend, store=dist.PrefixStore("pg", store),
                                 rank=rank, world_size=ws,
-                                timeout=datetime.timedelta(seconds=cfg["timeout"]))
+                                timeout=datetime.timedelta(seconds=cfg["timeout"]), **extra)
         bstore = dist.PrefixStore("bench", store)
-        dev = DEVICES[cfg["device"]](rank, ws)
-        make_batch = MODES[cfg["mode"]]
+        info = _rank_info(backend, dev, cfg["device"])
         _barrier(bstore, "ready", ws, cfg["timeout"])
-        q.put(("ready", rank, time.time() - t_start))
+        q.put(("ready", rank, time.time() - t_start, info))
 
         failed_ops = set()
         for cid, op, nbytes in cells:
@@ -454,20 +541,66 @@ def rank_main(rank: int, ws: int, backend: str, store_port: int,
         raise SystemExit(1)
 
 
+def _rank_info(backend: str, dev, device: str) -> Dict[str, Any]:
+    """What this rank runs on: the GPU (cuda) and, for resident, the path to each peer."""
+    info: Dict[str, Any] = {}
+    if hasattr(dev, "info"):
+        try:
+            info["device"] = dev.info()
+        except Exception as e:  # informational only
+            info["device"] = {"error": f"{type(e).__name__}: {e}"}
+    if backend == "resident":
+        try:
+            import resident_pg
+            for d in dict.fromkeys([device, "cpu"]):
+                try:
+                    desc = resident_pg.describe(device=d)
+                    info["paths"] = sorted({p["path"] for r, p in desc["peers"].items()
+                                            if r != desc["rank"]})
+                    info["describe_device"] = d
+                    break
+                except Exception as e:  # e.g. no such backend object for that device
+                    info["describe_error"] = f"{type(e).__name__}: {e}"
+        except Exception as e:
+            info["describe_error"] = f"{type(e).__name__}: {e}"
+    return info
+
+
 def _run_cell(cid, op, nbytes, rank, ws, dev, make_batch, bstore, cfg):
+    tp = time.perf_counter()
+    phases: Dict[str, float] = {}   # seconds per phase of this cell (where bench time goes)
+
+    def lap(name: str) -> None:
+        nonlocal tp
+        now = time.perf_counter()
+        phases[name] = now - tp
+        tp = now
+
     case = build_op(op, nbytes, rank, ws, dev)
     check_status = "skipped"
     if not case.participates:
         return None
+    lap("build")
     if cfg["check"]:
         # A wrong result is recorded, not raised: the op itself completed on every
         # rank, so all ranks go on timing it in step (raising on one rank only
         # would leave the others waiting inside the next collective).
         try:
             case.check()
+            dev.synchronize()
             check_status = "ok"
         except CheckError as e:
             check_status = f"FAILED on rank {rank}: {e}"
+        lap("check")
+        if cfg["mode"] == "graph":
+            # the same check captured into a graph and replayed twice (fresh inputs,
+            # poisoned outputs): replays that do not run the op fail here
+            try:
+                _bench_cuda().graph_check(case.setup, case.body, case.verify, dev)
+            except CheckError as e:
+                if check_status == "ok":
+                    check_status = f"FAILED on rank {rank} (graph replay): {e}"
+            lap("graph_check")
     if case.reset is not None:
         case.reset()
     dev.synchronize()
@@ -484,7 +617,14 @@ def _run_cell(cid, op, nbytes, rank, ws, dev, make_batch, bstore, cfg):
     if rank == 0:
         est = _median(times[1:] if len(times) > 1 else times)
         est = max(est, 100.0)
-        batch = int(min(cfg["max_batch"], max(1, round(cfg["rep_ns"] / est))))
+        batch_f = cfg["rep_ns"] / est
+        if cfg["mode"] == "graph":
+            # est (one eager op + synchronize) overstates a captured op, so graphs would be
+            # short: take at least graph_min_batch ops, so that the replay's own launch +
+            # synchronize (~6 us on an H200) adds little per op; but not more than 4x the
+            # repetition target by est (large messages, where that overhead is negligible)
+            batch_f = max(batch_f, min(cfg.get("graph_min_batch", 1), 4 * cfg["rep_ns"] / est))
+        batch = int(min(cfg["max_batch"], max(1, round(batch_f))))
         reps = cfg["reps"]
         per_rep = est * batch
         if per_rep * reps > cfg["cell_budget_ns"]:
@@ -494,9 +634,12 @@ def _run_cell(cid, op, nbytes, rank, ws, dev, make_batch, bstore, cfg):
     else:
         batch, reps = (int(x) for x in bstore.get(plan_key).decode().split(","))
 
+    lap("plan")
     run = make_batch(step, batch, dev)
+    lap("make_batch")
     run()  # untimed: settle at the new rate
     dev.synchronize()
+    lap("untimed_batch")
     samples = []
     for _ in range(reps):
         t0 = time.perf_counter_ns()
@@ -504,6 +647,7 @@ def _run_cell(cid, op, nbytes, rank, ws, dev, make_batch, bstore, cfg):
         dev.synchronize()
         dt = time.perf_counter_ns() - t0
         samples.append(dt / batch * case.scale / 1000.0)  # µs per op
+    lap("timed")
     return {
         "median_us": _median(samples),
         "p10_us": percentile(samples, 10),
@@ -515,6 +659,7 @@ def _run_cell(cid, op, nbytes, rank, ws, dev, make_batch, bstore, cfg):
         "reps": reps,
         "actual_bytes": case.actual_bytes,
         "check": check_status,
+        "phase_s": {k: round(v, 6) for k, v in phases.items()},
     }
 
 
@@ -537,6 +682,8 @@ class GroupRun:
         self.cell_errors: Dict[int, Dict[int, str]] = {}
         self.errors: List[dict] = []   # group-level problems
         self.launches: List[dict] = []
+        self.rank_info: Dict[int, dict] = {}  # rank -> _rank_info() of its latest launch
+        self.skip_reason: Optional[str] = None  # set when the group was never launched
 
     def run(self) -> None:
         pending = list(self.cells)
@@ -594,8 +741,11 @@ class GroupRun:
             if msg is not None:
                 last = now
                 kind, rank = msg[0], msg[1]
-                if kind == "ready" and rank == 0:
-                    info["startup_s"] = now - t0
+                if kind == "ready":
+                    if rank == 0:
+                        info["startup_s"] = now - t0
+                    if len(msg) > 3:
+                        self.rank_info[rank] = msg[3]
                 elif kind == "start":
                     in_progress = msg[2]
                 elif kind == "result":
@@ -678,14 +828,18 @@ class GroupRun:
 # aggregation and output
 # --------------------------------------------------------------------------
 
-def aggregate(group: GroupRun) -> List[dict]:
+TAG_KEYS = ("device", "mode", "variant", "path", "path_configured", "pg_options", "env_options")
+
+
+def aggregate(group: GroupRun, tags: Optional[Dict[str, Any]] = None) -> List[dict]:
+    """One row per cell; `tags` (device, mode, variant, path, ...) are copied into each."""
     rows = []
     for cid, op, size in group.cells:
         per_rank = group.results.get(cid, {})
         errs = group.cell_errors.get(cid, {})
         row: Dict[str, Any] = {
             "world_size": group.ws, "backend": group.backend, "label": group.label,
-            "op": op, "size_bytes": size,
+            **(tags or {}), "op": op, "size_bytes": size,
         }
         if per_rank and not errs:
             ranks = sorted(per_rank)
@@ -704,7 +858,8 @@ def aggregate(group: GroupRun) -> List[dict]:
         elif errs:
             row["error"] = _first_error(errs)
         else:
-            row["error"] = "not run (earlier failure of this op or of the group)"
+            row["error"] = (group.skip_reason or
+                            "not run (earlier failure of this op or of the group)")
         rows.append(row)
     return rows
 
@@ -725,8 +880,8 @@ def combine_rounds(rows: List[dict], rounds: int) -> List[dict]:
         elif not ok:
             row = {k: v for k, v in rs[0].items() if k not in ("round",)}
         else:
-            row = {k: ok[0][k] for k in ("world_size", "backend", "label", "op", "size_bytes",
-                                         "actual_bytes", "check")}
+            row = {k: ok[0][k] for k in ("world_size", "backend", "label", *TAG_KEYS, "op",
+                                         "size_bytes", "actual_bytes", "check") if k in ok[0]}
             for k in ("median_us", "p10_us", "p90_us"):
                 row[k] = _median([r[k] for r in ok])
             bad = [r["check"] for r in ok if r["check"] != "ok"]
@@ -933,26 +1088,41 @@ def build_parser() -> argparse.ArgumentParser:
             "  python -m resident_pg.bench --quick               # short run, 2 ranks\n"
             "  python -m resident_pg.bench --backends gloo --world-sizes 2 --ops all_reduce\n"
             "  python -m resident_pg.bench --json out.json --env RESIDENT_PATH=proxy\n"
+            "  python -m resident_pg.bench --device cuda --floors floors.json --json c.json\n"
+            "      # GPU: resident direct vs proxy path, eager and graph modes, ratios to\n"
+            "      # the floors of benchmarks/floors (run under MPS when ranks share a GPU)\n"
             "  python resident_pg/bench.py --backends gloo    # same, without importing the\n"
             "                                                 # resident_pg package (extension)\n"))
     g = p.add_argument_group("what to run")
-    g.add_argument("--backends", default=DEFAULT_BACKENDS, metavar="LIST",
+    g.add_argument("--backends", default=None, metavar="LIST",
                    help="comma list of torch.distributed backends, run in this order for each "
-                        "world size (a name may repeat) [%(default)s]")
+                        "world size (a name may repeat); NAME:key=value passes pg_options "
+                        "{key: value} to that group, NAME:KEY=VALUE (upper case) sets an "
+                        f"environment variable in its ranks [{DEFAULT_BACKENDS}; --device cuda: "
+                        f"{DEFAULT_CUDA_BACKENDS}]")
     g.add_argument("--world-sizes", default=None, metavar="LIST",
                    help=f"comma list of rank counts [{DEFAULT_WORLD_SIZES}; "
                         f"--quick: {QUICK_WORLD_SIZES}]")
     g.add_argument("--sizes", default=None, metavar="LIST",
                    help=f"comma list of message sizes in bytes, K/M suffixes are binary "
-                        f"[{DEFAULT_SIZES}; --quick: {QUICK_SIZES}]")
+                        f"[{DEFAULT_SIZES}; --quick: {QUICK_SIZES}, cuda {QUICK_SIZES_CUDA}]")
     g.add_argument("--ops", default="all", metavar="LIST",
                    help=f"comma list of ops, or 'all' [all = {', '.join(ALL_OPS)}]")
     g.add_argument("--device", default="cpu", choices=sorted(DEVICES),
                    help="where the buffers live [%(default)s]")
-    g.add_argument("--mode", default="eager", choices=sorted(MODES),
-                   help="how batches of ops are issued [%(default)s]")
-    g.add_argument("--baseline", default="gloo", metavar="LABEL",
-                   help="backend label that ratios are computed against [%(default)s]")
+    g.add_argument("--mode", default=None, metavar="LIST",
+                   help="comma list of ways batches of ops are issued: eager (back-to-back "
+                        "calls), graph (one CUDA graph of the batch, replayed; cuda only); "
+                        "several modes run as separate groups "
+                        f"[cpu: {DEFAULT_MODES['cpu']}; cuda: {DEFAULT_MODES['cuda']}]")
+    g.add_argument("--baseline", default=None, metavar="LABEL",
+                   help="backend label that ratios are computed against [cpu: gloo, else the "
+                        "first backend; cuda: none]")
+    g.add_argument("--floors", metavar="PATH",
+                   help="floors JSON of benchmarks/floors/build/floors --json: cuda rows get "
+                        "median / floor (8 B: cross-process flag floor; larger: SM data floor "
+                        "at that size) and the CUDA targets are evaluated; the file goes into "
+                        "the JSON metadata")
     g.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="extra module to import in the ranks before init (for other plugin "
                         "backends; 'resident' imports resident_pg by itself); may repeat")
@@ -974,13 +1144,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--warmup", type=int, default=4, metavar="N",
                    help="single timed warm-up ops per cell, used to plan the batch; one "
                         "untimed batch follows [%(default)s]")
-    t.add_argument("--rep-ms", type=float, default=10.0, metavar="MS",
-                   help="target duration of one repetition, times --iters [%(default)s]")
-    t.add_argument("--cell-s", type=float, default=1.0, metavar="S",
+    t.add_argument("--rep-ms", type=float, default=None, metavar="MS",
+                   help="target duration of one repetition, times --iters [10; cuda: 3]")
+    t.add_argument("--cell-s", type=float, default=None, metavar="S",
                    help="time budget of the timed part of one cell, times --iters "
-                        "[%(default)s]")
-    t.add_argument("--max-batch", type=int, default=2000, metavar="N",
-                   help="most ops in one repetition [%(default)s]")
+                        "[1.0; cuda: 0.3]")
+    t.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help="most ops in one repetition (cuda graph: ops in the graph) "
+                        "[2000; cuda: 500]")
+    t.add_argument("--graph-min-batch", type=int, default=200, metavar="N",
+                   help="fewest ops captured into one graph (mode graph), so that the "
+                        "replay's launch + synchronize is amortized; fewer for slow ops (at "
+                        "most 4x --rep-ms of eager-estimated time per graph) [%(default)s]")
     t.add_argument("--rounds", type=int, default=1, metavar="N",
                    help="launch every (world size, backend) group N times, alternating "
                         "backends (A B A B ...); a table entry is then the median over "
@@ -998,6 +1173,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--max-restarts", type=int, default=2, metavar="N",
                    help="relaunches of a group after a crash/hang, skipping the op that "
                         "failed [%(default)s]")
+    o.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="launch no new group after S seconds of bench time; groups not run "
+                        "are reported as such (for runs with a hard wall-clock limit)")
     o.add_argument("--json", metavar="PATH", help="write all results and metadata here")
     o.add_argument("--spread", action=argparse.BooleanOptionalAction, default=True,
                    help="show p10-p90 columns in the tables [on]")
@@ -1011,45 +1189,89 @@ def _kv(text: str) -> Tuple[str, str]:
     return k, v
 
 
+# per-device defaults of the timing options (cpu: as always; cuda: ~4 min for the default
+# ladder of 2 paths x 2 modes x 3 world sizes on one H200, see scripts/device_run.sh)
+TIMING_DEFAULTS = {
+    "cpu": {"reps": 21, "rep_ms": 10.0, "cell_s": 1.0, "max_batch": 2000},
+    "cuda": {"reps": 21, "rep_ms": 3.0, "cell_s": 0.3, "max_batch": 500},
+}
+
+
+def _path_of(name: str, pg_options: Dict[str, str], env: Dict[str, str]) -> Optional[str]:
+    """The path a variant asks for: pg_options, else its env, else the inherited env."""
+    if name != "resident":
+        return None
+    return (pg_options.get("path") or env.get("RESIDENT_PATH")
+            or os.environ.get("RESIDENT_PATH") or "auto")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    device = args.device
+    cuda = device == "cuda"
     try:
-        backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+        backends = [b.strip() for b in (args.backends or (DEFAULT_CUDA_BACKENDS if cuda else
+                                                          DEFAULT_BACKENDS)).split(",")
+                    if b.strip()]
         if not backends:
             raise ValueError("no backends given")
+        specs = [parse_backend_spec(b) for b in backends]
         world_sizes = parse_int_list(args.world_sizes or
                                      (QUICK_WORLD_SIZES if args.quick else DEFAULT_WORLD_SIZES),
                                      "world size")
         if any(w < 1 for w in world_sizes):
             raise ValueError("world sizes must be >= 1")
-        sizes = parse_sizes(args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES))
+        sizes = parse_sizes(args.sizes or (
+            (QUICK_SIZES_CUDA if cuda else QUICK_SIZES) if args.quick else DEFAULT_SIZES))
         ops = parse_ops(args.ops)
+        modes = parse_modes(args.mode or DEFAULT_MODES.get(device, "eager"))
+        if "graph" in modes and not cuda:
+            raise ValueError("mode 'graph' needs --device cuda")
     except ValueError as e:
         parser.error(str(e))
+    td = TIMING_DEFAULTS.get(device, TIMING_DEFAULTS["cpu"])
     iters = args.iters if args.iters is not None else (0.3 if args.quick else 1.0)
-    reps = args.reps if args.reps is not None else (7 if args.quick else 21)
-    if iters <= 0 or reps < 1 or args.warmup < 1 or args.rounds < 1:
-        parser.error("--iters must be > 0, --reps, --warmup and --rounds >= 1")
+    reps = args.reps if args.reps is not None else (7 if args.quick else td["reps"])
+    rep_ms = args.rep_ms if args.rep_ms is not None else td["rep_ms"]
+    cell_s = args.cell_s if args.cell_s is not None else td["cell_s"]
+    max_batch = args.max_batch if args.max_batch is not None else td["max_batch"]
+    if iters <= 0 or reps < 1 or args.warmup < 1 or args.rounds < 1 or max_batch < 1:
+        parser.error("--iters must be > 0, --reps, --warmup, --rounds and --max-batch >= 1")
 
     for k, v in args.env:
         os.environ[k] = v   # inherited by the spawned ranks; the parent never uses a backend
 
     labels = backend_labels(backends)
-    baseline = args.baseline if args.baseline in labels else labels[0]
+    if cuda:   # no baseline unless asked for
+        baseline = args.baseline if args.baseline in labels else None
+    else:
+        want = args.baseline or "gloo"
+        baseline = want if want in labels else labels[0]
     imports = list(args.imports)   # for every backend; BACKEND_MODULES only for theirs
     cfg = {
-        "device": args.device, "mode": args.mode, "check": args.check,
+        "device": device, "mode": modes[0], "check": args.check,
         "warmup": args.warmup, "reps": reps, "min_reps": min(args.min_reps, reps),
-        "rep_ns": args.rep_ms * 1e6 * iters, "cell_budget_ns": args.cell_s * 1e9 * iters,
-        "max_batch": args.max_batch, "imports": imports,
+        "rep_ns": rep_ms * 1e6 * iters, "cell_budget_ns": cell_s * 1e9 * iters,
+        "max_batch": max_batch, "graph_min_batch": args.graph_min_batch, "imports": imports,
         # store / process-group timeout: generous, the parent's watchdog catches hangs
         "timeout": max(args.timeout, 60.0),
     }
     meta = _metadata(args, argv)
+    floors = None
+    if args.floors:
+        try:
+            floors = _bench_cuda().load_floors(args.floors)
+            meta["floors"] = {k: floors[k] for k in ("path", "cross_process_flag_us",
+                                                     "gpu_cpu_gpu_flag_us", "data_floor_sm_us",
+                                                     "warnings", "contents")}
+        except (OSError, ValueError) as e:
+            meta["floors"] = {"path": os.path.abspath(args.floors),
+                              "error": f"{type(e).__name__}: {e}"}
+            _log(f"  WARNING: --floors {args.floors}: {e}; no ratios to the floors")
     _log(f"resident_pg.bench: backends {labels}, world sizes {world_sizes}, "
-         f"{len(ops)} ops x {len(sizes)} sizes, device {args.device}, reps {reps}, "
+         f"{len(ops)} ops x {len(sizes)} sizes, device {device}, modes {modes}, reps {reps}, "
          f"iters x{iters:g}, {meta['cpu_count']} cpus")
     if meta["env"]:
         _log(f"  RESIDENT_* env: {meta['env']}")
@@ -1062,28 +1284,53 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows: List[dict] = []
     groups: List[dict] = []
     errors: List[dict] = []
+    group_labels: List[str] = []
     for ws, rnd in ((w, r) for w in world_sizes for r in range(args.rounds)):
         ws_ops = [o for o in ops if not (o == "send_recv" and ws < 2)]
         cells = [(i, op, s) for i, (op, s) in enumerate((op, s) for op in ws_ops for s in sizes)]
-        for backend, label0 in zip(backends, labels):
+        for mode, (spec, variant) in ((m, v) for m in modes for v in zip(specs, labels)):
+            backend, pg_options, venv = spec
+            label0 = variant if len(modes) == 1 else f"{variant} {mode}"
+            if label0 not in group_labels:
+                group_labels.append(label0)
             label = label0 if args.rounds == 1 else f"{label0} round {rnd + 1}/{args.rounds}"
-            _log(f"[ws={ws} {label}] launching {ws} ranks, {len(cells)} cells ...")
-            gcfg = dict(cfg, imports=imports + [m for m in [BACKEND_MODULES.get(backend)]
-                                                if m and m not in imports])
+            gcfg = dict(cfg, mode=mode, pg_options=pg_options, env=venv,
+                        imports=imports + [m for m in [BACKEND_MODULES.get(backend)]
+                                           if m and m not in imports])
             g = GroupRun(ws, backend, label0, cells, gcfg, args)
             t0 = time.time()
-            try:
-                g.run()
-            except Exception as e:  # a bug here must not lose the other backends
-                g.errors.append({"attempt": -1, "status": "bench_error",
-                                 "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"})
+            if args.time_limit is not None and t0 - t_run > args.time_limit:
+                g.skip_reason = f"not run (--time-limit {args.time_limit:g} s reached)"
+                g.errors.append({"attempt": -1, "status": "time_limit", "error": g.skip_reason})
+                _log(f"[ws={ws} {label}] skipped: --time-limit {args.time_limit:g} s reached")
+            else:
+                _log(f"[ws={ws} {label}] launching {ws} ranks, {len(cells)} cells ...")
+                try:
+                    g.run()
+                except Exception as e:  # a bug here must not lose the other backends
+                    g.errors.append({"attempt": -1, "status": "bench_error",
+                                     "error": f"{type(e).__name__}: {e}\n"
+                                              f"{traceback.format_exc()}"})
             wall = time.time() - t0
-            grows = aggregate(g)
+            configured = _path_of(backend, pg_options, venv)
+            seen = sorted({p for i in g.rank_info.values() for p in i.get("paths", [])})
+            if configured in ("direct", "proxy") and seen and seen != [configured]:
+                g.errors.append({"attempt": -1, "status": "path_mismatch",
+                                 "error": f"asked for path {configured!r}, ranks report "
+                                          f"{seen} (resident_pg.describe)"})
+            tags = {"device": device, "mode": mode, "variant": variant,
+                    "path": seen[0] if len(seen) == 1 else configured,
+                    "path_configured": configured, "pg_options": pg_options,
+                    "env_options": venv}
+            grows = aggregate(g, tags)
             for r in grows:
                 r["round"] = rnd
             rows.extend(grows)
             n_ok = sum("median_us" in r for r in grows)
             groups.append({"world_size": ws, "backend": backend, "label": label0, "round": rnd,
+                           "mode": mode, "variant": variant, "pg_options": pg_options,
+                           "env_options": venv, "paths_observed": seen,
+                           "rank_info": {str(r): i for r, i in sorted(g.rank_info.items())},
                            "wall_s": wall, "cells": len(cells), "cells_ok": n_ok,
                            "launches": g.launches, "errors": g.errors})
             for e in g.errors:
@@ -1105,20 +1352,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          f"{r['error'].rstrip()}")
             st = (f"startup {g.launches[0]['startup_s']:.1f} s, "
                   if g.launches and "startup_s" in g.launches[0] else "")
-            _log(f"[ws={ws} {label}] {n_ok}/{len(cells)} cells ok, {st}wall {wall:.1f} s")
+            pth = f"path {', '.join(seen)}, " if seen else ""
+            _log(f"[ws={ws} {label}] {n_ok}/{len(cells)} cells ok, {pth}{st}wall {wall:.1f} s")
     total = time.time() - t_run
     round_rows = rows
     rows = combine_rounds(round_rows, args.rounds)
     meta["loadavg_end"] = _loadavg()
+    if cuda:
+        gpu = next((i["device"] for gr in groups for i in gr["rank_info"].values()
+                    if "device" in i), None)
+        meta["gpu"] = gpu
+        meta["cuda_mps_pipe_directory"] = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+        _bench_cuda().annotate_rows(rows, floors)
 
     git = meta["git"]
     print(f"resident_pg.bench on {meta['hostname']} ({meta['cpu_count']} cpus, load "
           f"{meta['loadavg_start']}), torch {meta['torch_version']}, {meta['date']}, "
           f"commit {(git['commit'] or 'none')[:12]}{' (dirty)' if git['dirty'] else ''}")
-    print(f"device {args.device}, mode {args.mode}, float32, reps {reps}, iters x{iters:g}"
+    print(f"device {device}"
+          + (f" ({meta['gpu'].get('name')}, MPS pipe {meta['cuda_mps_pipe_directory']})"
+             if cuda and meta.get("gpu") else "")
+          + f", mode {','.join(modes)}, float32, reps {reps}, iters x{iters:g}"
           + (f", RESIDENT_* env {meta['env']}" if meta["env"] else ", no RESIDENT_* env"))
-    print_tables(rows, world_sizes, ops, sizes, labels, baseline, args.spread, args.rounds)
-    tline = target_line(rows, labels)
+    if cuda:
+        bc = _bench_cuda()
+        bc.print_cuda_tables(rows, world_sizes, modes, labels, ops, sizes, floors, args.spread)
+        if baseline:
+            print_tables(rows, world_sizes, ops, sizes, group_labels, baseline, args.spread,
+                         args.rounds)
+        results = bc.evaluate_targets(rows, floors, sizes)
+        tline = "\n".join(t["line"] for t in results)
+        target_doc: Dict[str, Any] = {"cuda_targets": results, "line": tline}
+    else:
+        print_tables(rows, world_sizes, ops, sizes, group_labels, baseline, args.spread,
+                     args.rounds)
+        tline = target_line(rows, labels)
+        target_doc = {**TARGET, "line": tline}
     print("\n" + tline)
     if errors:
         print(f"\n{len(errors)} problem(s):")
@@ -1137,23 +1406,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "metadata": meta,
             "config": {
                 "backends": backends, "labels": labels, "baseline": baseline,
+                "group_labels": group_labels,
+                "variants": [{"spec": b, "label": lb, "backend": sp[0], "pg_options": sp[1],
+                              "env_options": sp[2]}
+                             for b, lb, sp in zip(backends, labels, specs)],
                 "world_sizes": world_sizes, "sizes": sizes, "ops": ops,
-                "device": args.device, "mode": args.mode, "dtype": "float32",
+                "device": device, "mode": ",".join(modes), "modes": modes, "dtype": "float32",
                 "iters_scale": iters, "reps": reps, "min_reps": cfg["min_reps"],
-                "warmup": args.warmup, "rep_ms": args.rep_ms, "cell_s": args.cell_s,
-                "max_batch": args.max_batch, "check": args.check, "timeout_s": args.timeout,
+                "warmup": args.warmup, "rep_ms": rep_ms, "cell_s": cell_s,
+                "max_batch": max_batch, "graph_min_batch": args.graph_min_batch,
+                "check": args.check, "timeout_s": args.timeout,
+                "time_limit_s": args.time_limit, "floors": args.floors,
                 "quick": args.quick, "imports": imports, "rounds": args.rounds,
-                "backend_modules": {b: BACKEND_MODULES[b] for b in backends
-                                    if b in BACKEND_MODULES},
+                "backend_modules": {sp[0]: BACKEND_MODULES[sp[0]] for sp in specs
+                                    if sp[0] in BACKEND_MODULES},
                 "statistic": "per rank: median/p10/p90 over repetitions of (batch time / "
                              "batch); reported: max over ranks; send_recv: one-way = "
-                             "round trip / 2",
+                             "round trip / 2" + (
+                                 "; cuda: a repetition ends with torch.cuda.synchronize(); "
+                                 "graph: a repetition is one replay of a graph of `batch` ops"
+                                 if cuda else ""),
             },
             "results": rows,
             "results_by_round": round_rows if args.rounds > 1 else None,
             "groups": groups,
             "errors": errors,
-            "target": {**TARGET, "line": tline},
+            "target": target_doc,
             "total_s": total,
         }
         d = os.path.dirname(os.path.abspath(args.json))

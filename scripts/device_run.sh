@@ -4,7 +4,16 @@
 # benchmark under MPS, and leave full logs and JSON under $OUT.
 #
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
-#   stages: build floors tests overhead bench bench-quick   (default: all but bench-quick)
+#   stages: build floors tests gpu-tests overhead bench bench-cuda bench-quick
+#           (default: build floors tests overhead bench)
+#   bench:       CPU ladder ($OUT/bench.json, ~1.5 min on the H200 host) and CUDA ladder
+#                (resident direct + proxy path, eager + graph mode, 2/4/8 ranks on the one
+#                GPU under MPS, ratios to $OUT/floors.json: $OUT/bench_cuda.json, ~2-3 min,
+#                no new group after 4 min) and its plot $OUT/latency_cuda.png.  Without a
+#                floors stage in the same call the floors are measured first (~10 s).
+#   bench-quick: the same, short (~1 min in all).
+#   bench-cuda:  only the CUDA ladder (as in `bench`).
+#   gpu-tests:   only the GPU-marked tests ($OUT/gpu_tests.log); `tests` runs everything.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGES=${*:-build floors tests overhead bench}
@@ -47,20 +56,58 @@ if has tests; then
   tail -5 "$OUT/tests.log"
 fi
 
+if has gpu-tests; then
+  step "gpu tests"
+  python3 -m pytest -q -m gpu tests -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1 || status=1
+  tail -5 "$OUT/gpu_tests.log"
+fi
+
 if has overhead; then
   step "overhead"
   python3 benchmarks/overhead.py --json "$OUT/overhead.json" > "$OUT/overhead.log" 2>&1 || status=1
   tail -5 "$OUT/overhead.log"
 fi
 
+# The CUDA ladder: resident on the direct and the proxy path, eager and graph modes, all ranks
+# on the one GPU under the MPS daemon started above, ratios to the floors of this machine.
+# --time-limit: no new group after that many seconds, so a slow or hanging backend cannot push
+# the call past the device's 10-minute limit (groups not run are reported as such).
+cuda_bench() {  # extra bench options, e.g. --quick
+  if [[ ! -s "$OUT/floors.json" ]]; then
+    step "floors (for the cuda bench)"
+    { [[ -x benchmarks/floors/build/floors ]] || bash benchmarks/floors/build.sh; } \
+      > "$OUT/floors_build.log" 2>&1 \
+      && benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1 \
+      || { status=1; echo "floors failed (see floors*.log): the cuda bench has no ratios"; }
+  fi
+  step "bench (cuda)"
+  python3 -m resident_pg.bench --device cuda --floors "$OUT/floors.json" --timeout 30 "$@" \
+    --json "$OUT/bench_cuda.json" > "$OUT/bench_cuda.log" 2>&1 || status=1
+  tail -n 60 "$OUT/bench_cuda.log"
+  # (its log goes to the end of bench_cuda.log: at most 8 files come back from $OUT)
+  python3 benchmarks/plot_latency.py "$OUT/bench_cuda.json" -o "$OUT/latency_cuda.png" \
+    >> "$OUT/bench_cuda.log" 2>&1 || { status=1; tail -3 "$OUT/bench_cuda.log"; }
+}
+
 if has bench; then
-  step "bench"
+  step "bench (cpu)"
   python3 -m resident_pg.bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
   tail -80 "$OUT/bench.log"
+  cuda_bench --time-limit 240
+fi
+if has bench-cuda; then
+  cuda_bench --time-limit 240
 fi
 if has bench-quick; then
-  step "bench (quick)"
+  step "bench (cpu, quick)"
   python3 -m resident_pg.bench --quick --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
   tail -40 "$OUT/bench.log"
+  cuda_bench --quick --time-limit 75
+fi
+
+# The device tool brings back at most 8 files of $OUT, the first by name: past that, everything
+# also goes into $OUT/all.tgz, which sorts first.
+if (( $(find "$OUT" -maxdepth 1 -type f ! -name all.tgz | wc -l) > 8 )); then
+  tar czf "$OUT/all.tgz" -C "$OUT" --exclude=all.tgz . && echo "more than 8 files: all in all.tgz"
 fi
 exit $status

@@ -73,6 +73,7 @@ class Communicator : public ProxyHandler {
   }
   size_t peerSegmentBytes(int p) const { return peer_inboxes_[static_cast<size_t>(p)].size(); }
   bool proxied(int p) const { return proxied_[static_cast<size_t>(p)]; }
+  bool sameHost(int p) const { return p == rank_ || peers_[static_cast<size_t>(p)].same_host; }
   Transport& transport() { return *transport_; }
   // Index of this rank among the ranks on its host (to spread proxies over cores).
   int localIndex() const;

@@ -147,6 +147,19 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   ring_ = TriggerRingView(gpu_base + lay.fifoOffset(),
                           reinterpret_cast<uint64_t*>(gpu_base + GpuLayout::kFifoTailWord),
                           GpuLayout::kFifoCapacity);
+  // Ranks of this host share its GPUs: assume they spread evenly over the visible devices.
+  int sms = 0, devices = 1;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaGetDeviceCount(&devices);
+  int local_ranks = 0;
+  for (int p = 0; p < nranks_; ++p) local_ranks += comm.sameHost(p) ? 1 : 0;
+  const int per_gpu = (local_ranks + devices - 1) / (devices > 0 ? devices : 1);
+  const int capacity = gpu::residentBlocksPerSm() * sms;
+  const int fair = capacity / (2 * (per_gpu > 0 ? per_gpu : 1));
+  max_blocks_ =
+      static_cast<uint32_t>(fair < 1 ? 1 : (fair > gpu::kMaxBlocks ? gpu::kMaxBlocks : fair));
+  RLOG_INFO("rank %d: %d SMs, %d resident blocks, %d ranks per GPU -> at most %u blocks per op",
+            rank_, sms, capacity, per_gpu, max_blocks_);
   comm.setExtraPoller(this);
   if (any_proxied_ && comm.proxy() != nullptr) {
     comm.proxy()->setSpinUs(comm.config().gpu_proxy_spin_us);
@@ -257,6 +270,22 @@ uint32_t GpuCommunicator::roundsFor(size_t bytes) const {
   const uint64_t r = (bytes + region_.chunk - 1) / region_.chunk;
   if (r > 0xffffffffull) throw InvalidArgument("resident: message too large");
   return r == 0 ? 1u : static_cast<uint32_t>(r);
+}
+
+namespace {
+uint32_t partsOf(uint64_t bytes) {
+  const uint64_t parts = (bytes + gpu::kPartPayload - 1) / gpu::kPartPayload;
+  return parts ? static_cast<uint32_t>(parts) : 1u;
+}
+uint32_t partsFor(uint64_t first_round_bytes, uint32_t blocks) {
+  return (partsOf(first_round_bytes) + blocks - 1) / blocks;
+}
+}  // namespace
+
+// One block per 2 KiB part of the first (largest) round, within the residency budget.
+uint32_t GpuCommunicator::blocksFor(uint64_t first_round_bytes) const {
+  const uint32_t parts = partsOf(first_round_bytes);
+  return parts < max_blocks_ ? parts : max_blocks_;
 }
 
 gpu::CollectiveArgs& GpuCommunicator::begin(OpId op) {
@@ -440,10 +469,8 @@ void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t
   a.rounds = roundsFor(bytes);
   a.op_id = is_send ? kSend : kRecv;
   const size_t first = bytes < region_.chunk ? bytes : region_.chunk;
-  uint32_t parts = static_cast<uint32_t>((first + gpu::kPartPayload - 1) / gpu::kPartPayload);
-  parts = parts ? parts : 1;
-  const uint32_t blocks = parts < gpu::kMaxBlocks ? parts : gpu::kMaxBlocks;
-  a.parts_per_block = (parts + blocks - 1) / blocks;
+  const uint32_t blocks = blocksFor(first);
+  a.parts_per_block = partsFor(first, blocks);
   auto s = static_cast<cudaStream_t>(stream);
   check(is_send ? gpu::launchSend(a, blocks, s, pdl_) : gpu::launchRecv(a, blocks, s, pdl_),
         is_send ? "launching the send kernel" : "launching the recv kernel");

@@ -78,11 +78,15 @@ class GpuCommunicator : public ProxyHandler {
   void checkReduction(DType dtype, RedOp op, const char* what) const;
   uint32_t roundsFor(size_t bytes) const;
   void pinProxyNearDevice();
+  uint32_t blocksFor(uint64_t first_round_bytes) const;
 
   Communicator& comm_;
   const int rank_, nranks_;
   int device_ = -1;
   const bool pdl_;
+  // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
+  // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
+  uint32_t max_blocks_ = gpu::kMaxBlocks;
   gpu::Region region_{};
   gpu::DeviceState* state_ = nullptr;
   unsigned char* outbox_host_ = nullptr;

@@ -1,0 +1,244 @@
+"""Shared pieces of the CUDA test suite (tests/test_cuda_*.py).
+
+The GPU machine has ONE GPU: N ranks are N processes all on cuda:0 (under the MPS
+daemon, which the launcher starts).  Every rank calls
+``torch.cuda.set_device(rank % torch.cuda.device_count())`` before
+``init_process_group`` (so the jobs run with ``init=False`` and initialise
+themselves, see :func:`setup_rank`).
+
+Dry run: with ``RESIDENT_GPU_TESTS_DEVICE=cpu`` (read only by the CUDA test
+modules) the same test bodies run on CPU tensors through the resident backend,
+so that data generation, references and comparisons can be checked on a machine
+without a GPU.  In that mode the modules do NOT carry the ``gpu`` marker (the
+conftest would skip them), so select the files explicitly::
+
+    RESIDENT_GPU_TESTS_DEVICE=cpu python -m pytest -q tests/test_cuda_*.py -p no:cacheprovider
+
+Graph capture and the device-side parts of the timeout test need CUDA; in the
+dry run a "graph" is its capture function called eagerly on every replay.
+
+``RESIDENT_GPU_TESTS_WS`` (default ``2,4,8``) limits the world sizes of the
+collective and graph jobs.  ``RESIDENT_GPU_TESTS_TIME_SCALE`` multiplies every job timeout (default 1 on
+the GPU, 6 in the dry run, whose 8-rank jobs share a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import dist_harness as H
+from dist_harness import itemsize, make_input, tdtype
+
+DRY_RUN: bool = os.environ.get("RESIDENT_GPU_TESTS_DEVICE", "").strip().lower() == "cpu"
+DEVICE: str = "cpu" if DRY_RUN else "cuda"
+ON_GPU: bool = not DRY_RUN
+TIME_SCALE: float = float(os.environ.get("RESIDENT_GPU_TESTS_TIME_SCALE", "6" if DRY_RUN else "1"))
+PATHS = ("direct", "proxy")
+# RESIDENT_GPU_TESTS_WS=2,4 drops the 8-rank jobs (a knob for short device time; default all)
+WORLD_SIZES = tuple(int(x) for x in os.environ.get("RESIDENT_GPU_TESTS_WS", "2,4,8").split(",")
+                    if x.strip())
+MiB = 1 << 20
+ALL_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8")
+REDUCED_DTYPES = ("float32", "bfloat16", "int64")  # the 8-rank matrix
+SIZE_LABELS = ("8B", "4KiB", "64KiB", "large")
+
+
+def module_marks():
+    """pytestmark for a CUDA test module: gpu (except in the dry run) and resident_only."""
+    marks = [pytest.mark.resident_only]
+    if not DRY_RUN:
+        marks.append(pytest.mark.gpu)
+    return marks
+
+
+def n_elems(label: str, dtype_name: str) -> int:
+    """Element count of one message: 8 B, 4 KiB, 64 KiB, or 1 MiB + 3 elements."""
+    isz = itemsize(dtype_name)
+    if label == "large":
+        return MiB // isz + 3
+    nbytes = {"8B": 8, "4KiB": 4096, "64KiB": 65536}[label]
+    return max(1, nbytes // isz)
+
+
+def sizes_for(dtype_name: str):
+    return [(lab, n_elems(lab, dtype_name)) for lab in SIZE_LABELS]
+
+
+# --------------------------------------------------------------------------
+# Inside a rank
+# --------------------------------------------------------------------------
+
+
+def setup_rank(rank, ws, *, timeout_s=None, init=True):
+    """Pick the device (before init, as the contract says), then init_process_group."""
+    import torch
+
+    if ON_GPU:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.zeros(1, device="cuda").add_(1)  # the CUDA context exists before the group
+    if init:
+        H.init_pg(timeout_s=timeout_s)
+
+
+def dev(t):
+    """A CPU tensor -> a fresh tensor on DEVICE (never aliasing the CPU original)."""
+    return t.to(DEVICE, copy=True)
+
+
+def host(t):
+    """A DEVICE tensor -> CPU (ordered after everything on the current stream)."""
+    return t.detach().to("cpu", copy=True)
+
+
+def sentinel(n, dtype_name, shape=None):
+    """An output buffer on DEVICE pre-filled with a recognisable non-result value."""
+    import torch
+
+    val = 123 if dtype_name == "uint8" else (-77 if dtype_name.startswith("int") else -77.25)
+    t = torch.full((n,), val, dtype=tdtype(dtype_name), device=DEVICE)
+    return t.reshape(shape) if shape is not None else t
+
+
+def inputs_for(key, ws, n, dtype_name, kind="normal"):
+    return [make_input(key, r, n, dtype_name, kind) for r in range(ws)]
+
+
+def call(fn, async_op, label):
+    """fn(async_op) -> Work or None; with async_op the Work is waited on.  Returns errors."""
+    w = fn(async_op)
+    if async_op:
+        if w is None:
+            return [f"{label}: async_op=True returned None instead of a Work"]
+        w.wait()
+    return []
+
+
+def is_async(*indices) -> bool:
+    """Alternate sync / async over (dtype index, size index, ...) so that every op x dtype
+    gets both modes and every size is seen in both modes across dtypes."""
+    return sum(indices) % 2 == 1
+
+
+def reduce_op(name):
+    import torch.distributed as dist
+
+    return getattr(dist.ReduceOp, name)
+
+
+def kind_for(op, dtype_name):
+    if op == "PRODUCT" and H.is_float_name(dtype_name):
+        return "near1"
+    if op == "AVG" and not H.is_float_name(dtype_name):
+        return "avg"
+    return "normal"
+
+
+def a2a_split(src, dst, m, variant):
+    """Elements src sends to dst in all_to_all_single: even, or uneven with zeros."""
+    if variant == "even":
+        return m
+    if variant == "rank0_sends_nothing" and src == 0:
+        return 0
+    if (src + 2 * dst) % 3 == 0:
+        return 0
+    return ((src * 5 + dst * 3) % 7 + 1) * m
+
+
+def store_agree(tag, rank, ws, ok: bool, timeout_s=60.0) -> bool:
+    """All ranks agree through the parent's TCPStore (never through the backend under
+    test) whether a step succeeded everywhere; used before replaying captured graphs."""
+    import datetime
+
+    store = H.connect_store()
+    store.set(f"agree/{tag}/{rank}", b"1" if ok else b"0")
+    keys = [f"agree/{tag}/{r}" for r in range(ws)]
+    store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    return all(store.get(k) == b"1" for k in keys)
+
+
+# --------------------------------------------------------------------------
+# Parent side: one spawned job per (world size, path)
+# --------------------------------------------------------------------------
+
+
+def path_env(path):
+    return {"RESIDENT_PATH": path}
+
+
+class GpuJobCache:
+    """Like dist_harness.JobCache, keyed by (ws, path): each job runs with
+    RESIDENT_PATH=path, init=False (the rank sets its device, then initialises),
+    and exactly the cases pytest selected.  It also records the /dev/shm entries
+    named resident* that appeared during the job and were still there after it."""
+
+    def __init__(self, registry, job_fn, test_name, timeout_s=90, init_timeout_s=30):
+        self.registry = registry
+        self.job_fn = job_fn
+        self.test_name = test_name
+        self.timeout_s = timeout_s
+        self.init_timeout_s = init_timeout_s
+        self.results = {}
+        self.shm_left = {}
+        self.wall = {}
+
+    def _selected(self, key, session):
+        ws, path = key
+        return {
+            it.callspec.params["cid"]
+            for it in session.items
+            if getattr(it, "originalname", None) == self.test_name
+            and hasattr(it, "callspec")
+            and it.callspec.params.get("ws") == ws
+            and it.callspec.params.get("path") == path
+        }
+
+    def get(self, key, session, ids=None):
+        if key not in self.results:
+            ws, path = key
+            if ids is None:
+                selected = self._selected(key, session)
+                ids = [c for c in self.registry.runnable(ws) if c in selected]
+            before = set(H.list_shm())
+            t0 = time.monotonic()
+            try:
+                per_rank = H.run_ranks(self.job_fn, ws, args=(ids,), env=path_env(path), init=False,
+                                       timeout_s=self.timeout_s * TIME_SCALE,
+                                       init_timeout_s=self.init_timeout_s)
+                self.results[key] = (per_rank, None)
+            except H.RanksFailed as e:
+                self.results[key] = (None, str(e))
+            self.wall[key] = time.monotonic() - t0
+            self.shm_left[key] = new_shm_entries(before)
+        return self.results[key]
+
+    def check(self, cid, key, session):
+        per_rank, job_err = self.get(key, session)
+        if job_err is not None:
+            pytest.fail(f"the ws={key[0]} path={key[1]} job of {self.test_name} failed as a whole:\n"
+                        f"{job_err}", pytrace=False)
+        problems = H.case_problems(per_rank, self.registry, cid)
+        if problems:
+            pytest.fail(f"{cid} ws={key[0]} path={key[1]}:\n" + "\n".join(problems[:40]),
+                        pytrace=False)
+
+
+def new_shm_entries(before, settle_s=3.0):
+    """/dev/shm resident* entries not in `before`, waiting up to settle_s for them to go."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        new = {k: v for k, v in H.list_shm().items() if k not in before}
+        if not new or time.monotonic() > deadline:
+            return new
+        time.sleep(0.1)
+
+
+def remove_shm(names):
+    """Remove what a failing test left behind, so later runs start clean."""
+    for name in names:
+        try:
+            os.unlink(os.path.join(H.SHM_DIR, name))
+        except OSError:
+            pass

@@ -1,0 +1,586 @@
+"""Collectives and point-to-point on CUDA tensors: every op x dtype x size, both paths.
+
+One spawned job per (world size, RESIDENT_PATH) runs every selected case and
+returns per-case problem lists (see cuda_harness.GpuJobCache); each case is its
+own pytest item.  World sizes 2 and 4 run the whole matrix; 8 ranks run only the
+cases of float32 / bfloat16 / int64 (and the dtype-free cases), on both paths.
+
+Sizes per op x dtype: 8 B, 4 KiB, 64 KiB and 1 MiB + 3 elements, measured as the
+tensor each rank contributes (all_reduce, broadcast, reduce, all_gather, gather,
+send), the chunk each rank receives (scatter), or each rank's whole input, split
+among the peers (reduce_scatter: chunks of size // world size, at least one
+element; all_to_all).  all_reduce runs the full
+dtype x reduce-op matrix at all four sizes; the other reductions every dtype
+with SUM plus a few other ops.  async_op alternates over (dtype, size, op) so that
+every op x dtype runs both ways (async: work.wait(), then check).
+
+Inputs: every rank regenerates every rank's input from seeds (make_input) and
+computes an independent numpy reference; integers and data movement compare
+bitwise, reductions must be bitwise identical on all ranks (digests).
+After the jobs, no /dev/shm entry named resident* may be left.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import cuda_harness as C
+import dist_harness as H
+from cuda_harness import (
+    ALL_DTYPES,
+    REDUCED_DTYPES,
+    a2a_split,
+    call,
+    dev,
+    host,
+    inputs_for,
+    is_async,
+    kind_for,
+    reduce_op,
+    sentinel,
+    sizes_for,
+)
+from dist_harness import (
+    FLOAT_DTYPE_NAMES,
+    INT_DTYPE_NAMES,
+    compare_exact,
+    compare_reduction,
+    digest,
+    make_input,
+    reference_reduce,
+)
+
+pytestmark = C.module_marks()
+
+FLOAT_OPS = ("SUM", "AVG", "MIN", "MAX", "PRODUCT")
+INT_OPS = FLOAT_OPS + ("BAND", "BOR", "BXOR")
+ALL_KEYS = [(ws, p) for ws in (2, 4, 8) for p in C.PATHS]
+JOB_KEYS = [k for k in ALL_KEYS if k[0] in C.WORLD_SIZES]
+
+CASES = H.CaseRegistry()
+CASE_DTYPE = {}  # cid -> dtype name (None: dtype-free, runs at every world size)
+
+
+def add(cid, fn, dtype_name=None, identical=False):
+    CASES.add(cid, fn, identical=identical)
+    CASE_DTYPE[cid] = dtype_name
+
+
+def _dt_index(dtype_name):
+    return ALL_DTYPES.index(dtype_name)
+
+
+def _mode(a):
+    return "async" if a else "sync"
+
+
+# ---- sanity -----------------------------------------------------------------
+
+
+def _sanity(rank, ws):
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    import resident_pg
+
+    errs = []
+    cls = type(dist.group.WORLD._get_backend(torch.device(C.DEVICE))).__name__
+    if "Resident" not in cls:
+        errs.append(f"the world group's {C.DEVICE} backend is {cls}, expected ProcessGroupResident")
+    if C.ON_GPU and torch.cuda.current_device() != rank % torch.cuda.device_count():
+        errs.append(f"current device {torch.cuda.current_device()}")
+    want = os.environ.get("RESIDENT_PATH")
+    info = resident_pg.describe(device=C.DEVICE)
+    paths = {p: v["path"] for p, v in info["peers"].items() if p != rank}
+    if set(paths.values()) != {want}:
+        errs.append(f"RESIDENT_PATH={want} but describe(device={C.DEVICE!r}) reports paths {paths}")
+    return errs, {}
+
+
+add("sanity[backend-device-and-path]", _sanity)
+
+
+# ---- all_reduce: full dtype x op matrix at every size ------------------------
+
+
+def _make_all_reduce_case(op, dt):
+    ops = FLOAT_OPS if dt in FLOAT_DTYPE_NAMES else INT_OPS
+
+    def fn(rank, ws):
+        import torch.distributed as dist
+
+        errs, digs = [], {}
+        runs = [(lab, n, kind_for(op, dt)) for lab, n in sizes_for(dt)]
+        if op == "PRODUCT" and dt in INT_DTYPE_NAMES:
+            runs.append(("4KiB", C.n_elems("4KiB", dt), "near1"))  # small exact factors too
+        for si, (lab, n, kind) in enumerate(runs):
+            a = is_async(_dt_index(dt), si, ops.index(op))
+            inputs = inputs_for(f"cuda/ar/{op}/{dt}/{lab}/{kind}", ws, n, dt, kind)
+            t = dev(inputs[rank])
+            label = f"{lab} n={n} {kind} {_mode(a)}"
+            errs += call(lambda ao: dist.all_reduce(t, op=reduce_op(op), async_op=ao), a, label)
+            got = host(t)
+            errs += compare_reduction(got, reference_reduce(inputs, op, dt), inputs, op, dt, label)
+            digs[f"{lab}/{kind}"] = digest(got)
+        return errs, digs
+
+    return fn
+
+
+for _dt in ALL_DTYPES:
+    for _op in (FLOAT_OPS if _dt in FLOAT_DTYPE_NAMES else INT_OPS):
+        add(f"all_reduce[{_op}-{_dt}]", _make_all_reduce_case(_op, _dt), _dt, identical=True)
+
+
+# ---- reduce_scatter (tensor and list), reduce --------------------------------
+
+
+def _make_rs_case(op, dt, as_list):
+    def fn(rank, ws):
+        import torch.distributed as dist
+
+        errs = []
+        kind = kind_for(op, dt)
+        for si, (lab, total) in enumerate(sizes_for(dt)):
+            n = max(1, total // ws)  # the size is each rank's whole input; n: the chunk
+            a = is_async(_dt_index(dt), si)
+            label = f"{lab} chunk={n} {_mode(a)}"
+            key = f"cuda/rs/{as_list}/{op}/{dt}/{lab}"
+            out = sentinel(n, dt)
+            if as_list:
+                inputs = [[make_input(f"{key}/{d}", r, n, dt, kind) for d in range(ws)]
+                          for r in range(ws)]
+                src = [dev(x) for x in inputs[rank]]
+                errs += call(lambda ao: dist.reduce_scatter(out, src, op=reduce_op(op), async_op=ao),
+                             a, label)
+                chunks = [inputs[r][rank] for r in range(ws)]
+                for d in range(ws):
+                    errs += compare_exact(host(src[d]), inputs[rank][d], f"{label} input[{d}] modified")
+            else:
+                inputs = inputs_for(key, ws, ws * n, dt, kind)
+                src = dev(inputs[rank])
+                errs += call(lambda ao: dist.reduce_scatter_tensor(out, src, op=reduce_op(op),
+                                                                   async_op=ao), a, label)
+                chunks = [x[rank * n:(rank + 1) * n] for x in inputs]
+                errs += compare_exact(host(src), inputs[rank], f"{label} input modified")
+            errs += compare_reduction(host(out), reference_reduce(chunks, op, dt), chunks, op, dt, label)
+        return errs, {}
+
+    return fn
+
+
+def _make_reduce_case(op, dt):
+    def fn(rank, ws):
+        import torch.distributed as dist
+
+        errs = []
+        kind = kind_for(op, dt)
+        for si, (lab, n) in enumerate(sizes_for(dt)):
+            root = (si + 1) % ws
+            a = is_async(_dt_index(dt), si)
+            label = f"{lab} n={n} root={root} {_mode(a)}"
+            inputs = inputs_for(f"cuda/red/{op}/{dt}/{lab}", ws, n, dt, kind)
+            t = dev(inputs[rank])
+            errs += call(lambda ao: dist.reduce(t, dst=root, op=reduce_op(op), async_op=ao), a, label)
+            got = host(t)
+            if rank == root:
+                errs += compare_reduction(got, reference_reduce(inputs, op, dt), inputs, op, dt, label)
+        return errs, {}
+
+    return fn
+
+
+EXTRA_REDUCE_OPS = (("AVG", "float32"), ("MAX", "bfloat16"), ("MIN", "int32"),
+                    ("PRODUCT", "float64"), ("AVG", "int64"), ("BXOR", "uint8"))
+for _dt in ALL_DTYPES:
+    add(f"reduce_scatter_tensor[SUM-{_dt}]", _make_rs_case("SUM", _dt, False), _dt)
+    add(f"reduce_scatter[SUM-{_dt}]", _make_rs_case("SUM", _dt, True), _dt)
+    add(f"reduce[SUM-{_dt}]", _make_reduce_case("SUM", _dt), _dt)
+for _op, _dt in EXTRA_REDUCE_OPS:
+    add(f"reduce_scatter_tensor[{_op}-{_dt}]", _make_rs_case(_op, _dt, False), _dt)
+for _op, _dt in (("MAX", "int64"), ("AVG", "bfloat16"), ("BOR", "int32")):
+    add(f"reduce_scatter[{_op}-{_dt}]", _make_rs_case(_op, _dt, True), _dt)
+for _op, _dt in (("MIN", "float16"), ("PRODUCT", "bfloat16"), ("BAND", "int64"), ("AVG", "uint8")):
+    add(f"reduce[{_op}-{_dt}]", _make_reduce_case(_op, _dt), _dt)
+
+
+# ---- data movement: all_gather, gather, scatter, broadcast ------------------
+
+
+def _make_all_gather_case(dt, as_list):
+    def fn(rank, ws):
+        import torch
+        import torch.distributed as dist
+
+        errs, digs = [], {}
+        for si, (lab, n) in enumerate(sizes_for(dt)):
+            a = is_async(_dt_index(dt), si)
+            label = f"{lab} n={n} {_mode(a)}"
+            inputs = inputs_for(f"cuda/ag/{as_list}/{dt}/{lab}", ws, n, dt)
+            src = dev(inputs[rank])
+            if as_list:
+                outs = [sentinel(n, dt) for _ in range(ws)]
+                errs += call(lambda ao: dist.all_gather(outs, src, async_op=ao), a, label)
+                got = torch.cat([host(o) for o in outs])
+            else:
+                out = sentinel(ws * n, dt)
+                errs += call(lambda ao: dist.all_gather_into_tensor(out, src, async_op=ao), a, label)
+                got = host(out)
+            errs += compare_exact(got, torch.cat(inputs), label)
+            errs += compare_exact(host(src), inputs[rank], f"{label} input modified")
+            digs[lab] = digest(got)
+        return errs, digs
+
+    return fn
+
+
+def _make_gather_case(dt):
+    def fn(rank, ws):
+        import torch.distributed as dist
+
+        errs = []
+        for si, (lab, n) in enumerate(sizes_for(dt)):
+            root = (si + 1) % ws
+            a = is_async(_dt_index(dt), si)
+            label = f"{lab} n={n} root={root} {_mode(a)}"
+            inputs = inputs_for(f"cuda/ga/{dt}/{lab}", ws, n, dt)
+            outs = [sentinel(n, dt) for _ in range(ws)] if rank == root else None
+            src = dev(inputs[rank])
+            errs += call(lambda ao: dist.gather(src, gather_list=outs, dst=root, async_op=ao), a, label)
+            if rank == root:
+                for r in range(ws):
+                    errs += compare_exact(host(outs[r]), inputs[r], f"{label} slot {r}")
+        return errs, {}
+
+    return fn
+
+
+def _make_scatter_case(dt):
+    def fn(rank, ws):
+        import torch.distributed as dist
+
+        errs = []
+        for si, (lab, n) in enumerate(sizes_for(dt)):
+            root = (si + 1) % ws
+            a = is_async(_dt_index(dt), si)
+            label = f"{lab} n={n} root={root} {_mode(a)}"
+            chunks = [make_input(f"cuda/sc/{dt}/{lab}/{d}", root, n, dt) for d in range(ws)]
+            out = sentinel(n, dt)
+            lst = [dev(c) for c in chunks] if rank == root else None
+            errs += call(lambda ao: dist.scatter(out, scatter_list=lst, src=root, async_op=ao), a, label)
+            errs += compare_exact(host(out), chunks[rank], label)
+        return errs, {}
+
+    return fn
+
+
+def _make_broadcast_case(dt):
+    def fn(rank, ws):
+        import torch.distributed as dist
+
+        errs, digs = [], {}
+        for si, (lab, n) in enumerate(sizes_for(dt)):
+            root = (si + 1) % ws
+            a = is_async(_dt_index(dt), si)
+            label = f"{lab} n={n} root={root} {_mode(a)}"
+            key = f"cuda/bc/{dt}/{lab}"
+            t = dev(make_input(key, rank, n, dt))
+            errs += call(lambda ao: dist.broadcast(t, src=root, async_op=ao), a, label)
+            got = host(t)
+            errs += compare_exact(got, make_input(key, root, n, dt), label)
+            digs[lab] = digest(got)
+        return errs, digs
+
+    return fn
+
+
+# ---- all_to_all_single (even, uneven with zeros), all_to_all (list) ----------
+
+
+def _a2a_single(rank, ws, dt, lab, n, variant, a):
+    import torch
+    import torch.distributed as dist
+
+    m = max(1, n // ws) if variant == "even" else max(1, n // (4 * ws))
+    splits = [[a2a_split(s, d, m, variant) for d in range(ws)] for s in range(ws)]
+    inputs = [make_input(f"cuda/a2a/{dt}/{lab}/{variant}", s, sum(splits[s]), dt) for s in range(ws)]
+    in_splits = splits[rank]
+    out_splits = [splits[s][rank] for s in range(ws)]
+    out = sentinel(sum(out_splits), dt)
+    src = dev(inputs[rank])
+    label = f"{variant} {lab} m={m} {_mode(a)}"
+    if variant == "even":
+        errs = call(lambda ao: dist.all_to_all_single(out, src, async_op=ao), a, label)
+    else:
+        errs = call(lambda ao: dist.all_to_all_single(out, src, output_split_sizes=out_splits,
+                                                      input_split_sizes=in_splits, async_op=ao),
+                    a, label)
+    ref = torch.cat([inputs[s][sum(splits[s][:rank]):sum(splits[s][:rank + 1])] for s in range(ws)])
+    errs += compare_exact(host(out), ref, label)
+    errs += compare_exact(host(src), inputs[rank], f"{label} input modified")
+    return errs
+
+
+def _make_a2a_single_case(dt):
+    def fn(rank, ws):
+        errs = []
+        for si, (lab, n) in enumerate(sizes_for(dt)):
+            for vi, variant in enumerate(("even", "uneven")):
+                errs += _a2a_single(rank, ws, dt, lab, n, variant, is_async(_dt_index(dt), si, vi))
+        errs += _a2a_single(rank, ws, dt, "4KiB", C.n_elems("4KiB", dt), "rank0_sends_nothing",
+                            is_async(_dt_index(dt)))
+        return errs, {}
+
+    return fn
+
+
+def _make_a2a_list_case(dt):
+    def fn(rank, ws):
+        import torch.distributed as dist
+
+        errs = []
+        for si, (lab, n) in enumerate(sizes_for(dt)):
+            a = is_async(_dt_index(dt), si)
+            m = max(1, n // (4 * ws))
+            size = [[((s * 5 + d * 3) % 7 + 1) * m for d in range(ws)] for s in range(ws)]
+            key = f"cuda/a2al/{dt}/{lab}"
+            ins = [[make_input(f"{key}/{d}", s, size[s][d], dt) for d in range(ws)] for s in range(ws)]
+            outs = [sentinel(size[s][rank], dt) for s in range(ws)]
+            label = f"{lab} m={m} {_mode(a)}"
+            errs += call(lambda ao: dist.all_to_all(outs, [dev(x) for x in ins[rank]], async_op=ao),
+                         a, label)
+            for s in range(ws):
+                errs += compare_exact(host(outs[s]), ins[s][rank], f"{label} from {s}")
+        return errs, {}
+
+    return fn
+
+
+# ---- point to point ---------------------------------------------------------
+
+
+def _make_p2p_case(dt):
+    """Per size: blocking send/recv between pairs (r, r^1), even rank sending first,
+    then an isend/irecv ring (irecv posted first on even ranks, isend first on odd)."""
+
+    def fn(rank, ws):
+        import torch.distributed as dist
+
+        errs = []
+        partner, right, left = rank ^ 1, (rank + 1) % ws, (rank - 1) % ws
+        for si, (lab, n) in enumerate(sizes_for(dt)):
+            key = f"cuda/p2p/{dt}/{lab}"
+            if partner < ws:
+                mine = dev(make_input(key + "/pair", rank, n, dt))
+                buf = sentinel(n, dt)
+                if rank % 2 == 0:
+                    dist.send(mine, dst=partner, tag=si + 1)
+                    dist.recv(buf, src=partner, tag=si + 1)
+                else:
+                    dist.recv(buf, src=partner, tag=si + 1)
+                    dist.send(mine, dst=partner, tag=si + 1)
+                errs += compare_exact(host(buf), make_input(key + "/pair", partner, n, dt),
+                                      f"send/recv {lab} n={n} from {partner}")
+            mine = dev(make_input(key + "/ring", rank, n, dt))
+            buf = sentinel(n, dt)
+            if rank % 2 == 0:
+                wr = dist.irecv(buf, src=left, tag=100 + si)
+                wsend = dist.isend(mine, dst=right, tag=100 + si)
+            else:
+                wsend = dist.isend(mine, dst=right, tag=100 + si)
+                wr = dist.irecv(buf, src=left, tag=100 + si)
+            wr.wait()
+            wsend.wait()
+            errs += compare_exact(host(buf), make_input(key + "/ring", left, n, dt),
+                                  f"isend/irecv {lab} n={n} from {left}")
+            errs += compare_exact(host(mine), make_input(key + "/ring", rank, n, dt),
+                                  f"isend {lab} buffer modified")
+        return errs, {}
+
+    return fn
+
+
+for _dt in ALL_DTYPES:
+    add(f"all_gather_into_tensor[{_dt}]", _make_all_gather_case(_dt, False), _dt, identical=True)
+    add(f"all_gather[{_dt}]", _make_all_gather_case(_dt, True), _dt, identical=True)
+    add(f"gather[{_dt}]", _make_gather_case(_dt), _dt)
+    add(f"scatter[{_dt}]", _make_scatter_case(_dt), _dt)
+    add(f"broadcast[{_dt}]", _make_broadcast_case(_dt), _dt, identical=True)
+    add(f"all_to_all_single[{_dt}]", _make_a2a_single_case(_dt), _dt)
+    add(f"all_to_all[{_dt}]", _make_a2a_list_case(_dt), _dt)
+    add(f"send_recv_isend_irecv[{_dt}]", _make_p2p_case(_dt), _dt)
+
+
+# ---- dtype-free cases: barrier, async ops in flight, functional collectives ---
+
+
+def _barrier(rank, ws):
+    import torch.distributed as dist
+
+    errs = []
+    for i in range(10):
+        w = dist.barrier(async_op=(i % 2 == 1))
+        if i % 2 == 1:
+            if w is None:
+                errs.append("barrier(async_op=True) returned None instead of a Work")
+            else:
+                w.wait()
+    if rank == ws - 1:
+        time.sleep(0.5)  # the last rank arrives late: nobody may leave before it
+    t0 = time.monotonic()
+    dist.barrier()
+    waited = time.monotonic() - t0
+    if rank != ws - 1 and waited < 0.3:
+        errs.append(f"barrier returned after {waited:.3f}s although rank {ws - 1} arrived 0.5s late")
+    return errs, {}
+
+
+def _async_in_flight(rank, ws):
+    """Six async ops of different kinds issued before any wait; waited in reverse order."""
+    import torch
+    import torch.distributed as dist
+
+    errs = []
+    big = C.n_elems("large", "bfloat16")
+    a_in = inputs_for("cuda/fl/a", ws, big, "bfloat16")
+    b_in = inputs_for("cuda/fl/b", ws, 1031, "int64")
+    c_in = inputs_for("cuda/fl/c", ws, ws * 4099, "float32")
+    e_key, root = "cuda/fl/e", ws - 1
+    m = 37
+    splits = [[a2a_split(s, d, m, "uneven") for d in range(ws)] for s in range(ws)]
+    f_in = [make_input("cuda/fl/f", s, sum(splits[s]), "float16") for s in range(ws)]
+    right, left = (rank + 1) % ws, (rank - 1) % ws
+
+    a, b_src, c_src = dev(a_in[rank]), dev(b_in[rank]), dev(c_in[rank])
+    b_out, c_out = sentinel(ws * 1031, "int64"), sentinel(4099, "float32")
+    e = dev(make_input(e_key, rank, 5000, "uint8"))
+    f_out = sentinel(sum(splits[s][rank] for s in range(ws)), "float16")
+    g_buf = sentinel(777, "float64")
+    works = [
+        dist.all_reduce(a, async_op=True),
+        dist.all_gather_into_tensor(b_out, b_src, async_op=True),
+        dist.reduce_scatter_tensor(c_out, c_src, op=dist.ReduceOp.MAX, async_op=True),
+        dist.broadcast(e, src=root, async_op=True),
+        dist.all_to_all_single(f_out, dev(f_in[rank]), output_split_sizes=[splits[s][rank] for s in range(ws)],
+                               input_split_sizes=splits[rank], async_op=True),
+        dist.irecv(g_buf, src=left, tag=77),
+        dist.isend(dev(make_input("cuda/fl/g", rank, 777, "float64")), dst=right, tag=77),
+    ]
+    for w in reversed(works):
+        w.wait()
+    errs += compare_reduction(host(a), reference_reduce(a_in, "SUM", "bfloat16"), a_in, "SUM",
+                              "bfloat16", "all_reduce")
+    errs += compare_exact(host(b_out), torch.cat(b_in), "all_gather_into_tensor")
+    chunks = [x[rank * 4099:(rank + 1) * 4099] for x in c_in]
+    errs += compare_exact(host(c_out), reference_reduce(chunks, "MAX", "float32"), "reduce_scatter MAX")
+    errs += compare_exact(host(e), make_input(e_key, root, 5000, "uint8"), "broadcast")
+    ref = torch.cat([f_in[s][sum(splits[s][:rank]):sum(splits[s][:rank + 1])] for s in range(ws)])
+    errs += compare_exact(host(f_out), ref, "all_to_all_single uneven")
+    errs += compare_exact(host(g_buf), make_input("cuda/fl/g", left, 777, "float64"), "irecv")
+    return errs, {}
+
+
+def _funcol(rank, ws):
+    """torch.distributed._functional_collectives on DEVICE tensors, every size."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    errs, digs = [], {}
+    g = dist.group.WORLD
+    for dt, op in (("float32", "sum"), ("bfloat16", "sum"), ("int64", "max")):
+        for lab, n in sizes_for(dt):
+            k = f"cuda/fc/{dt}/{lab}"
+            inputs = inputs_for(k + "/ar", ws, n, dt)
+            src = dev(inputs[rank])
+            got = host(funcol.wait_tensor(funcol.all_reduce(src, op, g)))
+            errs += compare_reduction(got, reference_reduce(inputs, op.upper(), dt), inputs,
+                                      op.upper(), dt, f"all_reduce {op} {dt} {lab}")
+            errs += compare_exact(host(src), inputs[rank], f"all_reduce {dt} {lab}: input modified")
+            digs[f"ar/{dt}/{lab}"] = digest(got)
+            inputs = inputs_for(k + "/ag", ws, n, dt)
+            got = host(funcol.wait_tensor(funcol.all_gather_tensor(dev(inputs[rank]), 0, g)))
+            errs += compare_exact(got, torch.cat(inputs), f"all_gather_tensor {dt} {lab}")
+            c = max(1, n // ws)
+            inputs = inputs_for(k + "/rs", ws, ws * c, dt)
+            got = host(funcol.wait_tensor(funcol.reduce_scatter_tensor(dev(inputs[rank]), op, 0, g)))
+            chunks = [x[rank * c:(rank + 1) * c] for x in inputs]
+            errs += compare_reduction(got, reference_reduce(chunks, op.upper(), dt), chunks,
+                                      op.upper(), dt, f"reduce_scatter_tensor {dt} {lab}")
+            m = max(1, n // (4 * ws))
+            splits = [[a2a_split(s, d, m, "uneven") for d in range(ws)] for s in range(ws)]
+            inputs = [make_input(k + "/a2a", s, sum(splits[s]), dt) for s in range(ws)]
+            got = host(funcol.wait_tensor(funcol.all_to_all_single(
+                dev(inputs[rank]), [splits[s][rank] for s in range(ws)], splits[rank], g)))
+            ref = torch.cat([inputs[s][sum(splits[s][:rank]):sum(splits[s][:rank + 1])]
+                             for s in range(ws)])
+            errs += compare_exact(got, ref, f"all_to_all_single uneven {dt} {lab}")
+    # 2-D all_gather along dim 1 (funcol re-arranges the gathered chunks)
+    inputs = [make_input("cuda/fc/ag2d", r, 6 * 7, "float16").reshape(6, 7) for r in range(ws)]
+    got = host(funcol.wait_tensor(funcol.all_gather_tensor(dev(inputs[rank]), 1, g)))
+    errs += compare_exact(got, torch.cat(inputs, 1), "all_gather_tensor gather_dim=1")
+    return errs, digs
+
+
+add("barrier", _barrier)
+add("async_ops_in_flight", _async_in_flight)
+add("functional_collectives", _funcol, identical=True)
+
+
+# --------------------------------------------------------------------------
+# The jobs and the per-case tests
+# --------------------------------------------------------------------------
+
+
+def cuda_collectives_job(rank, ws, case_ids):
+    C.setup_rank(rank, ws)
+    return H.execute_cases(CASES, case_ids, rank, ws)
+
+
+JOBS = C.GpuJobCache(CASES, cuda_collectives_job, "test_cuda_collective", timeout_s=120)
+
+
+def _params(keys=JOB_KEYS):
+    out = []
+    for ws, path in keys:
+        for cid in CASES:
+            if ws >= 8 and CASE_DTYPE[cid] not in (None,) + REDUCED_DTYPES:
+                continue
+            out.append(pytest.param(cid, ws, path, id=f"{cid}-ws{ws}-{path}"))
+    return out
+
+
+@pytest.mark.parametrize("cid,ws,path", _params())
+def test_cuda_collective(cid, ws, path, request):
+    JOBS.check(cid, (ws, path), request.session)
+
+
+@pytest.mark.parametrize("ws,path", JOB_KEYS, ids=[f"ws{w}-{p}" for w, p in JOB_KEYS])
+def test_no_shm_left_after_cuda_job(ws, path, request):
+    """After a normal CUDA job (ranks returned and destroyed their groups), no /dev/shm
+    entry named resident* that appeared during the job may remain."""
+    key = (ws, path)
+    if key not in JOBS.results:
+        # not run in this session (this test selected alone): a short job of its own
+        JOBS.get(key, request.session, ids=["sanity[backend-device-and-path]", "all_reduce[SUM-float32]",
+                                            "all_to_all_single[bfloat16]", "send_recv_isend_irecv[int64]"])
+    per_rank, job_err = JOBS.results[key]
+    left = JOBS.shm_left[key]
+    if left:
+        C.remove_shm(left)
+    assert not left, (f"left in /dev/shm after the ws={ws} path={path} CUDA job "
+                      f"({'failed' if job_err else 'normal exit'}): {sorted(left)}")
+
+
+def test_cuda_case_registry_is_sane():
+    assert len(CASES) > 90
+    for dt in ALL_DTYPES:
+        for op in (FLOAT_OPS if dt in FLOAT_DTYPE_NAMES else INT_OPS):
+            assert f"all_reduce[{op}-{dt}]" in CASES
+    every = _params(ALL_KEYS)
+    ws8 = [p for p in every if p.values[1] == 8]
+    assert 2 * 40 < len(ws8) < len(every) // 3, len(ws8)
