@@ -22,7 +22,7 @@ struct DeviceState {
   uint32_t coll_round[kMaxRanks];      // collective rounds completed with each peer
   uint32_t p2p_send_round[kMaxRanks];  // p2p rounds sent to each peer
   uint32_t p2p_recv_round[kMaxRanks];  // p2p rounds received from each peer
-  uint32_t p2p_credit[kMaxRanks];      // cached: last round each peer said it consumed
+  uint32_t p2p_credit[kMaxRanks][2];   // cached: last round each peer consumed, per slot
   uint32_t p2p_done[kMaxRanks][2];     // blocks done with a received round, by parity
   uint32_t blocks_done;                // blocks of the current kernel that finished
   uint32_t failed;                     // a block gave up: the others stop polling

@@ -36,10 +36,10 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
     const uint32_t g = base + r + 1;
     const uint32_t slot = (g - 1) & 1;
     if (t == 0) {  // flow control: the receiver must have consumed round g - 2 (same slot)
-      volatile uint32_t* cached = &st->p2p_credit[a.peer];
+      volatile uint32_t* cached = &st->p2p_credit[a.peer][slot];
+      const unsigned char* word = reg.local + reg.credit_in0 + 64ull * a.peer + 8ull * slot;
       for (uint32_t spins = 0; static_cast<int32_t>(*cached - (g - 2)) < 0;) {
-        *cached =
-            static_cast<uint32_t>(loadVolatile64(reg.local + reg.credit_in0 + 64ull * a.peer));
+        *cached = static_cast<uint32_t>(loadVolatile64(word));
         if (++spins == 64) {
           spins = 0;
           if (w.shouldStop(a.peer)) {
@@ -119,15 +119,17 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
     }
     __syncthreads();
     if (stop) break;
-    // The last block done with this round returns its credit to the sender.
+    // The last block done with this round returns its credit to the sender, in a word per
+    // slot: credits of one slot are written in round order (round g+2 needs credit g first),
+    // so a late store can never move a credit backwards.
     if (t == 0) {
       if (lastBlockOf(&st->p2p_done[a.peer][slot])) {
-        const uint64_t remote_off = reg.credit_in0 + 64ull * a.rank;
+        const uint64_t remote_off = reg.credit_in0 + 64ull * a.rank + 8ull * slot;
         if (remote) {
           storeRelease64(remote + remote_off, g);
         } else {
           const uint64_t local_off =
-              static_cast<uint64_t>(a.peer) * reg.out_stride + 4 * reg.slot_bytes;
+              static_cast<uint64_t>(a.peer) * reg.out_stride + 4 * reg.slot_bytes + 8ull * slot;
           storeRelease64(reg.outbox + local_off, g);
           if (!pushTrigger(w, a.peer, local_off, remote_off, 8)) stop = 1;
         }

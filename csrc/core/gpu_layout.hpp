@@ -7,8 +7,8 @@
 //   [credit_in: nranks lines]
 //
 // coll_in(src): lines src wrote for collectives (lockstep rounds, parity-double-buffered).
-// p2p_in(src):  lines src sent point-to-point.  credit_in(dst): the last p2p round dst
-// consumed of what this rank sent it (flow control of one-directional streams).
+// p2p_in(src):  lines src sent point-to-point.  credit_in(dst): per slot, the last p2p round
+// dst consumed of what this rank sent it (flow control of one-directional streams).
 // The outbox (proxy path only, local and not shared) mirrors coll/p2p/credit per destination.
 #pragma once
 

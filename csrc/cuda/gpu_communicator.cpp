@@ -155,7 +155,9 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   for (int p = 0; p < nranks_; ++p) local_ranks += comm.sameHost(p) ? 1 : 0;
   const int per_gpu = (local_ranks + devices - 1) / (devices > 0 ? devices : 1);
   const int capacity = gpu::residentBlocksPerSm() * sms;
-  const int fair = capacity / (2 * (per_gpu > 0 ? per_gpu : 1));
+  // Each rank may have two kernels resident (PDL); keep half the GPU in reserve for the
+  // other processes under MPS and the occupancy estimate's optimism.
+  const int fair = capacity / (4 * (per_gpu > 0 ? per_gpu : 1));
   max_blocks_ =
       static_cast<uint32_t>(fair < 1 ? 1 : (fair > gpu::kMaxBlocks ? gpu::kMaxBlocks : fair));
   RLOG_INFO("rank %d: %d SMs, %d resident blocks, %d ranks per GPU -> at most %u blocks per op",
