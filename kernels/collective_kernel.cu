@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kThreads)
   // The last block to finish advances the round numbers for the next op (a single block
   // needs no counter: the kernel boundary publishes its stores).
   __syncthreads();
-  if (threadIdx.x == 0 && lastBlockOf(&st->blocks_done)) {
+  if (threadIdx.x == 0 && lastBlockOf(&st->coll_blocks_done)) {
     for (int p = 0; p < a.nranks; ++p)
       if (p != a.rank) st->coll_round[p] += a.peers[p].rounds;
   }

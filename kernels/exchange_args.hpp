@@ -24,7 +24,12 @@ struct DeviceState {
   uint32_t p2p_recv_round[kMaxRanks];  // p2p rounds received from each peer
   uint32_t p2p_credit[kMaxRanks][2];   // cached: last round each peer consumed, per slot
   uint32_t p2p_done[kMaxRanks][2];     // blocks done with a received round, by parity
-  uint32_t blocks_done;                // blocks of the current kernel that finished
+  // Blocks of the running kernel that finished, one counter per kind of kernel that may run
+  // concurrently with the others: collectives (one at a time), and per peer a send and a recv
+  // (each point-to-point direction has its own stream).
+  uint32_t coll_blocks_done;
+  uint32_t send_blocks_done[kMaxRanks];
+  uint32_t recv_blocks_done[kMaxRanks];
   uint32_t failed;                     // a block gave up: the others stop polling
   unsigned long long fifo_head;        // trigger FIFO producer position
   unsigned long long fifo_tail_cache;  // last tail read from host memory

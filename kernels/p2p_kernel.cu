@@ -32,10 +32,11 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
   Waiter w(reg, a.op_id);
   const uint32_t t = threadIdx.x;
   const uint32_t j0 = blockIdx.x * a.parts_per_block;
-  for (uint32_t r = 0; r < a.rounds && !stop; ++r) {
+  // `stop` is only read after a barrier, so every thread leaves the loop in the same round.
+  for (uint32_t r = 0; r < a.rounds; ++r) {
     const uint32_t g = base + r + 1;
     const uint32_t slot = (g - 1) & 1;
-    if (t == 0) {  // flow control: the receiver must have consumed round g - 2 (same slot)
+    if (t == 0 && !stop) {  // flow control: the receiver must have consumed round g - 2 (same slot)
       volatile uint32_t* cached = &st->p2p_credit[a.peer][slot];
       const unsigned char* word = reg.local + reg.credit_in0 + 64ull * a.peer + 8ull * slot;
       for (uint32_t spins = 0; static_cast<int32_t>(*cached - (g - 2)) < 0;) {
@@ -82,7 +83,8 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
     }
   }
   __syncthreads();
-  if (t == 0 && lastBlockOf(&st->blocks_done)) st->p2p_send_round[a.peer] = base + a.rounds;
+  if (t == 0 && lastBlockOf(&st->send_blocks_done[a.peer]))
+    st->p2p_send_round[a.peer] = base + a.rounds;
 }
 
 __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P2PArgs a) {
@@ -137,7 +139,8 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
     }
   }
   __syncthreads();
-  if (t == 0 && lastBlockOf(&st->blocks_done)) st->p2p_recv_round[a.peer] = base + a.rounds;
+  if (t == 0 && lastBlockOf(&st->recv_blocks_done[a.peer]))
+    st->p2p_recv_round[a.peer] = base + a.rounds;
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ class CudaStreams {};
 c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator&, std::shared_ptr<GpuCommunicator>&,
                                          std::shared_ptr<CudaStreams>&, uint64_t, int, c10d::OpType,
                                          const char*, const std::vector<at::Tensor>&,
-                                         const std::vector<at::Tensor>&, bool,
+                                         const std::vector<at::Tensor>&, bool, CudaRoute,
                                          c10::function_ref<void(GpuCommunicator&, void*)>) {
   throw InvalidArgument(
       "resident: this build of resident_pg has no CUDA path (built without nvcc)");

@@ -174,10 +174,11 @@ template <typename F>
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::cudaOp(c10d::OpType type, const char* title,
                                                             const std::vector<at::Tensor>& outputs,
                                                             const std::vector<at::Tensor>& inputs,
-                                                            bool async_op, F&& launch) {
+                                                            bool async_op, F&& launch,
+                                                            CudaRoute route) {
   return translateErrors([&] {
     return runCudaOp(*comm_, gpu_, cuda_streams_, timeout_ms_, rank_, type, title, outputs, inputs,
-                     async_op, launch);
+                     async_op, route, launch);
   });
 }
 
@@ -659,8 +660,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor
                                                           int tag) {
   const at::Tensor& t = single(tensors, "send");
   if (t.is_cuda()) {
-    return cudaOp(c10d::OpType::SEND, "resident:send", {}, tensors, false,
-                  [&](GpuCommunicator& g, void* s) { g.send(t.data_ptr(), nbytes(t), dst, s); });
+    return cudaOp(
+        c10d::OpType::SEND, "resident:send", {}, tensors, false,
+        [&](GpuCommunicator& g, void* s) { g.send(t.data_ptr(), nbytes(t), dst, s); },
+        CudaRoute{CudaRoute::kSend, dst});
   }
   auto work = makeWork(c10d::OpType::SEND, "resident:send", {}, tensors);
   translateErrors([&] {
@@ -674,8 +677,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recv(std::vector<at::Tensor
                                                           int tag) {
   const at::Tensor& t = single(tensors, "recv");
   if (t.is_cuda()) {
-    return cudaOp(c10d::OpType::RECV, "resident:recv", tensors, tensors, false,
-                  [&](GpuCommunicator& g, void* s) { g.recv(t.data_ptr(), nbytes(t), src, s); });
+    return cudaOp(
+        c10d::OpType::RECV, "resident:recv", tensors, tensors, false,
+        [&](GpuCommunicator& g, void* s) { g.recv(t.data_ptr(), nbytes(t), src, s); },
+        CudaRoute{CudaRoute::kRecv, src});
   }
   auto work = makeWork(c10d::OpType::RECV, "resident:recv", tensors, {});
   translateErrors([&] {

@@ -103,7 +103,7 @@ class ProcessGroupResident : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> cudaOp(c10d::OpType type, const char* title,
                                         const std::vector<at::Tensor>& outputs,
                                         const std::vector<at::Tensor>& inputs, bool async_op,
-                                        F&& launch);
+                                        F&& launch, CudaRoute route = {});
 
   std::shared_ptr<Communicator> comm_;
   std::vector<c10::intrusive_ptr<WorkResident>> inflight_;

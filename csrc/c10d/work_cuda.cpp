@@ -18,10 +18,14 @@ bool cudaPathBuilt() {
 // the stream of the previous eager op (ops of one group are serialised across streams).
 class CudaStreams {
  public:
-  explicit CudaStreams(int device)
-      : side_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)) {}
+  CudaStreams(int device, int nranks)
+      : device_(device),
+        side_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)),
+        p2p_(static_cast<size_t>(2 * nranks), nullptr) {}
   ~CudaStreams() {
     for (cudaEvent_t e : free_) cudaEventDestroy(e);
+    for (cudaStream_t s : p2p_)
+      if (s != nullptr) cudaStreamDestroy(s);
   }
   cudaEvent_t get() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -38,12 +42,25 @@ class CudaStreams {
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(e);
   }
+  // The stream of one point-to-point direction with one peer, created on first use (not from
+  // torch's pool, whose streams are shared round-robin and could put a send behind a recv).
+  c10::cuda::CUDAStream p2p(int peer, bool send) {
+    cudaStream_t& s = p2p_[static_cast<size_t>(2 * peer + (send ? 1 : 0))];
+    if (s == nullptr) {
+      int lo = 0, hi = 0;
+      C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+      C10_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, hi));
+    }
+    return c10::cuda::getStreamFromExternal(s, device_);
+  }
+  const int device_;
   c10::cuda::CUDAStream side_;
-  cudaStream_t last_ = nullptr;
+  cudaStream_t last_ = nullptr;  // stream of the previous collective (eager)
 
  private:
   std::mutex mu_;
   std::vector<cudaEvent_t> free_;
+  std::vector<cudaStream_t> p2p_;
 };
 
 WorkCuda::WorkCuda(std::shared_ptr<GpuCommunicator> gpu, std::shared_ptr<CudaStreams> streams,
@@ -111,13 +128,21 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
                                          int rank, c10d::OpType type, const char* title,
                                          const std::vector<at::Tensor>& outputs,
                                          const std::vector<at::Tensor>& inputs, bool async_op,
+                                         CudaRoute route,
                                          c10::function_ref<void(GpuCommunicator&, void*)> launch) {
+  if (route.kind != CudaRoute::kCollective &&
+      (route.peer < 0 || route.peer >= comm.size() || route.peer == comm.rank())) {
+    throw InvalidArgument(
+        std::string("resident: ") + (route.kind == CudaRoute::kSend ? "send to" : "recv from") +
+        " rank " + std::to_string(route.peer) + " is invalid in a group of " +
+        std::to_string(comm.size()) + " (this is rank " + std::to_string(comm.rank()) + ")");
+  }
   const at::Tensor& first = !inputs.empty() ? inputs[0] : outputs.at(0);
   const c10::Device device = first.device();
   c10::cuda::CUDAGuard guard(device);
   if (!gpu) {
     gpu = std::make_shared<GpuCommunicator>(comm, device.index(), timeout_ms);
-    streams = std::make_shared<CudaStreams>(device.index());
+    streams = std::make_shared<CudaStreams>(device.index(), comm.size());
   } else if (gpu->device() != device.index()) {
     throw InvalidArgument(
         "resident: this group's CUDA path is on cuda:" + std::to_string(gpu->device()) +
@@ -126,34 +151,43 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
   cudaStream_t current = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(current, &capture));
-  if (capture != cudaStreamCaptureStatusNone) {
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  const bool p2p = route.kind != CudaRoute::kCollective;
+  if (capturing && !p2p) {
     // In a graph: the kernel becomes a node on the capturing stream; nothing else.
     launch(*gpu, current);
     return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, title, outputs, device, nullptr);
   }
-  cudaStream_t stream = async_op ? streams->side_.stream() : current;
-  // Ops of one group run one at a time on the device: order after the previous op when it
-  // went to another stream (and the side stream after the caller's work).
+  c10::optional<c10::cuda::CUDAStream> own;
+  if (p2p) own = streams->p2p(route.peer, route.kind == CudaRoute::kSend);
+  cudaStream_t stream = p2p ? own->stream() : (async_op ? streams->side_.stream() : current);
+  // Order after what came before: the op's stream waits for the caller's stream (inputs
+  // ready; under capture this forks the side stream into the graph), and a collective also
+  // for the previous collective when that went to another stream (one at a time per group).
   auto follow = [&](cudaStream_t waiter, cudaStream_t on) {
     cudaEvent_t e = streams->get();
     C10_CUDA_CHECK(cudaEventRecord(e, on));
     C10_CUDA_CHECK(cudaStreamWaitEvent(waiter, e, 0));
     streams->put(e);
   };
-  if (streams->last_ != nullptr && streams->last_ != stream && streams->last_ != current)
+  if (!p2p && streams->last_ != nullptr && streams->last_ != stream && streams->last_ != current)
     follow(stream, streams->last_);
   if (stream != current) follow(stream, current);
   launch(*gpu, stream);
-  streams->last_ = stream;
+  if (!p2p) streams->last_ = stream;
   cudaEvent_t end = nullptr;
   if (stream != current) {
     end = streams->get();
     C10_CUDA_CHECK(cudaEventRecord(end, stream));
-    // The caching allocator must not hand these tensors out again before the side stream
-    // has passed them.
-    for (const auto* list : {&inputs, &outputs})
-      for (const at::Tensor& t : *list)
-        c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), streams->side_);
+    if (!capturing) {
+      // The caching allocator must not hand these tensors out again before the op's stream
+      // has passed them.
+      const c10::cuda::CUDAStream used =
+          p2p ? *own : c10::cuda::getStreamFromExternal(stream, device.index());
+      for (const auto* list : {&inputs, &outputs})
+        for (const at::Tensor& t : *list)
+          c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), used);
+    }
   }
   return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, title, outputs, device, end);
 }

@@ -47,6 +47,15 @@ class WorkCuda : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// Where an op runs. Collectives: the caller's stream, or the group's side stream when async.
+// Point-to-point: a stream of its own per (peer, direction), forked from the caller's stream,
+// so that an irecv posted before an isend (a ring) cannot block the isend behind it, as with
+// ProcessGroupNCCL's per-pair p2p streams; the Work joins it back on wait().
+struct CudaRoute {
+  enum Kind { kCollective, kSend, kRecv } kind = kCollective;
+  int peer = -1;
+};
+
 // Runs `launch(gpu, stream)` for an op on CUDA tensors and returns its Work. Creates the
 // group's CUDA path on first use (on the tensors' device).
 c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<GpuCommunicator>& gpu,
@@ -54,6 +63,7 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
                                          int rank, c10d::OpType type, const char* title,
                                          const std::vector<at::Tensor>& outputs,
                                          const std::vector<at::Tensor>& inputs, bool async_op,
+                                         CudaRoute route,
                                          c10::function_ref<void(GpuCommunicator&, void*)> launch);
 
 // Shuts the CUDA path down (waits for its kernels, releases registrations).
