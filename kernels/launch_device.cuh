@@ -17,14 +17,18 @@ __device__ __forceinline__ void pdlEnter() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// Called by one thread per block: true in exactly one block, the last to pass `counter`
-// (which it resets). A single block needs no counter: the kernel boundary publishes.
-__device__ __forceinline__ bool lastBlockOf(uint32_t* counter) {
-  if (gridDim.x == 1) return true;
+// Called by one thread in each of `count` blocks: true in exactly one, the last to pass
+// `counter`. atomicInc wraps the counter back to zero in the same atomic, so a block of a
+// later use can never land between a read and a reset. One block needs no counter.
+__device__ __forceinline__ bool lastOf(uint32_t* counter, uint32_t count) {
+  if (count <= 1) return true;
   __threadfence();
-  if (atomicAdd(counter, 1u) != gridDim.x - 1) return false;
-  *counter = 0;
-  return true;
+  return atomicInc(counter, count - 1) == count - 1;
+}
+
+// The same over all blocks of the grid (called once per block, at the end of a kernel).
+__device__ __forceinline__ bool lastBlockOf(uint32_t* counter) {
+  return lastOf(counter, gridDim.x);
 }
 
 template <typename Args>

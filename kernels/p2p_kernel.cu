@@ -106,26 +106,40 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
     const unsigned char* src =
         reg.local + reg.p2p_in0 + (static_cast<uint64_t>(a.peer) * 2 + slot) * reg.slot_bytes;
     auto* dst = static_cast<unsigned char*>(a.recv) + static_cast<uint64_t>(r) * reg.chunk;
-    for (uint32_t j = j0; j < j0 + a.parts_per_block && !stop; ++j) {
+    for (uint32_t j = j0; j < j0 + a.parts_per_block; ++j) {
       const uint32_t lines = linesOf(bytes, j);
       if (lines == 0) break;
+      const unsigned char* part = src + static_cast<uint64_t>(j) * kThreads * 16;
+      // While the message is in flight only one thread per block polls host memory (the
+      // owner of the part's last line); then every thread reads its own line, most already
+      // there. A whole block spinning on uncached PCIe reads slows the sender's writes.
+      uint64_t v = 0;
+      bool have = false;
+      if (t == lines - 1) {
+        have = w.line(part + t * 16, g, v, a.peer);
+        if (!have) stop = 1;
+      }
+      __syncthreads();
+      if (stop) break;  // read after a barrier: every thread leaves together
       if (t < lines) {
-        uint64_t v;
-        if (!w.line(src + (static_cast<uint64_t>(j) * kThreads + t) * 16, g, v, a.peer)) {
+        if (have || w.line(part + t * 16, g, v, a.peer)) {
+          const uint32_t nb = lineBytes(bytes, j, t);
+          if (nb) storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8, v, nb);
+        } else {
           stop = 1;
-          break;
         }
-        const uint32_t nb = lineBytes(bytes, j, t);
-        if (nb) storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8, v, nb);
       }
     }
     __syncthreads();
     if (stop) break;
-    // The last block done with this round returns its credit to the sender, in a word per
-    // slot: credits of one slot are written in round order (round g+2 needs credit g first),
-    // so a late store can never move a credit backwards.
-    if (t == 0) {
-      if (lastBlockOf(&st->p2p_done[a.peer][slot])) {
+    // The last of the blocks that took part in this round returns its credit to the sender,
+    // in a word per slot. Only blocks with lines in the round count: a block without lines
+    // waits for nothing and could otherwise count into the slot's next round early.
+    // Credits of one slot are written in round order, so a credit never moves backwards.
+    const uint32_t parts = partsOf(bytes);
+    const uint32_t active = min(gridDim.x, (parts + a.parts_per_block - 1) / a.parts_per_block);
+    if (t == 0 && j0 < parts) {
+      if (lastOf(&st->p2p_done[a.peer][slot], active)) {
         const uint64_t remote_off = reg.credit_in0 + 64ull * a.rank + 8ull * slot;
         if (remote) {
           storeRelease64(remote + remote_off, g);

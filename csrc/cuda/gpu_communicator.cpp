@@ -471,7 +471,11 @@ void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t
   a.rounds = roundsFor(bytes);
   a.op_id = is_send ? kSend : kRecv;
   const size_t first = bytes < region_.chunk ? bytes : region_.chunk;
-  const uint32_t blocks = blocksFor(first);
+  // A quarter of a collective's blocks: p2p kernels of several peers and directions may be
+  // resident at once (each direction has its own stream).
+  const uint32_t cap = max_blocks_ / 4 > 0 ? max_blocks_ / 4 : 1;
+  const uint32_t want = blocksFor(first);
+  const uint32_t blocks = want < cap ? want : cap;
   a.parts_per_block = partsFor(first, blocks);
   auto s = static_cast<cudaStream_t>(stream);
   check(is_send ? gpu::launchSend(a, blocks, s, pdl_) : gpu::launchRecv(a, blocks, s, pdl_),
