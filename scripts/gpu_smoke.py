@@ -27,6 +27,30 @@ def rank_main(rank, world, port, path, q):
     dev = torch.device("cuda", torch.cuda.current_device())
     out = []
     try:
+        # point-to-point: blocking pairs and a ring, multi-round sizes, repeated
+        for n in (1, 16384, 131075) * 3:
+            peer = rank ^ 1
+            g = torch.Generator().manual_seed(n)
+            xs = [torch.randn(n, generator=g, dtype=torch.float64) for _ in range(world)]
+            buf = torch.empty(n, dtype=torch.float64, device=dev)
+            if peer < world:
+                if rank % 2 == 0:
+                    dist.send(xs[rank].to(dev), dst=peer)
+                    dist.recv(buf, src=peer)
+                else:
+                    dist.recv(buf, src=peer)
+                    dist.send(xs[rank].to(dev), dst=peer)
+                assert torch.equal(buf.cpu(), xs[peer]), f"pair n={n}"
+            left, right = (rank - 1) % world, (rank + 1) % world
+            w1 = dist.irecv(buf, src=left)
+            w2 = dist.isend(xs[rank].to(dev), dst=right)
+            w1.wait()
+            w2.wait()
+            assert torch.equal(buf.cpu(), xs[left]), f"ring n={n}"
+        out.append("p2p pairs + ring (8 B .. 1 MiB+24 B, x3) ok")
+        if os.environ.get("SMOKE_P2P_ONLY"):
+            q.put((rank, "ok", out))
+            return
         for n in (2, 1024, 16384, 300000):
             g = torch.Generator().manual_seed(n)
             xs = [torch.randn(n, generator=g) for _ in range(world)]
