@@ -81,9 +81,5 @@ struct P2PArgs {
   uint8_t op_id;
 };
 
-// Trigger words (16 bytes, see core/fifo.hpp): fst = local offset << 32 | remote offset
-// (outbox -> the peer's GPU region); snd = bytes << 24 | peer, top bit = lap parity.
-constexpr int kTriggerPeerBits = 24;
-
 }  // namespace gpu
 }  // namespace resident

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/trigger_encoding.hpp"
 #include "exchange_args.hpp"
 
 namespace resident {
@@ -117,9 +118,8 @@ __device__ inline bool pushTrigger(Waiter& w, int peer, uint64_t local_off, uint
     }
   }
   unsigned char* slot = reg.local + reg.fifo_offset + 16 * (pos & reg.fifo_mask);
-  const uint64_t lap = ((pos / cap) & 1) ? 0 : (1ull << 63);
-  const uint64_t fst = (local_off << 32) | remote_off;
-  const uint64_t snd = (bytes << kTriggerPeerBits) | static_cast<uint64_t>(peer) | lap;
+  const uint64_t fst = encodeWriteFst(local_off, remote_off);
+  const uint64_t snd = encodeWriteSnd(static_cast<uint32_t>(peer), bytes) | triggerLapBit(pos, cap);
   asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(slot), "l"(fst) : "memory");
   storeRelease64(slot + 8, snd);
   return true;

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/trigger_encoding.hpp"
+
 namespace resident {
 
 struct Trigger {
@@ -18,7 +20,7 @@ struct Trigger {
 
 class TriggerFifo {
  public:
-  static constexpr uint64_t kLapBit = 1ull << 63;
+  static constexpr uint64_t kLapBit = kTriggerLapBit;
 
   explicit TriggerFifo(uint32_t capacity_pow2) : mask_(capacity_pow2 - 1), slots_(capacity_pow2) {
     for (auto& s : slots_) {
@@ -61,8 +63,7 @@ class TriggerFifo {
   }
 
  private:
-  // Lap 0 expects the bit set, so zero-initialised memory reads as empty.
-  uint64_t lapBit(uint64_t pos) const { return ((pos / (mask_ + 1)) & 1) ? 0 : kLapBit; }
+  uint64_t lapBit(uint64_t pos) const { return triggerLapBit(pos, mask_ + 1ull); }
 
   struct Slot {
     std::atomic<uint64_t> fst;
@@ -100,9 +101,7 @@ class TriggerRingView {
   void publishTail() { __atomic_store_n(tail_word_, tail_, __ATOMIC_RELEASE); }
 
  private:
-  uint64_t lapBit(uint64_t pos) const {
-    return ((pos / (mask_ + 1)) & 1) ? 0 : TriggerFifo::kLapBit;
-  }
+  uint64_t lapBit(uint64_t pos) const { return triggerLapBit(pos, mask_ + 1); }
   uint64_t* slots_ = nullptr;
   uint64_t* tail_word_ = nullptr;
   uint64_t mask_ = 0;

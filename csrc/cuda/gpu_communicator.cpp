@@ -9,6 +9,7 @@
 #include "collective_launch.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/trigger_encoding.hpp"
 
 namespace resident {
 namespace {
@@ -503,8 +504,8 @@ bool GpuCommunicator::proxyPoll() {
   Trigger t;
   while (popped < 256 && ring_.tryPop(t)) {
     ++popped;
-    const Write w{static_cast<int>(t.snd & ((1ull << gpu::kTriggerPeerBits) - 1)), t.fst >> 32,
-                  t.fst & 0xffffffffull, t.snd >> gpu::kTriggerPeerBits};
+    const GpuWriteRequest r = decodeWrite(t.fst, t.snd);
+    const Write w{static_cast<int>(r.peer), r.local_offset, r.remote_offset, r.bytes};
     if (n > 0) {
       Write& last = batch[n - 1];
       if (last.peer == w.peer && last.local + last.bytes == w.local &&

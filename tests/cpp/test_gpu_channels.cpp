@@ -1,0 +1,98 @@
+// The host halves of the CUDA path's channels: the GPU region layout (disjoint, aligned,
+// addressable by the 32-bit offsets of a trigger) and the trigger ring the proxy drains,
+// fed by a producer thread that encodes triggers exactly as the kernels do.
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "check.hpp"
+#include "core/fifo.hpp"
+#include "core/gpu_layout.hpp"
+#include "core/trigger_encoding.hpp"
+
+using resident::GpuLayout;
+
+static void checkLayout(int nranks, uint32_t chunk) {
+  const GpuLayout lay(nranks, chunk);
+  CHECK(lay.slotBytes() == static_cast<size_t>(chunk) * 2);  // 8 payload bytes per 16-byte line
+  CHECK(lay.fifoOffset() >= GpuLayout::kFifoTailWord + 8);
+  CHECK(lay.collIn(0) >= lay.fifoOffset() + GpuLayout::kFifoCapacity * 16);
+  // Regions in order, each peer's slots back to back, nothing overlapping.
+  for (int p = 0; p < nranks; ++p) {
+    CHECK(lay.collIn(p + 1) - lay.collIn(p) == GpuLayout::kCollSlots * lay.slotBytes());
+    CHECK(lay.p2pIn(p + 1) - lay.p2pIn(p) == GpuLayout::kP2PSlots * lay.slotBytes());
+    CHECK(lay.creditIn(p + 1) - lay.creditIn(p) == 64);
+    CHECK(lay.collIn(p) % 16 == 0 && lay.p2pIn(p) % 16 == 0 && lay.creditIn(p) % 64 == 0);
+  }
+  CHECK(lay.p2pIn(0) == lay.collIn(nranks));
+  CHECK(lay.creditIn(0) == lay.p2pIn(nranks));
+  CHECK(lay.totalBytes() == lay.creditIn(nranks));
+  // Outbox: per destination coll slots, p2p slots and a credit line, disjoint.
+  for (int p = 0; p < nranks; ++p) {
+    CHECK(lay.outP2P(p) == lay.outColl(p) + GpuLayout::kCollSlots * lay.slotBytes());
+    CHECK(lay.outCredit(p) == lay.outP2P(p) + GpuLayout::kP2PSlots * lay.slotBytes());
+    CHECK(lay.outCredit(p) + 64 <= lay.outColl(p + 1));
+  }
+  CHECK(lay.outboxBytes() == lay.outColl(nranks));
+  // Trigger offsets are 32 bits wide.
+  CHECK(lay.totalBytes() < (1ull << 32) && lay.outboxBytes() < (1ull << 32));
+}
+
+int main() {
+  for (int n : {1, 2, 3, 8, 64}) {
+    checkLayout(n, 2048);
+    checkLayout(n, 64 * 1024);
+  }
+  checkLayout(64, 1u << 20);
+
+  // Encoding round trip.
+  {
+    const uint64_t fst = resident::encodeWriteFst(0x12345670, 0x0abcdef0);
+    const uint64_t snd = resident::encodeWriteSnd(63, 131072);
+    const auto r = resident::decodeWrite(fst, snd);
+    CHECK(r.peer == 63 && r.local_offset == 0x12345670 && r.remote_offset == 0x0abcdef0 &&
+          r.bytes == 131072);
+    CHECK((snd & resident::kTriggerLapBit) == 0);
+  }
+
+  // A producer thread writes triggers as a kernel does (fst, then snd with the lap bit by
+  // release), over many laps of a small ring; the consumer view sees each once, in order, and
+  // the producer respects the published tail.
+  {
+    constexpr uint32_t kCap = 16;
+    constexpr uint64_t kCount = 100000;
+    std::vector<uint64_t> slots(2 * kCap, 0);
+    uint64_t tail_word = 0;
+    resident::TriggerRingView ring(slots.data(), &tail_word, kCap);
+    resident::Trigger t;
+    CHECK(!ring.tryPop(t));
+    std::thread producer([&] {
+      for (uint64_t pos = 0; pos < kCount; ++pos) {
+        while (pos - __atomic_load_n(&tail_word, __ATOMIC_ACQUIRE) >= kCap) {
+        }
+        uint64_t* s = slots.data() + 2 * (pos % kCap);
+        __atomic_store_n(s, resident::encodeWriteFst(pos, pos ^ 0x5a5a), __ATOMIC_RELAXED);
+        __atomic_store_n(s + 1,
+                         resident::encodeWriteSnd(static_cast<uint32_t>(pos % 7), pos % 4096) |
+                             resident::triggerLapBit(pos, kCap),
+                         __ATOMIC_RELEASE);
+      }
+    });
+    for (uint64_t expect = 0; expect < kCount;) {
+      int popped = 0;
+      while (ring.tryPop(t)) {
+        const auto r = resident::decodeWrite(t.fst, t.snd);
+        CHECK(r.local_offset == (expect & 0xffffffffull));
+        CHECK(r.remote_offset == ((expect ^ 0x5a5a) & 0xffffffffull));
+        CHECK(r.peer == expect % 7 && r.bytes == expect % 4096);
+        ++expect;
+        ++popped;
+      }
+      if (popped) ring.publishTail();
+    }
+    producer.join();
+    CHECK(!ring.tryPop(t));
+  }
+  std::printf("ok\n");
+  return 0;
+}
