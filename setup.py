@@ -38,7 +38,11 @@ use_cuda = bool(cuda) and CUDA_HOME is not None and os.environ.get("RESIDENT_NO_
 # The CUDA path: device code (kernels/), its torch-free host side (csrc/cuda) and the adapter's
 # CUDA Work (csrc/c10d/work_cuda.cpp); without nvcc, csrc/c10d/no_cuda.cpp stands in.
 skip = "csrc/c10d/no_cuda.cpp" if use_cuda else "csrc/c10d/work_cuda.cpp"
-cpp = [s for s in sources("csrc/core/*.cpp") + sources("csrc/c10d/*.cpp") if s != skip]
+cpp = [
+    s
+    for s in sources("csrc/core/*.cpp") + sources("csrc/core/ib/*.cpp") + sources("csrc/c10d/*.cpp")
+    if s != skip
+]
 if use_cuda:
     cpp += sources("csrc/cuda/*.cpp")
 
@@ -52,7 +56,7 @@ common = dict(
         "nvcc": ["-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90",
                  "-gencode=arch=compute_90,code=compute_90"],
     },
-    libraries=["rt"],
+    libraries=["rt", "dl"],  # dl: libibverbs is loaded at run time
 )
 if use_cuda:
     ext = CUDAExtension(sources=cpp + cuda, **common)

@@ -12,7 +12,8 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORE = sorted(glob.glob(os.path.join(ROOT, "csrc", "core", "*.cpp")))
+# Every source under csrc/core, subdirectories included (csrc/core/ib: the ib transport).
+CORE = sorted(glob.glob(os.path.join(ROOT, "csrc", "core", "**", "*.cpp"), recursive=True))
 TESTS = sorted(glob.glob(os.path.join(ROOT, "tests", "cpp", "test_*.cpp")))
 CXX = os.environ.get("CXX", "g++")
 
@@ -25,7 +26,7 @@ def core_objects(tmp_path_factory):
     objs = []
     procs = []
     for src in CORE:
-        obj = out / (os.path.basename(src) + ".o")
+        obj = out / (os.path.relpath(src, ROOT).replace(os.sep, "_") + ".o")
         cmd = [CXX, "-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
                "-I", os.path.join(ROOT, "csrc"), "-c", src, "-o", str(obj)]
         procs.append((src, subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)))
@@ -49,7 +50,7 @@ def test_core_unit(core_objects, test_src):
     exe = out / os.path.basename(test_src)[:-4]
     build = subprocess.run(
         [CXX, "-std=c++17", "-O1", "-g", "-Wall", "-I", os.path.join(ROOT, "csrc"), "-I",
-         os.path.join(ROOT, "tests", "cpp"), test_src, *objs, "-lpthread", "-lrt", "-o", str(exe)],
+         os.path.join(ROOT, "tests", "cpp"), test_src, *objs, "-lpthread", "-lrt", "-ldl", "-o", str(exe)],
         capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)

@@ -30,7 +30,8 @@ def test_cpp_sources_are_clang_formatted():
     if shutil.which("clang-format") is None:
         pytest.skip("clang-format not installed (the set-up command installs it)")
     files = []
-    for d in ("csrc/core", "csrc/c10d", "kernels", "tests/cpp", "benchmarks/floors"):
+    for d in ("csrc/core", "csrc/core/ib", "csrc/cuda", "csrc/c10d", "kernels", "tests/cpp",
+              "benchmarks/floors"):
         full = os.path.join(ROOT, d)
         if os.path.isdir(full):
             files += [os.path.join(full, f) for f in sorted(os.listdir(full))
