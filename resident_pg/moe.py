@@ -1,0 +1,310 @@
+"""Expert-parallel (EP) dispatch / combine for MoE decode, in the spirit of DeepEP's
+low-latency mode, on top of ``torch.distributed.all_to_all_single``.
+
+It works with any backend that serves ``all_to_all_single`` (resident, gloo, NCCL).  With
+``resident`` (or NCCL) on CUDA tensors every call is a fixed sequence of device kernels with
+static shapes: no ``.item()``, no host synchronisation, no data-dependent shape, so
+``dispatch`` + expert compute + ``combine`` can be captured in one CUDA graph and replayed.
+
+::
+
+    from resident_pg.moe import MoEDispatcher
+    moe = MoEDispatcher(group, num_experts=128, hidden=2048, max_tokens_per_rank=64,
+                        top_k=8, dtype=torch.bfloat16, device="cuda")
+    expert_x, expert_counts, handle = moe.dispatch(x, topk_idx, topk_weights)
+    expert_y = my_experts(expert_x, expert_counts)       # [L, max_slots, H] -> same shape
+    y = moe.combine(expert_y, handle)                     # [T, H]: sum_k w[t,k] * y_k[t]
+
+Experts: rank ``r`` of a group of ``W`` ranks hosts the ``L = num_experts / W`` experts
+``r*L .. r*L+L-1`` (global expert ``e`` lives on rank ``e // L`` as local expert ``e % L``).
+
+Layout (all buffers are allocated ONCE, in ``__init__``; ``C`` = ``slots_per_rank``):
+
+* send / receive payload: ``[W, C, H]`` -- ``C`` token slots per peer.  The default
+  ``C = max_tokens_per_rank * min(top_k, L)`` is the worst case (every token of this rank
+  sends one copy to each of ``min(top_k, L)`` experts of the same peer), so nothing is ever
+  dropped.  Inside peer ``d``'s ``C`` slots, the (token, expert) pairs are ordered by
+  local expert, then by token index: the slots of local expert ``l`` are the contiguous
+  range ``[start[d, l], start[d, l] + count[d, l])`` with ``start`` the exclusive prefix sum
+  of ``count[d, :]``.
+* counts: ``[W, L]`` int64, exchanged first with a fixed-size ``all_to_all_single``; with
+  them every receiver knows where each local expert's tokens sit in every peer's slots.
+* ``expert_x``: ``[L, max_slots, H]`` with ``max_slots = W * min(max_tokens_per_rank, C)``
+  (DeepEP's ``packed_recv_x`` shape when ``C`` is the default).  Row ``j`` of local expert
+  ``l``: the tokens from rank 0 first, then rank 1, ..., each in the sender's token order;
+  ``expert_counts[l]`` rows are valid, the rest are zero.
+* combine sends each valid row back into the slot it came from (``[W, C, H]`` again) and
+  the source rank reduces ``y[t] = sum_k w[t, k] * out[t, k]`` in float32, rounded once to
+  the payload dtype.
+
+Messages are the padded buffers, ``C * H * itemsize`` bytes per peer, whatever the routing:
+that is the price of static shapes (a graph cannot size a message from device data).  A
+smaller ``slots_per_rank`` shrinks every message; pairs that do not fit are then dropped
+(expert-major order: the last experts of a peer lose their last tokens first), contribute
+nothing to ``combine`` and are counted in ``handle.dropped`` (a device tensor).
+
+Per call: ``dispatch`` = 2 ``all_to_all_single`` (counts, payload), ``combine`` = 1.
+
+Validation: shapes, dtypes, devices and ``T <= max_tokens_per_rank`` always raise
+``ValueError`` (host-side metadata only).  Index values (``-1 <= idx < num_experts``, no
+expert twice in a token's row) need a look at device data; they are checked when ``check``
+is true (default: CPU tensors only, never while a CUDA graph is being captured).  Unchecked,
+out-of-range indices and ``-1`` are "not routed" (weight ignored), as in DeepEP.
+
+The buffers returned (``expert_x``, ``expert_counts``) are the dispatcher's own and are
+overwritten by the next ``dispatch``; copy them if you need them longer.  All ranks of the
+group must call ``dispatch`` / ``combine`` in the same order (they are collectives).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["MoEDispatcher", "DispatchHandle"]
+
+_INDEX_DTYPES = (torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8)
+
+
+@dataclasses.dataclass
+class DispatchHandle:
+    """What ``combine`` needs from one ``dispatch`` (device tensors, static shapes)."""
+
+    num_tokens: int               # T of the dispatch
+    pair_slot: torch.Tensor       # [T*K] flat slot d*C+pos of each (token, k) pair; W*C: none
+    topk_weights: torch.Tensor    # [T, K] as given to dispatch
+    back_index: torch.Tensor      # [W*C] row of expert_y (flattened) for each received slot
+    dropped: torch.Tensor         # [] int64: pairs of this rank that did not fit (slots_per_rank)
+    seq: int                      # dispatch sequence number (diagnostics)
+
+
+class MoEDispatcher:
+    """Static-buffer EP dispatch/combine over ``all_to_all_single`` (see the module doc)."""
+
+    def __init__(self, group, num_experts: int, hidden: int, max_tokens_per_rank: int,
+                 top_k: int, dtype: torch.dtype = torch.bfloat16, device=None, *,
+                 slots_per_rank: Optional[int] = None, check: Optional[bool] = None,
+                 all_to_all=None):
+        self.group = group
+        # the exchange, called as all_to_all(output, input, group=group); replaceable, e.g. by
+        # a local copy to time the same step without communication (examples/ep_decode.py)
+        self.all_to_all = all_to_all or dist.all_to_all_single
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        for name, v in (("num_experts", num_experts), ("hidden", hidden),
+                        ("max_tokens_per_rank", max_tokens_per_rank), ("top_k", top_k)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"MoEDispatcher: {name} must be a positive int, got {v!r}")
+        if num_experts % self.world:
+            raise ValueError(f"MoEDispatcher: num_experts ({num_experts}) must be a multiple of "
+                             f"the group size ({self.world})")
+        if top_k > num_experts:
+            raise ValueError(f"MoEDispatcher: top_k ({top_k}) > num_experts ({num_experts})")
+        if not isinstance(dtype, torch.dtype) or dtype.is_complex or dtype == torch.bool:
+            raise ValueError(f"MoEDispatcher: unsupported payload dtype {dtype!r}")
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) \
+                if torch.cuda.is_available() else torch.device("cpu")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.num_experts, self.hidden, self.top_k = num_experts, hidden, top_k
+        self.max_tokens = max_tokens_per_rank
+        self.dtype = dtype
+        self.local_experts = L = num_experts // self.world
+        worst = max_tokens_per_rank * min(top_k, L)
+        if slots_per_rank is None:
+            slots_per_rank = worst
+        if not isinstance(slots_per_rank, int) or slots_per_rank < 1:
+            raise ValueError(f"MoEDispatcher: slots_per_rank must be a positive int, "
+                             f"got {slots_per_rank!r}")
+        self.slots_per_rank = C = slots_per_rank
+        self.lossless = C >= worst
+        self.max_slots = self.world * min(max_tokens_per_rank, C)
+        self.check = (self.device.type == "cpu") if check is None else bool(check)
+        self._seq = 0
+
+        W, H, dev = self.world, hidden, self.device
+        z = dict(device=dev)
+        # payload buffers: one extra row at the end (W*C) = a dump row (send) or a zero row
+        # (receive) so that every scatter/gather has a valid static index.
+        self._send_x = torch.zeros(W * C + 1, H, dtype=dtype, **z)
+        self._recv_x = torch.zeros(W * C + 1, H, dtype=dtype, **z)
+        self._comb_send = torch.zeros(W * C, H, dtype=dtype, **z)
+        self._comb_recv = torch.zeros(W * C + 1, H, dtype=dtype, **z)
+        self._send_counts = torch.zeros(W, L, dtype=torch.int64, **z)
+        self._recv_counts = torch.zeros(W, L, dtype=torch.int64, **z)
+        self.expert_x = torch.zeros(L, self.max_slots, H, dtype=dtype, **z)
+        self.expert_counts = torch.zeros(L, dtype=torch.int32, **z)
+        # constants
+        self._experts = torch.arange(num_experts, dtype=torch.int64, **z)
+        self._slot_grid = torch.arange(self.max_slots, dtype=torch.int64, **z).repeat(L, 1)
+        self._c_grid = torch.arange(C, dtype=torch.int64, **z).repeat(W, 1)
+        self._src_base = (torch.arange(W, dtype=torch.int64, **z) * C).unsqueeze(1)
+
+    # ------------------------------------------------------------------ helpers
+
+    def message_bytes(self) -> int:
+        """Bytes per peer of one payload all_to_all (dispatch or combine)."""
+        return self.slots_per_rank * self.hidden * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        return (f"MoEDispatcher(world={self.world}, experts={self.num_experts} "
+                f"({self.local_experts}/rank), hidden={self.hidden}, max_tokens="
+                f"{self.max_tokens}, top_k={self.top_k}, dtype={self.dtype}, slots_per_rank="
+                f"{self.slots_per_rank}, max_slots={self.max_slots}, device={self.device})")
+
+    def _capturing(self) -> bool:
+        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+    def _validate(self, x, topk_idx, topk_weights):
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden:
+            raise ValueError(f"dispatch: x must be a [T, {self.hidden}] tensor, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)}")
+        T = x.shape[0]
+        if T > self.max_tokens:
+            raise ValueError(f"dispatch: {T} tokens > max_tokens_per_rank={self.max_tokens}")
+        if x.dtype != self.dtype:
+            raise ValueError(f"dispatch: x has dtype {x.dtype}, the dispatcher was built for "
+                             f"{self.dtype}")
+        for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"dispatch: {name} must be a tensor, got {type(t).__name__}")
+            if t.device != self.device:
+                raise ValueError(f"dispatch: {name} is on {t.device}, the dispatcher on "
+                                 f"{self.device}")
+        shape = (T, self.top_k)
+        if tuple(topk_idx.shape) != shape:
+            raise ValueError(f"dispatch: topk_idx must have shape {shape}, got "
+                             f"{tuple(topk_idx.shape)}")
+        if topk_idx.dtype not in _INDEX_DTYPES:
+            raise ValueError(f"dispatch: topk_idx must be an integer tensor, got {topk_idx.dtype}")
+        if tuple(topk_weights.shape) != shape:
+            raise ValueError(f"dispatch: topk_weights must have shape {shape}, got "
+                             f"{tuple(topk_weights.shape)}")
+        if not topk_weights.dtype.is_floating_point:
+            raise ValueError(f"dispatch: topk_weights must be floating point, got "
+                             f"{topk_weights.dtype}")
+        if self.check and T and not self._capturing():
+            idx = topk_idx.to(torch.int64)
+            bad = (idx < -1) | (idx >= self.num_experts)
+            if bool(bad.any()):
+                t, k = (int(v) for v in bad.nonzero()[0])
+                raise ValueError(f"dispatch: topk_idx[{t}, {k}] = {int(idx[t, k])} is not an "
+                                 f"expert (0..{self.num_experts - 1}, or -1 for none)")
+            s, _ = idx.sort(dim=1)
+            dup = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)
+            if bool(dup.any()):
+                t = int(dup.nonzero()[0, 0])
+                raise ValueError(f"dispatch: token {t} names an expert twice in topk_idx: "
+                                 f"{idx[t].tolist()}")
+
+    # ------------------------------------------------------------------ dispatch
+
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor):
+        """Send each token to its top-k experts.
+
+        ``x`` [T, H] (payload dtype), ``topk_idx`` [T, K] (int; -1 = no expert),
+        ``topk_weights`` [T, K] (float; used by ``combine``).  Returns ``(expert_x [L,
+        max_slots, H], expert_counts [L] int32, handle)``; both tensors are the dispatcher's
+        static buffers.
+        """
+        self._validate(x, topk_idx, topk_weights)
+        W, L, C, K = self.world, self.local_experts, self.slots_per_rank, self.top_k
+        T = x.shape[0]
+        self._seq += 1
+
+        # --- routing metadata of this rank's (token, k) pairs, all on the device
+        e = topk_idx.reshape(-1).to(torch.int64)                    # [P], P = T*K
+        hit = e.unsqueeze(1) == self._experts                       # [P, E]; -1 / >=E: no hit
+        valid = hit.any(1)
+        e_safe = torch.where(valid, e, torch.zeros_like(e))
+        rank_in_e = hit.cumsum(0).gather(1, e_safe.unsqueeze(1)).squeeze(1) - 1
+        count = hit.sum(0).view(W, L)                               # pairs per (dest, local expert)
+        start = count.cumsum(1) - count                             # expert-major slot start
+        pos = start.view(-1).index_select(0, e_safe) + rank_in_e    # slot inside dest's C slots
+        placed = valid & (pos < C)
+        dest = e_safe // L
+        pair_slot = torch.where(placed, dest * C + pos, torch.full_like(pos, W * C))
+        dropped = (valid & ~placed).sum()
+        torch.minimum(count, (C - start).clamp(min=0), out=self._send_counts)
+
+        # --- payload: token rows into their slots (unplaced pairs go to the dump row W*C)
+        tok = torch.arange(T * K, device=self.device) // K
+        self._send_x.index_copy_(0, pair_slot, x.index_select(0, tok))
+
+        # --- exchange: counts (fixed size), then payload (fixed size)
+        self.all_to_all(self._recv_counts, self._send_counts, group=self.group)
+        self.all_to_all(self._recv_x[: W * C], self._send_x[: W * C], group=self.group)
+
+        # --- receiver side: pack each local expert's rows (source rank order, then slot order)
+        rc = self._recv_counts                                      # [W src, L]
+        r_incl = rc.cumsum(1)
+        r_start = r_incl - rc                                       # slot start in src's block
+        e_incl = rc.cumsum(0)                                       # over sources, per expert
+        e_off = e_incl - rc                                         # row offset in expert_x
+        # expert_x[l, j] <- recv slot of source s, where s = first source with e_incl[s,l] > j
+        s = torch.searchsorted(e_incl.t().contiguous(), self._slot_grid, right=True)  # [L, S]
+        ok = s < W
+        s_safe = torch.where(ok, s, torch.zeros_like(s))
+        ls = torch.arange(L, device=self.device).unsqueeze(1)
+        c = r_start[s_safe, ls] + (self._slot_grid - e_off[s_safe, ls])
+        gather_idx = torch.where(ok, s_safe * C + c, torch.full_like(c, W * C))  # W*C: zero row
+        torch.index_select(self._recv_x, 0, gather_idx.view(-1),
+                           out=self.expert_x.view(L * self.max_slots, self.hidden))
+        self.expert_counts.copy_(rc.sum(0).clamp(max=self.max_slots))
+
+        # --- for combine: received slot (s, c) -> row of expert_y it must return
+        l_of = torch.searchsorted(r_incl, self._c_grid, right=True)   # [W, C]; L: empty slot
+        l_ok = l_of < L
+        l_safe = torch.where(l_ok, l_of, torch.zeros_like(l_of))
+        ws = torch.arange(W, device=self.device).unsqueeze(1)
+        row = e_off[ws, l_safe] + (self._c_grid - r_start[ws, l_safe])
+        back_ok = l_ok & (row < self.max_slots)
+        back_index = torch.where(back_ok, l_safe * self.max_slots + row, torch.zeros_like(row))
+
+        handle = DispatchHandle(num_tokens=T, pair_slot=pair_slot, topk_weights=topk_weights,
+                                back_index=back_index.view(-1), dropped=dropped, seq=self._seq)
+        return self.expert_x, self.expert_counts, handle
+
+    # ------------------------------------------------------------------ combine
+
+    def combine(self, expert_y: torch.Tensor, handle: DispatchHandle,
+                topk_weights: Optional[torch.Tensor] = None,
+                out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Return ``y [T, H]``: ``y[t] = sum_k w[t, k] * expert_y[row of (t, k)]``.
+
+        ``expert_y`` has ``expert_x``'s shape and the payload dtype (rows beyond
+        ``expert_counts`` are ignored).  ``topk_weights`` overrides the dispatch's weights.
+        Accumulates in float32, rounds once to the payload dtype (or ``out``'s dtype).
+        """
+        shape = (self.local_experts, self.max_slots, self.hidden)
+        if not isinstance(handle, DispatchHandle):
+            raise ValueError(f"combine: handle must come from dispatch, got {type(handle).__name__}")
+        if not isinstance(expert_y, torch.Tensor) or tuple(expert_y.shape) != shape:
+            raise ValueError(f"combine: expert_y must have shape {shape}, got "
+                             f"{tuple(expert_y.shape) if isinstance(expert_y, torch.Tensor) else type(expert_y)}")
+        if expert_y.dtype != self.dtype:
+            raise ValueError(f"combine: expert_y has dtype {expert_y.dtype}, expected {self.dtype}")
+        if expert_y.device != self.device:
+            raise ValueError(f"combine: expert_y is on {expert_y.device}, expected {self.device}")
+        T, K, W, C = handle.num_tokens, self.top_k, self.world, self.slots_per_rank
+        w = handle.topk_weights if topk_weights is None else topk_weights
+        if tuple(w.shape) != (T, K) or not w.dtype.is_floating_point or w.device != self.device:
+            raise ValueError(f"combine: topk_weights must be a floating [{T}, {K}] tensor on "
+                             f"{self.device}, got {w.dtype}{tuple(w.shape)} on {w.device}")
+        if out is not None and (tuple(out.shape) != (T, self.hidden) or out.device != self.device):
+            raise ValueError(f"combine: out must be [{T}, {self.hidden}] on {self.device}")
+
+        flat_y = expert_y.reshape(-1, self.hidden)
+        torch.index_select(flat_y, 0, handle.back_index, out=self._comb_send)
+        self.all_to_all(self._comb_recv[: W * C], self._comb_send, group=self.group)
+        got = self._comb_recv.index_select(0, handle.pair_slot).view(T, K, self.hidden)
+        acc = (got.float() * w.float().unsqueeze(-1)).sum(1)
+        if out is None:
+            return acc.to(self.dtype)
+        out.copy_(acc)
+        return out
