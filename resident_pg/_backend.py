@@ -6,7 +6,7 @@ from resident_pg import _C
 
 _OPTION_KEYS = (
     "path", "slot_bytes", "slots", "max_inflight", "spin_us", "yield_us", "max_sleep_us",
-    "proxy_spin_us", "proxy_cpu", "transport", "debug",
+    "proxy_spin_us", "proxy_cpu", "transport", "tcp_addr", "debug",
 )
 
 

@@ -19,6 +19,7 @@ import warnings
 
 # README's "Configuration" table: (variable, default); tests/test_doctor.py keeps them in sync.
 CONFIG = [("RESIDENT_DEBUG", "off"), ("RESIDENT_PATH", "auto"), ("RESIDENT_TRANSPORT", "auto"),
+          ("RESIDENT_TCP_ADDR", "first non-loopback IPv4"),
           ("RESIDENT_SLOT_BYTES", "65536"), ("RESIDENT_SLOTS", "4"),
           ("RESIDENT_MAX_INFLIGHT", "256"), ("RESIDENT_SPIN_US", "50"),
           ("RESIDENT_YIELD_US", "2000"), ("RESIDENT_MAX_SLEEP_US", "200"),
@@ -26,7 +27,7 @@ CONFIG = [("RESIDENT_DEBUG", "off"), ("RESIDENT_PATH", "auto"), ("RESIDENT_TRANS
           ("RESIDENT_GPU_CHUNK_BYTES", "65536"), ("RESIDENT_GPU_PROXY_SPIN_US", "200000"),
           ("RESIDENT_GPU_PDL", "1")]
 NOT_RUNTIME = {"RESIDENT_TEST_BACKEND", "RESIDENT_NO_CUDA"}  # read by tests / setup.py only
-CHOICES = {"RESIDENT_PATH": ("auto", "direct", "proxy"), "RESIDENT_TRANSPORT": ("auto", "shm")}
+CHOICES = {"RESIDENT_PATH": ("auto", "direct", "proxy"), "RESIDENT_TRANSPORT": ("auto", "shm", "tcp", "ib")}
 NEEDS = {"cpu": {"cpu"}, "cuda": {"cpu", "cuda"}, "rdma": {"cpu", "rdma"}}
 ALL = ("cpu", "cuda", "rdma")
 # CUdevice_attribute values, the same numbers as cudaDeviceAttr's
@@ -210,7 +211,7 @@ def extension_info():
         info["path"] = spec.origin if spec else None
         from resident_pg import _C
         info["loadable"] = True
-        t = getattr(_C, "transports", None)  # absent so far: this build has shm only
+        t = getattr(_C, "transports", None)  # absent in builds before tcp/ib: shm only
         info["transports"] = sorted(t() if callable(t) else t) if t is not None else ["shm"]
     except Exception as e:  # noqa: BLE001 - missing, mid-rebuild, built for another torch
         info["error"] = f"{type(e).__name__}: {e}"
@@ -391,8 +392,12 @@ def diagnose(env=None, root="/"):
     add(T, "same host", "OK", "shm, " + ("proxy path: every write through the proxy thread "
         "(RESIDENT_PATH=proxy)" if path == "proxy" else "direct path: stores straight into "
         "the peer's shared segment" + (" (required: RESIDENT_PATH=direct)" if path == "direct" else "")))
-    if remote in (ext["transports"] or []):
-        add(T, "other hosts", "OK", f"{remote} ({reason})")
+    if remote == "ib" and remote in (ext["transports"] or []):
+        add(T, "other hosts", "WARN", f"ib ({reason}); the ib transport is built but has not run "
+            "on RDMA hardware yet", "if groups across hosts misbehave, set RESIDENT_TRANSPORT=tcp "
+            "and report it")
+    elif remote in (ext["transports"] or []):
+        add(T, "other hosts", "OK", f"{remote} ({reason}; RESIDENT_TRANSPORT=tcp|ib forces one)")
     else:
         add(T, "other hosts", "MISSING", f"would be {remote} ({reason}), but tcp and ib are not "
             "built yet in this version (" + ("shm only in this build" if ext["loadable"] else

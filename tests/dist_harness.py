@@ -161,7 +161,11 @@ def list_shm(prefix: str = SHM_PREFIX) -> dict:
 
 
 def connect_store(timeout_s: Optional[float] = None):
-    """A client of the parent's TCPStore (one per process, reused)."""
+    """A client of the parent's TCPStore (one per process, reused).
+
+    The parent's store listens on every address; ``RESIDENT_TEST_STORE_HOST`` (default
+    127.0.0.1) is the one ranks use, e.g. a bridge address when they run in network namespaces.
+    """
     import torch.distributed as dist
 
     with CTX._store_lock:
@@ -169,7 +173,7 @@ def connect_store(timeout_s: Optional[float] = None):
             if CTX.store_port is None:
                 raise RuntimeError("harness: no parent store in this rendezvous mode")
             CTX._store = dist.TCPStore(
-                "127.0.0.1",
+                os.environ.get("RESIDENT_TEST_STORE_HOST", "127.0.0.1"),
                 CTX.store_port,
                 None,
                 is_master=False,
@@ -245,6 +249,29 @@ def _set_pdeathsig() -> None:
         pass
 
 
+def enter_netns(name: str) -> None:
+    """Move this process into a network namespace (a name under /var/run/netns, or a path such
+    as /proc/<pid>/ns/net) before it creates any socket. Python 3.11 has no os.setns."""
+    path = name if name.startswith("/") else f"/var/run/netns/{name}"
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        CLONE_NEWNET = 0x40000000
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def _enter_rank_netns(rank: int) -> None:
+    """``RESIDENT_TEST_NETNS``: comma-separated namespaces by rank ('' stays put)."""
+    spec = os.environ.get("RESIDENT_TEST_NETNS", "")
+    names = spec.split(",") if spec else []
+    if rank < len(names) and names[rank]:
+        enter_netns(names[rank])
+
+
 def _exc_fields(e: BaseException) -> tuple:
     return (
         type(e).__name__,
@@ -269,6 +296,7 @@ def _rank_main(fn, rank, world_size, args, backend, store_port, rendezvous, rdzv
     CTX.conn = conn
     conn.send(("pid", rank, os.getpid()))
     try:
+        _enter_rank_netns(rank)
         import torch
 
         torch.set_num_threads(1)
@@ -884,12 +912,13 @@ def case_problems(per_rank, registry, cid) -> list:
 class JobCache:
     """Runs one spawned job per world size with exactly the cases pytest selected."""
 
-    def __init__(self, registry, job_fn, test_name, timeout_s=300, init_timeout_s=60):
+    def __init__(self, registry, job_fn, test_name, timeout_s=300, init_timeout_s=60, env=None):
         self.registry = registry
         self.job_fn = job_fn
         self.test_name = test_name
         self.timeout_s = timeout_s
         self.init_timeout_s = init_timeout_s
+        self.env = env  # extra environment of the ranks (may be set before the first get)
         self.results = {}
 
     def get(self, ws, session):
@@ -904,7 +933,7 @@ class JobCache:
             ids = [c for c in self.registry.runnable(ws) if c in selected]
             try:
                 per_rank = run_ranks(self.job_fn, ws, args=(ids,), timeout_s=self.timeout_s,
-                                     init_timeout_s=self.init_timeout_s)
+                                     init_timeout_s=self.init_timeout_s, env=self.env)
                 self.results[ws] = (per_rank, None)
             except RanksFailed as e:
                 self.results[ws] = (None, str(e))

@@ -6,6 +6,7 @@
 #include <torch/python.h>
 
 #include "c10d/process_group_resident.hpp"
+#include "core/ib/ib_caps.hpp"
 #include "core/log.hpp"
 #include "core/shm_segment.hpp"
 
@@ -25,13 +26,28 @@ PYBIND11_MODULE(_C, m) {
            py::arg("options") = std::map<std::string, std::string>{},
            py::call_guard<py::gil_scoped_release>())
       .def("transport_for", &ProcessGroupResident::transportFor, py::arg("peer"),
-           "Transport used to reach a peer: 'shm' (same host) or 'self'.")
+           "Transport used to reach a peer: 'shm' (same host), 'tcp' (another host, or "
+           "RESIDENT_TRANSPORT=tcp) or 'self'.")
       .def("path_for", &ProcessGroupResident::pathFor, py::arg("peer"),
            "Path used to reach a peer: 'direct' stores or the 'proxy' thread.")
       .def("config", &ProcessGroupResident::describeConfig,
            "The effective RESIDENT_* configuration of this group.")
       .def("proxy_cpu", &ProcessGroupResident::proxyCpu,
            "CPU the proxy thread is pinned to, or -1.");
+  m.def(
+      "transports",
+      [] {
+        return std::vector<std::string>{"ib", "shm", "tcp"};
+      },
+      "Transports this build has (ib: built and unit-tested, not yet run on RDMA hardware).");
+  m.def(
+      "ib_available",
+      [] {
+        std::string why;
+        const bool ok = resident::ib::ibAvailable(&why);
+        return std::make_pair(ok, why);
+      },
+      "(True, '') when this machine has an active RDMA port, else (False, reason).");
   m.def("remove_stale_segments", &resident::ShmSegment::removeStale,
         "Remove /dev/shm names left by resident processes that no longer exist.");
   m.def("set_log_level",

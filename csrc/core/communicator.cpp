@@ -7,7 +7,10 @@
 
 #include "core/clock.hpp"
 #include "core/error.hpp"
+#include "core/ib/ib_caps.hpp"
+#include "core/ib/ib_transport.hpp"
 #include "core/log.hpp"
+#include "core/routed_transport.hpp"
 #include "core/shm_transport.hpp"
 
 namespace resident {
@@ -40,7 +43,8 @@ std::string localHostKey() {
   }
   struct stat st;
   const unsigned long mnt = stat("/proc/self/ns/mnt", &st) == 0 ? st.st_ino : 0;
-  return std::string(host) + "/" + boot + "/" + std::to_string(mnt);
+  const unsigned long net = stat("/proc/self/ns/net", &st) == 0 ? st.st_ino : 0;
+  return std::string(host) + "/" + boot + "/" + std::to_string(mnt) + "/" + std::to_string(net);
 }
 
 Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Config& cfg,
@@ -89,37 +93,66 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   header->slots = cfg.slots;
   header->slot_bytes = cfg.slot_bytes;
   header->owner_rank = static_cast<uint32_t>(rank);
+  // Listen before the exchange so that the endpoint travels in the descriptor; the listener
+  // goes again at once if no peer needs tcp.
+  if (cfg.transport != "shm") {
+    TcpOptions opts;
+    opts.bind_addr = cfg.tcp_addr;
+    opts.stall_timeout_ns = timeout_ms * 1000000ull;
+    tcp_ = std::make_unique<TcpTransport>(rank, nranks, static_cast<unsigned char*>(inbox_.data()),
+                                          segment_bytes, opts);
+  }
 
-  // One descriptor exchange: host key, pid, inbox name and size.
+  // An active RDMA port here? (libibverbs is loaded at run time; none on most machines.)
+  ib_local_ = (cfg.transport == "auto" || cfg.transport == "ib") && ib::ibAvailable(&ib_why_);
+  if (!ib_local_ && ib_why_.empty()) ib_why_ = "RESIDENT_TRANSPORT=" + cfg.transport;
+  peer_ib_.assign(static_cast<size_t>(nranks), false);
+
+  // One descriptor exchange: host key, pid, inbox name and size, ring geometry, transport
+  // setting and tcp endpoint.
   const std::string host_key = localHostKey();
   const std::string desc = host_key + "|" + std::to_string(getpid()) + "|" + inbox_.name() + "|" +
                            std::to_string(segment_bytes) + "|" + std::to_string(cfg.slots) + "|" +
-                           std::to_string(cfg.slot_bytes);
+                           std::to_string(cfg.slot_bytes) + "|" + cfg.transport + "|" +
+                           (tcp_ ? tcp_->endpoint() : std::string("-")) + "|" +
+                           (ib_local_ ? "ib" : "-");
   const auto all = allGatherStrings(store, rank, nranks, "resident/desc", desc);
 
   peers_.resize(static_cast<size_t>(nranks));
   peer_inboxes_.resize(static_cast<size_t>(nranks));
-  std::vector<unsigned char*> bases(static_cast<size_t>(nranks), nullptr);
+  std::vector<std::vector<std::string>> fields(static_cast<size_t>(nranks));
+  std::vector<std::string> endpoints(static_cast<size_t>(nranks));
+  bool group_tcp = cfg.transport == "tcp";  // does any pair of ranks talk over tcp?
+  const std::string key0 = all[0].substr(0, all[0].find('|'));
   for (int p = 0; p < nranks; ++p) {
     const auto f = split(all[static_cast<size_t>(p)], '|');
-    if (f.size() != 6)
+    if (f.size() != 9)
       throw CommError("resident: malformed descriptor from rank " + std::to_string(p));
     PeerInfo& info = peers_[static_cast<size_t>(p)];
     info.host = f[0].substr(0, f[0].find('/'));
     info.pid = std::stoi(f[1]);
     info.same_host = f[0] == host_key;
+    group_tcp = group_tcp || f[0] != key0;
     if (std::to_string(cfg.slots) != f[4] || std::to_string(cfg.slot_bytes) != f[5]) {
       throw InvalidArgument("resident: rank " + std::to_string(p) + " uses RESIDENT_SLOTS=" + f[4] +
                             " RESIDENT_SLOT_BYTES=" + f[5] + " but rank " + std::to_string(rank) +
                             " uses " + std::to_string(cfg.slots) + "/" +
                             std::to_string(cfg.slot_bytes) + "; all ranks must agree");
     }
-    if (p == rank) continue;
-    if (!info.same_host) {
-      throw CommError("resident: rank " + std::to_string(p) + " runs on host " + info.host +
-                      ", which does not share memory with rank " + std::to_string(rank) +
-                      "; this build has the shm transport only (tcp and ib are not built yet)");
+    if (f[6] != cfg.transport) {
+      throw InvalidArgument("resident: rank " + std::to_string(p) + " uses RESIDENT_TRANSPORT=" +
+                            f[6] + " but rank " + std::to_string(rank) + " uses " + cfg.transport +
+                            "; all ranks must agree");
     }
+    endpoints[static_cast<size_t>(p)] = f[7];
+    peer_ib_[static_cast<size_t>(p)] = f[8] == "ib";
+    fields[static_cast<size_t>(p)] = f;
+  }
+  chooseTransports();
+  std::vector<unsigned char*> bases(static_cast<size_t>(nranks), nullptr);
+  for (int p = 0; p < nranks; ++p) {
+    if (kinds_[static_cast<size_t>(p)] != "shm") continue;
+    const auto& f = fields[static_cast<size_t>(p)];
     peer_inboxes_[static_cast<size_t>(p)] = ShmSegment::open(f[2], std::stoull(f[3]));
     bases[static_cast<size_t>(p)] =
         static_cast<unsigned char*>(peer_inboxes_[static_cast<size_t>(p)].data());
@@ -127,8 +160,42 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   // Everyone has mapped everyone: names can go, so nothing outlives a crash in /dev/shm.
   allGatherStrings(store, rank, nranks, "resident/mapped", "1");
   inbox_.unlinkName();
+  shm_ = std::make_unique<ShmTransport>(bases);
+  connectTcp(store, endpoints, group_tcp, timeout_ms);
+  connectIb(store);
 
-  transport_ = std::make_unique<ShmTransport>(bases);
+  // One transport for the engine: the only kind in use, or a router when kinds mix.
+  std::vector<Transport*> by_peer(static_cast<size_t>(nranks), nullptr);
+  bool any_shm = false, any_tcp = false, any_ib = false;
+  for (int p = 0; p < nranks; ++p) {
+    const std::string& kind = kinds_[static_cast<size_t>(p)];
+    if (kind == "shm") {
+      by_peer[static_cast<size_t>(p)] = shm_.get();
+      any_shm = true;
+    } else if (kind == "tcp") {
+      by_peer[static_cast<size_t>(p)] = tcp_.get();
+      any_tcp = true;
+    } else if (kind == "ib") {
+      by_peer[static_cast<size_t>(p)] = ib_.get();
+      any_ib = true;
+    } else if (kind != "self") {
+      throw CommError("resident: rank " + std::to_string(p) + " needs the " + kind +
+                      " transport, which this build does not have");
+    }
+  }
+  std::vector<Transport*> polled;
+  if (any_tcp) polled.push_back(tcp_.get());
+  if (any_ib) polled.push_back(ib_.get());
+  if (static_cast<int>(any_shm) + static_cast<int>(any_tcp) + static_cast<int>(any_ib) > 1) {
+    routed_ = std::make_unique<RoutedTransport>(by_peer, polled);
+    transport_ = routed_.get();
+  } else if (any_tcp) {
+    transport_ = tcp_.get();
+  } else if (any_ib) {
+    transport_ = ib_.get();
+  } else {
+    transport_ = shm_.get();
+  }
   proxied_.assign(static_cast<size_t>(nranks), false);
   for (int p = 0; p < nranks; ++p) {
     if (p == rank) continue;
@@ -141,8 +208,71 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   }
   fifo_ = std::make_unique<TriggerFifo>(kFifoCapacity);
   engine_ = std::make_unique<Engine>(rank, nranks, cfg, layout_,
-                                     static_cast<unsigned char*>(inbox_.data()), transport_.get(),
-                                     peers_, proxied_, fifo_.get(), timeout_ms * 1000000ull);
+                                     static_cast<unsigned char*>(inbox_.data()), transport_, peers_,
+                                     proxied_, fifo_.get(), timeout_ms * 1000000ull);
+}
+
+void Communicator::chooseTransports() {
+  kinds_.assign(static_cast<size_t>(nranks_), "self");
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    const PeerInfo& info = peers_[static_cast<size_t>(p)];
+    std::string& kind = kinds_[static_cast<size_t>(p)];
+    const bool both_ib = ib_local_ && peer_ib_[static_cast<size_t>(p)];
+    if (cfg_.transport == "tcp") {
+      kind = "tcp";  // forced, even on one host (tests, or to measure the network path)
+    } else if (cfg_.transport == "ib") {
+      // Forced, even on one host; needs an active RDMA port on both ends (every rank sees
+      // the same descriptors, so a refusal happens on both ends of the pair).
+      if (!both_ib) {
+        throw InvalidArgument("resident: RESIDENT_TRANSPORT=ib but " +
+                              (ib_local_ ? "rank " + std::to_string(p) + " has no usable RDMA port"
+                                         : "this rank has none: " + ib_why_));
+      }
+      kind = "ib";
+    } else if (info.same_host) {
+      kind = "shm";
+    } else if (cfg_.transport == "shm") {
+      throw CommError("resident: rank " + std::to_string(p) + " runs on host " + info.host +
+                      ", which does not share memory with rank " + std::to_string(rank_) +
+                      "; RESIDENT_TRANSPORT=shm serves same-host peers only (auto picks ib or "
+                      "tcp for the others)");
+    } else {
+      kind = both_ib ? "ib" : "tcp";  // ib when both ends have an active RDMA port
+    }
+  }
+}
+
+void Communicator::connectTcp(BootstrapStore& store, const std::vector<std::string>& endpoints,
+                              bool group_tcp, uint64_t timeout_ms) {
+  constexpr const char* kSecretKey = "resident/tcp_secret";
+  std::vector<bool> tcp_peer(static_cast<size_t>(nranks_), false);
+  bool any = false;
+  for (int p = 0; p < nranks_; ++p) {
+    tcp_peer[static_cast<size_t>(p)] = kinds_[static_cast<size_t>(p)] == "tcp";
+    any = any || tcp_peer[static_cast<size_t>(p)];
+  }
+  // Rank 0 makes the group's secret whenever some pair of ranks talks over tcp.
+  tcp::Secret secret;
+  if (rank_ == 0 && group_tcp && tcp_) {
+    secret = tcp::Secret::random();
+    store.set(kSecretKey, secret.hex());
+  }
+  if (!any) {
+    tcp_.reset();  // nobody to talk to: no listener for the group's life
+    return;
+  }
+  if (rank_ != 0) secret = tcp::Secret::fromHex(store.get(kSecretKey));
+  tcp_->establish(endpoints, tcp_peer, secret, timeout_ms * 1000000ull);
+}
+
+void Communicator::deliverTcpEvents() {
+  for (const auto& e : tcp_->takeEvents()) {
+    if (e.fatal)
+      engine_->poison(e.reason);
+    else
+      engine_->markPeerLost(e.peer, e.reason);
+  }
 }
 
 Communicator::~Communicator() {
@@ -152,16 +282,32 @@ Communicator::~Communicator() {
 void Communicator::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  if (tcp_) tcp_->abort();  // a proxy waiting for a peer to take data gives up
   if (proxy_) proxy_->stop();
   // The engine (and its op pool) stays until destruction: Works may still hold handles.
   // Poisoned, it never touches the transport or the segments again.
   if (engine_) engine_->poison("the process group was shut down");
   proxy_.reset();
+  if (tcp_) tcp_->shutdown();  // goodbyes to the peers, every socket closed
+  ib_.reset();                 // queue pairs, registrations and the verbs context
   peer_inboxes_.clear();
   inbox_ = ShmSegment();
 }
 
 bool Communicator::proxyPoll() {
+  // A network transport that fails (a post or completion error) throws CommError: the group
+  // is then unusable, and its ops fail with the reason instead of the process terminating.
+  try {
+    return proxyPass();
+  } catch (const CommError& e) {
+    if (!transport_failed_) RLOG_ERROR("%s", e.what());
+    transport_failed_ = true;  // the transport stays failed: stop polling it
+    engine_->poison(e.what());
+    return false;
+  }
+}
+
+bool Communicator::proxyPass() {
   bool moved = false;
   Trigger t;
   for (int n = 0; n < 64 && fifo_->tryPop(t); ++n) {
@@ -172,7 +318,11 @@ bool Communicator::proxyPoll() {
   extra_busy_.store(true);
   if (ProxyHandler* extra = extra_poller_.load()) moved |= extra->proxyPoll();
   extra_busy_.store(false);
-  transport_->poll();
+  if (!transport_failed_) transport_->poll();
+  if (tcp_) {
+    moved |= tcp_->takeActivity();
+    if (tcp_->hasEvents()) deliverTcpEvents();
+  }
   // Async ops nobody waits on are driven here, at the proxy's idle pace: a caller blocked
   // in wait() drives its own ops, and two spinning drivers would only contend for the core.
   if (engine_->hasActive() && !engine_->hasWaiters()) engine_->tryProgress();
@@ -193,7 +343,7 @@ int Communicator::localIndex() const {
 
 std::string Communicator::transportFor(int peer) const {
   if (peer == rank_) return "self";
-  return transport_ ? transport_->name() : "none";
+  return kinds_.empty() ? "none" : kinds_[static_cast<size_t>(peer)];
 }
 
 std::string Communicator::pathFor(int peer) const {

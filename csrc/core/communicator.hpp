@@ -18,7 +18,15 @@
 #include "core/layout.hpp"
 #include "core/proxy.hpp"
 #include "core/shm_segment.hpp"
+#include "core/shm_transport.hpp"
+#include "core/tcp_transport.hpp"
 #include "core/transport.hpp"
+
+namespace resident {
+namespace ib {
+class IbTransport;
+}
+}  // namespace resident
 
 namespace resident {
 
@@ -54,7 +62,7 @@ class Communicator : public ProxyHandler {
   int rank() const { return rank_; }
   int size() const { return nranks_; }
   const Config& config() const { return cfg_; }
-  // "shm" / "self", and "direct" / "proxy", for introspection and logs.
+  // "shm" / "tcp" / "self", and "direct" / "proxy", for introspection and logs.
   std::string transportFor(int peer) const;
   std::string pathFor(int peer) const;
   int proxyCpu() const { return proxy_ ? proxy_->boundCpu() : -1; }
@@ -84,6 +92,14 @@ class Communicator : public ProxyHandler {
 
  private:
   void install(BootstrapStore& store, uint64_t timeout_ms);  // segments, peers, engine
+  // Per peer: "shm", "tcp" (or "self"), from the descriptors all ranks exchanged.
+  void chooseTransports();
+  void connectTcp(BootstrapStore& store, const std::vector<std::string>& endpoints, bool group_tcp,
+                  uint64_t timeout_ms);
+  void deliverTcpEvents();
+  // ib (csrc/core/ib/ib_connect.cpp): queue pairs to the peers whose transport is "ib".
+  void connectIb(BootstrapStore& store);
+  bool proxyPass();  // one proxy pass; proxyPoll turns a transport's CommError into poison
   void checkRank(int r, const char* what) const;
   void checkReduction(DType dtype, RedOp op, const char* what) const;
 
@@ -94,7 +110,16 @@ class Communicator : public ProxyHandler {
   std::vector<ShmSegment> peer_inboxes_;
   std::vector<PeerInfo> peers_;
   std::vector<bool> proxied_;
-  std::unique_ptr<Transport> transport_;
+  std::vector<std::string> kinds_;  // transport per peer
+  std::unique_ptr<ShmTransport> shm_;
+  std::unique_ptr<TcpTransport> tcp_;
+  std::unique_ptr<ib::IbTransport> ib_;
+  std::vector<bool> peer_ib_;          // peer has an active RDMA port (from its descriptor)
+  bool transport_failed_ = false;      // proxy thread only
+  bool ib_local_ = false;              // this rank has an active RDMA port
+  std::string ib_why_;                 // why this rank has no usable ib, for errors and logs
+  std::unique_ptr<Transport> routed_;  // when peers use different transports
+  Transport* transport_ = nullptr;     // what the engine and the proxy use
   std::unique_ptr<TriggerFifo> fifo_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Proxy> proxy_;
@@ -106,7 +131,12 @@ class Communicator : public ProxyHandler {
 };
 
 // Identifies this host and shared-memory domain: peers with equal keys can map each other's
-// segments. hostname + boot id + mount namespace.
+// segments. hostname + boot id + mount namespace + network namespace (ranks in different
+// network namespaces count as different hosts).
 std::string localHostKey();
+
+// Hook for the ib transport: true when this rank and the peer can reach each other over an
+// active RDMA port. The ib transport is not built yet: always false, so remote peers use tcp.
+bool ibTransportUsable(int peer);
 
 }  // namespace resident

@@ -51,10 +51,12 @@ void apply(Config& c, const std::string& key, const std::string& value) {
   } else if (key == "proxy_cpu") {
     c.proxy_cpu = value == "-1" ? -1 : static_cast<int>(parseUnsigned(key, value, 0, 65535));
   } else if (key == "transport") {
-    if (value != "auto" && value != "shm")
-      throw InvalidArgument("resident: RESIDENT_TRANSPORT must be auto or shm, got '" + value +
-                            "'");
+    if (value != "auto" && value != "shm" && value != "tcp" && value != "ib")
+      throw InvalidArgument("resident: RESIDENT_TRANSPORT must be auto, shm, tcp or ib, got '" +
+                            value + "'");
     c.transport = value;
+  } else if (key == "tcp_addr") {
+    c.tcp_addr = value;  // checked when the tcp transport listens
   } else if (key == "gpu_chunk_bytes") {
     // A multiple of the 2 KiB part a thread block moves per round.
     c.gpu_chunk_bytes = static_cast<uint32_t>(parseUnsigned(key, value, 2048, 1u << 20)) & ~2047u;
@@ -72,7 +74,7 @@ void apply(Config& c, const std::string& key, const std::string& value) {
 const char* kKeys[] = {"path",      "slot_bytes", "slots",           "max_inflight",
                        "spin_us",   "yield_us",   "max_sleep_us",    "proxy_spin_us",
                        "proxy_cpu", "transport",  "gpu_chunk_bytes", "gpu_proxy_spin_us",
-                       "gpu_pdl"};
+                       "gpu_pdl",   "tcp_addr"};
 
 }  // namespace
 
@@ -94,6 +96,7 @@ std::string Config::describe() const {
          " max_sleep_us=" + std::to_string(max_sleep_us) +
          " proxy_spin_us=" + std::to_string(proxy_spin_us) +
          " proxy_cpu=" + std::to_string(proxy_cpu) + " transport=" + transport +
+         (tcp_addr.empty() ? "" : " tcp_addr=" + tcp_addr) +
          " gpu_chunk_bytes=" + std::to_string(gpu_chunk_bytes) +
          " gpu_proxy_spin_us=" + std::to_string(gpu_proxy_spin_us) +
          " gpu_pdl=" + (gpu_pdl ? "1" : "0");

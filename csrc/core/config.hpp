@@ -24,7 +24,8 @@ struct Config {
   uint64_t max_sleep_us = 200;           // RESIDENT_MAX_SLEEP_US: cap of sleep back-off
   uint64_t proxy_spin_us = 20000;        // RESIDENT_PROXY_SPIN_US: proxy hot after work
   int proxy_cpu = -1;                    // RESIDENT_PROXY_CPU: pin the proxy (-1: don't)
-  std::string transport = "auto";        // RESIDENT_TRANSPORT=auto|shm
+  std::string transport = "auto";        // RESIDENT_TRANSPORT=auto|shm|tcp
+  std::string tcp_addr;                  // RESIDENT_TCP_ADDR: IPv4 the tcp transport listens on
   uint32_t gpu_chunk_bytes = 64 * 1024;  // RESIDENT_GPU_CHUNK_BYTES: CUDA payload per round
   uint64_t gpu_proxy_spin_us = 200000;  // RESIDENT_GPU_PROXY_SPIN_US: proxy hot after a GPU trigger
   bool gpu_pdl = true;                  // RESIDENT_GPU_PDL=0|1: programmatic dependent launch

@@ -18,10 +18,6 @@ constexpr uint64_t kLivenessPeriodNs = 100ull * 1000 * 1000;
 constexpr int kTriggerTypeShift = 40;
 constexpr int kTriggerRingShift = 32;
 
-uint32_t chunksFor(uint64_t bytes, uint32_t chunk) {
-  return bytes == 0 ? 1u : static_cast<uint32_t>((bytes + chunk - 1) / chunk);
-}
-
 uint64_t triggerWord(TriggerType type, Ring ring, int peer) {
   return (static_cast<uint64_t>(type) << kTriggerTypeShift) |
          (static_cast<uint64_t>(ring) << kTriggerRingShift) | static_cast<uint32_t>(peer);
@@ -43,7 +39,10 @@ Engine::Engine(int rank, int nranks, const Config& cfg, const InboxLayout& layou
       timeout_ns_(timeout_ns),
       send_(static_cast<size_t>(nranks) * kRings),
       recv_(static_cast<size_t>(nranks) * kRings),
-      p2p_bind_(static_cast<size_t>(nranks)) {
+      p2p_bind_(static_cast<size_t>(nranks)),
+      lost_(new std::atomic<bool>[static_cast<size_t>(nranks)]),
+      lost_why_(static_cast<size_t>(nranks)) {
+  for (int p = 0; p < nranks; ++p) lost_[p].store(false, std::memory_order_relaxed);
   pool_.reserve(cfg.max_inflight);
   free_.reserve(cfg.max_inflight);
   active_.reserve(cfg.max_inflight);
@@ -294,6 +293,13 @@ void Engine::poison(const std::string& reason) {
   runCallbacks();
 }
 
+void Engine::markPeerLost(int peer, const std::string& why) {
+  std::atomic<bool>& flag = lost_[peer];
+  if (flag.load(std::memory_order_relaxed)) return;
+  lost_why_[static_cast<size_t>(peer)] = why;
+  flag.store(true, std::memory_order_release);  // publishes the reason
+}
+
 void Engine::failAllLocked(const std::string& reason, ErrorKind kind) {
   if (!poisoned_.exchange(true)) {
     poison_reason_ = reason;
@@ -538,92 +544,6 @@ bool Engine::progressReduce(Op& op) {
   return moved;
 }
 
-bool Engine::deliverFromStash(Op& op) {
-  for (auto it = stash_.begin(); it != stash_.end(); ++it) {
-    Stash& s = **it;
-    if (s.peer != op.peer || s.tag != op.seq) continue;
-    if (s.received < s.chunks) return false;  // the oldest match is still arriving
-    if (s.total != op.bytes) {
-      throw CommError("resident: recv from rank " + std::to_string(op.peer) + " with tag " +
-                      std::to_string(op.seq) + " expected " + std::to_string(op.bytes) +
-                      " bytes but the matching send carried " + std::to_string(s.total) +
-                      " bytes (size mismatch)");
-    }
-    if (s.total != 0)
-      std::memcpy(op.peers[static_cast<size_t>(op.peer)].recv_ptr, s.data.data(), s.total);
-    PeerTransfer& t = op.peers[static_cast<size_t>(op.peer)];
-    t.received = t.recv_chunks;
-    op.bound = true;
-    stash_.erase(it);
-    return true;
-  }
-  return false;
-}
-
-bool Engine::progressP2PRecvs() {
-  bool moved = false;
-  const uint32_t chunk = layout_.slotBytes();
-  for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_) continue;
-    RecvChannel& ch = recvCh(p, kP2PRing);
-    P2PBinding& b = p2p_bind_[static_cast<size_t>(p)];
-    for (;;) {
-      const SlotHeader* h = readySlot(ch, ch.next);
-      if (h == nullptr) break;
-      if (b.op == nullptr && b.stash == nullptr) {
-        if (h->meta.chunk_index != 0) {
-          throw CommError("resident: protocol error on the p2p channel from rank " +
-                          std::to_string(p) + " (chunk " + std::to_string(h->meta.chunk_index) +
-                          " without a message start)");
-        }
-        // Match the oldest posted recv with this peer and tag, unless an earlier message
-        // with the same tag is stashed (messages with one tag are received in order).
-        bool stashed_same_tag = false;
-        for (const auto& s : stash_)
-          if (s->peer == p && s->tag == h->meta.op_seq) stashed_same_tag = true;
-        if (!stashed_same_tag) {
-          for (Op* op : active_) {
-            if (op->kind == OpKind::kRecv && op->peer == p && !op->bound &&
-                op->seq == h->meta.op_seq && op->state.load() == OpState::kActive) {
-              validate(*op, *h, p, 0, op->bytes);
-              op->bound = true;
-              b.op = op;
-              break;
-            }
-          }
-        }
-        if (b.op == nullptr) {
-          // No recv posted for it yet: keep it aside (allocates; only for unexpected order).
-          auto s = std::make_unique<Stash>();
-          s->peer = p;
-          s->tag = h->meta.op_seq;
-          s->total = h->meta.total_bytes;
-          s->chunks = chunksFor(h->meta.total_bytes, chunk);
-          s->received = 0;
-          s->data.resize(h->meta.total_bytes);
-          b.stash = s.get();
-          stash_.push_back(std::move(s));
-        }
-      }
-      const auto* payload = reinterpret_cast<const unsigned char*>(h) + kLine;
-      if (b.op != nullptr) {
-        PeerTransfer& t = b.op->peers[static_cast<size_t>(p)];
-        validate(*b.op, *h, p, t.received, b.op->bytes);
-        std::memcpy(t.recv_ptr + static_cast<uint64_t>(t.received) * chunk, payload,
-                    h->meta.chunk_bytes);
-        if (++t.received == t.recv_chunks) b.op = nullptr;
-      } else {
-        std::memcpy(b.stash->data.data() + static_cast<uint64_t>(b.stash->received) * chunk,
-                    payload, h->meta.chunk_bytes);
-        if (++b.stash->received == b.stash->chunks) b.stash = nullptr;
-      }
-      consumeChunk(ch);
-      moved = true;
-    }
-  }
-  return moved;
-}
-
 void Engine::checkDeadline(Op& op, uint64_t now) {
   const int peer = op.waiting_on;
   const std::string peer_text = peer >= 0
@@ -637,11 +557,16 @@ void Engine::checkDeadline(Op& op, uint64_t now) {
                        " ms waiting for " + peer_text +
                        "; that rank may have crashed, hung, or called a different operation");
   }
-  // A peer on this host that exited will never answer: say so now rather than at the timeout.
+  // A peer on this host that exited, or one whose connection closed, will never answer: say
+  // so now rather than at the timeout.
   if (now - op.last_liveness_check_ns < kLivenessPeriodNs) return;
   op.last_liveness_check_ns = now;
   for (int p = 0; p < nranks_; ++p) {
     if (p == rank_ || (peer >= 0 && p != peer)) continue;
+    if (lost_[p].load(std::memory_order_acquire)) {
+      throw CommError(lost_why_[static_cast<size_t>(p)] + "; rank " + std::to_string(rank_) +
+                      " was waiting for it in " + op.describe());
+    }
     const PeerInfo& info = peers_[static_cast<size_t>(p)];
     if (!info.same_host || info.pid <= 0) continue;
     if (kill(info.pid, 0) != 0 && errno == ESRCH) {

@@ -27,6 +27,11 @@ struct PeerInfo {
 
 enum class TriggerType : uint64_t { kTransmit = 1, kAck = 2 };
 
+// Slots a message of `bytes` takes (an empty message still takes one).
+inline uint32_t chunksFor(uint64_t bytes, uint32_t chunk) {
+  return bytes == 0 ? 1u : static_cast<uint32_t>((bytes + chunk - 1) / chunk);
+}
+
 class Engine {
  public:
   Engine(int rank, int nranks, const Config& cfg, const InboxLayout& layout, unsigned char* inbox,
@@ -59,6 +64,9 @@ class Engine {
 
   // Fails every active op and refuses new ones.
   void poison(const std::string& reason);
+  // A peer left (its network connection closed): an op found stuck waiting on it fails with
+  // `why`. Called by the proxy thread; the first reason sticks.
+  void markPeerLost(int peer, const std::string& why);
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
   uint64_t timeoutNs() const { return timeout_ns_; }
   void setTimeoutNs(uint64_t ns) { timeout_ns_ = ns; }
@@ -132,6 +140,8 @@ class Engine {
   uint64_t coll_seq_ = 0;
   std::atomic<bool> poisoned_{false};
   std::string poison_reason_;
+  std::unique_ptr<std::atomic<bool>[]> lost_;  // per peer, set once by markPeerLost
+  std::vector<std::string> lost_why_;
 };
 
 }  // namespace resident

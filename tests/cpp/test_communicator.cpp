@@ -1,6 +1,6 @@
 // Communicator end to end with ranks as threads of one process (the shm transport maps the
 // same segments several times): every op on random data against references, chunked sizes,
-// p2p tags out of order, the proxy path, mismatch detection and timeouts.
+// p2p tags out of order, the proxy path, the tcp transport, mismatch detection and timeouts.
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -161,6 +161,10 @@ int main() {
   proxied.path = PathMode::kProxy;
   testCollectives(proxied, 2);
   std::puts("test_communicator: proxy ok");
+  Config tcp = cfg;
+  tcp.transport = "tcp";  // every peer over tcp, through the proxy, on this host
+  testCollectives(tcp, 3);
+  std::puts("test_communicator: tcp ok");
 
   // Mismatched sizes: both ranks raise a mismatch error, nobody hangs.
   std::vector<std::string> errors(2);

@@ -1,0 +1,38 @@
+// A transport that hands each peer's writes to the transport chosen for that peer (shm for
+// same-host peers, tcp for the others), for groups that mix them. Polls every network
+// transport. Used only when a group needs more than one kind.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "core/transport.hpp"
+
+namespace resident {
+
+class RoutedTransport : public Transport {
+ public:
+  // by_peer[p]: the transport of peer p (nullptr for this rank); polled: those to poll().
+  RoutedTransport(std::vector<Transport*> by_peer, std::vector<Transport*> polled)
+      : by_peer_(std::move(by_peer)), polled_(std::move(polled)) {}
+  const char* name() const override { return "routed"; }
+  void write(int peer, size_t offset, const void* src, size_t bytes) override {
+    by_peer_[static_cast<size_t>(peer)]->write(peer, offset, src, bytes);
+  }
+  void signal(int peer, size_t offset, uint64_t value) override {
+    by_peer_[static_cast<size_t>(peer)]->signal(peer, offset, value);
+  }
+  bool directCapable(int peer) const override {
+    const Transport* t = by_peer_[static_cast<size_t>(peer)];
+    return t != nullptr && t->directCapable(peer);
+  }
+  void poll() override {
+    for (Transport* t : polled_) t->poll();
+  }
+
+ private:
+  std::vector<Transport*> by_peer_;
+  std::vector<Transport*> polled_;
+};
+
+}  // namespace resident

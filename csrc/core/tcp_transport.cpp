@@ -1,0 +1,297 @@
+// The tcp transport's data path (proxy thread): queueing and flushing frames, taking in and
+// applying what arrives, peers that fail or leave, and the goodbye at shutdown. Set-up is in
+// tcp_setup.cpp.
+#include "core/tcp_transport.hpp"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/clock.hpp"
+#include "core/log.hpp"
+
+namespace resident {
+namespace {
+
+using tcp::FrameHeader;
+using tcp::FrameType;
+
+// A payload with at least this much left is received straight into the segment.
+constexpr size_t kDirectRecvMin = 4096;
+// A payload at least this large, with nothing queued before it, is sent from its source.
+constexpr size_t kDirectSendMin = 16 * 1024;
+constexpr uint64_t kMs = 1000000ull;
+constexpr uint64_t kGoodbyeNs = 200 * kMs;
+
+std::string rankText(int r) {
+  return "rank " + std::to_string(r);
+}
+
+}  // namespace
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    reset(o.fd_);
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void UniqueFd::reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+TcpTransport::~TcpTransport() {
+  shutdown();
+}
+
+bool TcpTransport::connected(int peer) const {
+  return conns_[static_cast<size_t>(peer)].state == ConnState::kOpen;
+}
+
+std::vector<TcpTransport::Event> TcpTransport::takeEvents() {
+  std::vector<Event> out;
+  out.swap(events_);
+  return out;
+}
+
+// ---- data path (proxy thread) ---------------------------------------------------------------
+
+void TcpTransport::write(int peer, size_t offset, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  appendFrame(peer, FrameHeader{static_cast<uint32_t>(FrameType::kWrite), 0, offset, bytes}, src,
+              bytes);
+}
+
+void TcpTransport::signal(int peer, size_t offset, uint64_t value) {
+  appendFrame(peer, FrameHeader{static_cast<uint32_t>(FrameType::kSignal), 0, offset, value},
+              nullptr, 0);
+}
+
+void TcpTransport::appendFrame(int peer, const FrameHeader& h, const void* payload, size_t bytes) {
+  Conn& c = conns_[static_cast<size_t>(peer)];
+  if (c.state != ConnState::kOpen) return;  // gone or failed: the owner has been told
+  if (bytes >= kDirectSendMin) {
+    if (c.out.size() != 0) flush(c, peer);
+    if (c.state != ConnState::kOpen) return;
+    if (c.out.size() == 0) {
+      // Nothing queued: hand header and payload to the kernel from where they are; queue
+      // whatever it does not take.
+      iovec iov[2] = {{const_cast<FrameHeader*>(&h), sizeof(h)},
+                      {const_cast<void*>(payload), bytes}};
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = 2;
+      ssize_t k;
+      do {
+        k = sendmsg(c.fd.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      } while (k < 0 && errno == EINTR);
+      if (k < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return lost(peer, std::strerror(errno));
+        k = 0;
+      }
+      size_t sent = static_cast<size_t>(k);
+      if (sent < sizeof(h)) {
+        if (!append(c, peer, reinterpret_cast<const unsigned char*>(&h) + sent, sizeof(h) - sent))
+          return;
+        sent = 0;
+      } else {
+        sent -= sizeof(h);
+      }
+      append(c, peer, static_cast<const unsigned char*>(payload) + sent, bytes - sent);
+      return;
+    }
+  }
+  if (append(c, peer, &h, sizeof(h)) && bytes != 0) append(c, peer, payload, bytes);
+}
+
+bool TcpTransport::append(Conn& c, int peer, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (;;) {
+    const size_t k = c.out.append(p, n);
+    p += k;
+    n -= k;
+    if (n == 0) return true;
+    const size_t half = c.out.capacity() / 2;
+    if (!makeRoom(c, peer, n < half ? n : half)) return false;
+  }
+}
+
+bool TcpTransport::makeRoom(Conn& c, int peer, size_t want) {
+  uint64_t last_progress = nowNs();
+  for (;;) {
+    const size_t queued = c.out.size();
+    flush(c, peer);
+    if (c.state != ConnState::kOpen) return false;
+    if (c.out.space() >= want) return true;
+    if (c.out.size() < queued) last_progress = nowNs();
+    if (abort_.load(std::memory_order_acquire)) {
+      // The group is going away: the rest of this frame is dropped, so is the connection.
+      c.fd.reset();
+      c.state = ConnState::kClosed;
+      c.out.clear();
+      return false;
+    }
+    // The peer may itself be blocked sending to this rank: keep taking in what arrives, from
+    // every peer, while waiting (two proxies writing to each other never deadlock).
+    receiveAll();
+    if (c.state != ConnState::kOpen) return false;
+    if (nowNs() - last_progress > opts_.stall_timeout_ns) {
+      drop(peer, true,
+           "resident: " + rankText(peer) + " took no data from " + rankText(rank_) +
+               " over tcp for " + std::to_string(opts_.stall_timeout_ns / kMs) +
+               " ms (it hung, or the network between them is down)");
+      return false;
+    }
+    wait_fds_.clear();
+    wait_fds_.push_back(pollfd{c.fd.get(), POLLOUT, 0});
+    for (const Conn& o : conns_)
+      if (o.state == ConnState::kOpen && &o != &c)
+        wait_fds_.push_back(pollfd{o.fd.get(), POLLIN, 0});
+    ::poll(wait_fds_.data(), wait_fds_.size(), 1);
+  }
+}
+
+void TcpTransport::flush(Conn& c, int peer) {
+  while (c.out.size() != 0) {
+    iovec iov[2];
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = static_cast<size_t>(c.out.peek(iov));
+    const ssize_t k = sendmsg(c.fd.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k > 0) {
+      c.out.consume(static_cast<size_t>(k));
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    return lost(peer, k < 0 ? std::strerror(errno) : "send took nothing");
+  }
+}
+
+void TcpTransport::poll() {
+  if (!established_ || shut_down_) return;
+  for (int p = 0; p < nranks_; ++p) {
+    Conn& c = conns_[static_cast<size_t>(p)];
+    if (c.state == ConnState::kOpen && c.out.size() != 0) flush(c, p);
+  }
+  epoll_event evs[16];
+  const int n = epoll_wait(epoll_.get(), evs, 16, 0);
+  for (int i = 0; i < n; ++i) {
+    if (evs[i].data.u64 == kListenerTag)
+      acceptNew(nowNs() + opts_.handshake_timeout_ns);
+    else
+      receiveFrom(static_cast<int>(evs[i].data.u64));
+  }
+  for (size_t k = 0; k < pending_.size();) {
+    if (servicePending(pending_[k], false))
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(k));
+    else
+      ++k;
+  }
+}
+
+void TcpTransport::receiveAll() {
+  for (int p = 0; p < nranks_; ++p)
+    if (conns_[static_cast<size_t>(p)].state == ConnState::kOpen) receiveFrom(p);
+}
+
+void TcpTransport::receiveFrom(int peer) {
+  Conn& c = conns_[static_cast<size_t>(peer)];
+  for (int i = 0; i < 64 && c.state == ConnState::kOpen; ++i) {
+    const bool direct = c.reader.inPayload() && c.reader.payloadRemaining() >= kDirectRecvMin;
+    const size_t asked = direct ? c.reader.payloadRemaining() : staging_.size();
+    const ssize_t k =
+        recv(c.fd.get(), direct ? c.reader.payloadDest() : staging_.data(), asked, MSG_DONTWAIT);
+    if (k > 0) {
+      activity_ = true;
+      if (direct) {
+        c.reader.payloadReceived(static_cast<size_t>(k));
+      } else {
+        const auto st = c.reader.consume(staging_.data(), static_cast<size_t>(k));
+        if (st == tcp::FrameReader::Status::kError) {
+          return drop(peer, true,
+                      "resident: " + rankText(peer) + " sent a malformed frame over tcp to " +
+                          rankText(rank_) + ": " + c.reader.error() + "; connection closed");
+        }
+        if (st == tcp::FrameReader::Status::kClosed) {
+          return drop(peer, false,
+                      "resident: " + rankText(peer) + " shut down its process group (" +
+                          rankText(rank_) + " got its goodbye over tcp)");
+        }
+      }
+      if (static_cast<size_t>(k) < asked) return;  // drained for now
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    return lost(peer, k == 0 ? "connection closed" : std::strerror(errno));
+  }
+}
+
+void TcpTransport::lost(int peer, const char* how) {
+  const Conn& c = conns_[static_cast<size_t>(peer)];
+  if (c.reader.atBoundary()) {
+    drop(peer, false,
+         "resident: " + rankText(peer) + " closed its tcp connection to " + rankText(rank_) +
+             " without a goodbye (" + how + "): it exited, crashed or was killed");
+  } else {
+    drop(peer, true,
+         "resident: the tcp connection from " + rankText(peer) + " to " + rankText(rank_) +
+             " broke inside a frame (" + how + "): " + rankText(peer) +
+             " crashed or was killed mid-message");
+  }
+}
+
+void TcpTransport::drop(int peer, bool fatal, const std::string& reason) {
+  Conn& c = conns_[static_cast<size_t>(peer)];
+  if (c.state != ConnState::kOpen) return;
+  const bool goodbye = c.reader.closed();
+  if (goodbye) {
+    RLOG_INFO("%s", reason.c_str());
+  } else {
+    RLOG_WARN("%s", reason.c_str());
+  }
+  c.fd.reset();  // closing also removes it from the epoll set
+  c.state = ConnState::kClosed;
+  c.out.clear();
+  events_.push_back(Event{peer, fatal, reason});
+}
+
+void TcpTransport::shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  const uint64_t deadline = nowNs() + kGoodbyeNs;
+  const FrameHeader bye{static_cast<uint32_t>(FrameType::kClose), 0, 0, 0};
+  for (int p = 0; p < nranks_; ++p) {
+    Conn& c = conns_[static_cast<size_t>(p)];
+    if (c.state == ConnState::kOpen) {
+      // What is queued, then the goodbye, within a bounded time; then stop sending, and read
+      // what is left so that closing does not reset the connection under the peer.
+      if (c.out.space() >= sizeof(bye)) c.out.append(&bye, sizeof(bye));
+      while (c.state == ConnState::kOpen && c.out.size() != 0 && nowNs() < deadline) {
+        flush(c, p);
+        if (c.state != ConnState::kOpen || c.out.size() == 0) break;
+        pollfd f{c.fd.get(), POLLOUT, 0};
+        ::poll(&f, 1, 10);
+      }
+      if (c.state == ConnState::kOpen) {
+        ::shutdown(c.fd.get(), SHUT_WR);
+        for (int i = 0;
+             i < 64 && recv(c.fd.get(), staging_.data(), staging_.size(), MSG_DONTWAIT) > 0; ++i) {
+        }
+      }
+    }
+    c.fd.reset();
+    c.state = ConnState::kClosed;
+  }
+  pending_.clear();
+  listener_.reset();
+  epoll_.reset();
+}
+
+}  // namespace resident

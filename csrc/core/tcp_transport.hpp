@@ -1,0 +1,170 @@
+// Transport to ranks on other hosts over TCP (no RDMA needed). One connection per peer pair;
+// write() and signal() queue frames (tcp_frame.hpp) in a preallocated per-peer buffer, poll()
+// flushes them and applies incoming frames to the local segment. Only the proxy thread calls
+// write, signal and poll (directCapable is false), so nothing here is locked.
+//
+// Set-up, once per group: every rank listens (port 0: ephemeral) and publishes its endpoint;
+// each rank connects to its lower-ranked tcp peers and accepts the higher ones; the connector
+// sends {magic, group secret, rank, nranks}, the acceptor checks them all and answers. The
+// listener stays open for the group's life and keeps rejecting (and logging) whatever else
+// connects. A peer that sends a malformed frame, or whose connection drops inside a frame, is
+// reported as fatal (the owner poisons the engine); one that closes cleanly is reported as
+// lost (ops stuck on it fail). No connection problem crashes, hangs or writes outside the
+// segment.
+#pragma once
+
+#include <netinet/in.h>
+#include <poll.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tcp_frame.hpp"
+#include "core/transport.hpp"
+
+namespace resident {
+
+struct TcpOptions {
+  // IPv4 address to listen on (RESIDENT_TCP_ADDR); empty: the host's first non-loopback one.
+  std::string bind_addr;
+  size_t out_buffer_bytes = size_t{1} << 20;       // per peer, allocated once
+  uint64_t stall_timeout_ns = 30000000000ull;      // a peer that takes no data this long fails
+  uint64_t handshake_timeout_ns = 10000000000ull;  // unauthenticated connections are dropped
+};
+
+// A file descriptor closed on destruction.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { reset(); }
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  int get() const { return fd_; }
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+class TcpTransport : public Transport {
+ public:
+  // Starts listening at once; throws InvalidArgument/CommError if it cannot.
+  TcpTransport(int rank, int nranks, unsigned char* segment, size_t segment_bytes,
+               const TcpOptions& opts);
+  ~TcpTransport() override;
+  TcpTransport(const TcpTransport&) = delete;
+  TcpTransport& operator=(const TcpTransport&) = delete;
+
+  // "a.b.c.d:port": what peers connect to.
+  const std::string& endpoint() const { return endpoint_; }
+  int listenPort() const { return port_; }
+  // Connects every peer p with tcp_peer[p] (endpoints[p] is its endpoint): to lower ranks,
+  // from higher ones. Throws CommError naming the ranks not connected within the timeout.
+  void establish(const std::vector<std::string>& endpoints, const std::vector<bool>& tcp_peer,
+                 const tcp::Secret& secret, uint64_t timeout_ns);
+
+  const char* name() const override { return "tcp"; }
+  void write(int peer, size_t offset, const void* src, size_t bytes) override;
+  void signal(int peer, size_t offset, uint64_t value) override;
+  bool directCapable(int) const override { return false; }
+  void poll() override;
+
+  // What happened to peers, for the owner (the proxy thread): fatal -> poison the group;
+  // otherwise the peer left (ops stuck on it should fail).
+  struct Event {
+    int peer;
+    bool fatal;
+    std::string reason;
+  };
+  bool hasEvents() const { return !events_.empty(); }
+  std::vector<Event> takeEvents();
+  // True once after poll() or write() took in bytes: the proxy stays hot while data flows
+  // (a receiver's inbox fills only through the proxy).
+  bool takeActivity() {
+    const bool a = activity_;
+    activity_ = false;
+    return a;
+  }
+
+  // Any thread: a proxy waiting for buffer room gives up (the group is going away).
+  void abort() { abort_.store(true, std::memory_order_release); }
+  // Sends goodbyes (best effort, bounded), closes every socket. Not concurrent with the
+  // proxy. Idempotent.
+  void shutdown();
+
+  bool connected(int peer) const;
+  uint64_t rejectedConnections() const { return rejected_; }
+
+ private:
+  static constexpr uint64_t kListenerTag = ~0ull;  // epoll tag of the listener
+  static constexpr size_t kStagingBytes = 64 * 1024;
+  enum class ConnState { kNone, kIdle, kConnecting, kAwaitAck, kOpen, kClosed };
+  struct Conn {
+    UniqueFd fd;
+    ConnState state = ConnState::kNone;
+    tcp::OutBuffer out;
+    tcp::FrameReader reader;
+    // Set-up of an outgoing connection.
+    sockaddr_in addr{};
+    std::string endpoint;
+    uint64_t retry_at = 0;
+    size_t ack_have = 0;
+    unsigned char ack[sizeof(tcp::HelloAck)] = {0};
+    std::string last_error;
+  };
+  struct Pending {  // an accepted connection that has not completed its hello
+    UniqueFd fd;
+    std::string from;
+    uint64_t deadline = 0;
+    size_t have = 0;
+    unsigned char hello[sizeof(tcp::Hello)] = {0};
+  };
+
+  void appendFrame(int peer, const tcp::FrameHeader& h, const void* payload, size_t bytes);
+  bool append(Conn& c, int peer, const void* data, size_t n);
+  bool makeRoom(Conn& c, int peer, size_t want);
+  void flush(Conn& c, int peer);
+  void receiveFrom(int peer);
+  void receiveAll();
+  void acceptNew(uint64_t deadline);
+  // True when the pending connection is finished with (adopted or rejected).
+  bool servicePending(Pending& p, bool setting_up);
+  void reject(Pending& p, const std::string& reason);
+  void startConnect(int peer, uint64_t now);
+  void advanceConnect(int peer, short revents, uint64_t now);
+  void retryLater(int peer, const std::string& why, uint64_t now);
+  void drop(int peer, bool fatal, const std::string& reason);
+  void lost(int peer, const char* how);
+
+  const int rank_, nranks_;
+  unsigned char* const segment_;
+  const size_t segment_bytes_;
+  const TcpOptions opts_;
+  tcp::Secret secret_;
+  std::vector<bool> expected_;  // tcp peers
+  std::vector<Conn> conns_;
+  std::vector<Pending> pending_;
+  std::vector<unsigned char> staging_;
+  std::vector<pollfd> wait_fds_;
+  UniqueFd listener_, epoll_;
+  std::string endpoint_;
+  int port_ = 0;
+  bool established_ = false;
+  bool activity_ = false;
+  bool shut_down_ = false;
+  std::atomic<bool> abort_{false};
+  std::vector<Event> events_;
+  uint64_t rejected_ = 0;
+};
+
+// The host's (network namespace's) first non-loopback IPv4 address that is up; "127.0.0.1"
+// if there is none.
+std::string firstNonLoopbackIPv4();
+
+}  // namespace resident

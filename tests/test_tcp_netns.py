@@ -1,0 +1,597 @@
+"""The tcp transport: ranks on different hosts, played by Linux network namespaces.
+
+A module fixture creates one network namespace per "host", each joined by a veth pair to a
+bridge in the root namespace (every host its own 10.213.x.y/24 address); the parent's
+TCPStore is reached at the bridge's address. Each rank enters its namespace first thing in
+its process (dist_harness: RESIDENT_TEST_NETNS), so ranks see different network namespaces,
+count as different hosts (localHostKey) and pick tcp with RESIDENT_TRANSPORT=auto. The
+namespaces go away afterwards, also when a test fails; without root, `ip` or the right to
+create namespaces the tests that need them skip, saying why.
+
+Every op on CPU tensors runs through the proxy and tcp at 2 and 3 ranks, reusing the cases
+of test_collectives_cpu.py and test_p2p_cpu.py (random data, numpy references, bitwise for
+integers), plus describe() (transport "tcp", path "proxy"), the coalesced and list forms,
+messages over 1 MiB, a group that mixes shm and tcp, a SIGKILLed peer (DistBackendError naming
+it within the timeout), file descriptors and threads back to baseline after destroy, and a
+fuzz test of the listening socket. RESIDENT_TRANSPORT=tcp on one host (no namespaces) runs
+everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+import dist_harness as H
+import test_collectives_cpu as C
+import test_p2p_cpu as P
+from dist_harness import compare_exact, compare_reduction, digest, make_input, reference_reduce
+
+pytestmark = pytest.mark.resident_only
+
+MiB = 1 << 20
+GROUP_TIMEOUT_S = 5
+SLACK_S = 10
+NAMES_RANK_1 = re.compile(r"rank\D{0,3}1\b", re.IGNORECASE)
+ONE_HOST_TCP = {"RESIDENT_TRANSPORT": "tcp"}
+
+
+# --------------------------------------------------------------------------
+# Hosts: network namespaces on a bridge
+# --------------------------------------------------------------------------
+
+
+class Hosts:
+    def __init__(self, names, bridge_ip, ips):
+        self.names = names
+        self.bridge_ip = bridge_ip
+        self.ips = ips
+
+    def env(self, layout=None, **extra):
+        """Environment of the ranks: rank r in namespace names[layout[r]] (default: its own)."""
+        names = self.names if layout is None else [self.names[i] for i in layout]
+        env = {"RESIDENT_TEST_NETNS": ",".join(names), "RESIDENT_TEST_STORE_HOST": self.bridge_ip}
+        env.update(extra)
+        return env
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+
+
+def _remove_stale():
+    """Namespaces and bridges of earlier runs whose process is gone (a killed pytest)."""
+    for line in _ip("netns", "list", check=False).stdout.splitlines():
+        m = re.match(r"rpn(\d+)-\d+", line.split()[0] if line.split() else "")
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            _ip("netns", "del", m.group(0), check=False)
+    for line in _ip("-o", "link", "show", "type", "bridge", check=False).stdout.splitlines():
+        m = re.search(r"\d+: (rpb(\d+))[:@]", line)
+        if m and not os.path.exists(f"/proc/{m.group(2)}"):
+            _ip("link", "del", m.group(1), check=False)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root (these tests play hosts with them)")
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2 (`ip`) is not installed; apt-get install iproute2")
+    pid = os.getpid()
+    net = f"10.213.{20 + pid % 200}"
+    bridge = f"rpb{pid}"
+    names = [f"rpn{pid}-{i}" for i in range(3)]
+    bridge_ip = f"{net}.1"
+    ips = [f"{net}.{i + 2}" for i in range(3)]
+    try:
+        _remove_stale()
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("addr", "add", f"{bridge_ip}/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
+        for i, name in enumerate(names):
+            outer, inner = f"rpv{pid}a{i}", f"rpv{pid}b{i}"
+            _ip("netns", "add", name)
+            _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+            _ip("link", "set", inner, "netns", name)
+            _ip("link", "set", outer, "master", bridge)
+            _ip("link", "set", outer, "up")
+            _ip("-n", name, "addr", "add", f"{ips[i]}/24", "dev", inner)
+            _ip("-n", name, "link", "set", inner, "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+    except (subprocess.CalledProcessError, OSError) as e:
+        _teardown(bridge, names)
+        detail = getattr(e, "stderr", "") or str(e)
+        reason = "not permitted (EPERM)" if "not permitted" in detail.lower() else "failed"
+        pytest.skip(f"cannot create network namespaces here ({reason}): {detail.strip()}")
+    try:
+        yield Hosts(names, bridge_ip, ips)
+    finally:
+        _teardown(bridge, names)
+
+
+def _teardown(bridge, names):
+    for name in names:
+        _ip("netns", "del", name, check=False)  # takes its veth pair along
+    _ip("link", "del", bridge, check=False)
+
+
+# --------------------------------------------------------------------------
+# Cases: the CPU suites' cases, and tcp-specific ones
+# --------------------------------------------------------------------------
+
+COLLECTIVE_IDS = (
+    ["sanity[backend-under-test]"]
+    + [f"all_reduce[{op}-float32]" for op in C.FLOAT_OPS]
+    + [f"all_reduce[{op}-int64]" for op in C.INT_OPS]
+    + ["all_reduce[SUM-float16]", "all_reduce[AVG-bfloat16]", "all_reduce[MAX-float64]",
+       "all_reduce[BXOR-uint8]", "all_reduce[PRODUCT-int32]", "all_reduce[SUM-float32-large]",
+       "all_reduce[AVG-bfloat16-large]", "all_reduce[BXOR-uint8-large]",
+       "all_reduce[avg-int-truncation-negative]",
+       "all_reduce[SUM-rank-order-and-accumulation-precision]",
+       "all_reduce[3d-shape-and-offset-view]",
+       "all_to_all_single[even-float32]", "all_to_all_single[uneven-int64]",
+       "all_to_all_single[uneven-rank0-sends-nothing]", "all_to_all_single[uneven-float32-large]",
+       "all_gather_into_tensor[float32]", "all_gather_into_tensor[uint8]",
+       "all_gather_into_tensor[float32-large]", "all_gather[int64]", "all_gather[float64-large]",
+       "reduce_scatter_tensor[SUM-float32]", "reduce_scatter_tensor[AVG-int64]",
+       "reduce_scatter_tensor[MAX-bfloat16]", "reduce_scatter_tensor[SUM-float32-large]",
+       "reduce_scatter[SUM-float32]", "reduce_scatter[MIN-int32]",
+       "broadcast[float32]", "broadcast[int64]", "broadcast[float32-large]",
+       "reduce[SUM-float32]", "reduce[MAX-int32]", "reduce[SUM-float32-large]",
+       "gather[int64]", "gather[float32-large]", "scatter[int32]", "scatter[float32-large]",
+       "barrier", "functional_collectives", "async_ops_in_flight"]
+)
+
+CASES = H.CaseRegistry()
+for _cid in COLLECTIVE_IDS:
+    CASES[_cid] = C.CASES[_cid]
+for _cid in P.CASES:
+    CASES[_cid] = P.CASES[_cid]
+
+
+@CASES.case("tcp[describe-transport-and-path]", identical=False)
+def _describe(rank, ws):
+    import resident_pg
+
+    info = resident_pg.describe()
+    errs = []
+    for p, v in info["peers"].items():
+        want = ({"transport": "self", "path": "self"} if p == rank
+                else {"transport": "tcp", "path": "proxy"})
+        if v != want:
+            errs.append(f"rank {rank} -> rank {p}: {v}, expected {want}")
+    return errs, {}
+
+
+@CASES.case("tcp[coalesced-and-list-forms]")
+def _coalesced(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    errs, digs = [], {}
+    a_in = [make_input("tcp/ca", r, 1031, "float32") for r in range(ws)]
+    b_in = [make_input("tcp/cb", r, 20000, "float32") for r in range(ws)]
+    a, b = a_in[rank].clone(), b_in[rank].clone()
+    dist.all_reduce_coalesced([a, b])
+    errs += compare_reduction(a, reference_reduce(a_in, "SUM", "float32"), a_in, "SUM", "float32",
+                              "all_reduce_coalesced a")
+    errs += compare_reduction(b, reference_reduce(b_in, "SUM", "float32"), b_in, "SUM", "float32",
+                              "all_reduce_coalesced b")
+    digs["a"], digs["b"] = digest(a), digest(b)
+    # all_to_all, list form, uneven: rank r sends 10 + r + p int32 to p.
+    ins = [make_input(f"tcp/a2a/{rank}->{p}", 0, 10 + rank + p, "int32") for p in range(ws)]
+    outs = [torch.empty(10 + rank + p, dtype=torch.int32) for p in range(ws)]
+    dist.all_to_all(outs, ins)
+    for p in range(ws):
+        errs += compare_exact(outs[p], make_input(f"tcp/a2a/{p}->{rank}", 0, 10 + rank + p, "int32"),
+                              f"all_to_all from {p}")
+    # Coalesced all_gather_into_tensor and reduce_scatter_tensor.
+    x_in = [make_input("tcp/cx", r, 513, "int64") for r in range(ws)]
+    y_in = [make_input("tcp/cy", r, 7, "bfloat16") for r in range(ws)]
+    gx, gy = torch.empty(513 * ws, dtype=torch.int64), torch.empty(7 * ws, dtype=torch.bfloat16)
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_gather_into_tensor(gx, x_in[rank].clone())
+        dist.all_gather_into_tensor(gy, y_in[rank].clone())
+    cm.wait()
+    errs += compare_exact(gx, torch.cat(x_in), "coalesced all_gather int64")
+    errs += compare_exact(gy, torch.cat(y_in), "coalesced all_gather bfloat16")
+    r_in = [make_input("tcp/cr", r, 300 * ws, "int32") for r in range(ws)]
+    out = torch.empty(300, dtype=torch.int32)
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.reduce_scatter_tensor(out, r_in[rank].clone())
+    cm.wait()
+    blocks = [x[rank * 300:(rank + 1) * 300] for x in r_in]
+    errs += compare_exact(out, reference_reduce(blocks, "SUM", "int32"), "coalesced reduce_scatter")
+    return errs, digs
+
+
+@CASES.case("tcp[messages-over-1MiB]")
+def _big(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    errs, digs = [], {}
+    n = 3 * MiB // 8 + 5  # 3 MiB of int64: streamed through the slots, wrapping SUM
+    ins = [make_input("tcp/big", r, n, "int64") for r in range(ws)]
+    t = ins[rank].clone()
+    dist.all_reduce(t)
+    errs += compare_exact(t, reference_reduce(ins, "SUM", "int64"), "3 MiB all_reduce int64")
+    digs["ar"] = digest(t)
+    m = 5 * MiB + 3
+    payload = make_input(f"tcp/p2p/{rank}", 0, m, "uint8")
+    got = torch.empty(m, dtype=torch.uint8)
+    src = (rank - 1) % ws
+    reqs = [dist.isend(payload, (rank + 1) % ws, tag=3), dist.irecv(got, src, tag=3)]
+    for r in reqs:
+        r.wait()
+    errs += compare_exact(got, make_input(f"tcp/p2p/{src}", 0, m, "uint8"), "5 MiB isend/irecv")
+    return errs, {"ar": digs["ar"]}
+
+
+def _tcp_job(rank, ws, case_ids):
+    return H.execute_cases(CASES, case_ids, rank, ws)
+
+
+JOBS = H.JobCache(CASES, _tcp_job, "test_tcp_netns_case", timeout_s=400, init_timeout_s=60)
+
+
+@pytest.mark.parametrize("ws", (2, 3), ids=lambda w: f"ws{w}")
+@pytest.mark.parametrize("cid", list(CASES))
+def test_tcp_netns_case(cid, ws, hosts, request):
+    JOBS.env = hosts.env()
+    JOBS.check(cid, ws, request.session)
+
+
+# --------------------------------------------------------------------------
+# Life cycle: descriptors, threads; the same on one host
+# --------------------------------------------------------------------------
+
+
+def _fds():
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
+def _threads():
+    """Threads of this process, without the CUDA driver's helpers (see test_leaks.py)."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                n += 0 if f.read().startswith("cuda") else 1
+        except OSError:
+            pass
+    return n
+
+
+def _lifecycle_job(rank, ws, cycles):
+    import resident_pg
+    import torch.distributed as dist
+
+    x = make_input("warm", rank, 1000, "float32")
+    (x + x).sum().item()
+    H.connect_store()
+    report = []
+    for c in range(cycles):
+        fds_before, threads_before = _fds(), _threads()
+        H.init_pg(prefix=f"life{c}/")
+        info = resident_pg.describe()
+        errs = []
+        for n in (1, 1031, 2 * MiB // 4 + 1):
+            ins = [make_input(f"life/{c}/{n}", r, n, "float32") for r in range(ws)]
+            t = ins[rank].clone()
+            dist.all_reduce(t)
+            errs += compare_reduction(t, reference_reduce(ins, "SUM", "float32"), ins, "SUM",
+                                      "float32", f"cycle {c} n={n}")
+        # Before the barrier: a peer past it may destroy its group and close its connection.
+        sockets_during = sum(1 for v in _fds().values() if v.startswith("socket:"))
+        dist.barrier()
+        dist.destroy_process_group()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (len(_fds()) > len(fds_before)
+                                               or _threads() > threads_before):
+            time.sleep(0.05)
+        fds_after = _fds()
+        report.append({
+            "cycle": c, "errors": errs, "peers": info["peers"], "sockets_during": sockets_during,
+            "fds_before": len(fds_before), "fds_after": len(fds_after),
+            "new_fds": sorted(v for k, v in fds_after.items() if fds_before.get(k) != v),
+            "threads_before": threads_before, "threads_after": _threads(),
+        })
+    return report
+
+
+def _check_lifecycle(results, ws, want_transport):
+    problems = []
+    for r, rep in enumerate(results):
+        for c in rep:
+            problems += [f"rank {r}: {e}" for e in c["errors"]]
+            for p, v in c["peers"].items():
+                want = ({"transport": "self", "path": "self"} if p == r
+                        else {"transport": want_transport, "path": "proxy"})
+                if v != want:
+                    problems.append(f"rank {r} -> rank {p}: {v}, expected {want}")
+            # one connection per peer, the listener, the store client (at least)
+            if c["sockets_during"] < ws + 1:
+                problems.append(f"rank {r}: only {c['sockets_during']} sockets while the group ran")
+            if c["fds_after"] > c["fds_before"]:
+                problems.append(f"rank {r} cycle {c['cycle']}: {c['fds_before']} fds before init, "
+                                f"{c['fds_after']} after destroy: {c['new_fds']}")
+            if c["threads_after"] > c["threads_before"]:
+                problems.append(f"rank {r} cycle {c['cycle']}: {c['threads_before']} threads before "
+                                f"init, {c['threads_after']} after destroy")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("ws", (2, 3), ids=lambda w: f"ws{w}")
+def test_tcp_one_host(ws):
+    """RESIDENT_TRANSPORT=tcp without namespaces: runs everywhere."""
+    results = H.run_ranks(_lifecycle_job, ws, args=(2,), init=False, env=ONE_HOST_TCP,
+                          timeout_s=120)
+    _check_lifecycle(results, ws, "tcp")
+
+
+def test_tcp_netns_lifecycle(hosts):
+    results = H.run_ranks(_lifecycle_job, 3, args=(2,), init=False, env=hosts.env(),
+                          timeout_s=120)
+    _check_lifecycle(results, 3, "tcp")
+
+
+def _mixed_job(rank, ws):
+    import resident_pg
+    import torch
+    import torch.distributed as dist
+
+    errs = []
+    info = resident_pg.describe()
+    for n in (7, 100_003, 3 * MiB // 4):
+        ins = [make_input(f"mixed/{n}", r, n, "float32") for r in range(ws)]
+        t = ins[rank].clone()
+        dist.all_reduce(t)
+        errs += compare_reduction(t, reference_reduce(ins, "SUM", "float32"), ins, "SUM",
+                                  "float32", f"all_reduce n={n}")
+    ins = [make_input("mixed/a2a", r, 6000 * ws, "int64") for r in range(ws)]
+    out = torch.empty(6000 * ws, dtype=torch.int64)
+    dist.all_to_all_single(out, ins[rank].clone())
+    ref = torch.cat([ins[p][rank * 6000:(rank + 1) * 6000] for p in range(ws)])
+    errs += compare_exact(out, ref, "all_to_all_single")
+    got = torch.empty(200_000, dtype=torch.int32)
+    src = (rank - 1) % ws
+    reqs = [dist.isend(make_input(f"mixed/p2p/{rank}", 0, 200_000, "int32"), (rank + 1) % ws),
+            dist.irecv(got, src)]
+    for r in reqs:
+        r.wait()
+    errs += compare_exact(got, make_input(f"mixed/p2p/{src}", 0, 200_000, "int32"), "ring")
+    return {"errors": errs, "peers": info["peers"]}
+
+
+def test_tcp_netns_mixed_with_shm(hosts):
+    """Ranks 0 and 1 share a host (shm, direct), rank 2 is elsewhere (tcp, proxy)."""
+    results = H.run_ranks(_mixed_job, 3, env=hosts.env(layout=[0, 0, 1]), timeout_s=120)
+    problems = []
+    for r, res in enumerate(results):
+        problems += [f"rank {r}: {e}" for e in res["errors"]]
+        for p, v in res["peers"].items():
+            if p == r:
+                continue
+            want = ({"transport": "shm", "path": "direct"} if {r, p} == {0, 1}
+                    else {"transport": "tcp", "path": "proxy"})
+            if v != want:
+                problems.append(f"rank {r} -> rank {p}: {v}, expected {want}")
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------
+# A killed peer
+# --------------------------------------------------------------------------
+
+
+def _kill_job(rank, ws):
+    import torch.distributed as dist
+
+    for i in range(3):
+        ins = [make_input(f"tcpkill/warm/{i}", r, 1031, "float32") for r in range(ws)]
+        t = ins[rank].clone()
+        dist.all_reduce(t)
+    big = make_input("tcpkill/big", rank, (4 << 20) // 4 + 1, "float32")
+    if rank == 1:
+        dist.all_reduce(big.clone(), async_op=True)  # die with a large collective in flight
+        H.request_sigkill("tcp kill test")
+    t0 = time.monotonic()
+    try:
+        for _ in range(20):
+            dist.all_reduce(big.clone())
+        return {"raised": False, "elapsed": time.monotonic() - t0}
+    except Exception as e:  # noqa: BLE001
+        return {"raised": True, "elapsed": time.monotonic() - t0, "type": type(e).__name__,
+                "message": str(e)}
+
+
+def test_tcp_netns_killed_peer(hosts):
+    outcomes = H.run_ranks_collect(_kill_job, 3, init_timeout_s=GROUP_TIMEOUT_S, timeout_s=90,
+                                   stop_when_done=[0, 2], destroy_grace_s=15, env=hosts.env())
+    problems = []
+    if outcomes[1].status != "killed":
+        problems.append(f"rank 1 was not killed: {outcomes[1].describe()}")
+    for o in (outcomes[0], outcomes[2]):
+        if o.status != "ok":
+            problems.append(o.describe())
+            continue
+        v = o.value
+        if not v["raised"]:
+            problems.append(f"rank {o.rank}: no error although rank 1 was SIGKILLed")
+            continue
+        if v["type"] != "DistBackendError":
+            problems.append(f"rank {o.rank}: raised {v['type']}, expected DistBackendError")
+        if not NAMES_RANK_1.search(v["message"]):
+            problems.append(f"rank {o.rank}: the error does not name rank 1: {v['message']}")
+        if v["elapsed"] > GROUP_TIMEOUT_S + SLACK_S:
+            problems.append(f"rank {o.rank}: raised after {v['elapsed']:.1f} s")
+        if o.destroy_status != "ok":
+            problems.append(f"rank {o.rank}: destroy_process_group {o.destroy_status}")
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------
+# Fuzzing the listening socket of a live group
+# --------------------------------------------------------------------------
+
+HELLO_MAGIC = 0x314F4C4C45485352  # "RSHELLO1"
+
+
+def _hello(secret: bytes, rank: int, nranks: int) -> bytes:
+    return struct.pack("<Q16sII", HELLO_MAGIC, secret, rank, nranks)
+
+
+def _frame(kind: int, offset: int, value: int) -> bytes:
+    return struct.pack("<IIQQ", kind, 0, offset, value)
+
+
+def _attack(endpoint: str, secret: bytes, ws: int, victim: int) -> int:
+    """Connections that must all be rejected; returns how many were made."""
+    host, port = endpoint.rsplit(":", 1)
+    rng = random.Random(4242)
+    oversized = _frame(1, 0, 1 << 40)
+    out_of_range = _frame(1, 1 << 50, 64) + bytes(64)
+    payloads = [
+        bytes(rng.getrandbits(8) for _ in range(4096)),               # random bytes
+        struct.pack("<Q", HELLO_MAGIC) + b"\x01\x02",                  # truncated handshake
+        _hello(bytes(16), victim ^ 1, ws) + oversized,                # wrong secret, then frames
+        _hello(secret, victim ^ 1, ws + 5) + out_of_range,            # wrong group size
+        _hello(secret, 1000, ws),                                     # rank out of range
+        _hello(secret, victim, ws),                                   # the victim's own rank
+        _hello(secret, (victim + 1) % ws, ws) + oversized,            # a duplicate of a peer
+        oversized + out_of_range,                                     # frames without a hello
+        _frame(2, 8, 1)[:13],                                         # a truncated frame
+    ]
+    made = 0
+    for data in payloads:
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            made += 1
+            try:
+                s.sendall(data)
+                time.sleep(0.05)
+            except OSError:
+                pass  # the victim may already have closed it
+    # A burst of idle connections beyond the pending limit, closed again.
+    burst = [socket.create_connection((host, int(port)), timeout=5) for _ in range(24)]
+    made += len(burst)
+    time.sleep(0.2)
+    for s in burst:
+        s.close()
+    return made
+
+
+def _fuzz_job(rank, ws):
+    import torch.distributed as dist
+
+    fd, log_path = tempfile.mkstemp(prefix="resident-fuzz-")
+    saved = os.dup(2)
+    os.dup2(fd, 2)  # the core's logger writes to fd 2: keep what it says about the attacks
+    try:
+        H.init_pg()
+        errs = []
+        t = make_input("fuzz/warm", rank, 1031, "float32")
+        dist.all_reduce(t)
+        store = H.connect_store()
+        keys = store.list_keys()
+        secret_key = next(k for k in keys if k.endswith("resident/tcp_secret"))
+        secret = bytes.fromhex(store.get(secret_key).decode())
+        victim = (rank + 1) % ws
+        desc_key = next(k for k in keys if k.endswith(f"resident/desc/{victim}"))
+        endpoint = store.get(desc_key).decode().split("|")[7]  # host|pid|name|bytes|slots|slot_bytes|transport|endpoint|ib
+        dist.barrier()
+        made = _attack(endpoint, secret, ws, victim)
+        dist.barrier()
+        for i in range(5):  # the group keeps working
+            ins = [make_input(f"fuzz/{i}", r, 70_001, "float32") for r in range(ws)]
+            t = ins[rank].clone()
+            dist.all_reduce(t)
+            errs += compare_reduction(t, reference_reduce(ins, "SUM", "float32"), ins, "SUM",
+                                      "float32", f"all_reduce {i} after the attacks")
+        time.sleep(0.5)  # let the listener finish with the burst
+        dist.barrier()
+        dist.destroy_process_group()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+    with open(log_path) as f:
+        log = f.read()
+    os.unlink(log_path)
+    return {"errors": errs, "log": log, "made": made, "endpoint": endpoint}
+
+
+# Alternatives separated by "|": a duplicate of rank 0 at rank 1 is refused because rank 0
+# never connects to rank 1 (rank 1 connects to rank 0), at rank 0 because rank 1 is connected.
+FUZZ_REASONS = (
+    "bad magic in the handshake",
+    "closed during the handshake",
+    "wrong group secret",
+    "group size does not match",
+    "rank out of range",
+    "claims this rank's own rank",
+    "is already connected|does not connect to this rank",
+    "too many connections are waiting",
+)
+
+
+@pytest.mark.parametrize("where", ["one-host", "netns"])
+def test_tcp_listener_fuzz(where, request):
+    if where == "netns":
+        env = request.getfixturevalue("hosts").env(RESIDENT_DEBUG="warn")
+    else:
+        env = dict(ONE_HOST_TCP, RESIDENT_DEBUG="warn")
+    results = H.run_ranks(_fuzz_job, 2, env=env, init=False, timeout_s=120)
+    problems = []
+    for r, res in enumerate(results):
+        problems += [f"rank {r}: {e}" for e in res["errors"]]
+        attacker = (r - 1) % 2
+        log = results[r]["log"]
+        rejected = log.count("rejected a tcp connection")
+        if rejected < results[attacker]["made"]:
+            problems.append(f"rank {r}: {rejected} rejections logged for "
+                            f"{results[attacker]['made']} hostile connections")
+        for reason in FUZZ_REASONS:
+            if not any(alt in log for alt in reason.split("|")):
+                problems.append(f"rank {r}: no '{reason}' in its log")
+        if "poison" in log.lower() or "malformed frame" in log:
+            problems.append(f"rank {r}: a hostile connection reached the data path")
+    assert not problems, "\n".join(problems) + "\n--- rank 0 log ---\n" + results[0]["log"][-3000:]
+
+
+# --- ib: selection without RDMA hardware ----------------------------------------------------
+
+
+def _ib_forced(rank, ws):
+    return "unreachable: group creation should have failed"
+
+
+@pytest.mark.resident_only
+def test_forced_ib_without_rdma_fails_clearly():
+    """RESIDENT_TRANSPORT=ib on a machine without an active RDMA port: group creation fails on
+    every rank with a ValueError naming the reason (no hang, no crash)."""
+    import resident_pg._C as C
+
+    ok, why = C.ib_available()
+    if ok:
+        pytest.skip("this machine has an active RDMA port")
+    outcomes = H.run_ranks_collect(_ib_forced, 2, env={"RESIDENT_TRANSPORT": "ib"}, timeout_s=120)
+    for o in outcomes:
+        assert o.status == "error", (o.rank, o.status, o.value)
+        assert o.exc_is_value_error, o.exc_type
+        assert "RESIDENT_TRANSPORT=ib" in o.message and "libibverbs" in o.message, o.message
