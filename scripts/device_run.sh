@@ -4,7 +4,7 @@
 # benchmark under MPS, and leave full logs and JSON under $OUT.
 #
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
-#   stages: build floors tests gpu-tests overhead bench bench-cuda bench-quick
+#   stages: build floors tests gpu-tests overhead bench bench-cuda bench-quick doctor examples
 #           (default: build floors tests overhead bench)
 #   bench:       CPU ladder ($OUT/bench.json, ~1.5 min on the H200 host) and CUDA ladder
 #                (resident direct + proxy path, eager + graph mode, 2/4/8 ranks on the one
@@ -13,6 +13,9 @@
 #                floors stage in the same call the floors are measured first (~10 s).
 #   bench-quick: the same, short (~1 min in all).
 #   bench-cuda:  only the CUDA ladder (as in `bench`).
+#   doctor:      python -m resident_pg.doctor (text and --json).
+#   examples:    the TP and EP decode examples on the GPU (2 ranks under MPS, CUDA graphs,
+#                --check against gloo), batch 1 and 8.
 #   gpu-tests:   only the GPU-marked tests ($OUT/gpu_tests.log); `tests` runs everything.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -103,6 +106,26 @@ if has bench-quick; then
   python3 -m resident_pg.bench --quick --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
   tail -40 "$OUT/bench.log"
   cuda_bench --quick --time-limit 75
+fi
+
+if has doctor; then
+  step "doctor"
+  python3 -m resident_pg.doctor > "$OUT/doctor.log" 2>&1
+  python3 -m resident_pg.doctor --json > "$OUT/doctor.json" 2>> "$OUT/doctor.log"
+  tail -20 "$OUT/doctor.log"
+fi
+
+if has examples; then
+  step "examples"
+  for b in 1 8; do
+    timeout 240 python3 -m torch.distributed.run --nproc-per-node 2 examples/tp_decode.py \
+      --device cuda --graph --layers 8 --batch "$b" --check --check-backend gloo \
+      >> "$OUT/examples.log" 2>&1 || status=1
+    timeout 240 python3 -m torch.distributed.run --nproc-per-node 2 examples/ep_decode.py \
+      --device cuda --graph --layers 4 --batch "$b" --check --check-backend gloo \
+      >> "$OUT/examples.log" 2>&1 || status=1
+  done
+  tail -40 "$OUT/examples.log"
 fi
 
 # The device tool brings back at most 8 files of $OUT, the first by name: past that, everything
