@@ -94,8 +94,9 @@ __device__ void reduceDispatch(const CollectiveArgs& a, Shared& sh, Waiter& w, u
 
 // Writes this block's parts of round r to partner p; on the proxy path also hands the range
 // to the proxy. Block-uniform control flow (it contains a barrier).
+// `pre`: this thread's payload word of (round 0, part j0) when `has_pre` (loaded at start).
 __device__ void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w, int p, uint32_t r,
-                          uint32_t j0, uint32_t j1) {
+                          uint32_t j0, uint32_t j1, uint64_t pre, bool has_pre) {
   const Region& reg = a.reg;
   const PeerPlan& pp = a.peers[p];
   const uint32_t sb = roundBytes(pp.send_bytes, r, reg.chunk);
@@ -111,8 +112,11 @@ __device__ void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w, int p,
   for (uint32_t j = j0; j < j1; ++j) {
     if (t < linesOf(sb, j)) {
       const uint32_t nb = lineBytes(sb, j, t);
-      const uint64_t v =
-          nb ? loadBytes(src + static_cast<uint64_t>(j) * kPartPayload + t * 8, nb) : 0;
+      uint64_t v = 0;
+      if (has_pre && r == 0 && j == j0)
+        v = pre;
+      else if (nb)
+        v = loadBytes(src + static_cast<uint64_t>(j) * kPartPayload + t * 8, nb);
       storeLine(base + (static_cast<uint64_t>(j) * kThreads + t) * 16, v, g);
     }
   }
@@ -155,6 +159,18 @@ __global__ void __launch_bounds__(kThreads)
     collectiveKernel(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
   pdlEnter();
+  const uint32_t chunk = a.reg.chunk;
+  const uint32_t j0 = blockIdx.x * a.parts_per_block;
+  // Optional: the first payload word, loaded before (not after) the device-state loads.
+  uint64_t pre = 0;
+  if (a.common_send != nullptr) {
+    const uint32_t nb = lineBytes(roundBytes(a.common_send_bytes, 0, chunk), j0, threadIdx.x);
+    if (nb)
+      pre = loadBytes(static_cast<const unsigned char*>(a.common_send) +
+                          static_cast<uint64_t>(j0) * kPartPayload + threadIdx.x * 8,
+                      nb);
+  }
+  const bool has_pre = a.common_send != nullptr;
   DeviceState* st = a.reg.state;
   for (int p = threadIdx.x; p < a.nranks; p += blockDim.x) {
     sh.base[p] = st->coll_round[p];
@@ -163,8 +179,6 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) sh.stop = 0;
   __syncthreads();
   Waiter w(a.reg, a.op_id);
-  const uint32_t chunk = a.reg.chunk;
-  const uint32_t j0 = blockIdx.x * a.parts_per_block;
   for (uint32_t r = 0; r < a.rounds_max; ++r) {
     // Partners of this round, and the parts of it this block handles.
     for (int p = 0; p < a.nranks; ++p) {
@@ -172,7 +186,7 @@ __global__ void __launch_bounds__(kThreads)
       if (p == a.rank || r >= pp.rounds) continue;
       const uint32_t n =
           partsOf(max(roundBytes(pp.send_bytes, r, chunk), roundBytes(pp.recv_bytes, r, chunk)));
-      if (j0 < n) sendRound(a, sh, w, p, r, j0, min(n, j0 + a.parts_per_block));
+      if (j0 < n) sendRound(a, sh, w, p, r, j0, min(n, j0 + a.parts_per_block), pre, has_pre);
     }
     const PeerPlan& self = a.peers[a.rank];
     if (a.mode == static_cast<uint8_t>(Mode::kReduce)) {

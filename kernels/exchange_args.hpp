@@ -67,6 +67,11 @@ struct CollectiveArgs {
   uint8_t mode, dtype, redop, op_id;
   uint32_t rounds_max;
   uint32_t parts_per_block;
+  // Non-null when every partner is sent the same bytes (all_reduce, all_gather, broadcast) and
+  // RESIDENT_GPU_PREFETCH is on: each thread loads its first payload word at kernel start,
+  // concurrently with the device-state loads, instead of after them.
+  const void* common_send;
+  uint64_t common_send_bytes;
   PeerPlan peers[kMaxRanks];
 };
 

@@ -62,6 +62,8 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.gpu_chunk_bytes = static_cast<uint32_t>(parseUnsigned(key, value, 2048, 1u << 20)) & ~2047u;
   } else if (key == "gpu_proxy_spin_us") {
     c.gpu_proxy_spin_us = parseUnsigned(key, value, 0, 600000000);
+  } else if (key == "gpu_prefetch") {
+    c.gpu_prefetch = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_pdl") {
     c.gpu_pdl = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "debug") {
@@ -71,10 +73,10 @@ void apply(Config& c, const std::string& key, const std::string& value) {
   }
 }
 
-const char* kKeys[] = {"path",      "slot_bytes", "slots",           "max_inflight",
-                       "spin_us",   "yield_us",   "max_sleep_us",    "proxy_spin_us",
-                       "proxy_cpu", "transport",  "gpu_chunk_bytes", "gpu_proxy_spin_us",
-                       "gpu_pdl",   "tcp_addr"};
+const char* kKeys[] = {"path",      "slot_bytes",   "slots",           "max_inflight",
+                       "spin_us",   "yield_us",     "max_sleep_us",    "proxy_spin_us",
+                       "proxy_cpu", "transport",    "gpu_chunk_bytes", "gpu_proxy_spin_us",
+                       "gpu_pdl",   "gpu_prefetch", "tcp_addr"};
 
 }  // namespace
 
@@ -99,7 +101,7 @@ std::string Config::describe() const {
          (tcp_addr.empty() ? "" : " tcp_addr=" + tcp_addr) +
          " gpu_chunk_bytes=" + std::to_string(gpu_chunk_bytes) +
          " gpu_proxy_spin_us=" + std::to_string(gpu_proxy_spin_us) +
-         " gpu_pdl=" + (gpu_pdl ? "1" : "0");
+         " gpu_pdl=" + (gpu_pdl ? "1" : "0") + " gpu_prefetch=" + (gpu_prefetch ? "1" : "0");
 }
 
 const char* pathModeName(PathMode mode) {

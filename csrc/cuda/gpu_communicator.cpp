@@ -77,7 +77,8 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       rank_(comm.rank()),
       nranks_(comm.size()),
       device_(device),
-      pdl_(comm.config().gpu_pdl) {
+      pdl_(comm.config().gpu_pdl),
+      prefetch_(comm.config().gpu_prefetch) {
   if (nranks_ > gpu::kMaxRanks) {
     throw InvalidArgument("resident: CUDA tensors are supported in groups of at most " +
                           std::to_string(gpu::kMaxRanks) + " ranks; this group has " +
@@ -331,12 +332,26 @@ void GpuCommunicator::launchCollective(void* stream) {
     first_round_max = first > first_round_max ? first : first_round_max;
   }
   if (rounds_max == 0) return;  // nothing to exchange with anyone (e.g. a group of one)
-  uint32_t parts =
-      static_cast<uint32_t>((first_round_max + gpu::kPartPayload - 1) / gpu::kPartPayload);
-  parts = parts ? parts : 1;
-  const uint32_t blocks = parts < gpu::kMaxBlocks ? parts : gpu::kMaxBlocks;
+  // The same bytes to every partner? Then their first word can be loaded at kernel start.
+  a.common_send = nullptr;
+  a.common_send_bytes = 0;
+  if (prefetch_) {
+    const gpu::PeerPlan* first = nullptr;
+    bool same = true;
+    for (int p = 0; p < nranks_ && same; ++p) {
+      const gpu::PeerPlan& pp = a.peers[p];
+      if (p == rank_ || pp.rounds == 0) continue;
+      if (first == nullptr) first = &pp;
+      same = pp.send == first->send && pp.send_bytes == first->send_bytes;
+    }
+    if (same && first != nullptr && first->send != nullptr && first->send_bytes > 0) {
+      a.common_send = first->send;
+      a.common_send_bytes = first->send_bytes;
+    }
+  }
+  const uint32_t blocks = blocksFor(first_round_max);
   a.rounds_max = rounds_max;
-  a.parts_per_block = (parts + blocks - 1) / blocks;
+  a.parts_per_block = partsFor(first_round_max, blocks);
   check(gpu::launchCollective(a, blocks, static_cast<cudaStream_t>(stream), pdl_),
         "launching the collective kernel");
 }

@@ -84,6 +84,7 @@ class GpuCommunicator : public ProxyHandler {
   const int rank_, nranks_;
   int device_ = -1;
   const bool pdl_;
+  const bool prefetch_;
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;
