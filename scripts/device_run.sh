@@ -4,7 +4,8 @@
 # benchmark under MPS, and leave full logs and JSON under $OUT.
 #
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
-#   stages: build floors tests gpu-tests overhead bench bench-cuda bench-quick doctor examples
+#   stages: build floors tests gpu-tests overhead bench bench-cuda bench-ab bench-quick doctor
+#           examples
 #           (default: build floors tests overhead bench)
 #   bench:       CPU ladder ($OUT/bench.json, ~1.5 min on the H200 host) and CUDA ladder
 #                (resident direct + proxy path, eager + graph mode, 2/4/8 ranks on the one
@@ -13,6 +14,8 @@
 #                floors stage in the same call the floors are measured first (~10 s).
 #   bench-quick: the same, short (~1 min in all).
 #   bench-cuda:  only the CUDA ladder (as in `bench`).
+#   bench-ab:    2 ranks, graph mode: resident with and without RESIDENT_GPU_PREFETCH on both
+#                paths, side by side in one run ($OUT/bench_ab.json).
 #   doctor:      python -m resident_pg.doctor (text and --json).
 #   examples:    the TP and EP decode examples on the GPU (2 ranks under MPS, CUDA graphs,
 #                --check against gloo), batch 1 and 8.
@@ -106,6 +109,17 @@ if has bench-quick; then
   python3 -m resident_pg.bench --quick --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
   tail -40 "$OUT/bench.log"
   cuda_bench --quick --time-limit 75
+fi
+
+if has bench-ab; then
+  step "bench (cuda, prefetch A/B)"
+  [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
+  python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 2 \
+    --ops all_reduce,all_gather,all_to_all_single,send_recv --sizes 8,512,16K,64K \
+    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_PREFETCH=1,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_PREFETCH=1" \
+    --floors "$OUT/floors.json" --timeout 30 --time-limit 120 \
+    --json "$OUT/bench_ab.json" > "$OUT/bench_ab.log" 2>&1 || status=1
+  tail -n 40 "$OUT/bench_ab.log"
 fi
 
 if has doctor; then
