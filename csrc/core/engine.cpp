@@ -561,6 +561,10 @@ void Engine::checkDeadline(Op& op, uint64_t now) {
   // so now rather than at the timeout.
   if (now - op.last_liveness_check_ns < kLivenessPeriodNs) return;
   op.last_liveness_check_ns = now;
+  // Name every peer found dead, not just the first: when one rank dies, others may exit
+  // after raising, and the culprit is not always the lowest-numbered one.
+  std::string dead;
+  int ndead = 0;
   for (int p = 0; p < nranks_; ++p) {
     if (p == rank_ || (peer >= 0 && p != peer)) continue;
     if (lost_[p].load(std::memory_order_acquire)) {
@@ -570,10 +574,13 @@ void Engine::checkDeadline(Op& op, uint64_t now) {
     const PeerInfo& info = peers_[static_cast<size_t>(p)];
     if (!info.same_host || info.pid <= 0) continue;
     if (kill(info.pid, 0) != 0 && errno == ESRCH) {
-      throw CommError("resident: rank " + std::to_string(p) + " (pid " + std::to_string(info.pid) +
-                      ") exited while rank " + std::to_string(rank_) + " waited in " +
-                      op.describe());
+      dead += std::string(ndead++ ? " and " : "") + "rank " + std::to_string(p) + " (pid " +
+              std::to_string(info.pid) + ")";
     }
+  }
+  if (ndead > 0) {
+    throw CommError("resident: " + dead + " exited" + " while rank " + std::to_string(rank_) +
+                    " waited in " + op.describe());
   }
 }
 
