@@ -88,17 +88,17 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
 }
 
 __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P2PArgs a) {
-  __shared__ int stop;
   pdlEnter();
   const Region& reg = a.reg;
   DeviceState* st = reg.state;
   unsigned char* remote = st->remote[a.peer];
   const uint32_t base = st->p2p_recv_round[a.peer];
-  if (threadIdx.x == 0) stop = 0;
-  __syncthreads();
   Waiter w(reg, a.op_id);
   const uint32_t t = threadIdx.x;
   const uint32_t j0 = blockIdx.x * a.parts_per_block;
+  // `fail` is per thread; every exit decision is a __syncthreads_or over it, so all threads of
+  // the block leave a loop at the same barrier.
+  bool fail = false;
   for (uint32_t r = 0; r < a.rounds; ++r) {
     const uint32_t g = base + r + 1;
     const uint32_t slot = (g - 1) & 1;
@@ -106,6 +106,7 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
     const unsigned char* src =
         reg.local + reg.p2p_in0 + (static_cast<uint64_t>(a.peer) * 2 + slot) * reg.slot_bytes;
     auto* dst = static_cast<unsigned char*>(a.recv) + static_cast<uint64_t>(r) * reg.chunk;
+    bool stopped = false;
     for (uint32_t j = j0; j < j0 + a.parts_per_block; ++j) {
       const uint32_t lines = linesOf(bytes, j);
       if (lines == 0) break;
@@ -117,21 +118,22 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
       bool have = false;
       if (t == lines - 1) {
         have = w.line(part + t * 16, g, v, a.peer);
-        if (!have) stop = 1;
+        fail = fail || !have;
       }
-      __syncthreads();
-      if (stop) break;  // read after a barrier: every thread leaves together
+      if (__syncthreads_or(fail)) {
+        stopped = true;
+        break;
+      }
       if (t < lines) {
         if (have || w.line(part + t * 16, g, v, a.peer)) {
           const uint32_t nb = lineBytes(bytes, j, t);
           if (nb) storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8, v, nb);
         } else {
-          stop = 1;
+          fail = true;
         }
       }
     }
-    __syncthreads();
-    if (stop) break;
+    if (stopped || __syncthreads_or(fail)) break;
     // The last of the blocks that took part in this round returns its credit to the sender,
     // in a word per slot. Only blocks with lines in the round count: a block without lines
     // waits for nothing and could otherwise count into the slot's next round early.
@@ -147,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
           const uint64_t local_off =
               static_cast<uint64_t>(a.peer) * reg.out_stride + 4 * reg.slot_bytes + 8ull * slot;
           storeRelease64(reg.outbox + local_off, g);
-          if (!pushTrigger(w, a.peer, local_off, remote_off, 8)) stop = 1;
+          fail = !pushTrigger(w, a.peer, local_off, remote_off, 8);
         }
       }
     }

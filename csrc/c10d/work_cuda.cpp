@@ -6,6 +6,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
+#include <map>
+
 #include "core/error.hpp"
 
 namespace resident {
@@ -13,6 +15,43 @@ namespace resident {
 bool cudaPathBuilt() {
   return true;
 }
+
+namespace {
+
+// Streams for point-to-point ops outlive their group: the caching allocator may still record
+// events on them when tensors used by an op are freed after the group is gone. A group hands
+// its streams back here at destruction, and later groups reuse them.
+class P2PStreamPool {
+ public:
+  static P2PStreamPool& instance() {
+    static P2PStreamPool* pool = new P2PStreamPool();  // never destroyed (process lifetime)
+    return *pool;
+  }
+  cudaStream_t take(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& list = free_[device];
+    if (!list.empty()) {
+      cudaStream_t s = list.back();
+      list.pop_back();
+      return s;
+    }
+    int lo = 0, hi = 0;
+    C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    cudaStream_t s = nullptr;
+    C10_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, hi));
+    return s;
+  }
+  void give(int device, cudaStream_t s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[device].push_back(s);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, std::vector<cudaStream_t>> free_;
+};
+
+}  // namespace
 
 // Per group: the side stream for async ops, a pool of events (no event creation per op) and
 // the stream of the previous eager op (ops of one group are serialised across streams).
@@ -25,7 +64,7 @@ class CudaStreams {
   ~CudaStreams() {
     for (cudaEvent_t e : free_) cudaEventDestroy(e);
     for (cudaStream_t s : p2p_)
-      if (s != nullptr) cudaStreamDestroy(s);
+      if (s != nullptr) P2PStreamPool::instance().give(device_, s);
   }
   cudaEvent_t get() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -46,11 +85,7 @@ class CudaStreams {
   // torch's pool, whose streams are shared round-robin and could put a send behind a recv).
   c10::cuda::CUDAStream p2p(int peer, bool send) {
     cudaStream_t& s = p2p_[static_cast<size_t>(2 * peer + (send ? 1 : 0))];
-    if (s == nullptr) {
-      int lo = 0, hi = 0;
-      C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-      C10_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, hi));
-    }
+    if (s == nullptr) s = P2PStreamPool::instance().take(device_);
     return c10::cuda::getStreamFromExternal(s, device_);
   }
   const int device_;
@@ -65,20 +100,28 @@ class CudaStreams {
 
 WorkCuda::WorkCuda(std::shared_ptr<GpuCommunicator> gpu, std::shared_ptr<CudaStreams> streams,
                    int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-                   c10::Device device, void* end_event)
+                   c10::Device device, void* end_event, bool captured,
+                   std::vector<at::Tensor> keep_alive)
     : c10d::Work(rank, type, title),
       gpu_(std::move(gpu)),
       streams_(std::move(streams)),
       outputs_(std::move(outputs)),
       device_(device),
-      end_event_(end_event) {}
+      end_event_(end_event),
+      captured_(captured),
+      keep_alive_(std::move(keep_alive)) {}
 
 WorkCuda::~WorkCuda() {
-  if (end_event_ != nullptr) streams_->put(static_cast<cudaEvent_t>(end_event_));
+  if (end_event_ == nullptr) return;
+  if (captured_)
+    cudaEventDestroy(static_cast<cudaEvent_t>(end_event_));  // not reused after a capture
+  else
+    streams_->put(static_cast<cudaEvent_t>(end_event_));
 }
 
 bool WorkCuda::isCompleted() {
-  if (end_event_ == nullptr) return true;  // stream-ordered on the caller's stream
+  // Stream-ordered on the caller's stream, or part of a graph: complete from the host's view.
+  if (end_event_ == nullptr || captured_) return true;
   return cudaEventQuery(static_cast<cudaEvent_t>(end_event_)) == cudaSuccess;
 }
 
@@ -96,8 +139,16 @@ std::exception_ptr WorkCuda::exception() const {
 void WorkCuda::streamWait() {
   if (end_event_ == nullptr) return;
   c10::cuda::CUDAGuard guard(device_);
-  C10_CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_.index()).stream(),
-                                     static_cast<cudaEvent_t>(end_event_), 0));
+  cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+  if (captured_) {
+    // A captured op's side stream joins its capture; once that capture ended, the graph
+    // already orders it (and waiting on a captured event outside the capture is an error).
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(current, &status));
+    if (status != cudaStreamCaptureStatusActive) return;
+  }
+  C10_CUDA_CHECK(cudaStreamWaitEvent(current, static_cast<cudaEvent_t>(end_event_), 0));
+  keep_alive_.clear();  // the caller's stream is now ordered after the op
 }
 
 bool WorkCuda::wait(std::chrono::milliseconds /*timeout*/) {
@@ -189,7 +240,8 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
           c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), used);
     }
   }
-  return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, title, outputs, device, end);
+  return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, title, outputs, device, end,
+                                       capturing, capturing ? inputs : std::vector<at::Tensor>{});
 }
 
 void shutdownCuda(std::shared_ptr<GpuCommunicator>& gpu, std::shared_ptr<CudaStreams>& streams) {

@@ -25,7 +25,8 @@ class WorkCuda : public c10d::Work {
  public:
   WorkCuda(std::shared_ptr<GpuCommunicator> gpu, std::shared_ptr<CudaStreams> streams, int rank,
            c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-           c10::Device device, void* end_event);
+           c10::Device device, void* end_event, bool captured = false,
+           std::vector<at::Tensor> keep_alive = {});
   ~WorkCuda() override;
 
   bool isCompleted() override;
@@ -44,6 +45,10 @@ class WorkCuda : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::Device device_;
   void* end_event_;  // cudaEvent_t of an async op; null when stream-ordered on the caller's
+  // Recorded during a graph capture: joined only while that capture is under way, and the
+  // inputs are held until then (no recordStream inside a capture).
+  const bool captured_;
+  std::vector<at::Tensor> keep_alive_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 

@@ -157,8 +157,9 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   for (int p = 0; p < nranks_; ++p) local_ranks += comm.sameHost(p) ? 1 : 0;
   const int per_gpu = (local_ranks + devices - 1) / (devices > 0 ? devices : 1);
   const int capacity = gpu::residentBlocksPerSm() * sms;
-  // Each rank may have two kernels resident (PDL); keep half the GPU in reserve for the
-  // other processes under MPS and the occupancy estimate's optimism.
+  // Per rank: a collective kernel and its PDL successor (2 x max_blocks_), plus p2p kernels
+  // on up to 2(n-1) streams that share another 2 x max_blocks_ (see launchP2P): 4 x
+  // max_blocks_ per rank, so every rank sharing the GPU stays resident at once.
   const int fair = capacity / (4 * (per_gpu > 0 ? per_gpu : 1));
   max_blocks_ =
       static_cast<uint32_t>(fair < 1 ? 1 : (fair > gpu::kMaxBlocks ? gpu::kMaxBlocks : fair));
@@ -487,9 +488,10 @@ void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t
   a.rounds = roundsFor(bytes);
   a.op_id = is_send ? kSend : kRecv;
   const size_t first = bytes < region_.chunk ? bytes : region_.chunk;
-  // A quarter of a collective's blocks: p2p kernels of several peers and directions may be
-  // resident at once (each direction has its own stream).
-  const uint32_t cap = max_blocks_ / 4 > 0 ? max_blocks_ / 4 : 1;
+  // p2p kernels of every peer and direction may be resident at once (each direction has its
+  // own stream, each with a PDL successor): together they get what one collective gets.
+  const uint32_t streams = 2u * static_cast<uint32_t>(nranks_ > 1 ? nranks_ - 1 : 1);
+  const uint32_t cap = max_blocks_ / streams > 0 ? max_blocks_ / streams : 1;
   const uint32_t want = blocksFor(first);
   const uint32_t blocks = want < cap ? want : cap;
   a.parts_per_block = partsFor(first, blocks);
