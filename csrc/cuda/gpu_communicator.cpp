@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <sched.h>
 
+#include <array>
 #include <cstdio>
 #include <cstring>
 
@@ -373,7 +374,7 @@ void GpuCommunicator::allReduce(const void* in, void* out, size_t count, DType d
 
 void GpuCommunicator::reduceScatter(const void* in, void* out, size_t count, DType dtype, RedOp op,
                                     void* stream) {
-  std::vector<const void*> inputs(static_cast<size_t>(nranks_));
+  std::array<const void*, gpu::kMaxRanks> inputs;  // no allocation per op
   const size_t bytes = count * dtypeSize(dtype);
   for (int p = 0; p < nranks_; ++p)
     inputs[static_cast<size_t>(p)] = static_cast<const unsigned char*>(in) + p * bytes;
