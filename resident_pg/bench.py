@@ -959,28 +959,12 @@ def print_tables(rows: List[dict], world_sizes, ops, sizes, labels, baseline,
                     else:
                         cells += ["-", "-"]
                 lines.append(cells)
-        widths = [max(len(str(c[i])) for c in [head] + lines) for i in range(len(head))]
         title = (f"world size {ws}: µs per op, median over repetitions, max over ranks"
                  + ("; p10-p90 likewise" if spread else "")
                  + (f"; median over {rounds} rounds (rounds: min-max of the round "
                     f"medians, rounds with a result)" if rounds > 1 else ""))
         print(f"\n== {title}", file=out)
-        def fmt_row(c):
-            return "  ".join(str(x).ljust(w) if i < 2 else str(x).rjust(w)
-                             for i, (x, w) in enumerate(zip(c, widths)))
-        print(fmt_row(head), file=out)
-        print("  ".join("-" * w for w in widths), file=out)
-        prev_op = None
-        for c in lines:
-            if prev_op is not None and c[0] != prev_op:
-                print("", file=out)
-            prev_op = c[0]
-            print(fmt_row(c), file=out)
-        if "*" in notes:
-            print("  * buffer rounded up (at least one float32 per rank / multiple of world "
-                  "size); see actual_bytes in the JSON", file=out)
-        if "!" in notes:
-            print("  ! correctness check FAILED for this cell (timing shown anyway)", file=out)
+        _bench_cuda().print_table(head, lines, notes, out)
     out.flush()
 
 

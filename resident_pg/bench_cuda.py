@@ -67,6 +67,29 @@ class CudaDevice:
                 "cuda_mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}
 
 
+
+def print_table(head: Sequence[Any], lines: List[Sequence[Any]], notes: str, out) -> None:
+    """Prints a latency table (op and size left-aligned, numbers right-aligned, a blank line
+    between ops) and the legend of the notes that occur. Shared by bench.py's CPU tables."""
+    widths = [max(len(str(c[i])) for c in [head] + list(lines)) for i in range(len(head))]
+
+    def fmt_row(c):
+        return "  ".join(str(x).ljust(w) if i < 2 else str(x).rjust(w)
+                         for i, (x, w) in enumerate(zip(c, widths)))
+    print(fmt_row(head), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    prev = None
+    for c in lines:
+        if prev is not None and c[0] != prev:
+            print("", file=out)
+        prev = c[0]
+        print(fmt_row(c), file=out)
+    if "*" in notes:
+        print("  * buffer rounded up (at least one float32 per rank / multiple of world "
+              "size); see actual_bytes in the JSON", file=out)
+    if "!" in notes:
+        print("  ! correctness check FAILED for this cell (timing shown anyway)", file=out)
+
 def capture(fn: Callable[[], None], count: int, warmup: int = 3):
     """Warm ``fn`` up on a side stream, then capture ``count`` calls of it into one CUDA graph."""
     import torch
@@ -336,29 +359,12 @@ def print_cuda_tables(rows: List[dict], world_sizes, modes, variants, ops, sizes
                         c.append(_fmt_us(f))
                         c += [f"{meds[v] / f:.2f}x" if v in meds else "-" for v in variants]
                     lines.append(c)
-            widths = [max(len(str(x[i])) for x in [head] + lines) for i in range(len(head))]
             names = "; ".join(f"{short[v]} = {v}" for v in variants if short[v] != v)
             print(f"\n== cuda, world size {ws}, mode {mode}: µs per op, median over "
                   f"repetitions, max over ranks" + ("; p10-p90 likewise" if spread else "")
                   + (f" ({names})" if names else ""), file=out)
 
-            def fmt_row(c):
-                return "  ".join(str(x).ljust(w) if i < 2 else str(x).rjust(w)
-                                 for i, (x, w) in enumerate(zip(c, widths)))
-            print(fmt_row(head), file=out)
-            print("  ".join("-" * w for w in widths), file=out)
-            prev = None
-            for c in lines:
-                if prev is not None and c[0] != prev:
-                    print("", file=out)
-                prev = c[0]
-                print(fmt_row(c), file=out)
-            if "*" in notes:
-                print("  * buffer rounded up (at least one float32 per rank / multiple of "
-                      "world size); see actual_bytes in the JSON", file=out)
-            if "!" in notes:
-                print("  ! correctness check FAILED for this cell (timing shown anyway)",
-                      file=out)
+            print_table(head, lines, notes, out)
     if floors:
         print(f"\nfloors ({floors['path']}): 8 B cells: {XP_FLOOR} "
               f"{_fmt_us(floors['cross_process_flag_us'])} µs one-way; larger cells: "

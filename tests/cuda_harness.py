@@ -136,17 +136,6 @@ def kind_for(op, dtype_name):
     return "normal"
 
 
-def a2a_split(src, dst, m, variant):
-    """Elements src sends to dst in all_to_all_single: even, or uneven with zeros."""
-    if variant == "even":
-        return m
-    if variant == "rank0_sends_nothing" and src == 0:
-        return 0
-    if (src + 2 * dst) % 3 == 0:
-        return 0
-    return ((src * 5 + dst * 3) % 7 + 1) * m
-
-
 def store_agree(tag, rank, ws, ok: bool, timeout_s=60.0) -> bool:
     """All ranks agree through the parent's TCPStore (never through the backend under
     test) whether a step succeeded everywhere; used before replaying captured graphs."""
@@ -211,7 +200,7 @@ class GpuJobCache:
             except H.RanksFailed as e:
                 self.results[key] = (None, str(e))
             self.wall[key] = time.monotonic() - t0
-            self.shm_left[key] = new_shm_entries(before)
+            self.shm_left[key] = H.new_shm_entries(before)
         return self.results[key]
 
     def check(self, cid, key, session):
@@ -225,20 +214,3 @@ class GpuJobCache:
                         pytrace=False)
 
 
-def new_shm_entries(before, settle_s=3.0):
-    """/dev/shm resident* entries not in `before`, waiting up to settle_s for them to go."""
-    deadline = time.monotonic() + settle_s
-    while True:
-        new = {k: v for k, v in H.list_shm().items() if k not in before}
-        if not new or time.monotonic() > deadline:
-            return new
-        time.sleep(0.1)
-
-
-def remove_shm(names):
-    """Remove what a failing test left behind, so later runs start clean."""
-    for name in names:
-        try:
-            os.unlink(os.path.join(H.SHM_DIR, name))
-        except OSError:
-            pass

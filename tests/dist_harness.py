@@ -160,6 +160,36 @@ def list_shm(prefix: str = SHM_PREFIX) -> dict:
     return out
 
 
+def new_shm_entries(before, settle_s: float = 3.0) -> dict:
+    """/dev/shm resident* entries not in `before`, waiting up to settle_s for them to go."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        new = {k: v for k, v in list_shm().items() if k not in before}
+        if not new or time.monotonic() > deadline:
+            return new
+        time.sleep(0.1)
+
+
+def remove_shm(names) -> None:
+    """Remove what a failing test left behind, so later runs start clean."""
+    for name in names:
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+        except OSError:
+            pass
+
+
+def a2a_split(src: int, dst: int, m: int, variant: str) -> int:
+    """Elements src sends to dst in all_to_all_single: even, or uneven with zeros."""
+    if variant == "even":
+        return m
+    if variant == "rank0_sends_nothing" and src == 0:
+        return 0
+    if (src + 2 * dst) % 3 == 0:
+        return 0
+    return ((src * 5 + dst * 3) % 7 + 1) * m
+
+
 def connect_store(timeout_s: Optional[float] = None):
     """A client of the parent's TCPStore (one per process, reused).
 

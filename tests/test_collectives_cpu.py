@@ -253,22 +253,12 @@ def _ar_shapes(rank, ws):
 # ---- all_to_all_single -----------------------------------------------------
 
 
-def _a2a_split(src, dst, m, variant):
-    if variant == "even":
-        return m
-    if variant == "rank0_sends_nothing" and src == 0:
-        return 0
-    if (src + 2 * dst) % 3 == 0:
-        return 0
-    return ((src * 5 + dst * 3) % 7 + 1) * m
-
-
 def _a2a_check(rank, ws, dtype_name, m, variant, label):
     import torch
     import torch.distributed as dist
 
     key = f"a2a/{dtype_name}/{m}/{variant}"
-    splits = [[_a2a_split(s, d, m, variant) for d in range(ws)] for s in range(ws)]
+    splits = [[H.a2a_split(s, d, m, variant) for d in range(ws)] for s in range(ws)]
     inputs = [make_input(key, s, sum(splits[s]), dtype_name) for s in range(ws)]
     in_splits = splits[rank]
     out_splits = [splits[s][rank] for s in range(ws)]
@@ -575,7 +565,7 @@ def _funcol(rank, ws):
     errs += compare_reduction(out, reference_reduce(chunks, "SUM", "float32"), chunks, "SUM",
                               "float32", "funcol.reduce_scatter_tensor")
     # all_to_all_single, uneven
-    splits = [[_a2a_split(s, d, 3, "uneven") for d in range(ws)] for s in range(ws)]
+    splits = [[H.a2a_split(s, d, 3, "uneven") for d in range(ws)] for s in range(ws)]
     inputs = [make_input("fc/a2a", s, sum(splits[s]), "int32") for s in range(ws)]
     out = funcol.wait_tensor(funcol.all_to_all_single(
         inputs[rank].clone(), [splits[s][rank] for s in range(ws)], splits[rank], g))

@@ -31,7 +31,6 @@ import dist_harness as H
 from cuda_harness import (
     ALL_DTYPES,
     REDUCED_DTYPES,
-    a2a_split,
     call,
     dev,
     host,
@@ -43,6 +42,7 @@ from cuda_harness import (
     sizes_for,
 )
 from dist_harness import (
+    a2a_split,
     FLOAT_DTYPE_NAMES,
     INT_DTYPE_NAMES,
     compare_exact,
@@ -571,7 +571,7 @@ def test_no_shm_left_after_cuda_job(ws, path, request):
     per_rank, job_err = JOBS.results[key]
     left = JOBS.shm_left[key]
     if left:
-        C.remove_shm(left)
+        H.remove_shm(left)
     assert not left, (f"left in /dev/shm after the ws={ws} path={path} CUDA job "
                       f"({'failed' if job_err else 'normal exit'}): {sorted(left)}")
 

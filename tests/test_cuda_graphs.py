@@ -30,8 +30,8 @@ import pytest
 
 import cuda_harness as C
 import dist_harness as H
-from cuda_harness import a2a_split, dev, host, sentinel
-from dist_harness import compare_exact, compare_reduction, digest, make_input, reference_reduce
+from cuda_harness import dev, host, sentinel
+from dist_harness import a2a_split, compare_exact, compare_reduction, digest, make_input, reference_reduce
 
 pytestmark = C.module_marks()
 

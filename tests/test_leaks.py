@@ -70,24 +70,6 @@ def _shm_normal_job(rank, ws):
     return {"errors": errs, "seen": seen, "uid": os.getuid()}
 
 
-def _new_entries(before, settle_s=3.0):
-    deadline = time.monotonic() + settle_s
-    while True:
-        new = {k: v for k, v in H.list_shm().items() if k not in before}
-        if not new or time.monotonic() > deadline:
-            return new
-        time.sleep(0.1)
-
-
-def _cleanup(new):
-    """Remove what a failing test left behind, so later runs start clean."""
-    for name in new:
-        try:
-            os.unlink(os.path.join(H.SHM_DIR, name))
-        except OSError:
-            pass
-
-
 def _check_modes(results):
     problems = []
     for r, res in enumerate(results):
@@ -103,10 +85,10 @@ def test_no_shm_leftover_after_normal_exit(shm_snapshot):
     results = H.run_ranks(_shm_normal_job, 3, timeout_s=120)
     problems = [f"rank {r}: {e}" for r, res in enumerate(results) for e in res["errors"]]
     problems += _check_modes(results)
-    new = _new_entries(shm_snapshot)
+    new = H.new_shm_entries(shm_snapshot)
     if new:
         problems.append(f"left in /dev/shm after a normal exit: {sorted(new)}")
-        _cleanup(new)
+        H.remove_shm(new)
     assert not problems, "\n".join(problems)
 
 
@@ -134,7 +116,7 @@ def test_no_shm_leftover_after_sigkill(shm_snapshot):
     outcomes = H.run_ranks_collect(_shm_kill_job, ws, init_timeout_s=5, timeout_s=90,
                                    stop_when_done=list(range(ws - 1)), destroy_grace_s=15)
     # every process is gone by now (the harness joined or killed them)
-    new = _new_entries(shm_snapshot)
+    new = H.new_shm_entries(shm_snapshot)
     problems = []
     if outcomes[ws - 1].status != "killed":
         problems.append(f"rank {ws - 1} was not killed: {outcomes[ws - 1].describe()}")
@@ -150,7 +132,7 @@ def test_no_shm_leftover_after_sigkill(shm_snapshot):
     problems += _check_modes(survivors)
     if new:
         problems.append(f"left in /dev/shm after rank {ws - 1} was SIGKILLed: {sorted(new)}")
-        _cleanup(new)
+        H.remove_shm(new)
     assert not problems, "\n".join(problems)
 
 
@@ -262,7 +244,7 @@ def test_no_shm_leftover_after_sigkill_during_init(shm_snapshot, late_rank_joins
                                    init=False, init_timeout_s=init_timeout_s, timeout_s=120,
                                    store_timeout_s=init_timeout_s + 5,
                                    stop_when_done=[1, 2], destroy_grace_s=15)
-    new = _new_entries(shm_snapshot)
+    new = H.new_shm_entries(shm_snapshot)
     problems = []
     if outcomes[0].status != "killed":
         problems.append(f"rank 0 was not killed: {outcomes[0].describe()}")
@@ -276,6 +258,6 @@ def test_no_shm_leftover_after_sigkill_during_init(shm_snapshot, late_rank_joins
         problems += _check_modes([late])
     if new:
         problems.append(f"left in /dev/shm after rank 0 was SIGKILLed inside init: {sorted(new)}")
-        _cleanup(new)
+        H.remove_shm(new)
     assert not problems, "\n".join(problems) + "\n" + "\n".join(
         f"rank {o.rank}: {o.value!r}" for o in outcomes if o.value is not None)

@@ -69,6 +69,10 @@ class Communicator : public ProxyHandler {
 
   bool proxyPoll() override;
 
+  // Argument checks shared by the CPU and CUDA paths; throw InvalidArgument naming `what`.
+  void checkRank(int r, const char* what) const;
+  void checkReduction(DType dtype, RedOp op, const char* what) const;
+
   // For the CUDA path (csrc/cuda), which installs itself on top of this communicator.
   const GpuLayout& gpuLayout() const { return gpu_layout_; }
   // This rank's segment (base, bytes) and the GPU region's offset in every rank's segment.
@@ -100,8 +104,6 @@ class Communicator : public ProxyHandler {
   // ib (csrc/core/ib/ib_connect.cpp): queue pairs to the peers whose transport is "ib".
   void connectIb(BootstrapStore& store);
   bool proxyPass();  // one proxy pass; proxyPoll turns a transport's CommError into poison
-  void checkRank(int r, const char* what) const;
-  void checkReduction(DType dtype, RedOp op, const char* what) const;
 
   const int rank_, nranks_;
   const Config cfg_;

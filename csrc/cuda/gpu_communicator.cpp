@@ -257,21 +257,6 @@ void GpuCommunicator::checkUsable() const {
   if (!err.empty()) throw CommError(err);
 }
 
-void GpuCommunicator::checkRank(int r, const char* what) const {
-  if (r < 0 || r >= nranks_) {
-    throw InvalidArgument(std::string("resident: ") + what + ": rank " + std::to_string(r) +
-                          " is out of range for a group of " + std::to_string(nranks_));
-  }
-}
-
-void GpuCommunicator::checkReduction(DType dtype, RedOp op, const char* what) const {
-  const bool bitwise = op == RedOp::kBAnd || op == RedOp::kBOr || op == RedOp::kBXor;
-  if (dtype == DType::kBytes || op == RedOp::kNone || (bitwise && !isIntegral(dtype))) {
-    throw InvalidArgument(std::string("resident: ") + what + " does not support " + redOpName(op) +
-                          " on " + dtypeName(dtype));
-  }
-}
-
 uint32_t GpuCommunicator::roundsFor(size_t bytes) const {
   const uint64_t r = (bytes + region_.chunk - 1) / region_.chunk;
   if (r > 0xffffffffull) throw InvalidArgument("resident: message too large");
@@ -360,7 +345,7 @@ void GpuCommunicator::launchCollective(void* stream) {
 
 void GpuCommunicator::allReduce(const void* in, void* out, size_t count, DType dtype, RedOp op,
                                 void* stream) {
-  checkReduction(dtype, op, "all_reduce");
+  comm_.checkReduction(dtype, op, "all_reduce");
   auto& a = begin(kAllReduce);
   const size_t bytes = count * dtypeSize(dtype);
   for (int p = 0; p < nranks_; ++p) partner(p, in, bytes, p == rank_ ? out : nullptr, bytes);
@@ -383,7 +368,7 @@ void GpuCommunicator::reduceScatter(const void* in, void* out, size_t count, DTy
 
 void GpuCommunicator::reduceScatterV(const void* const* inputs, void* out, size_t count,
                                      DType dtype, RedOp op, void* stream) {
-  checkReduction(dtype, op, "reduce_scatter");
+  comm_.checkReduction(dtype, op, "reduce_scatter");
   auto& a = begin(kReduceScatter);
   const size_t bytes = count * dtypeSize(dtype);
   for (int p = 0; p < nranks_; ++p) partner(p, inputs[p], bytes, p == rank_ ? out : nullptr, bytes);
@@ -397,8 +382,8 @@ void GpuCommunicator::reduceScatterV(const void* const* inputs, void* out, size_
 
 void GpuCommunicator::reduce(const void* in, void* out, size_t count, DType dtype, RedOp op,
                              int root, void* stream) {
-  checkReduction(dtype, op, "reduce");
-  checkRank(root, "reduce");
+  comm_.checkReduction(dtype, op, "reduce");
+  comm_.checkRank(root, "reduce");
   auto& a = begin(kReduce);
   const size_t bytes = count * dtypeSize(dtype);
   if (rank_ == root) {
@@ -424,7 +409,7 @@ void GpuCommunicator::allGather(const void* in, void* const* outs, size_t bytes,
 
 void GpuCommunicator::gather(const void* in, void* const* outs, size_t bytes, int root,
                              void* stream) {
-  checkRank(root, "gather");
+  comm_.checkRank(root, "gather");
   begin(kGather);
   if (rank_ == root) {
     for (int p = 0; p < nranks_; ++p)
@@ -437,7 +422,7 @@ void GpuCommunicator::gather(const void* in, void* const* outs, size_t bytes, in
 
 void GpuCommunicator::scatter(const void* const* ins, void* out, size_t bytes, int root,
                               void* stream) {
-  checkRank(root, "scatter");
+  comm_.checkRank(root, "scatter");
   begin(kScatter);
   if (rank_ == root) {
     for (int p = 0; p < nranks_; ++p)
@@ -461,7 +446,7 @@ void GpuCommunicator::allToAll(const void* const* ins, const size_t* in_bytes, v
 }
 
 void GpuCommunicator::broadcast(void* buf, size_t bytes, int root, void* stream) {
-  checkRank(root, "broadcast");
+  comm_.checkRank(root, "broadcast");
   begin(kBroadcast);
   if (rank_ == root) {
     for (int p = 0; p < nranks_; ++p)
@@ -475,7 +460,7 @@ void GpuCommunicator::broadcast(void* buf, size_t bytes, int root, void* stream)
 void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t bytes, int peer,
                                 void* stream) {
   checkUsable();
-  checkRank(peer, is_send ? "send" : "recv");
+  comm_.checkRank(peer, is_send ? "send" : "recv");
   if (peer == rank_)
     throw InvalidArgument(std::string("resident: ") + (is_send ? "send to" : "recv from") +
                           " this rank itself is not supported");

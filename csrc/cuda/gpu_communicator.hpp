@@ -74,8 +74,6 @@ class GpuCommunicator : public ProxyHandler {
   void launchCollective(void* stream);
   void launchP2P(bool is_send, const void* src, void* dst, size_t bytes, int peer, void* stream);
   void checkUsable() const;
-  void checkRank(int r, const char* what) const;
-  void checkReduction(DType dtype, RedOp op, const char* what) const;
   uint32_t roundsFor(size_t bytes) const;
   void pinProxyNearDevice();
   uint32_t blocksFor(uint64_t first_round_bytes) const;
