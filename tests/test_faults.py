@@ -170,6 +170,37 @@ def test_fresh_job_after_crash_works(mode):
     assert not after, "\n".join(after)
 
 
+def _two_exits_job(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    _warmup(rank, ws)
+    if rank == 1:
+        os._exit(1)
+    if rank == 0:
+        time.sleep(1.0)  # exits after rank 1, as a rank that raised on rank 1's death would
+        os._exit(1)
+    t0 = time.monotonic()
+    try:
+        dist.recv(torch.empty(7, dtype=torch.float32), src=0)  # waits on rank 0 only
+        return {"raised": False}
+    except Exception as e:  # noqa: BLE001
+        return {"raised": True, "elapsed": time.monotonic() - t0, "message": str(e)}
+
+
+@pytest.mark.resident_only
+def test_error_names_every_dead_peer():
+    """Rank 2 waits on rank 0, which exits after rank 1: the error names both (the root cause
+    is not always the awaited peer)."""
+    outcomes = H.run_ranks_collect(_two_exits_job, WS, init_timeout_s=GROUP_TIMEOUT_S,
+                                   timeout_s=60, stop_when_done=[2], destroy_grace_s=15)
+    o = outcomes[2]
+    assert o.status == "ok" and o.value["raised"], _describe(outcomes)
+    msg = o.value["message"]
+    assert NAMES_RANK_1.search(msg) and re.search(r"rank\D{0,3}0\b", msg), msg
+    assert o.value["elapsed"] <= GROUP_TIMEOUT_S + SLACK_S, o.value
+
+
 # --------------------------------------------------------------------------
 # bad input
 # --------------------------------------------------------------------------

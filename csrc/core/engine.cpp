@@ -561,23 +561,28 @@ void Engine::checkDeadline(Op& op, uint64_t now) {
   // so now rather than at the timeout.
   if (now - op.last_liveness_check_ns < kLivenessPeriodNs) return;
   op.last_liveness_check_ns = now;
-  // Name every peer found dead, not just the first: when one rank dies, others may exit
-  // after raising, and the culprit is not always the lowest-numbered one.
+  // Name every peer found dead, not just the first: when one rank dies, others may exit after
+  // raising, so the awaited peer may be dead only because of another rank's death. Once it is
+  // found dead every other peer is checked too.
   std::string dead;
   int ndead = 0;
-  for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_ || (peer >= 0 && p != peer)) continue;
-    if (lost_[p].load(std::memory_order_acquire)) {
-      throw CommError(lost_why_[static_cast<size_t>(p)] + "; rank " + std::to_string(rank_) +
-                      " was waiting for it in " + op.describe());
+  auto scan = [&](bool awaited_only) {
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_ || (peer >= 0 && (p == peer) != awaited_only)) continue;
+      const bool lost = lost_[p].load(std::memory_order_acquire);
+      if (lost && awaited_only) {
+        throw CommError(lost_why_[static_cast<size_t>(p)] + "; rank " + std::to_string(rank_) +
+                        " was waiting for it in " + op.describe());
+      }
+      const PeerInfo& info = peers_[static_cast<size_t>(p)];
+      if (lost || (info.same_host && info.pid > 0 && kill(info.pid, 0) != 0 && errno == ESRCH)) {
+        dead += std::string(ndead++ ? " and " : "") + "rank " + std::to_string(p) + " (pid " +
+                std::to_string(info.pid) + ")";
+      }
     }
-    const PeerInfo& info = peers_[static_cast<size_t>(p)];
-    if (!info.same_host || info.pid <= 0) continue;
-    if (kill(info.pid, 0) != 0 && errno == ESRCH) {
-      dead += std::string(ndead++ ? " and " : "") + "rank " + std::to_string(p) + " (pid " +
-              std::to_string(info.pid) + ")";
-    }
-  }
+  };
+  scan(true);
+  if (ndead > 0 && peer >= 0) scan(false);
   if (ndead > 0) {
     throw CommError("resident: " + dead + " exited" + " while rank " + std::to_string(rank_) +
                     " waited in " + op.describe());
