@@ -347,3 +347,50 @@ def test_harness_reports_rank_exception_and_kills_hung_ranks():
     assert elapsed < 30, f"the parent took {elapsed:.1f}s to give up on the hung rank"
     o0 = ei.value.outcomes[0]
     assert o0.status == "killed", o0.describe()
+
+
+# --------------------------------------------------------------------------
+# the resident-kernel knobs on a CPU-only group
+# --------------------------------------------------------------------------
+
+
+def _persistent_status_job(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    status = backend.persistent_status()
+    t = torch.arange(5, dtype=torch.int64) * (rank + 1)
+    dist.all_reduce(t)  # CPU ops are unaffected by the CUDA-only mode
+    return {"status": status, "config": backend.config(), "sum": t.tolist()}
+
+
+@pytest.mark.resident_only
+def test_persistent_mode_knobs_on_a_cpu_group():
+    env = {"RESIDENT_GPU_PERSISTENT": "1", "RESIDENT_GPU_PERSISTENT_BLOCKS": "2",
+           "RESIDENT_GPU_PERSISTENT_IDLE_US": "5000"}
+    per_rank = H.run_ranks(_persistent_status_job, 2, env=env, timeout_s=60)
+    for r in per_rank:
+        assert r["status"] == {"enabled": True, "installed": False}, r
+        assert "gpu_persistent=1 gpu_persistent_blocks=2 gpu_persistent_idle_us=5000" in r["config"]
+        assert r["sum"] == [0, 3, 6, 9, 12]
+
+
+def _bad_persistent_job(rank, ws):
+    import torch.distributed as dist
+
+    try:
+        H.init_pg(H.CTX.backend)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    dist.destroy_process_group()
+    return "no error"
+
+
+@pytest.mark.resident_only
+@pytest.mark.parametrize("var,value", [("RESIDENT_GPU_PERSISTENT_BLOCKS", "0"),
+                                       ("RESIDENT_GPU_PERSISTENT", "yes"),
+                                       ("RESIDENT_GPU_PERSISTENT_SLOTS", "8")])
+def test_persistent_knobs_are_validated(var, value):
+    out = H.run_ranks(_bad_persistent_job, 1, env={var: value}, init=False, timeout_s=60)[0]
+    assert "invalid value" in out and var.lower().replace("resident_", "") in out, out

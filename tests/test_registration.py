@@ -52,3 +52,18 @@ def test_pg_options_are_validated():
         normalize_options({"no_such_knob": 1})
     with pytest.raises(TypeError, match="dict"):
         normalize_options(42)
+
+
+def test_python_option_keys_match_the_core():
+    """Every key the C++ Config accepts (csrc/core/config.cpp kKeys) is accepted as a backend
+    option by the Python side, and nothing else (debug is the logger's)."""
+    import os
+    import re
+
+    from resident_pg._backend import _OPTION_KEYS
+
+    src = open(os.path.join(os.path.dirname(__file__), "..", "csrc", "core", "config.cpp")).read()
+    body = re.search(r"kKeys\[\]\s*=\s*\{(.*?)\};", src, re.S).group(1)
+    core = set(re.findall(r'"([a-z_0-9]+)"', body))
+    assert core, "could not read kKeys from config.cpp"
+    assert set(_OPTION_KEYS) - {"debug"} == core

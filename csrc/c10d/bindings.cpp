@@ -33,7 +33,23 @@ PYBIND11_MODULE(_C, m) {
       .def("config", &ProcessGroupResident::describeConfig,
            "The effective RESIDENT_* configuration of this group.")
       .def("proxy_cpu", &ProcessGroupResident::proxyCpu,
-           "CPU the proxy thread is pinned to, or -1.");
+           "CPU the proxy thread is pinned to, or -1.")
+      .def(
+          "persistent_status",
+          [](const ProcessGroupResident& pg) {
+            py::dict d;
+            d["enabled"] = pg.persistentEnabled();
+            for (const auto& kv : pg.persistentStatus()) {
+              if (kv.first == "installed" || kv.first == "running")
+                d[kv.first.c_str()] = kv.second != 0;
+              else
+                d[kv.first.c_str()] = kv.second;
+            }
+            return d;
+          },
+          "The resident kernel (RESIDENT_GPU_PERSISTENT): enabled, installed (after the first "
+          "CUDA op), running, launches, exits, served (ops it completed), graph_slots_used, "
+          "slots, blocks.");
   m.def(
       "transports",
       [] {

@@ -21,6 +21,10 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator&, std::shared_ptr<GpuCommu
       "resident: this build of resident_pg has no CUDA path (built without nvcc)");
 }
 
+std::map<std::string, int64_t> persistentStatusOf(const std::shared_ptr<GpuCommunicator>&) {
+  return {{"installed", 0}};
+}
+
 void shutdownCuda(std::shared_ptr<GpuCommunicator>&, std::shared_ptr<CudaStreams>&) {}
 
 }  // namespace resident

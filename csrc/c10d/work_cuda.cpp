@@ -244,6 +244,21 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
                                        capturing, capturing ? inputs : std::vector<at::Tensor>{});
 }
 
+std::map<std::string, int64_t> persistentStatusOf(const std::shared_ptr<GpuCommunicator>& gpu) {
+  std::map<std::string, int64_t> out{{"installed", gpu ? 1 : 0}};
+  const PersistentChannel* ch = gpu ? gpu->persistent() : nullptr;
+  if (ch == nullptr) return out;
+  const PersistentStatus s = ch->status();
+  out["running"] = s.running ? 1 : 0;
+  out["launches"] = s.launches;
+  out["exits"] = s.exits;
+  out["served"] = s.served;
+  out["graph_slots_used"] = s.graph_slots_used;
+  out["slots"] = s.slots;
+  out["blocks"] = s.blocks;
+  return out;
+}
+
 void shutdownCuda(std::shared_ptr<GpuCommunicator>& gpu, std::shared_ptr<CudaStreams>& streams) {
   if (gpu) gpu->shutdown();
   streams.reset();

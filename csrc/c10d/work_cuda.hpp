@@ -8,7 +8,9 @@
 #include <c10/util/FunctionRef.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -70,6 +72,10 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
                                          const std::vector<at::Tensor>& inputs, bool async_op,
                                          CudaRoute route,
                                          c10::function_ref<void(GpuCommunicator&, void*)> launch);
+
+// The resident kernel's counters (RESIDENT_GPU_PERSISTENT) as name -> value; "installed" is 0
+// before the group's first CUDA op.
+std::map<std::string, int64_t> persistentStatusOf(const std::shared_ptr<GpuCommunicator>& gpu);
 
 // Shuts the CUDA path down (waits for its kernels, releases registrations).
 void shutdownCuda(std::shared_ptr<GpuCommunicator>& gpu, std::shared_ptr<CudaStreams>& streams);

@@ -66,6 +66,14 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.gpu_prefetch = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_pdl") {
     c.gpu_pdl = parseUnsigned(key, value, 0, 1) == 1;
+  } else if (key == "gpu_persistent") {
+    c.gpu_persistent = parseUnsigned(key, value, 0, 1) == 1;
+  } else if (key == "gpu_persistent_blocks") {
+    c.gpu_persistent_blocks = static_cast<uint32_t>(parseUnsigned(key, value, 1, 64));
+  } else if (key == "gpu_persistent_idle_us") {
+    c.gpu_persistent_idle_us = parseUnsigned(key, value, 0, 600000000);
+  } else if (key == "gpu_persistent_slots") {
+    c.gpu_persistent_slots = static_cast<uint32_t>(parseUnsigned(key, value, 16, 65536));
   } else if (key == "debug") {
     // Handled by the logger (RESIDENT_DEBUG); accepted here so that it is not an error.
   } else {
@@ -76,7 +84,8 @@ void apply(Config& c, const std::string& key, const std::string& value) {
 const char* kKeys[] = {"path",      "slot_bytes",   "slots",           "max_inflight",
                        "spin_us",   "yield_us",     "max_sleep_us",    "proxy_spin_us",
                        "proxy_cpu", "transport",    "gpu_chunk_bytes", "gpu_proxy_spin_us",
-                       "gpu_pdl",   "gpu_prefetch", "tcp_addr"};
+                       "gpu_pdl",   "gpu_prefetch", "tcp_addr",        "gpu_persistent",
+                       "gpu_persistent_blocks", "gpu_persistent_idle_us", "gpu_persistent_slots"};
 
 }  // namespace
 
@@ -101,7 +110,11 @@ std::string Config::describe() const {
          (tcp_addr.empty() ? "" : " tcp_addr=" + tcp_addr) +
          " gpu_chunk_bytes=" + std::to_string(gpu_chunk_bytes) +
          " gpu_proxy_spin_us=" + std::to_string(gpu_proxy_spin_us) +
-         " gpu_pdl=" + (gpu_pdl ? "1" : "0") + " gpu_prefetch=" + (gpu_prefetch ? "1" : "0");
+         " gpu_pdl=" + (gpu_pdl ? "1" : "0") + " gpu_prefetch=" + (gpu_prefetch ? "1" : "0") +
+         " gpu_persistent=" + (gpu_persistent ? "1" : "0") +
+         " gpu_persistent_blocks=" + std::to_string(gpu_persistent_blocks) +
+         " gpu_persistent_idle_us=" + std::to_string(gpu_persistent_idle_us) +
+         " gpu_persistent_slots=" + std::to_string(gpu_persistent_slots);
 }
 
 const char* pathModeName(PathMode mode) {

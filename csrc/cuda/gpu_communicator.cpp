@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/trigger_encoding.hpp"
+#include "cuda/cuda_guards.hpp"
 
 namespace resident {
 namespace {
@@ -24,34 +25,6 @@ const char* opName(uint32_t id) {
       "scatter",    "all_to_all",     "broadcast", "send",       "recv"};
   return id < sizeof(kNames) / sizeof(kNames[0]) ? kNames[id] : "op";
 }
-
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw CommError(std::string("resident: ") + what + " failed: " + cudaGetErrorString(err));
-}
-
-// Set-up runs in relaxed capture mode, so that a first CUDA op issued inside a graph
-// capture can still register memory and allocate.
-class RelaxedCapture {
- public:
-  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
-
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&prev_);
-    if (prev_ != device) cudaSetDevice(device);
-  }
-  ~DeviceGuard() { cudaSetDevice(prev_); }
-
- private:
-  int prev_ = 0;
-};
 
 std::vector<int> parseCpuList(const std::string& text) {
   std::vector<int> cpus;
@@ -95,11 +68,11 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   DeviceGuard guard(device);
   RelaxedCapture relaxed;
   auto registerMapped = [&](unsigned char* base, size_t bytes, int owner) -> unsigned char* {
-    check(cudaHostRegister(base, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
+    checkCuda(cudaHostRegister(base, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
           "cudaHostRegister of a shared segment");
     registered_.push_back(base);
     void* dev = nullptr;
-    check(cudaHostGetDevicePointer(&dev, base, 0), "cudaHostGetDevicePointer");
+    checkCuda(cudaHostGetDevicePointer(&dev, base, 0), "cudaHostGetDevicePointer");
     RLOG_DEBUG("rank %d: segment of rank %d registered for device %d", rank_, owner, device);
     return static_cast<unsigned char*>(dev) + comm.gpuRegionOffset();
   };
@@ -120,17 +93,17 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
     }
     if (any_proxied_) {
       void* out = nullptr;
-      check(cudaHostAlloc(&out, lay.outboxBytes(), cudaHostAllocMapped | cudaHostAllocPortable),
+      checkCuda(cudaHostAlloc(&out, lay.outboxBytes(), cudaHostAllocMapped | cudaHostAllocPortable),
             "cudaHostAlloc of the proxy outbox");
       outbox_host_ = static_cast<unsigned char*>(out);
       std::memset(outbox_host_, 0, lay.outboxBytes());
       void* dev = nullptr;
-      check(cudaHostGetDevicePointer(&dev, out, 0), "cudaHostGetDevicePointer (outbox)");
+      checkCuda(cudaHostGetDevicePointer(&dev, out, 0), "cudaHostGetDevicePointer (outbox)");
       region_.outbox = static_cast<unsigned char*>(dev);
     }
-    check(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(gpu::DeviceState)),
+    checkCuda(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(gpu::DeviceState)),
           "cudaMalloc of the device state");
-    check(cudaMemcpy(state_, &host_state, sizeof(host_state), cudaMemcpyHostToDevice),
+    checkCuda(cudaMemcpy(state_, &host_state, sizeof(host_state), cudaMemcpyHostToDevice),
           "cudaMemcpy of the device state");
   } catch (...) {
     shutdown();
@@ -157,7 +130,10 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   int local_ranks = 0;
   for (int p = 0; p < nranks_; ++p) local_ranks += comm.sameHost(p) ? 1 : 0;
   const int per_gpu = (local_ranks + devices - 1) / (devices > 0 ? devices : 1);
-  const int capacity = gpu::residentBlocksPerSm() * sms;
+  const Config& cfg = comm.config();
+  const int resident_blocks = cfg.gpu_persistent ? static_cast<int>(cfg.gpu_persistent_blocks) : 0;
+  // What the resident kernels of the ranks sharing this GPU hold for their lifetime.
+  const int capacity = gpu::residentBlocksPerSm() * sms - resident_blocks * per_gpu;
   // Per rank: a collective kernel and its PDL successor (2 x max_blocks_), plus p2p kernels
   // on up to 2(n-1) streams that share another 2 x max_blocks_ (see launchP2P): 4 x
   // max_blocks_ per rank, so every rank sharing the GPU stays resident at once.
@@ -166,6 +142,18 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       static_cast<uint32_t>(fair < 1 ? 1 : (fair > gpu::kMaxBlocks ? gpu::kMaxBlocks : fair));
   RLOG_INFO("rank %d: %d SMs, %d resident blocks, %d ranks per GPU -> at most %u blocks per op",
             rank_, sms, capacity, per_gpu, max_blocks_);
+  if (cfg.gpu_persistent) {
+    try {
+      DeviceGuard guard(device);
+      RelaxedCapture relaxed;
+      persistent_ = std::make_unique<PersistentChannel>(
+          device, cfg.gpu_persistent_blocks, cfg.gpu_persistent_slots, cfg.gpu_persistent_idle_us,
+          timeout_ms);
+    } catch (...) {
+      shutdown();
+      throw;
+    }
+  }
   comm.setExtraPoller(this);
   if (any_proxied_ && comm.proxy() != nullptr) {
     comm.proxy()->setSpinUs(comm.config().gpu_proxy_spin_us);
@@ -214,6 +202,9 @@ void GpuCommunicator::shutdown() {
   comm_.setExtraPoller(nullptr);  // waits until the proxy is outside proxyPoll
   if (region_.local != nullptr) {
     abortKernels();
+    // The resident kernel leaves after its current op (aborted above); then the one-op
+    // kernels are waited for below.
+    persistent_.reset();
     // Kernels of this communicator exit once they see the abort word; wait for them before
     // the memory they write goes away.
     DeviceGuard guard(device_);
@@ -336,10 +327,18 @@ void GpuCommunicator::launchCollective(void* stream) {
       a.common_send_bytes = first->send_bytes;
     }
   }
-  const uint32_t blocks = blocksFor(first_round_max);
   a.rounds_max = rounds_max;
+  if (persistent_ && rounds_max == 1) {
+    // Decode size (one round with every partner): the resident kernel's blocks run it.
+    a.parts_per_block = partsFor(first_round_max, persistent_->blocks());
+    const size_t bytes = offsetof(gpu::CollectiveArgs, peers) +
+                         static_cast<size_t>(nranks_) * sizeof(gpu::PeerPlan);
+    persistent_->enqueue(a, bytes, stream);
+    return;
+  }
+  const uint32_t blocks = blocksFor(first_round_max);
   a.parts_per_block = partsFor(first_round_max, blocks);
-  check(gpu::launchCollective(a, blocks, static_cast<cudaStream_t>(stream), pdl_),
+  checkCuda(gpu::launchCollective(a, blocks, static_cast<cudaStream_t>(stream), pdl_),
         "launching the collective kernel");
 }
 
@@ -482,7 +481,7 @@ void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t
   const uint32_t blocks = want < cap ? want : cap;
   a.parts_per_block = partsFor(first, blocks);
   auto s = static_cast<cudaStream_t>(stream);
-  check(is_send ? gpu::launchSend(a, blocks, s, pdl_) : gpu::launchRecv(a, blocks, s, pdl_),
+  checkCuda(is_send ? gpu::launchSend(a, blocks, s, pdl_) : gpu::launchRecv(a, blocks, s, pdl_),
         is_send ? "launching the send kernel" : "launching the recv kernel");
 }
 
@@ -529,6 +528,7 @@ bool GpuCommunicator::proxyPoll() {
     comm_.transport().write(batch[i].peer, comm_.gpuRegionOffset() + batch[i].remote,
                             outbox_host_ + batch[i].local, batch[i].bytes);
   if (popped > 0) ring_.publishTail();
+  if (persistent_ && persistent_->poll()) ++popped;  // relaunched an idle resident kernel
   if (!error_logged_.load(std::memory_order_relaxed)) {
     const std::string err = deviceError();
     if (!err.empty()) {

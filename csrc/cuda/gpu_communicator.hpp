@@ -9,12 +9,14 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/communicator.hpp"
 #include "core/dtype.hpp"
 #include "core/fifo.hpp"
+#include "cuda/persistent_channel.hpp"
 #include "exchange_args.hpp"
 
 namespace resident {
@@ -45,7 +47,12 @@ class GpuCommunicator : public ProxyHandler {
   void send(const void* buf, size_t bytes, int peer, void* stream);
   void recv(void* buf, size_t bytes, int peer, void* stream);
 
-  void setTimeoutMs(uint64_t ms) { region_.timeout_ns = ms * 1000000ull; }
+  void setTimeoutMs(uint64_t ms) {
+    region_.timeout_ns = ms * 1000000ull;
+    if (persistent_) persistent_->setTimeoutMs(ms);
+  }
+  // The resident kernel (RESIDENT_GPU_PERSISTENT=1), or null.
+  const PersistentChannel* persistent() const { return persistent_.get(); }
   // Empty while no kernel gave up; otherwise why, naming the op and the peer.
   std::string deviceError() const;
   // Makes every kernel of this communicator still waiting give up (shutdown, abort).
@@ -92,6 +99,7 @@ class GpuCommunicator : public ProxyHandler {
   std::vector<void*> registered_;
   TriggerRingView ring_;
   gpu::CollectiveArgs args_{};  // reused by every collective launch (no allocation per op)
+  std::unique_ptr<PersistentChannel> persistent_;
   std::atomic<bool> error_logged_{false};
   bool any_proxied_ = false;
   bool shut_down_ = false;

@@ -1,0 +1,279 @@
+#include "cuda/persistent_channel.hpp"
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "cuda/cuda_guards.hpp"
+#include "persistent_launch.hpp"
+
+namespace resident {
+namespace {
+
+// Every live channel's host words, so that a normal process exit (without
+// destroy_process_group) tells each resident kernel to leave before CUDA is torn down.
+std::mutex g_live_mu;
+std::vector<gpu::PersistentHostWords*>* g_live = nullptr;
+
+void quitAllAtExit() {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  if (g_live == nullptr) return;
+  for (auto* w : *g_live) __atomic_store_n(&w->quit, 1u, __ATOMIC_RELEASE);
+}
+
+void addLive(gpu::PersistentHostWords* w) {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  if (g_live == nullptr) {
+    g_live = new std::vector<gpu::PersistentHostWords*>();  // never freed: used at exit
+    std::atexit(quitAllAtExit);
+  }
+  g_live->push_back(w);
+}
+
+void removeLive(gpu::PersistentHostWords* w) {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  if (g_live == nullptr) return;
+  for (size_t i = 0; i < g_live->size(); ++i) {
+    if ((*g_live)[i] == w) {
+      (*g_live)[i] = g_live->back();
+      g_live->pop_back();
+      return;
+    }
+  }
+}
+
+constexpr uint32_t kEagerSlots = 64;
+
+cudaStream_t* asStream(void** p) { return reinterpret_cast<cudaStream_t*>(p); }
+cudaStream_t stream(void* p) { return static_cast<cudaStream_t>(p); }
+
+}  // namespace
+
+PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots,
+                                     uint64_t idle_us, uint64_t timeout_ms)
+    : device_(device),
+      blocks_(blocks),
+      eager_slots_(slots > 2 * kEagerSlots ? kEagerSlots : slots / 2),
+      idle_ns_(idle_us * 1000),
+      timeout_ms_(timeout_ms),
+      slots_(eager_slots_, slots - eager_slots_, sizeof(gpu::CollectiveArgs)) {
+  if (!memops_.available()) {
+    throw CommError("resident: RESIDENT_GPU_PERSISTENT=1 needs stream memory operations: " +
+                    memops_.why() + "; unset RESIDENT_GPU_PERSISTENT");
+  }
+  DeviceGuard guard(device);
+  RelaxedCapture relaxed;
+  try {
+    int sms = 0, coop = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device);
+    if (!coop) throw CommError("resident: RESIDENT_GPU_PERSISTENT=1: this GPU has no cooperative launch");
+    const int fit = gpu::persistentBlocksPerSm() * sms;
+    if (static_cast<int>(blocks) > fit) {
+      throw InvalidArgument("resident: RESIDENT_GPU_PERSISTENT_BLOCKS=" + std::to_string(blocks) +
+                            " exceeds the " + std::to_string(fit) +
+                            " blocks of the resident kernel this GPU can hold at once");
+    }
+    checkCuda(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(gpu::PersistentState)),
+              "cudaMalloc of the resident kernel's state");
+    checkCuda(cudaMemset(state_, 0, sizeof(gpu::PersistentState)), "cudaMemset");
+    checkCuda(cudaMalloc(reinterpret_cast<void**>(&table_), sizeof(gpu::CollectiveArgs) * slots),
+              "cudaMalloc of the descriptor table");
+    void* host = nullptr;
+    checkCuda(cudaHostAlloc(&host, sizeof(gpu::PersistentHostWords),
+                            cudaHostAllocMapped | cudaHostAllocPortable),
+              "cudaHostAlloc of the resident kernel's host words");
+    host_ = static_cast<gpu::PersistentHostWords*>(host);
+    std::memset(host_, 0, sizeof(*host_));
+    void* dev = nullptr;
+    checkCuda(cudaHostGetDevicePointer(&dev, host, 0), "cudaHostGetDevicePointer");
+    host_dev_ = static_cast<gpu::PersistentHostWords*>(dev);
+    void* staging = nullptr;
+    checkCuda(cudaHostAlloc(&staging, sizeof(gpu::CollectiveArgs), cudaHostAllocDefault),
+              "cudaHostAlloc of the descriptor staging buffer");
+    staging_ = static_cast<gpu::CollectiveArgs*>(staging);
+    checkCuda(cudaStreamCreateWithFlags(asStream(&run_stream_), cudaStreamNonBlocking),
+              "cudaStreamCreate");
+    checkCuda(cudaStreamCreateWithFlags(asStream(&upload_stream_), cudaStreamNonBlocking),
+              "cudaStreamCreate");
+    checkCuda(cudaStreamCreateWithFlags(asStream(&poll_stream_), cudaStreamNonBlocking),
+              "cudaStreamCreate");
+    checkCuda(cudaDeviceSynchronize(), "initialising the resident kernel's memory");
+    addLive(host_);
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    launchLocked();
+  } catch (...) {
+    release();
+    throw;
+  }
+  RLOG_INFO("resident kernel on device %d: %u blocks, %u descriptor slots, idle exit after %llu us",
+            device, blocks, slots, static_cast<unsigned long long>(idle_us));
+}
+
+PersistentChannel::~PersistentChannel() {
+  stop();
+}
+
+uint32_t PersistentChannel::loadHost(const uint32_t* word) const {
+  return __atomic_load_n(word, __ATOMIC_ACQUIRE);
+}
+
+void PersistentChannel::launchLocked() {
+  DeviceGuard guard(device_);
+  RelaxedCapture relaxed;
+  gpu::PersistentArgs a{};
+  a.state = state_;
+  a.table = table_;
+  a.host = host_dev_;
+  a.slots = slots_.size();
+  a.generation = launches_ + 1;
+  a.idle_ns = idle_ns_;
+  checkCuda(gpu::launchPersistent(a, blocks_, stream(run_stream_)), "launching the resident kernel");
+  ++launches_;
+  RLOG_DEBUG("resident kernel launched (generation %u)", launches_);
+}
+
+bool PersistentChannel::poll() {
+  std::unique_lock<std::mutex> lock(launch_mu_, std::try_to_lock);
+  if (!lock.owns_lock() || stopped_) return false;
+  // Only while no instance runs: `pending` says a stream handed over an op since the last
+  // check; the device mailbox (written before `pending`) says whether it is still unserved.
+  if (loadHost(&host_->exits) != launches_) return false;
+  if (loadHost(&host_->pending) == 0) return false;
+  __atomic_store_n(&host_->pending, 0u, __ATOMIC_SEQ_CST);
+  {
+    DeviceGuard guard(device_);
+    RelaxedCapture relaxed;
+    checkCuda(cudaMemcpyAsync(&host_->mailbox_copy, &state_->mailbox, sizeof(uint32_t),
+                              cudaMemcpyDeviceToHost, stream(poll_stream_)),
+              "reading the resident kernel's mailbox");
+    checkCuda(cudaStreamSynchronize(stream(poll_stream_)), "reading the resident kernel's mailbox");
+  }
+  if (loadHost(&host_->mailbox_copy) == 0) return false;
+  launchLocked();
+  return true;
+}
+
+void PersistentChannel::waitEagerDone(uint32_t stamp) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  while (!DescriptorSlots::reached(loadHost(&host_->eager_done), stamp)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw CommError("resident: a descriptor slot of the resident kernel is still used by an op "
+                      "that has not completed after " + std::to_string(timeout_ms_.load()) +
+                      " ms");
+    }
+    std::this_thread::yield();
+  }
+}
+
+void PersistentChannel::upload(uint32_t slot, const gpu::CollectiveArgs& args, size_t bytes) {
+  DeviceGuard guard(device_);
+  RelaxedCapture relaxed;
+  std::memcpy(staging_, &args, bytes);
+  checkCuda(cudaMemcpyAsync(table_ + slot, staging_, bytes, cudaMemcpyHostToDevice,
+                            stream(upload_stream_)),
+            "uploading a descriptor of the resident kernel");
+  checkCuda(cudaStreamSynchronize(stream(upload_stream_)), "uploading a descriptor of the resident kernel");
+}
+
+void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, void* on) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  checkCuda(cudaStreamIsCapturing(stream(on), &capture), "cudaStreamIsCapturing");
+  const bool captured = capture == cudaStreamCaptureStatusActive;
+  DescriptorSlots::Pick pick;
+  uint32_t stamp = 0;
+  {
+    std::lock_guard<std::mutex> lock(table_mu_);
+    if (stopped_) throw CommError("resident: the resident kernel was stopped");
+    if (captured) {
+      pick = slots_.graph(&args, bytes);
+    } else {
+      stamp = ++eager_stamp_;
+      pick = slots_.eager(&args, bytes, stamp);
+    }
+    if (pick.must_wait) waitEagerDone(pick.wait_stamp);
+    if (pick.upload) upload(pick.slot, args, bytes);
+  }
+  const uint32_t tag = pick.slot + 1;
+  const MemOp ops[4] = {{MemOp::kWrite, &state_->mailbox, tag},
+                        {MemOp::kWrite, &host_dev_->pending, 1},
+                        {MemOp::kWaitEq, &state_->mailbox, 0},
+                        {MemOp::kWrite, &host_dev_->eager_done, stamp}};
+  checkCuda(static_cast<cudaError_t>(memops_.enqueue(on, ops, captured ? 3 : 4)),
+            "handing an op to the resident kernel (cuStreamBatchMemOp)");
+}
+
+void PersistentChannel::stop() {
+  {
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  if (host_ == nullptr) return release();
+  __atomic_store_n(&host_->quit, 1u, __ATOMIC_RELEASE);
+  // An instance leaves after its current op (which the caller aborted first) and at most
+  // ~20 us of polling; bounded by the group timeout in case an op is stuck.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(timeout_ms_.load() + 2000);
+  bool left = true;
+  while (loadHost(&host_->exits) != launches_) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      left = false;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (!left) {
+    // Freeing memory a running kernel polls would crash it: leak it instead, loudly.
+    RLOG_ERROR("the resident kernel on device %d did not leave; its memory is not released",
+               device_);
+    removeLive(host_);
+    return;
+  }
+  {
+    DeviceGuard guard(device_);
+    cudaStreamSynchronize(stream(run_stream_));
+  }
+  release();
+}
+
+void PersistentChannel::release() {
+  DeviceGuard guard(device_);
+  if (host_ != nullptr) removeLive(host_);
+  for (void* s : {run_stream_, upload_stream_, poll_stream_})
+    if (s != nullptr) cudaStreamDestroy(stream(s));
+  if (staging_ != nullptr) cudaFreeHost(staging_);
+  if (host_ != nullptr) cudaFreeHost(host_);
+  if (table_ != nullptr) cudaFree(table_);
+  if (state_ != nullptr) cudaFree(state_);
+  run_stream_ = upload_stream_ = poll_stream_ = nullptr;
+  staging_ = nullptr;
+  host_ = host_dev_ = nullptr;
+  table_ = nullptr;
+  state_ = nullptr;
+}
+
+PersistentStatus PersistentChannel::status() const {
+  PersistentStatus s;
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  s.blocks = blocks_;
+  s.slots = slots_.size();
+  if (host_ == nullptr) return s;
+  s.launches = launches_;
+  s.exits = loadHost(&host_->exits);
+  s.running = s.exits != launches_;
+  s.served = loadHost(&host_->served);
+  std::lock_guard<std::mutex> table_lock(table_mu_);
+  s.graph_slots_used = slots_.graphSlotsUsed();
+  return s;
+}
+
+}  // namespace resident

@@ -1,0 +1,77 @@
+// Host side of the resident kernel (RESIDENT_GPU_PERSISTENT=1): owns its device state, the
+// descriptor table and the mapped host words, hands ops over with stream memory operations
+// (persistent_args.hpp describes the protocol), and keeps an instance on the GPU: launched at
+// install, and again by the proxy thread (poll) whenever a stream handed over an op while no
+// instance runs (an idle instance leaves after RESIDENT_GPU_PERSISTENT_IDLE_US). Torch-free,
+// and its header CUDA-free (streams are opaque handles), like gpu_communicator.hpp.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+#include "core/descriptor_slots.hpp"
+#include "cuda/stream_memops.hpp"
+#include "persistent_args.hpp"
+
+namespace resident {
+
+struct PersistentStatus {
+  bool running = false;
+  uint32_t launches = 0, exits = 0, served = 0, graph_slots_used = 0, slots = 0, blocks = 0;
+};
+
+class PersistentChannel {
+ public:
+  PersistentChannel(int device, uint32_t blocks, uint32_t slots, uint64_t idle_us,
+                    uint64_t timeout_ms);
+  ~PersistentChannel();
+  PersistentChannel(const PersistentChannel&) = delete;
+  PersistentChannel& operator=(const PersistentChannel&) = delete;
+
+  uint32_t blocks() const { return blocks_; }
+  // Hands collective `args` (its first `bytes` bytes are meaningful) to the resident kernel on
+  // `stream`: the stream continues once the op completed.
+  void enqueue(const gpu::CollectiveArgs& args, size_t bytes, void* stream);
+  // Proxy thread: launches an instance if an op waits and none runs. True if it launched.
+  bool poll();
+  // Makes the running instance leave (after its current op) and waits for it, bounded by the
+  // group timeout; no relaunch afterwards. Idempotent; the destructor calls it.
+  void stop();
+  PersistentStatus status() const;
+  void setTimeoutMs(uint64_t ms) { timeout_ms_ = ms; }
+
+ private:
+  void launchLocked();
+  uint32_t loadHost(const uint32_t* word) const;
+  void waitEagerDone(uint32_t stamp);
+  void upload(uint32_t slot, const gpu::CollectiveArgs& args, size_t bytes);
+  void release();
+
+  const int device_;
+  const uint32_t blocks_;
+  const uint32_t eager_slots_;
+  const uint64_t idle_ns_;
+  std::atomic<uint64_t> timeout_ms_;
+  StreamMemOps memops_;
+  DescriptorSlots slots_;
+  gpu::PersistentState* state_ = nullptr;  // device memory
+  gpu::CollectiveArgs* table_ = nullptr;   // device memory
+  gpu::PersistentHostWords* host_ = nullptr;      // mapped host memory (host pointer)
+  gpu::PersistentHostWords* host_dev_ = nullptr;  // ... its device pointer
+  gpu::CollectiveArgs* staging_ = nullptr;        // pinned, for uploads
+  // cudaStream_t (non-blocking): where instances run, descriptor uploads, the proxy's reads.
+  void* run_stream_ = nullptr;
+  void* upload_stream_ = nullptr;
+  void* poll_stream_ = nullptr;
+  // launch_mu_: launches and stop (install, proxy thread, shutdown). table_mu_: the slot
+  // table and uploads (callers' threads). Separate, so that a caller waiting for a slot
+  // never blocks the proxy's relaunch it may be waiting for.
+  mutable std::mutex launch_mu_;
+  mutable std::mutex table_mu_;
+  uint32_t launches_ = 0;  // under launch_mu_
+  uint32_t eager_stamp_ = 0;
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace resident

@@ -1,0 +1,50 @@
+#include "cuda/stream_memops.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+namespace resident {
+namespace {
+using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
+}  // namespace
+
+StreamMemOps::StreamMemOps() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion("cuStreamBatchMemOp", &fn, 12000, cudaEnableDefault, &status);
+  if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || fn == nullptr) {
+    why_ = std::string("the driver has no cuStreamBatchMemOp (") +
+           (err != cudaSuccess ? cudaGetErrorString(err) : "symbol not found") + ")";
+    return;
+  }
+  fn_ = fn;
+}
+
+int StreamMemOps::enqueue(void* stream, const MemOp* ops, unsigned count) const {
+  if (fn_ == nullptr || count > 8) return cudaErrorNotSupported;
+  CUstreamBatchMemOpParams params[8];
+  std::memset(params, 0, sizeof(params));
+  for (unsigned i = 0; i < count; ++i) {
+    const auto address = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(ops[i].address));
+    if (ops[i].kind == MemOp::kWrite) {
+      params[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+      params[i].writeValue.address = address;
+      params[i].writeValue.value = ops[i].value;
+      params[i].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    } else {
+      params[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+      params[i].waitValue.address = address;
+      params[i].waitValue.value = ops[i].value;
+      params[i].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+    }
+  }
+  const CUresult r =
+      reinterpret_cast<BatchMemOpFn>(fn_)(reinterpret_cast<CUstream>(stream), count, params, 0);
+  // The driver's and the runtime's codes agree for the errors this can return.
+  return static_cast<int>(r);
+}
+
+}  // namespace resident

@@ -1,0 +1,229 @@
+// The body of a collective, shared by the one-kernel-per-op path (collective_kernel.cu) and
+// the resident kernel (persistent_kernel.cu): every collective is an exchange with a set of
+// partner ranks in lockstep rounds. In round r each block writes its parts of the round's
+// payload to every partner as LL lines (or a one-line credit where it has nothing for that
+// partner), then waits for the partners' lines of the same parts, and reduces or copies them
+// into the output. A part's handler sends round r+1 only after it received round r from
+// every partner, so a peer can reuse a slot two rounds later without acks: two slots per peer
+// suffice. Round numbers per peer live in DeviceState and advance on the device, which is
+// what makes a captured graph replayable.
+#pragma once
+
+#include "ll_device.cuh"
+#include "reduce_device.cuh"
+#include "rounds_device.cuh"
+
+namespace resident {
+namespace gpu {
+
+
+// Lines a part carries: its payload lines, or one credit line when it carries nothing.
+__device__ __forceinline__ uint32_t linesOf(uint32_t round_bytes, uint32_t part) {
+  const uint32_t n = payloadLines(round_bytes, part);
+  return n ? n : 1u;
+}
+
+struct Shared {
+  uint32_t base[kMaxRanks];
+  unsigned char* remote[kMaxRanks];
+  int stop;
+};
+
+// Rank-ordered reduction of the parts [j0, j1) of round r.
+template <typename Acc>
+__device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t r, uint32_t j0,
+                            uint32_t j1) {
+  const Region& reg = a.reg;
+  const uint32_t bytes = roundBytes(a.peers[a.rank].recv_bytes, r, reg.chunk);
+  const uint32_t nparts = partsOf(bytes);
+  const uint64_t round_off = static_cast<uint64_t>(r) * reg.chunk;
+  const auto* in = static_cast<const unsigned char*>(a.local_in) + round_off;
+  auto* out = static_cast<unsigned char*>(a.out) + round_off;
+  const uint32_t t = threadIdx.x;
+  for (uint32_t j = j0; j < min(j1, nparts); ++j) {
+    const uint32_t nb = lineBytes(bytes, j, t);
+    if (nb == 0) continue;
+    const uint64_t off = static_cast<uint64_t>(j) * kPartPayload + t * 8;
+    Acc acc;
+    bool ok = true;
+    for (int q = 0; q < a.nranks && ok; ++q) {
+      uint64_t v;
+      if (q == a.rank) {
+        v = loadBytes(in + off, nb);
+      } else {
+        const uint32_t g = sh.base[q] + r + 1;
+        const unsigned char* line =
+            reg.local + reg.coll_in0 +
+            (static_cast<uint64_t>(q) * 2 + ((g - 1) & 1)) * reg.slot_bytes +
+            (static_cast<uint64_t>(j) * kThreads + t) * 16;
+        ok = w.line(line, g, v, q);
+      }
+      if (q == 0)
+        acc.first(v);
+      else
+        acc.fold(a.redop, v);
+    }
+    if (!ok) {
+      sh.stop = 1;
+      return;
+    }
+    storeBytes(out + off, acc.result(a.redop, a.nranks), nb);
+  }
+}
+
+__device__ inline void reduceDispatch(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t r,
+                               uint32_t j0, uint32_t j1) {
+  switch (a.dtype) {
+    case kF32:
+      return reduceRound<AccF32>(a, sh, w, r, j0, j1);
+    case kF64:
+      return reduceRound<AccF64>(a, sh, w, r, j0, j1);
+    case kF16:
+      return reduceRound<AccF16>(a, sh, w, r, j0, j1);
+    case kBF16:
+      return reduceRound<AccBF16>(a, sh, w, r, j0, j1);
+    case kI32:
+      return reduceRound<AccI32>(a, sh, w, r, j0, j1);
+    case kI64:
+      return reduceRound<AccI64>(a, sh, w, r, j0, j1);
+    default:
+      return reduceRound<AccU8>(a, sh, w, r, j0, j1);
+  }
+}
+
+// Writes this block's parts of round r to partner p; on the proxy path also hands the range
+// to the proxy. Block-uniform control flow (it contains a barrier).
+// `pre`: this thread's payload word of (round 0, part j0) when `has_pre` (loaded at start).
+__device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w, int p, uint32_t r,
+                          uint32_t j0, uint32_t j1, uint64_t pre, bool has_pre) {
+  const Region& reg = a.reg;
+  const PeerPlan& pp = a.peers[p];
+  const uint32_t sb = roundBytes(pp.send_bytes, r, reg.chunk);
+  const uint32_t g = sh.base[p] + r + 1;
+  const uint32_t slot = (g - 1) & 1;
+  const uint64_t remote_off =
+      reg.coll_in0 + (static_cast<uint64_t>(a.rank) * 2 + slot) * reg.slot_bytes;
+  const uint64_t local_off = static_cast<uint64_t>(p) * reg.out_stride + slot * reg.slot_bytes;
+  unsigned char* base = sh.remote[p] ? sh.remote[p] + remote_off : reg.outbox + local_off;
+  const auto* src =
+      static_cast<const unsigned char*>(pp.send) + static_cast<uint64_t>(r) * reg.chunk;
+  const uint32_t t = threadIdx.x;
+  for (uint32_t j = j0; j < j1; ++j) {
+    if (t < linesOf(sb, j)) {
+      const uint32_t nb = lineBytes(sb, j, t);
+      uint64_t v = 0;
+      if (has_pre && r == 0 && j == j0)
+        v = pre;
+      else if (nb)
+        v = loadBytes(src + static_cast<uint64_t>(j) * kPartPayload + t * 8, nb);
+      storeLine(base + (static_cast<uint64_t>(j) * kThreads + t) * 16, v, g);
+    }
+  }
+  if (sh.remote[p] == nullptr) {
+    __syncthreads();
+    if (t == 0) {
+      const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
+      const uint64_t bytes =
+          (static_cast<uint64_t>(j1 - 1 - j0) * kThreads + linesOf(sb, j1 - 1)) * 16;
+      // pushTrigger's release store orders the block's line stores (joined by the barrier).
+      if (!pushTrigger(w, p, local_off + first, remote_off + first, bytes)) sh.stop = 1;
+    }
+  }
+}
+
+// Waits for partner p's lines of this block's parts of round r and copies their payload.
+__device__ inline void recvRound(const CollectiveArgs& a, Shared& sh, Waiter& w, int p, uint32_t r,
+                          uint32_t j0, uint32_t j1) {
+  const Region& reg = a.reg;
+  const PeerPlan& pp = a.peers[p];
+  const uint32_t rb = roundBytes(pp.recv_bytes, r, reg.chunk);
+  const uint32_t g = sh.base[p] + r + 1;
+  const unsigned char* base =
+      reg.local + reg.coll_in0 + (static_cast<uint64_t>(p) * 2 + ((g - 1) & 1)) * reg.slot_bytes;
+  auto* dst = static_cast<unsigned char*>(pp.recv) + static_cast<uint64_t>(r) * reg.chunk;
+  const uint32_t t = threadIdx.x;
+  for (uint32_t j = j0; j < j1; ++j) {
+    if (t >= linesOf(rb, j)) continue;
+    uint64_t v;
+    if (!w.line(base + (static_cast<uint64_t>(j) * kThreads + t) * 16, g, v, p)) {
+      sh.stop = 1;
+      return;
+    }
+    const uint32_t nb = lineBytes(rb, j, t);
+    if (nb) storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8, v, nb);
+  }
+}
+
+// Runs this block's share (block `block` of the op) of every round of collective `a`; on
+// return (block-uniform, after a barrier) the block is done with the op. The caller advances
+// DeviceState::coll_round once every block has returned (advanceRounds).
+__device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint32_t block) {
+  const uint32_t chunk = a.reg.chunk;
+  const uint32_t j0 = block * a.parts_per_block;
+  // Optional: the first payload word, loaded before (not after) the device-state loads.
+  uint64_t pre = 0;
+  if (a.common_send != nullptr) {
+    const uint32_t nb = lineBytes(roundBytes(a.common_send_bytes, 0, chunk), j0, threadIdx.x);
+    if (nb)
+      pre = loadBytes(static_cast<const unsigned char*>(a.common_send) +
+                          static_cast<uint64_t>(j0) * kPartPayload + threadIdx.x * 8,
+                      nb);
+  }
+  const bool has_pre = a.common_send != nullptr;
+  DeviceState* st = a.reg.state;
+  for (int p = threadIdx.x; p < a.nranks; p += blockDim.x) {
+    sh.base[p] = st->coll_round[p];
+    sh.remote[p] = st->remote[p];
+  }
+  if (threadIdx.x == 0) sh.stop = 0;
+  __syncthreads();
+  Waiter w(a.reg, a.op_id);
+  for (uint32_t r = 0; r < a.rounds_max; ++r) {
+    // Partners of this round, and the parts of it this block handles.
+    for (int p = 0; p < a.nranks; ++p) {
+      const PeerPlan& pp = a.peers[p];
+      if (p == a.rank || r >= pp.rounds) continue;
+      const uint32_t n =
+          partsOf(max(roundBytes(pp.send_bytes, r, chunk), roundBytes(pp.recv_bytes, r, chunk)));
+      if (j0 < n) sendRound(a, sh, w, p, r, j0, min(n, j0 + a.parts_per_block), pre, has_pre);
+    }
+    const PeerPlan& self = a.peers[a.rank];
+    if (a.mode == static_cast<uint8_t>(Mode::kReduce)) {
+      reduceDispatch(a, sh, w, r, j0, j0 + a.parts_per_block);
+    } else {
+      if (r < self.rounds && self.recv != nullptr && self.send_bytes > 0) {
+        const uint32_t b = roundBytes(self.send_bytes, r, chunk);
+        const uint32_t n = partsOf(b);
+        const uint64_t off = static_cast<uint64_t>(r) * chunk;
+        for (uint32_t j = j0; j < min(n, j0 + a.parts_per_block); ++j) {
+          const uint32_t nb = lineBytes(b, j, threadIdx.x);
+          const uint64_t o = off + static_cast<uint64_t>(j) * kPartPayload + threadIdx.x * 8;
+          if (nb)
+            storeBytes(static_cast<unsigned char*>(self.recv) + o,
+                       loadBytes(static_cast<const unsigned char*>(self.send) + o, nb), nb);
+        }
+      }
+      for (int p = 0; p < a.nranks && !sh.stop; ++p) {
+        const PeerPlan& pp = a.peers[p];
+        if (p == a.rank || r >= pp.rounds) continue;
+        const uint32_t n =
+            partsOf(max(roundBytes(pp.send_bytes, r, chunk), roundBytes(pp.recv_bytes, r, chunk)));
+        if (j0 < n) recvRound(a, sh, w, p, r, j0, min(n, j0 + a.parts_per_block));
+      }
+    }
+    __syncthreads();
+    if (sh.stop) break;
+  }
+  __syncthreads();
+}
+
+// Called by the one thread that saw every block of the op finish: the next op continues the
+// round numbering with each partner.
+__device__ inline void advanceRounds(const CollectiveArgs& a) {
+  DeviceState* st = a.reg.state;
+  for (int p = 0; p < a.nranks; ++p)
+    if (p != a.rank) st->coll_round[p] += a.peers[p].rounds;
+}
+
+}  // namespace gpu
+}  // namespace resident

@@ -1,0 +1,157 @@
+// The resident kernel of a communicator (RESIDENT_GPU_PERSISTENT=1): a few blocks that stay
+// on the GPU and run collectives handed over by stream memory operations (see
+// persistent_args.hpp for the hand-off), so an op costs the caller's stream no kernel launch.
+//
+// Block 0's thread 0 is the leader: it polls the mailbox and publishes each op to the other
+// blocks as a command (sequence number, tag); every block then runs its share of the op with
+// the same body as the one-kernel-per-op path, and the last block to finish completes the op
+// (round numbers, mailbox cleared, done_seq). The leader also decides when to leave: on the
+// host's quit word, or after RESIDENT_GPU_PERSISTENT_IDLE_US without an op, so that a
+// device-wide synchronize or a process exit never waits on a kernel that spins forever; the
+// proxy thread launches a new instance when a stream hands over an op while none runs.
+#include <cuda_runtime.h>
+
+#include "collective_body.cuh"
+#include "launch_device.cuh"
+#include "persistent_args.hpp"
+#include "persistent_launch.hpp"
+
+namespace resident {
+namespace gpu {
+namespace {
+
+__device__ __forceinline__ uint32_t loadAcquire32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned long long loadAcquire64(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void storeRelease32(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void storeRelease64Gpu(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+constexpr uint64_t kHostCheckNs = 20000;  // how often an idle leader reads the host's quit word
+
+// Leader: the tag of the next op, or kExitCommand (quit, or idle for longer than idle_ns).
+__device__ uint32_t nextTag(const PersistentArgs& pa, uint64_t last_op_ns) {
+  PersistentState* ps = pa.state;
+  uint64_t next_check = 0;
+  for (uint32_t spins = 0;;) {
+    const uint32_t tag = loadAcquire32(&ps->mailbox);
+    if (tag != 0) return tag;
+    if (++spins < 64) continue;
+    spins = 0;
+    const uint64_t now = globalTimerNs();
+    if (now < next_check) continue;
+    next_check = now + kHostCheckNs;
+    if (loadAcquire32(&pa.host->quit) != 0) return kExitCommand;
+    if (pa.idle_ns != 0 && now - last_op_ns > pa.idle_ns) return kExitCommand;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    persistentKernel(const __grid_constant__ PersistentArgs pa) {
+  __shared__ CollectiveArgs a;
+  __shared__ Shared sh;
+  __shared__ uint32_t tag_sh;
+  __shared__ uint32_t seq;  // ops (and exits) this block has seen completed
+  PersistentState* ps = pa.state;
+  const uint32_t nblocks = gridDim.x;
+  const bool leader_block = blockIdx.x == 0;
+  // No op is in progress when an instance starts (the previous one left between ops), so
+  // done_seq is every block's base. The leader publishes nothing before every block has read
+  // it (the launch is cooperative: all blocks are resident together).
+  if (threadIdx.x == 0) {
+    seq = loadAcquire32(&ps->done_seq);
+    __threadfence();
+    atomicAdd(&ps->started, 1u);
+    if (leader_block) {
+      while (loadAcquire32(&ps->started) < nblocks) {
+      }
+      ps->started = 0;  // the next instance starts after this one left (same stream)
+    }
+  }
+  uint64_t last_op_ns = globalTimerNs();
+  for (;;) {
+    if (threadIdx.x == 0) {
+      if (leader_block) {
+        while (loadAcquire32(&ps->done_seq) != seq) {
+        }
+        tag_sh = nextTag(pa, last_op_ns);
+        storeRelease64Gpu(&ps->cmd, (static_cast<unsigned long long>(seq + 1) << 32) | tag_sh);
+      } else {
+        unsigned long long c;
+        do {
+          c = loadAcquire64(&ps->cmd);
+        } while (static_cast<uint32_t>(c >> 32) != seq + 1);
+        tag_sh = static_cast<uint32_t>(c);
+      }
+    }
+    __syncthreads();
+    const uint32_t tag = tag_sh;
+    const bool run = tag != kExitCommand && tag - 1 < pa.slots;
+    if (run) {
+      const auto* src = reinterpret_cast<const unsigned long long*>(pa.table + (tag - 1));
+      auto* dst = reinterpret_cast<unsigned long long*>(&a);
+      for (uint32_t i = threadIdx.x; i < sizeof(CollectiveArgs) / 8; i += blockDim.x)
+        dst[i] = src[i];
+      __syncthreads();
+      collectiveBody(a, sh, blockIdx.x);
+    }
+    if (threadIdx.x == 0) {
+      if (lastOf(&ps->blocks_done, nblocks)) {
+        if (run) {
+          advanceRounds(a);
+          // A plain store: the host only reads this word (no atomics over PCIe).
+          *reinterpret_cast<volatile uint32_t*>(&pa.host->served) = ++ps->served;
+        }
+        if (tag == kExitCommand) {
+          storeRelease32(&ps->done_seq, seq + 1);
+          __threadfence_system();
+          storeRelease32(&pa.host->exits, pa.generation);
+        } else {
+          // Outputs and round numbers before the mailbox: the waiting stream's next work
+          // and the next op read them once it is clear (consumers on this GPU: gpu scope).
+          __threadfence();
+          *reinterpret_cast<volatile uint32_t*>(&ps->mailbox) = 0;
+          storeRelease32(&ps->done_seq, seq + 1);
+        }
+      }
+      seq = seq + 1;
+    }
+    __syncthreads();
+    if (tag == kExitCommand) return;
+    last_op_ns = globalTimerNs();
+  }
+}
+
+}  // namespace
+
+cudaError_t launchPersistent(const PersistentArgs& args, unsigned blocks, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;  // all blocks resident at once, or no launch
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, persistentKernel, args);
+}
+
+int persistentBlocksPerSm() {
+  int n = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, persistentKernel, kThreads, 0);
+  return n;
+}
+
+}  // namespace gpu
+}  // namespace resident
