@@ -16,7 +16,6 @@
 namespace resident {
 namespace gpu {
 
-
 // Lines a part carries: its payload lines, or one credit line when it carries nothing.
 __device__ __forceinline__ uint32_t linesOf(uint32_t round_bytes, uint32_t part) {
   const uint32_t n = payloadLines(round_bytes, part);
@@ -31,8 +30,8 @@ struct Shared {
 
 // Rank-ordered reduction of the parts [j0, j1) of round r.
 template <typename Acc>
-__device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t r, uint32_t j0,
-                            uint32_t j1) {
+__device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t r,
+                                   uint32_t j0, uint32_t j1) {
   const Region& reg = a.reg;
   const uint32_t bytes = roundBytes(a.peers[a.rank].recv_bytes, r, reg.chunk);
   const uint32_t nparts = partsOf(bytes);
@@ -72,7 +71,7 @@ __device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& 
 }
 
 __device__ inline void reduceDispatch(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t r,
-                               uint32_t j0, uint32_t j1) {
+                                      uint32_t j0, uint32_t j1) {
   switch (a.dtype) {
     case kF32:
       return reduceRound<AccF32>(a, sh, w, r, j0, j1);
@@ -95,7 +94,7 @@ __device__ inline void reduceDispatch(const CollectiveArgs& a, Shared& sh, Waite
 // to the proxy. Block-uniform control flow (it contains a barrier).
 // `pre`: this thread's payload word of (round 0, part j0) when `has_pre` (loaded at start).
 __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w, int p, uint32_t r,
-                          uint32_t j0, uint32_t j1, uint64_t pre, bool has_pre) {
+                                 uint32_t j0, uint32_t j1, uint64_t pre, bool has_pre) {
   const Region& reg = a.reg;
   const PeerPlan& pp = a.peers[p];
   const uint32_t sb = roundBytes(pp.send_bytes, r, reg.chunk);
@@ -133,7 +132,7 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
 
 // Waits for partner p's lines of this block's parts of round r and copies their payload.
 __device__ inline void recvRound(const CollectiveArgs& a, Shared& sh, Waiter& w, int p, uint32_t r,
-                          uint32_t j0, uint32_t j1) {
+                                 uint32_t j0, uint32_t j1) {
   const Region& reg = a.reg;
   const PeerPlan& pp = a.peers[p];
   const uint32_t rb = roundBytes(pp.recv_bytes, r, reg.chunk);
@@ -172,7 +171,7 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint3
   const bool has_pre = a.common_send != nullptr;
   DeviceState* st = a.reg.state;
   for (int p = threadIdx.x; p < a.nranks; p += blockDim.x) {
-    sh.base[p] = st->coll_round[p];
+    sh.base[p] = *reinterpret_cast<volatile uint32_t*>(&st->coll_round[p]);  // not from L1
     sh.remote[p] = st->remote[p];
   }
   if (threadIdx.x == 0) sh.stop = 0;
@@ -221,8 +220,12 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint3
 // round numbering with each partner.
 __device__ inline void advanceRounds(const CollectiveArgs& a) {
   DeviceState* st = a.reg.state;
-  for (int p = 0; p < a.nranks; ++p)
-    if (p != a.rank) st->coll_round[p] += a.peers[p].rounds;
+  for (int p = 0; p < a.nranks; ++p) {
+    if (p == a.rank) continue;
+    // volatile: the resident kernel's blocks take turns at this, on different SMs.
+    volatile uint32_t* round = &st->coll_round[p];
+    *round = *round + a.peers[p].rounds;
+  }
 }
 
 }  // namespace gpu

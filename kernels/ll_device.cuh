@@ -45,11 +45,14 @@ __device__ __forceinline__ void storeRelease64(void* p, uint64_t v) {
 }
 
 // Up to 8 bytes of user memory (device) as one word; tails and unaligned data bytewise.
+// Loads bypass L1 (which is not coherent): the resident kernel reads buffers that other
+// kernels rewrote since its previous op, with no kernel boundary in between to invalidate L1.
 __device__ __forceinline__ uint64_t loadBytes(const unsigned char* p, uint32_t n) {
   if (n == 8 && (reinterpret_cast<uintptr_t>(p) & 7) == 0)
-    return *reinterpret_cast<const uint64_t*>(p);
+    return __ldcg(reinterpret_cast<const unsigned long long*>(p));
+  const volatile unsigned char* q = p;
   uint64_t v = 0;
-  for (uint32_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  for (uint32_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(q[i]) << (8 * i);
   return v;
 }
 __device__ __forceinline__ void storeBytes(unsigned char* p, uint64_t v, uint32_t n) {

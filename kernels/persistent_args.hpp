@@ -33,18 +33,18 @@ struct PersistentState {
 
 // Mapped pinned host memory (host pointer on the CPU, device pointer in the kernel).
 struct PersistentHostWords {
-  alignas(64) uint32_t pending;     // a stream handed over an op (the proxy clears it)
-  alignas(64) uint32_t exits;       // generation of the last kernel instance that left
-  alignas(64) uint32_t quit;        // host: leave now (shutdown)
-  alignas(64) uint32_t eager_done;  // stamp of the last completed eager op
-  alignas(64) uint32_t served;      // ops completed (diagnostics; the kernel only stores)
+  alignas(64) uint32_t pending;       // a stream handed over an op (the proxy clears it)
+  alignas(64) uint32_t exits;         // generation of the last kernel instance that left
+  alignas(64) uint32_t quit;          // host: leave now (shutdown)
+  alignas(64) uint32_t eager_done;    // stamp of the last completed eager op
+  alignas(64) uint32_t served;        // ops completed (diagnostics; the kernel only stores)
   alignas(64) uint32_t mailbox_copy;  // the proxy's copy of the device mailbox
 };
 
 struct PersistentArgs {
-  PersistentState* state;        // device memory
-  const CollectiveArgs* table;   // device memory, `slots` descriptors
-  PersistentHostWords* host;     // device pointer of the mapped host words
+  PersistentState* state;       // device memory
+  const CollectiveArgs* table;  // device memory, `slots` descriptors
+  PersistentHostWords* host;    // device pointer of the mapped host words
   uint32_t slots;
   uint32_t generation;  // written to host->exits when this instance leaves
   uint64_t idle_ns;     // leave after this long without an op (0: never idle out)

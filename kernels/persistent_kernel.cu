@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kThreads)
       const auto* src = reinterpret_cast<const unsigned long long*>(pa.table + (tag - 1));
       auto* dst = reinterpret_cast<unsigned long long*>(&a);
       for (uint32_t i = threadIdx.x; i < sizeof(CollectiveArgs) / 8; i += blockDim.x)
-        dst[i] = src[i];
+        dst[i] = __ldcg(src + i);  // L2: the host may have rewritten this slot since
       __syncthreads();
       collectiveBody(a, sh, blockIdx.x);
     }
@@ -110,7 +110,9 @@ __global__ void __launch_bounds__(kThreads)
         if (run) {
           advanceRounds(a);
           // A plain store: the host only reads this word (no atomics over PCIe).
-          *reinterpret_cast<volatile uint32_t*>(&pa.host->served) = ++ps->served;
+          volatile uint32_t* served = &ps->served;
+          *served = *served + 1;
+          *reinterpret_cast<volatile uint32_t*>(&pa.host->served) = *served;
         }
         if (tag == kExitCommand) {
           storeRelease32(&ps->done_seq, seq + 1);

@@ -10,8 +10,8 @@
 
 #include <map>
 #include <memory>
-#include <string>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cuda/gpu_communicator.hpp"

@@ -81,11 +81,25 @@ void apply(Config& c, const std::string& key, const std::string& value) {
   }
 }
 
-const char* kKeys[] = {"path",      "slot_bytes",   "slots",           "max_inflight",
-                       "spin_us",   "yield_us",     "max_sleep_us",    "proxy_spin_us",
-                       "proxy_cpu", "transport",    "gpu_chunk_bytes", "gpu_proxy_spin_us",
-                       "gpu_pdl",   "gpu_prefetch", "tcp_addr",        "gpu_persistent",
-                       "gpu_persistent_blocks", "gpu_persistent_idle_us", "gpu_persistent_slots"};
+const char* kKeys[] = {"path",
+                       "slot_bytes",
+                       "slots",
+                       "max_inflight",
+                       "spin_us",
+                       "yield_us",
+                       "max_sleep_us",
+                       "proxy_spin_us",
+                       "proxy_cpu",
+                       "transport",
+                       "gpu_chunk_bytes",
+                       "gpu_proxy_spin_us",
+                       "gpu_pdl",
+                       "gpu_prefetch",
+                       "tcp_addr",
+                       "gpu_persistent",
+                       "gpu_persistent_blocks",
+                       "gpu_persistent_idle_us",
+                       "gpu_persistent_slots"};
 
 }  // namespace
 

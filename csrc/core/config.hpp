@@ -28,7 +28,7 @@ struct Config {
   std::string tcp_addr;                  // RESIDENT_TCP_ADDR: IPv4 the tcp transport listens on
   uint32_t gpu_chunk_bytes = 64 * 1024;  // RESIDENT_GPU_CHUNK_BYTES: CUDA payload per round
   uint64_t gpu_proxy_spin_us = 200000;  // RESIDENT_GPU_PROXY_SPIN_US: proxy hot after a GPU trigger
-  bool gpu_pdl = true;        // RESIDENT_GPU_PDL=0|1: programmatic dependent launch
+  bool gpu_pdl = true;                  // RESIDENT_GPU_PDL=0|1: programmatic dependent launch
   bool gpu_prefetch = false;  // RESIDENT_GPU_PREFETCH=0|1: first payload word loaded at start
   // RESIDENT_GPU_PERSISTENT=0|1: decode-size collectives run on a resident kernel per group
   // (handed over by stream memory operations) instead of one kernel per op.

@@ -18,7 +18,9 @@ uint64_t fnv1a(const void* bytes, size_t n) {
 }  // namespace
 
 DescriptorSlots::DescriptorSlots(uint32_t eager, uint32_t graph, size_t max_bytes)
-    : eager_(eager), max_bytes_(max_bytes), entries_(static_cast<size_t>(eager) + graph),
+    : eager_(eager),
+      max_bytes_(max_bytes),
+      entries_(static_cast<size_t>(eager) + graph),
       copies_(entries_.size() * max_bytes) {
   if (eager == 0) throw InvalidArgument("resident: the descriptor table needs an eager slot");
 }
@@ -87,8 +89,7 @@ DescriptorSlots::Pick DescriptorSlots::graph(const void* bytes, size_t n) {
   }
   if (eager_ + graph_used_ >= size()) {
     throw InvalidArgument(
-        "resident: the resident kernel's descriptor table is full: " +
-        std::to_string(graph_used_) +
+        "resident: the resident kernel's descriptor table is full: " + std::to_string(graph_used_) +
         " distinct collectives were captured into CUDA graphs on this group; raise "
         "RESIDENT_GPU_PERSISTENT_SLOTS or capture fewer distinct calls");
   }

@@ -69,7 +69,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   RelaxedCapture relaxed;
   auto registerMapped = [&](unsigned char* base, size_t bytes, int owner) -> unsigned char* {
     checkCuda(cudaHostRegister(base, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
-          "cudaHostRegister of a shared segment");
+              "cudaHostRegister of a shared segment");
     registered_.push_back(base);
     void* dev = nullptr;
     checkCuda(cudaHostGetDevicePointer(&dev, base, 0), "cudaHostGetDevicePointer");
@@ -94,7 +94,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
     if (any_proxied_) {
       void* out = nullptr;
       checkCuda(cudaHostAlloc(&out, lay.outboxBytes(), cudaHostAllocMapped | cudaHostAllocPortable),
-            "cudaHostAlloc of the proxy outbox");
+                "cudaHostAlloc of the proxy outbox");
       outbox_host_ = static_cast<unsigned char*>(out);
       std::memset(outbox_host_, 0, lay.outboxBytes());
       void* dev = nullptr;
@@ -102,9 +102,9 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       region_.outbox = static_cast<unsigned char*>(dev);
     }
     checkCuda(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(gpu::DeviceState)),
-          "cudaMalloc of the device state");
+              "cudaMalloc of the device state");
     checkCuda(cudaMemcpy(state_, &host_state, sizeof(host_state), cudaMemcpyHostToDevice),
-          "cudaMemcpy of the device state");
+              "cudaMemcpy of the device state");
   } catch (...) {
     shutdown();
     throw;
@@ -146,9 +146,9 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
     try {
       DeviceGuard guard(device);
       RelaxedCapture relaxed;
-      persistent_ = std::make_unique<PersistentChannel>(
-          device, cfg.gpu_persistent_blocks, cfg.gpu_persistent_slots, cfg.gpu_persistent_idle_us,
-          timeout_ms);
+      persistent_ = std::make_unique<PersistentChannel>(device, cfg.gpu_persistent_blocks,
+                                                        cfg.gpu_persistent_slots,
+                                                        cfg.gpu_persistent_idle_us, timeout_ms);
     } catch (...) {
       shutdown();
       throw;
@@ -331,15 +331,15 @@ void GpuCommunicator::launchCollective(void* stream) {
   if (persistent_ && rounds_max == 1) {
     // Decode size (one round with every partner): the resident kernel's blocks run it.
     a.parts_per_block = partsFor(first_round_max, persistent_->blocks());
-    const size_t bytes = offsetof(gpu::CollectiveArgs, peers) +
-                         static_cast<size_t>(nranks_) * sizeof(gpu::PeerPlan);
+    const size_t bytes =
+        offsetof(gpu::CollectiveArgs, peers) + static_cast<size_t>(nranks_) * sizeof(gpu::PeerPlan);
     persistent_->enqueue(a, bytes, stream);
     return;
   }
   const uint32_t blocks = blocksFor(first_round_max);
   a.parts_per_block = partsFor(first_round_max, blocks);
   checkCuda(gpu::launchCollective(a, blocks, static_cast<cudaStream_t>(stream), pdl_),
-        "launching the collective kernel");
+            "launching the collective kernel");
 }
 
 void GpuCommunicator::allReduce(const void* in, void* out, size_t count, DType dtype, RedOp op,
@@ -482,7 +482,7 @@ void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t
   a.parts_per_block = partsFor(first, blocks);
   auto s = static_cast<cudaStream_t>(stream);
   checkCuda(is_send ? gpu::launchSend(a, blocks, s, pdl_) : gpu::launchRecv(a, blocks, s, pdl_),
-        is_send ? "launching the send kernel" : "launching the recv kernel");
+            is_send ? "launching the send kernel" : "launching the recv kernel");
 }
 
 void GpuCommunicator::send(const void* buf, size_t bytes, int peer, void* stream) {

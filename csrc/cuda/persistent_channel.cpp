@@ -52,13 +52,17 @@ void removeLive(gpu::PersistentHostWords* w) {
 
 constexpr uint32_t kEagerSlots = 64;
 
-cudaStream_t* asStream(void** p) { return reinterpret_cast<cudaStream_t*>(p); }
-cudaStream_t stream(void* p) { return static_cast<cudaStream_t>(p); }
+cudaStream_t* asStream(void** p) {
+  return reinterpret_cast<cudaStream_t*>(p);
+}
+cudaStream_t stream(void* p) {
+  return static_cast<cudaStream_t>(p);
+}
 
 }  // namespace
 
-PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots,
-                                     uint64_t idle_us, uint64_t timeout_ms)
+PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots, uint64_t idle_us,
+                                     uint64_t timeout_ms)
     : device_(device),
       blocks_(blocks),
       eager_slots_(slots > 2 * kEagerSlots ? kEagerSlots : slots / 2),
@@ -75,7 +79,8 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
     int sms = 0, coop = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device);
-    if (!coop) throw CommError("resident: RESIDENT_GPU_PERSISTENT=1: this GPU has no cooperative launch");
+    if (!coop)
+      throw CommError("resident: RESIDENT_GPU_PERSISTENT=1: this GPU has no cooperative launch");
     const int fit = gpu::persistentBlocksPerSm() * sms;
     if (static_cast<int>(blocks) > fit) {
       throw InvalidArgument("resident: RESIDENT_GPU_PERSISTENT_BLOCKS=" + std::to_string(blocks) +
@@ -136,7 +141,8 @@ void PersistentChannel::launchLocked() {
   a.slots = slots_.size();
   a.generation = launches_ + 1;
   a.idle_ns = idle_ns_;
-  checkCuda(gpu::launchPersistent(a, blocks_, stream(run_stream_)), "launching the resident kernel");
+  checkCuda(gpu::launchPersistent(a, blocks_, stream(run_stream_)),
+            "launching the resident kernel");
   ++launches_;
   RLOG_DEBUG("resident kernel launched (generation %u)", launches_);
 }
@@ -166,9 +172,10 @@ void PersistentChannel::waitEagerDone(uint32_t stamp) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
   while (!DescriptorSlots::reached(loadHost(&host_->eager_done), stamp)) {
     if (std::chrono::steady_clock::now() > deadline) {
-      throw CommError("resident: a descriptor slot of the resident kernel is still used by an op "
-                      "that has not completed after " + std::to_string(timeout_ms_.load()) +
-                      " ms");
+      throw CommError(
+          "resident: a descriptor slot of the resident kernel is still used by an op "
+          "that has not completed after " +
+          std::to_string(timeout_ms_.load()) + " ms");
     }
     std::this_thread::yield();
   }
@@ -181,7 +188,8 @@ void PersistentChannel::upload(uint32_t slot, const gpu::CollectiveArgs& args, s
   checkCuda(cudaMemcpyAsync(table_ + slot, staging_, bytes, cudaMemcpyHostToDevice,
                             stream(upload_stream_)),
             "uploading a descriptor of the resident kernel");
-  checkCuda(cudaStreamSynchronize(stream(upload_stream_)), "uploading a descriptor of the resident kernel");
+  checkCuda(cudaStreamSynchronize(stream(upload_stream_)),
+            "uploading a descriptor of the resident kernel");
 }
 
 void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, void* on) {
@@ -221,8 +229,8 @@ void PersistentChannel::stop() {
   __atomic_store_n(&host_->quit, 1u, __ATOMIC_RELEASE);
   // An instance leaves after its current op (which the caller aborted first) and at most
   // ~20 us of polling; bounded by the group timeout in case an op is stuck.
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(timeout_ms_.load() + 2000);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_.load() + 2000);
   bool left = true;
   while (loadHost(&host_->exits) != launches_) {
     if (std::chrono::steady_clock::now() > deadline) {

@@ -55,8 +55,8 @@ class PersistentChannel {
   std::atomic<uint64_t> timeout_ms_;
   StreamMemOps memops_;
   DescriptorSlots slots_;
-  gpu::PersistentState* state_ = nullptr;  // device memory
-  gpu::CollectiveArgs* table_ = nullptr;   // device memory
+  gpu::PersistentState* state_ = nullptr;         // device memory
+  gpu::CollectiveArgs* table_ = nullptr;          // device memory
   gpu::PersistentHostWords* host_ = nullptr;      // mapped host memory (host pointer)
   gpu::PersistentHostWords* host_dev_ = nullptr;  // ... its device pointer
   gpu::CollectiveArgs* staging_ = nullptr;        // pinned, for uploads

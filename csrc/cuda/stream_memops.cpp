@@ -13,8 +13,8 @@ using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpPara
 StreamMemOps::StreamMemOps() {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t err =
-      cudaGetDriverEntryPointByVersion("cuStreamBatchMemOp", &fn, 12000, cudaEnableDefault, &status);
+  const cudaError_t err = cudaGetDriverEntryPointByVersion("cuStreamBatchMemOp", &fn, 12000,
+                                                           cudaEnableDefault, &status);
   if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || fn == nullptr) {
     why_ = std::string("the driver has no cuStreamBatchMemOp (") +
            (err != cudaSuccess ? cudaGetErrorString(err) : "symbol not found") + ")";
