@@ -45,10 +45,16 @@ struct PersistentArgs {
   PersistentState* state;       // device memory
   const CollectiveArgs* table;  // device memory, `slots` descriptors
   PersistentHostWords* host;    // device pointer of the mapped host words
+  const uint32_t* failed;       // DeviceState::failed: an op of this group gave up
+  const uint64_t* abort_word;   // the host's abort word (device pointer of mapped memory)
   uint32_t slots;
   uint32_t generation;  // written to host->exits when this instance leaves
   uint64_t idle_ns;     // leave after this long without an op (0: never idle out)
 };
+
+// Once the group failed or was aborted, an idle instance leaves after this long even when
+// idle_ns is 0 (ops still handed over complete at once, as no-ops, on a relaunched one).
+constexpr uint64_t kFailedIdleNs = 1000000;
 
 }  // namespace gpu
 }  // namespace resident

@@ -52,7 +52,11 @@ __device__ uint32_t nextTag(const PersistentArgs& pa, uint64_t last_op_ns) {
     if (now < next_check) continue;
     next_check = now + kHostCheckNs;
     if (loadAcquire32(&pa.host->quit) != 0) return kExitCommand;
-    if (pa.idle_ns != 0 && now - last_op_ns > pa.idle_ns) return kExitCommand;
+    const uint64_t idle = now - last_op_ns;
+    if (pa.idle_ns != 0 && idle > pa.idle_ns) return kExitCommand;
+    if (idle > kFailedIdleNs && (*reinterpret_cast<const volatile uint32_t*>(pa.failed) != 0 ||
+                                 loadVolatile64(pa.abort_word) != 0))
+      return kExitCommand;
   }
 }
 

@@ -146,9 +146,10 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
     try {
       DeviceGuard guard(device);
       RelaxedCapture relaxed;
-      persistent_ = std::make_unique<PersistentChannel>(device, cfg.gpu_persistent_blocks,
-                                                        cfg.gpu_persistent_slots,
-                                                        cfg.gpu_persistent_idle_us, timeout_ms);
+      persistent_ = std::make_unique<PersistentChannel>(
+          device, cfg.gpu_persistent_blocks, cfg.gpu_persistent_slots, cfg.gpu_persistent_idle_us,
+          timeout_ms, &state_->failed,
+          reinterpret_cast<const uint64_t*>(region_.local + GpuLayout::kAbortWord));
     } catch (...) {
       shutdown();
       throw;

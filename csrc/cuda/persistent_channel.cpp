@@ -62,11 +62,14 @@ cudaStream_t stream(void* p) {
 }  // namespace
 
 PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots, uint64_t idle_us,
-                                     uint64_t timeout_ms)
+                                     uint64_t timeout_ms, const uint32_t* failed,
+                                     const uint64_t* abort_word)
     : device_(device),
       blocks_(blocks),
       eager_slots_(slots > 2 * kEagerSlots ? kEagerSlots : slots / 2),
       idle_ns_(idle_us * 1000),
+      failed_(failed),
+      abort_word_(abort_word),
       timeout_ms_(timeout_ms),
       slots_(eager_slots_, slots - eager_slots_, sizeof(gpu::CollectiveArgs)) {
   if (!memops_.available()) {
@@ -138,6 +141,8 @@ void PersistentChannel::launchLocked() {
   a.state = state_;
   a.table = table_;
   a.host = host_dev_;
+  a.failed = failed_;
+  a.abort_word = abort_word_;
   a.slots = slots_.size();
   a.generation = launches_ + 1;
   a.idle_ns = idle_ns_;

@@ -23,8 +23,9 @@ struct PersistentStatus {
 
 class PersistentChannel {
  public:
+  // `failed`, `abort_word`: the group's DeviceState::failed and abort word (device pointers).
   PersistentChannel(int device, uint32_t blocks, uint32_t slots, uint64_t idle_us,
-                    uint64_t timeout_ms);
+                    uint64_t timeout_ms, const uint32_t* failed, const uint64_t* abort_word);
   ~PersistentChannel();
   PersistentChannel(const PersistentChannel&) = delete;
   PersistentChannel& operator=(const PersistentChannel&) = delete;
@@ -52,6 +53,8 @@ class PersistentChannel {
   const uint32_t blocks_;
   const uint32_t eager_slots_;
   const uint64_t idle_ns_;
+  const uint32_t* const failed_;
+  const uint64_t* const abort_word_;
   std::atomic<uint64_t> timeout_ms_;
   StreamMemOps memops_;
   DescriptorSlots slots_;
