@@ -37,6 +37,7 @@ struct PersistentHostWords {
   alignas(64) uint32_t exits;         // generation of the last kernel instance that left
   alignas(64) uint32_t quit;          // host: leave now (shutdown)
   alignas(64) uint32_t eager_done;    // stamp of the last completed eager op
+  alignas(64) uint32_t issued;        // host: stamp of the last eager op handed to a stream
   alignas(64) uint32_t served;        // ops completed (diagnostics; the kernel only stores)
   alignas(64) uint32_t mailbox_copy;  // the proxy's copy of the device mailbox
 };

@@ -6,9 +6,10 @@
 // blocks as a command (sequence number, tag); every block then runs its share of the op with
 // the same body as the one-kernel-per-op path, and the last block to finish completes the op
 // (round numbers, mailbox cleared, done_seq). The leader also decides when to leave: on the
-// host's quit word, or after RESIDENT_GPU_PERSISTENT_IDLE_US without an op, so that a
-// device-wide synchronize or a process exit never waits on a kernel that spins forever; the
-// proxy thread launches a new instance when a stream hands over an op while none runs.
+// host's quit word, or after RESIDENT_GPU_PERSISTENT_IDLE_US without an op (and no eager op
+// handed to a stream still to come), so that a device-wide synchronize or a process exit never
+// waits on a kernel that spins forever; the proxy thread launches a new instance when a stream
+// (a graph replay) hands over an op while none runs.
 #include <cuda_runtime.h>
 
 #include "collective_body.cuh"
@@ -52,6 +53,9 @@ __device__ uint32_t nextTag(const PersistentArgs& pa, uint64_t last_op_ns) {
     if (now < next_check) continue;
     next_check = now + kHostCheckNs;
     if (loadAcquire32(&pa.host->quit) != 0) return kExitCommand;
+    // An eager op the host handed to a stream that has not reached its doorbell yet keeps
+    // the instance here: eager ops never depend on a relaunch (only graph replays do).
+    if (loadAcquire32(&pa.host->issued) != loadAcquire32(&pa.host->eager_done)) continue;
     const uint64_t idle = now - last_op_ns;
     if (pa.idle_ns != 0 && idle > pa.idle_ns) return kExitCommand;
     if (idle > kFailedIdleNs && (*reinterpret_cast<const volatile uint32_t*>(pa.failed) != 0 ||

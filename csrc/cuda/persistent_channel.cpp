@@ -108,7 +108,10 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
     checkCuda(cudaHostAlloc(&staging, sizeof(gpu::CollectiveArgs), cudaHostAllocDefault),
               "cudaHostAlloc of the descriptor staging buffer");
     staging_ = static_cast<gpu::CollectiveArgs*>(staging);
-    checkCuda(cudaStreamCreateWithFlags(asStream(&run_stream_), cudaStreamNonBlocking),
+    // Highest priority: a relaunch should not queue behind ordinary work.
+    int least = 0, greatest = 0;
+    cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    checkCuda(cudaStreamCreateWithPriority(asStream(&run_stream_), cudaStreamNonBlocking, greatest),
               "cudaStreamCreate");
     checkCuda(cudaStreamCreateWithFlags(asStream(&upload_stream_), cudaStreamNonBlocking),
               "cudaStreamCreate");
@@ -214,14 +217,20 @@ void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, v
     }
     if (pick.must_wait) waitEagerDone(pick.wait_stamp);
     if (pick.upload) upload(pick.slot, args, bytes);
+    // Before the doorbell is enqueued: the running instance stays until this op is done.
+    if (!captured) __atomic_store_n(&host_->issued, stamp, __ATOMIC_RELEASE);
   }
   const uint32_t tag = pick.slot + 1;
   const MemOp ops[4] = {{MemOp::kWrite, &state_->mailbox, tag},
                         {MemOp::kWrite, &host_dev_->pending, 1},
                         {MemOp::kWaitEq, &state_->mailbox, 0},
                         {MemOp::kWrite, &host_dev_->eager_done, stamp}};
-  checkCuda(static_cast<cudaError_t>(memops_.enqueue(on, ops, captured ? 3 : 4)),
-            "handing an op to the resident kernel (cuStreamBatchMemOp)");
+  const auto err = static_cast<cudaError_t>(memops_.enqueue(on, ops, captured ? 3 : 4));
+  if (err != cudaSuccess && !captured) {
+    // This op will never complete: stop holding the instance for it.
+    __atomic_store_n(&host_->issued, loadHost(&host_->eager_done), __ATOMIC_RELEASE);
+  }
+  checkCuda(err, "handing an op to the resident kernel (cuStreamBatchMemOp)");
 }
 
 void PersistentChannel::stop() {
