@@ -4,8 +4,8 @@
 # benchmark under MPS, and leave full logs and JSON under $OUT.
 #
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
-#   stages: build floors tests gpu-tests overhead bench bench-cuda bench-ab bench-quick doctor
-#           examples
+#   stages: build floors tests gpu-tests gpu-tests-persistent overhead bench bench-cuda bench-ab
+#           bench-persistent bench-quick doctor examples
 #           (default: build floors tests overhead bench)
 #   bench:       CPU ladder ($OUT/bench.json, ~1.5 min on the H200 host) and CUDA ladder
 #                (resident direct + proxy path, eager + graph mode, 2/4/8 ranks on the one
@@ -16,10 +16,20 @@
 #   bench-cuda:  only the CUDA ladder (as in `bench`).
 #   bench-ab:    2 ranks, graph mode: resident with and without RESIDENT_GPU_PREFETCH on both
 #                paths, side by side in one run ($OUT/bench_ab.json).
+#   bench-persistent: the CUDA ladder of resident (a kernel per op) and
+#                resident:RESIDENT_GPU_PERSISTENT=1 (the resident kernel) side by side, 2, 4 and
+#                8 ranks, all_reduce, all_to_all_single, all_gather at 8 B, 4 KiB,
+#                64 KiB, eager and graph ($OUT/bench_persistent.json, no new group after 200 s,
+#                ~4 min at most; ratios to the floors when a floors stage ran in the same call),
+#                then the interference benchmark: a bf16 decode GEMM alone and next to all_reduces,
+#                per mode ($OUT/interference.json, ~1 min).
 #   doctor:      python -m resident_pg.doctor (text and --json).
 #   examples:    the TP and EP decode examples on the GPU (2 ranks under MPS, CUDA graphs,
 #                --check against gloo), batch 1 and 8.
 #   gpu-tests:   only the GPU-marked tests ($OUT/gpu_tests.log); `tests` runs everything.
+#   gpu-tests-persistent: only tests/test_cuda_persistent.py, the persistent mode
+#                (RESIDENT_GPU_PERSISTENT=1) at 2 and 4 ranks ($OUT/gpu_tests_persistent.log,
+#                ~2 min).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGES=${*:-build floors tests overhead bench}
@@ -66,6 +76,13 @@ if has gpu-tests; then
   step "gpu tests"
   python3 -m pytest -q -m gpu tests -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests.log"
+fi
+
+if has gpu-tests-persistent; then
+  step "gpu tests (persistent mode)"
+  RESIDENT_GPU_TESTS_WS=2,4 python3 -m pytest -q tests/test_cuda_persistent.py -p no:cacheprovider \
+    > "$OUT/gpu_tests_persistent.log" 2>&1 || status=1
+  tail -5 "$OUT/gpu_tests_persistent.log"
 fi
 
 if has overhead; then
@@ -120,6 +137,22 @@ if has bench-ab; then
     --floors "$OUT/floors.json" --timeout 30 --time-limit 120 \
     --json "$OUT/bench_ab.json" > "$OUT/bench_ab.log" 2>&1 || status=1
   tail -n 40 "$OUT/bench_ab.log"
+fi
+
+if has bench-persistent; then
+  step "bench (cuda, persistent mode A/B)"
+  floors_opt=()
+  [[ -s "$OUT/floors.json" ]] && floors_opt=(--floors "$OUT/floors.json")
+  python3 -m resident_pg.bench --device cuda --mode eager,graph --world-sizes 2,4,8 \
+    --ops all_reduce,all_to_all_single,all_gather --sizes 8,4K,64K \
+    --backends "resident,resident:RESIDENT_GPU_PERSISTENT=1" ${floors_opt[@]+"${floors_opt[@]}"} \
+    --timeout 30 --time-limit 200 \
+    --json "$OUT/bench_persistent.json" > "$OUT/bench_persistent.log" 2>&1 || status=1
+  tail -n 60 "$OUT/bench_persistent.log"
+  step "bench (interference: GEMM next to the communicator, per mode)"
+  timeout 240 python3 -m resident_pg.bench_interference --ws 2 --time-limit 120 --timeout 60 \
+    --json "$OUT/interference.json" > "$OUT/interference.log" 2>&1 || status=1
+  tail -n 30 "$OUT/interference.log"
 fi
 
 if has doctor; then

@@ -17,6 +17,11 @@ conftest would skip them), so select the files explicitly::
 Graph capture and the device-side parts of the timeout test need CUDA; in the
 dry run a "graph" is its capture function called eagerly on every replay.
 
+Shared helpers besides the data ones: :func:`warm_up_on_side_stream` and
+:func:`capture_replay` (graph programs with ``name``, ``fill``, ``step``, ``check``), and rank
+0's side of a device-side timeout, :func:`timeout_phase` (test_cuda_faults,
+test_cuda_persistent).
+
 ``RESIDENT_GPU_TESTS_WS`` (default ``2,4,8``) limits the world sizes of the
 collective and graph jobs.  ``RESIDENT_GPU_TESTS_TIME_SCALE`` multiplies every job timeout (default 1 on
 the GPU, 6 in the dry run, whose 8-rank jobs share a 2-core machine).
@@ -24,8 +29,11 @@ the GPU, 6 in the dry run, whose 8-rank jobs share a 2-core machine).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import time
+import traceback
 
 import pytest
 
@@ -93,12 +101,16 @@ def host(t):
     return t.detach().to("cpu", copy=True)
 
 
+def sentinel_value(dtype_name):
+    """The recognisable non-result value that output buffers are filled with."""
+    return 123 if dtype_name == "uint8" else (-77 if dtype_name.startswith("int") else -77.25)
+
+
 def sentinel(n, dtype_name, shape=None):
     """An output buffer on DEVICE pre-filled with a recognisable non-result value."""
     import torch
 
-    val = 123 if dtype_name == "uint8" else (-77 if dtype_name.startswith("int") else -77.25)
-    t = torch.full((n,), val, dtype=tdtype(dtype_name), device=DEVICE)
+    t = torch.full((n,), sentinel_value(dtype_name), dtype=tdtype(dtype_name), device=DEVICE)
     return t.reshape(shape) if shape is not None else t
 
 
@@ -146,6 +158,134 @@ def store_agree(tag, rank, ws, ok: bool, timeout_s=60.0) -> bool:
     keys = [f"agree/{tag}/{r}" for r in range(ws)]
     store.wait(keys, datetime.timedelta(seconds=timeout_s))
     return all(store.get(k) == b"1" for k in keys)
+
+
+def exc_text(e):
+    """An exception as text for a problem list: type, message and a short traceback."""
+    return f"{type(e).__name__}: {e}\n" + traceback.format_exc(limit=6)
+
+
+# ---- CUDA graphs (dry run: the capture function is called eagerly on every replay) ----------
+
+
+def warm_up_on_side_stream(prog, side=None, key="warm"):
+    """prog.fill(key) and prog.step() once, eagerly, on a side stream (as torch recommends
+    before a capture); returns prog.check(...) -> (errors, digests).
+
+    ``prog`` has ``name``, ``fill(key)``, ``step()`` and ``check(label)``."""
+    import torch
+
+    if side is None and ON_GPU:
+        side = torch.cuda.Stream()
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        prog.fill(key)
+        prog.step()
+    if side is not None:
+        torch.cuda.current_stream().wait_stream(side)
+    return prog.check(f"{prog.name} warm-up")
+
+
+def capture_replay(step):
+    """``step`` captured into a CUDA graph; returns a callable that replays it (and keeps the
+    graph alive).  Dry run: returns ``step`` itself (a "replay" runs the ops eagerly)."""
+    import torch
+
+    if not ON_GPU:
+        return step
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    return g.replay
+
+
+# ---- device-side timeout (rank 0's side; used by test_cuda_faults, test_cuda_persistent) ---
+
+DEVICE_LIMIT_S = 30  # GPU work after a timed-out collective must complete within this
+NAMES_RANK_1 = re.compile(r"rank\D{0,3}1\b", re.IGNORECASE)
+MENTIONS_TIME = re.compile(r"time", re.IGNORECASE)
+
+
+def check_all_reduce(rank, ws, key, group):
+    """One 16 KiB float32 SUM all_reduce on ``group``, checked; raises AssertionError."""
+    import torch.distributed as dist
+
+    ins = [make_input(key, r, 4099, "float32") for r in range(ws)]
+    t = dev(ins[rank])
+    dist.all_reduce(t, group=group)
+    errs = H.compare_reduction(host(t), H.reference_reduce(ins, "SUM", "float32"), ins, "SUM",
+                               "float32", key)
+    if errs:
+        raise AssertionError(errs)
+
+
+def wait_device(t0, limit_s=DEVICE_LIMIT_S):
+    """Poll an event recorded now on the current stream; seconds since t0 when it completed,
+    or None if it did not within limit_s of t0."""
+    import torch
+
+    ev = torch.cuda.Event()
+    ev.record()
+    while not ev.query():
+        if time.monotonic() - t0 > limit_s:
+            return None
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
+def exc_info(e, t0):
+    return {"type": type(e).__name__, "is_runtime_error": isinstance(e, RuntimeError),
+            "message": str(e), "at_s": time.monotonic() - t0}
+
+
+def timeout_phase(rank, ws, tg):
+    """Rank 0's side of one timeout: the all_reduce (4099 float32) rank 1 never joins, then the
+    checks.  Returns {"raised": [(where, exc_info)], "device_done_s", "synchronize",
+    "next_device_done_s", "cuda_usable", "stuck"} (device keys only on the GPU)."""
+    import torch
+    import torch.distributed as dist
+
+    res = {"raised": []}
+    x = dev(make_input("cuda/tmo/x", 0, 4099, "float32"))
+    t0 = time.monotonic()
+    work = None
+    try:
+        work = dist.all_reduce(x, group=tg, async_op=True)
+    except Exception as e:  # noqa: BLE001
+        res["raised"].append(("all_reduce call", exc_info(e, t0)))
+    if ON_GPU:
+        res["device_done_s"] = wait_device(t0)
+        if res["device_done_s"] is None:
+            res["stuck"] = True  # the GPU is stuck: report it, do nothing more on it
+            return res
+        try:
+            torch.cuda.synchronize()
+            res["synchronize"] = "ok"
+        except Exception as e:  # noqa: BLE001
+            res["synchronize"] = f"{type(e).__name__}: {e}"
+    if work is not None:
+        try:
+            work.wait()
+        except Exception as e:  # noqa: BLE001
+            res["raised"].append(("work.wait()", exc_info(e, t0)))
+    try:
+        y = dev(make_input("cuda/tmo/y", 0, 4099, "float32"))
+        dist.all_reduce(y, group=tg)
+        if ON_GPU:
+            res["next_device_done_s"] = wait_device(time.monotonic())
+            if res["next_device_done_s"] is None:
+                res["stuck"] = True
+                return res
+    except Exception as e:  # noqa: BLE001
+        res["raised"].append(("next all_reduce", exc_info(e, t0)))
+    if ON_GPU:
+        try:
+            v = (torch.arange(100, device="cuda", dtype=torch.int64) * 3).sum().item()
+            res["cuda_usable"] = v == 3 * 4950 or f"wrong value {v}"
+        except Exception as e:  # noqa: BLE001
+            res["cuda_usable"] = f"{type(e).__name__}: {e}"
+    return res
 
 
 # --------------------------------------------------------------------------

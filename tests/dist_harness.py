@@ -84,9 +84,20 @@ class RankOutcome:
     # seconds from the parent's start of the job to the rank's report
     reported_at_s: Optional[float] = None
     # teardown (destroy_process_group) after the result was sent
-    destroy_status: str = "not-run"  # "ok", "error", "not-run", "hung"
+    destroy_status: str = "not-run"  # "ok", "error", "not-run", "hung", "skipped" (destroy=False)
     destroy_message: Optional[str] = None
     kill_requested: bool = False
+    # seconds from the parent's start of the job to when the parent saw the rank's pipe close
+    # (after its teardown) and saw the process exit by itself (None: it did not, or not seen)
+    closed_at_s: Optional[float] = None
+    exited_at_s: Optional[float] = None
+
+    @property
+    def exit_delay_s(self) -> Optional[float]:
+        """Seconds between the end of the rank's teardown (pipe closed) and its process exit."""
+        if self.closed_at_s is None or self.exited_at_s is None:
+            return None
+        return max(0.0, self.exited_at_s - self.closed_at_s)
 
     def describe(self) -> str:
         head = f"rank {self.rank} (pid {self.pid}): {self.status}"
@@ -313,7 +324,7 @@ def _exc_fields(e: BaseException) -> tuple:
 
 
 def _rank_main(fn, rank, world_size, args, backend, store_port, rendezvous, rdzv_port,
-               init_timeout_s, store_timeout_s, do_init, conn):
+               init_timeout_s, store_timeout_s, do_init, conn, do_destroy=True):
     _set_pdeathsig()
     CTX.rank = rank
     CTX.world_size = world_size
@@ -353,6 +364,11 @@ def _rank_main(fn, rank, world_size, args, backend, store_port, rendezvous, rdzv
         conn.send(("result", rank, value))
     except Exception as e:  # unpicklable result
         conn.send(("error", rank) + _exc_fields(e))
+        return
+    if not do_destroy:
+        # the rank leaves its groups as they are: a normal interpreter exit follows
+        conn.send(("destroyed", rank, "skipped", None))
+        conn.close()
         return
     try:
         if dist.is_initialized():
@@ -422,6 +438,8 @@ def _run(
     destroy_grace_s: float = 15.0,
     error_grace_s: float = 10.0,
     store_timeout_s: Optional[float] = None,
+    destroy: bool = True,
+    exit_grace_s: float = 5.0,
 ) -> list:
     import torch.distributed as dist
 
@@ -455,7 +473,7 @@ def _run(
                 p = ctx.Process(
                     target=_rank_main,
                     args=(fn, r, world_size, tuple(args), backend, store_port, rendezvous,
-                          rdzv_port, init_timeout_s, store_timeout_s, init, send_end),
+                          rdzv_port, init_timeout_s, store_timeout_s, init, send_end, destroy),
                     name=f"rank{r}",
                     daemon=True,
                 )
@@ -464,6 +482,12 @@ def _run(
                 procs.append(p)
                 conns[recv_end] = r
                 outcomes[r].pid = p.pid
+
+        def note_exit(r: int) -> None:
+            o = outcomes[r]
+            if o.exited_at_s is None and procs[r].exitcode is not None:
+                o.exitcode = procs[r].exitcode
+                o.exited_at_s = time.monotonic() - t0
 
         deadline = t0 + timeout_s
         first_error_at = None
@@ -493,8 +517,10 @@ def _run(
                 except (EOFError, OSError):
                     del conns[c]
                     o = outcomes[r]
-                    procs[r].join(timeout=5)
+                    o.closed_at_s = time.monotonic() - t0
+                    procs[r].join(timeout=exit_grace_s)
                     o.exitcode = procs[r].exitcode
+                    note_exit(r)
                     if o.status == "pending":
                         o.status = "killed" if o.kill_requested else "died"
                         o.reported_at_s = time.monotonic() - t0
@@ -530,13 +556,17 @@ def _run(
                     _kill(procs[target])
         if stop_when_done is not None and not timed_out:
             # let ranks that finished their teardown exit by themselves (atexit cleanup)
-            exit_deadline = time.monotonic() + 3
+            exit_deadline = time.monotonic() + exit_grace_s
             for r in stop_when_done:
-                if outcomes[r].destroy_status in ("ok", "error"):
+                if outcomes[r].destroy_status in ("ok", "error", "skipped"):
+                    if outcomes[r].closed_at_s is None:
+                        outcomes[r].closed_at_s = time.monotonic() - t0  # teardown reported
                     procs[r].join(timeout=max(0.0, exit_deadline - time.monotonic()))
+                    note_exit(r)
         # Anything still pending is killed.
         for r, p in enumerate(procs):
             o = outcomes[r]
+            note_exit(r)  # exited by itself before this point
             if p.is_alive():
                 _kill(p)
                 if o.status == "pending":
@@ -560,7 +590,8 @@ def _run(
         del store
 
     if strict:
-        bad = [o for o in outcomes if o.status != "ok" or o.destroy_status != "ok"]
+        bad = [o for o in outcomes if o.status != "ok"
+               or o.destroy_status not in (("ok",) if destroy else ("skipped",))]
         if bad or timed_out:
             elapsed = time.monotonic() - t0
             lines = [
@@ -587,6 +618,8 @@ def run_ranks(
     rendezvous: str = "store",
     store_timeout_s: Optional[float] = None,
     error_grace_s: float = 10.0,
+    destroy: bool = True,
+    exit_grace_s: float = 5.0,
 ) -> list:
     """Run fn(rank, world_size, *args) in world_size spawned ranks; return results by rank.
 
@@ -598,12 +631,17 @@ def run_ranks(
     ``store_timeout_s`` (default max(init_timeout_s, 30)) is the timeout of the
     ranks' TCPStore clients, i.e. of store waits during rendezvous.  Once a rank
     has failed, the others get ``error_grace_s`` to finish before they are killed.
+    ``destroy=False``: a rank that returned does not call destroy_process_group; its
+    process just exits (a normal interpreter exit, groups still alive).  After its
+    teardown, a rank's process gets ``exit_grace_s`` to exit by itself (see
+    RankOutcome.exit_delay_s); it is killed after that.
     Raises :class:`RanksFailed` if any rank raised, died, or failed to tear down,
     or if ``timeout_s`` passed (all children are then SIGKILLed).
     """
     outcomes = _run(fn, world_size, args=args, backend=backend, timeout_s=timeout_s, env=env,
                     init_timeout_s=init_timeout_s, init=init, rendezvous=rendezvous, strict=True,
-                    store_timeout_s=store_timeout_s, error_grace_s=error_grace_s)
+                    store_timeout_s=store_timeout_s, error_grace_s=error_grace_s,
+                    destroy=destroy, exit_grace_s=exit_grace_s)
     return [o.value for o in outcomes]
 
 
@@ -621,6 +659,8 @@ def run_ranks_collect(
     stop_when_done: Optional[Sequence[int]] = None,
     destroy_grace_s: float = 15.0,
     store_timeout_s: Optional[float] = None,
+    destroy: bool = True,
+    exit_grace_s: float = 5.0,
 ) -> list:
     """Like :func:`run_ranks` but never raises for rank failures: one RankOutcome per rank.
 
@@ -632,7 +672,7 @@ def run_ranks_collect(
     return _run(fn, world_size, args=args, backend=backend, timeout_s=timeout_s, env=env,
                 init_timeout_s=init_timeout_s, init=init, rendezvous=rendezvous, strict=False,
                 stop_when_done=stop_when_done, destroy_grace_s=destroy_grace_s,
-                store_timeout_s=store_timeout_s)
+                store_timeout_s=store_timeout_s, destroy=destroy, exit_grace_s=exit_grace_s)
 
 
 # --------------------------------------------------------------------------

@@ -32,92 +32,12 @@ import pytest
 
 import cuda_harness as C
 import dist_harness as H
-from cuda_harness import dev, host, sentinel
-from dist_harness import compare_reduction, make_input, reference_reduce
+from cuda_harness import dev, sentinel
+from dist_harness import make_input
 
 pytestmark = C.module_marks()
 
 GROUP_TIMEOUT_S = 3
-DEVICE_LIMIT_S = 30
-NAMES_RANK_1 = re.compile(r"rank\D{0,3}1\b", re.IGNORECASE)
-MENTIONS_TIME = re.compile(r"time", re.IGNORECASE)
-
-
-def _check_all_reduce(rank, ws, key, group):
-    import torch.distributed as dist
-
-    ins = [make_input(key, r, 4099, "float32") for r in range(ws)]
-    t = dev(ins[rank])
-    dist.all_reduce(t, group=group)
-    errs = compare_reduction(host(t), reference_reduce(ins, "SUM", "float32"), ins, "SUM", "float32", key)
-    if errs:
-        raise AssertionError(errs)
-
-
-def _wait_device(t0):
-    """Poll an event recorded now on the current stream; seconds since t0 when it completed,
-    or None if it did not within DEVICE_LIMIT_S of t0."""
-    import torch
-
-    ev = torch.cuda.Event()
-    ev.record()
-    while not ev.query():
-        if time.monotonic() - t0 > DEVICE_LIMIT_S:
-            return None
-        time.sleep(0.02)
-    return time.monotonic() - t0
-
-
-def _exc_info(e, t0):
-    return {"type": type(e).__name__, "is_runtime_error": isinstance(e, RuntimeError),
-            "message": str(e), "at_s": time.monotonic() - t0}
-
-
-def _timeout_phase(rank, ws, tg):
-    """Rank 0's side of one timeout: the all_reduce rank 1 never joins, then the checks."""
-    import torch
-    import torch.distributed as dist
-
-    res = {"raised": []}
-    x = dev(make_input("cuda/tmo/x", 0, 4099, "float32"))
-    t0 = time.monotonic()
-    work = None
-    try:
-        work = dist.all_reduce(x, group=tg, async_op=True)
-    except Exception as e:  # noqa: BLE001
-        res["raised"].append(("all_reduce call", _exc_info(e, t0)))
-    if C.ON_GPU:
-        res["device_done_s"] = _wait_device(t0)
-        if res["device_done_s"] is None:
-            res["stuck"] = True  # the GPU is stuck: report it, do nothing more on it
-            return res
-        try:
-            torch.cuda.synchronize()
-            res["synchronize"] = "ok"
-        except Exception as e:  # noqa: BLE001
-            res["synchronize"] = f"{type(e).__name__}: {e}"
-    if work is not None:
-        try:
-            work.wait()
-        except Exception as e:  # noqa: BLE001
-            res["raised"].append(("work.wait()", _exc_info(e, t0)))
-    try:
-        y = dev(make_input("cuda/tmo/y", 0, 4099, "float32"))
-        dist.all_reduce(y, group=tg)
-        if C.ON_GPU:
-            res["next_device_done_s"] = _wait_device(time.monotonic())
-            if res["next_device_done_s"] is None:
-                res["stuck"] = True
-                return res
-    except Exception as e:  # noqa: BLE001
-        res["raised"].append(("next all_reduce", _exc_info(e, t0)))
-    if C.ON_GPU:
-        try:
-            v = (torch.arange(100, device="cuda", dtype=torch.int64) * 3).sum().item()
-            res["cuda_usable"] = v == 3 * 4950 or f"wrong value {v}"
-        except Exception as e:  # noqa: BLE001
-            res["cuda_usable"] = f"{type(e).__name__}: {e}"
-    return res
 
 
 def _timeout_job(rank, ws):
@@ -136,7 +56,7 @@ def _timeout_job(rank, ws):
               for path in C.PATHS}
     for path, g in groups.items():
         for i in range(2):
-            _check_all_reduce(rank, ws, f"cuda/tmo/warm/{path}/{i}", g)
+            C.check_all_reduce(rank, ws, f"cuda/tmo/warm/{path}/{i}", g)
     if C.ON_GPU:
         torch.cuda.synchronize()
     store = H.connect_store()
@@ -148,7 +68,7 @@ def _timeout_job(rank, ws):
     try:
         for path, g in groups.items():
             peers = resident_pg.describe(g, device=C.DEVICE)["peers"]
-            out[path] = _timeout_phase(rank, ws, g)
+            out[path] = C.timeout_phase(rank, ws, g)
             out[path]["paths"] = sorted({v["path"] for p, v in peers.items() if p != rank})
             if out[path].get("stuck"):
                 break
@@ -187,7 +107,7 @@ def test_device_timeout_gpu_does_not_hang(path):
     v, desc = _caller(path)
     assert v.get("device_done_s") is not None, (
         f"the GPU work after an all_reduce whose peer never came did not complete within "
-        f"{DEVICE_LIMIT_S}s (group timeout {GROUP_TIMEOUT_S}s): the kernel does not give up\n{desc}")
+        f"{C.DEVICE_LIMIT_S}s (group timeout {GROUP_TIMEOUT_S}s): the kernel does not give up\n{desc}")
     assert v.get("synchronize") == "ok", f"torch.cuda.synchronize() after the timeout: {v.get('synchronize')}"
     assert v.get("next_device_done_s", 0.0) is not None, (
         f"the collective issued after the timeout hung the GPU\n{desc}")
@@ -203,11 +123,11 @@ def test_device_timeout_error_surfaces_naming_peer(path):
     problems = []
     if not e["is_runtime_error"]:
         problems.append(f"{where} raised {e['type']}, expected RuntimeError / DistBackendError")
-    if not NAMES_RANK_1.search(e["message"]):
+    if not C.NAMES_RANK_1.search(e["message"]):
         problems.append(f"{where}: the message does not name rank 1")
-    if not MENTIONS_TIME.search(e["message"]):
+    if not C.MENTIONS_TIME.search(e["message"]):
         problems.append(f"{where}: the message does not mention the timeout")
-    if e["at_s"] > DEVICE_LIMIT_S:
+    if e["at_s"] > C.DEVICE_LIMIT_S:
         problems.append(f"{where} raised only {e['at_s']:.1f}s after the call")
     assert not problems, "\n".join(problems) + f"\nmessage: {e['message']!r}\n{desc}"
 
@@ -285,7 +205,7 @@ def _bad_input_job(rank, ws):
             out[name] = {"raised": True, "type": type(e).__name__, "is_value_error": isinstance(e, ValueError),
                          "message": str(e), "elapsed": time.monotonic() - t0}
     try:
-        _check_all_reduce(rank, ws, "cuda/bad/after", dist.group.WORLD)
+        C.check_all_reduce(rank, ws, "cuda/bad/after", dist.group.WORLD)
         out["world_group_still_works"] = None
     except Exception as e:  # noqa: BLE001
         out["world_group_still_works"] = f"{type(e).__name__}: {e}"

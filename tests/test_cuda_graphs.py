@@ -23,9 +23,6 @@ function eagerly on CPU tensors (checks the data and reference logic only).
 
 from __future__ import annotations
 
-import contextlib
-import traceback
-
 import pytest
 
 import cuda_harness as C
@@ -230,10 +227,6 @@ def _eager(rank, ws, i):
     return errs, digs
 
 
-def _exc(e):
-    return f"{type(e).__name__}: {e}\n" + traceback.format_exc(limit=6)
-
-
 def graphs_job(rank, ws, _ids=None):
     import torch
 
@@ -247,34 +240,21 @@ def graphs_job(rank, ws, _ids=None):
     side = torch.cuda.Stream() if C.ON_GPU else None
     for p in progs:
         try:
-            if side is not None:
-                side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                p.fill("warm")
-                p.step()
-            if side is not None:
-                torch.cuda.current_stream().wait_stream(side)
-            e, d = p.check(f"{p.name} warm-up")
+            e, d = C.warm_up_on_side_stream(p, side)
             items["warmup_on_side_stream"] += e
             digs["warmup_on_side_stream"].update(d)
         except Exception as e:  # noqa: BLE001
-            items["warmup_on_side_stream"].append(f"{p.name} warm-up raised {_exc(e)}")
+            items["warmup_on_side_stream"].append(f"{p.name} warm-up raised {C.exc_text(e)}")
 
     # capture every program; all ranks agree (through the store) before any replay
     graphs = {}
     for p in progs:
         ok = True
         try:
-            if C.ON_GPU:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    p.step()
-                graphs[p.name] = g.replay
-            else:
-                graphs[p.name] = p.step  # dry run: "replay" = run the ops eagerly
+            graphs[p.name] = C.capture_replay(p.step)  # dry run: p.step, run eagerly
         except Exception as e:  # noqa: BLE001
             ok = False
-            items["capture"].append(f"capturing {p.name} raised {_exc(e)}")
+            items["capture"].append(f"capturing {p.name} raised {C.exc_text(e)}")
         if not C.store_agree(f"capture/{p.name}", rank, ws, ok):
             graphs.pop(p.name, None)
             if ok:
@@ -294,14 +274,14 @@ def graphs_job(rank, ws, _ids=None):
                 digs[item_of[p.name]].update(d)
             except Exception as e:  # noqa: BLE001
                 broken.add(p.name)
-                items[item_of[p.name]].append(f"{p.name} replay {i} raised {_exc(e)}")
+                items[item_of[p.name]].append(f"{p.name} replay {i} raised {C.exc_text(e)}")
             if p.name == "g1":
                 try:
                     e, d = _eager(rank, ws, i)
                     items["eager_ops_between_replays"] += e
                     digs["eager_ops_between_replays"].update(d)
                 except Exception as e:  # noqa: BLE001
-                    items["eager_ops_between_replays"].append(f"eager ops after replay {i} raised {_exc(e)}")
+                    items["eager_ops_between_replays"].append(f"eager ops after replay {i} raised {C.exc_text(e)}")
     if C.ON_GPU:
         torch.cuda.synchronize()
     return {"items": items, "digests": digs}

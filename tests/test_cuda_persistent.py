@@ -1,0 +1,1014 @@
+"""Persistent mode (RESIDENT_GPU_PERSISTENT=1): a resident kernel per communicator runs every
+collective of at most RESIDENT_GPU_CHUNK_BYTES (64 KiB) per peer, handed over by stream memory
+operations; larger collectives and send/recv still launch a kernel per op.  The semantics must
+be those of the default mode; ``persistent_status()`` of the group's CUDA backend shows what
+the resident kernel did (enabled, installed, running, launches, exits, served,
+graph_slots_used, slots, blocks).
+
+Jobs (each one spawned job; every check of a job is its own pytest item):
+
+* main, per (world size 2 / 4, RESIDENT_PATH direct / proxy), default knobs:
+  - status_before_first_op: enabled, not installed before the first CUDA op;
+  - collectives_eager: all_reduce, reduce_scatter(_tensor), reduce, all_gather(_into_tensor),
+    gather, scatter, all_to_all_single (even, uneven), all_to_all, broadcast x float32,
+    bfloat16, int64 x 8 B, 4 KiB, 64 KiB, plus all_reduce with every reduce op for float32 and
+    int32, against independent references (bitwise for integers and data movement);
+  - served_counts_ops: the resident kernel's served count grew by at least the number of those
+    ops (they really went through it), blocks 4 and slots 1024 (the defaults);
+  - large_fallback_interleaved: 1 MiB all_reduce and all_to_all_single (a kernel per op)
+    issued back to back with small ones (resident kernel) on one stream, all correct;
+  - async_op_wait: async_op=True ops in flight together, waited in reverse order, then checked;
+  - graph_*: two graphs of different collectives (one with async ops waited inside the
+    capture), warmed up on a side stream, replayed 5x interleaved with each other and with
+    eager ops, fresh inputs copied into the static inputs before each replay;
+    graph_slots_used grows at capture and not across replays;
+  - synchronize_returns: torch.cuda.synchronize() returns within SYNC_LIMIT_S (the resident
+    kernel idles out) and the kernel is then reported not running;
+  - process_exit: every rank tears down (destroy_process_group), its process exits with code 0
+    within EXIT_LIMIT_S, and no /dev/shm resident* entry is left.
+* destroy (2 ranks): RESIDENT_GPU_PERSISTENT_IDLE_US=30 s (the kernel stays), _BLOCKS=2,
+  _SLOTS=256: the knobs show in the status, the kernel is running before
+  destroy_process_group(), destroy returns, torch.cuda.synchronize() returns right after it
+  (destroy stopped the kernel), and the process exits promptly.
+* idle (2 ranks): RESIDENT_GPU_PERSISTENT_IDLE_US=20 ms: after each op the kernel leaves by
+  itself (running becomes False within IDLE_WAIT_S, exits grows); the next eager op or graph
+  replay relaunches it (launches grows) and is correct; a subgroup made with
+  pg_options={"gpu_persistent": "0"} is not persistent; the ranks then return WITHOUT
+  destroy_process_group and their processes must still exit promptly with code 0.
+* timeout (2 ranks): subgroups with a 3 s timeout on the direct and the proxy path; rank 1
+  skips an all_reduce; rank 0's device work completes, the error surfaces on the host naming
+  rank 1 within the timeout plus ERROR_SLACK_S, and rank 0's process exits promptly.
+
+Dry run (RESIDENT_GPU_TESTS_DEVICE=cpu, see cuda_harness): the same jobs on CPU tensors; the
+checks of the resident kernel itself (status, served counts, idle exit, synchronize) are
+skipped, the data, references and process exits are still checked.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import threading
+import time
+
+import pytest
+
+import cuda_harness as C
+import dist_harness as H
+from cuda_harness import dev, host, kind_for, reduce_op, sentinel, sentinel_value
+from dist_harness import (
+    a2a_split,
+    compare_exact,
+    compare_reduction,
+    digest,
+    make_input,
+    reference_reduce,
+)
+
+pytestmark = C.module_marks()
+
+PERSISTENT = {"RESIDENT_GPU_PERSISTENT": "1",
+              # the defaults unless a job sets them (None: removed from the ranks' environment)
+              "RESIDENT_GPU_PERSISTENT_IDLE_US": None, "RESIDENT_GPU_PERSISTENT_BLOCKS": None,
+              "RESIDENT_GPU_PERSISTENT_SLOTS": None, "RESIDENT_GPU_CHUNK_BYTES": None}
+DEFAULT_BLOCKS, DEFAULT_SLOTS = 4, 1024
+STATUS_KEYS = {"enabled": bool, "installed": bool, "running": bool, "launches": int, "exits": int,
+               "served": int, "graph_slots_used": int, "slots": int, "blocks": int}
+
+SIZES = ("8B", "4KiB", "64KiB")  # all at most 64 KiB per peer: the resident kernel's
+DTYPES = ("float32", "bfloat16", "int64")
+OPS = ("all_reduce", "reduce_scatter_tensor", "reduce_scatter", "reduce", "all_gather_into_tensor",
+       "all_gather", "gather", "scatter", "broadcast", "all_to_all_single",
+       "all_to_all_single_uneven", "all_to_all")
+FLOAT_OPS = ("SUM", "AVG", "MIN", "MAX", "PRODUCT")
+INT_OPS = FLOAT_OPS + ("BAND", "BOR", "BXOR")
+K_REPLAYS = 5
+
+SYNC_LIMIT_S = 5.0 * C.TIME_SCALE      # torch.cuda.synchronize() with the mode on
+IDLE_WAIT_S = 5.0                      # an idle kernel (20 ms idle time) must have left by then
+DESTROY_LIMIT_S = 20.0 * C.TIME_SCALE  # destroy_process_group() must return within this
+EXIT_LIMIT_S = 10.0 * C.TIME_SCALE     # a rank's process exits within this after its teardown
+GROUP_TIMEOUT_S = 3
+ERROR_SLACK_S = 12.0 * C.TIME_SCALE    # the timeout error surfaces within timeout + this
+
+MAIN_KEYS = [(ws, p) for ws in (2, 4) for p in C.PATHS if ws in C.WORLD_SIZES]
+MAIN_ITEMS = ("status_before_first_op", "collectives_eager", "served_counts_ops",
+              "large_fallback_interleaved", "async_op_wait", "graph_warm_up_and_capture",
+              "graph_replays", "graph_slots_stable", "synchronize_returns", "process_exit")
+DESTROY_ITEMS = ("results", "status_before_destroy", "destroy_returns", "synchronize_after_destroy",
+                 "process_exit")
+IDLE_ITEMS = ("relaunch_results", "idle_exit", "relaunch_counts", "synchronize_returns",
+              "pg_option_disables", "process_exit_without_destroy")
+GPU_ONLY = {"status_before_first_op", "served_counts_ops", "graph_slots_stable",
+            "synchronize_returns", "status_before_destroy", "synchronize_after_destroy",
+            "idle_exit", "relaunch_counts"}
+
+
+# --------------------------------------------------------------------------
+# Inside a rank: one collective on static buffers, checked against references
+# --------------------------------------------------------------------------
+
+
+class OpCall:
+    """One collective on static DEVICE buffers.  ``fill(key)`` writes fresh inputs (every rank
+    regenerates every rank's data) and poisons the outputs; ``issue(async_op)`` calls the op
+    (returns its Work or None); ``check(label)`` -> (errors, digests of rank-independent
+    results).  Sizes follow test_cuda_collectives: ``n`` is the tensor each rank contributes
+    (all_reduce, reduce, broadcast, all_gather, gather), the chunk each rank receives
+    (scatter), or each rank's whole input (reduce_scatter, all_to_all)."""
+
+    def __init__(self, op, dt, n, rank, ws, red="SUM", root=None, group=None, key=None):
+        assert op in OPS, op
+        self.op, self.dt, self.n, self.rank, self.ws, self.red = op, dt, n, rank, ws, red
+        self.root = ws - 1 if root is None else root % ws
+        self.group = group
+        self.kind = kind_for(red, dt)
+        reduces = op in ("all_reduce", "reduce", "reduce_scatter_tensor", "reduce_scatter")
+        self.desc = f"{op}{f'[{red}]' if reduces else ''} {dt} n={n}" + (
+            f" root={self.root}" if op in ("reduce", "broadcast", "gather", "scatter") else "")
+        self._alloc()
+        if key is not None:
+            self.fill(key)
+
+    def _alloc(self):
+        op, n, ws, dt, rank = self.op, self.n, self.ws, self.dt, self.rank
+        if op in ("all_reduce", "reduce", "broadcast"):
+            self.t = sentinel(n, dt)
+        elif op in ("reduce_scatter_tensor", "reduce_scatter"):
+            self.c = max(1, n // ws)
+            self.out = sentinel(self.c, dt)
+            if op == "reduce_scatter_tensor":
+                self.src = sentinel(ws * self.c, dt)
+            else:
+                self.srcs = [sentinel(self.c, dt) for _ in range(ws)]
+        elif op in ("all_gather_into_tensor", "all_gather", "gather"):
+            self.src = sentinel(n, dt)
+            if op == "all_gather_into_tensor":
+                self.out = sentinel(ws * n, dt)
+            elif op == "all_gather" or rank == self.root:
+                self.outs = [sentinel(n, dt) for _ in range(ws)]
+            else:
+                self.outs = None
+        elif op == "scatter":
+            self.out = sentinel(n, dt)
+            self.srcs = [sentinel(n, dt) for _ in range(ws)] if rank == self.root else None
+        elif op in ("all_to_all_single", "all_to_all_single_uneven", "all_to_all"):
+            if op == "all_to_all_single":
+                m = max(1, n // ws)
+                self.splits = [[m] * ws for _ in range(ws)]
+            elif op == "all_to_all_single_uneven":
+                m = max(1, n // (4 * ws))
+                self.splits = [[a2a_split(s, d, m, "uneven") for d in range(ws)] for s in range(ws)]
+            else:
+                m = max(1, n // (4 * ws))
+                self.splits = [[((s * 5 + d * 3) % 7 + 1) * m for d in range(ws)] for s in range(ws)]
+            if op == "all_to_all":
+                self.srcs = [sentinel(self.splits[rank][d], dt) for d in range(ws)]
+                self.outs = [sentinel(self.splits[s][rank], dt) for s in range(ws)]
+            else:
+                self.src = sentinel(sum(self.splits[rank]), dt)
+                self.out = sentinel(sum(self.splits[s][rank] for s in range(ws)), dt)
+
+    def fill(self, key):
+        op, n, ws, dt, rank, kind = self.op, self.n, self.ws, self.dt, self.rank, self.kind
+        sv = sentinel_value(dt)
+
+        def gen(name, r, count):
+            return make_input(f"{key}/{name}", r, count, dt, kind)
+
+        if op in ("all_reduce", "reduce", "broadcast"):
+            self.inputs = [gen("x", r, n) for r in range(ws)]
+            self.t.copy_(dev(self.inputs[rank]))
+        elif op == "reduce_scatter_tensor":
+            self.inputs = [gen("x", r, ws * self.c) for r in range(ws)]
+            self.src.copy_(dev(self.inputs[rank]))
+            self.out.fill_(sv)
+        elif op == "reduce_scatter":
+            self.inputs = [[gen(f"x{d}", r, self.c) for d in range(ws)] for r in range(ws)]
+            for d in range(ws):
+                self.srcs[d].copy_(dev(self.inputs[rank][d]))
+            self.out.fill_(sv)
+        elif op in ("all_gather_into_tensor", "all_gather", "gather"):
+            self.inputs = [gen("x", r, n) for r in range(ws)]
+            self.src.copy_(dev(self.inputs[rank]))
+            for o in ([self.out] if op == "all_gather_into_tensor" else (self.outs or [])):
+                o.fill_(sv)
+        elif op == "scatter":
+            self.inputs = [gen(f"x{d}", self.root, n) for d in range(ws)]
+            if self.srcs is not None:
+                for d in range(ws):
+                    self.srcs[d].copy_(dev(self.inputs[d]))
+            self.out.fill_(sv)
+        elif op == "all_to_all":
+            self.inputs = [[gen(f"x{d}", s, self.splits[s][d]) for d in range(ws)] for s in range(ws)]
+            for d in range(ws):
+                self.srcs[d].copy_(dev(self.inputs[rank][d]))
+            for o in self.outs:
+                o.fill_(sv)
+        else:  # all_to_all_single(_uneven)
+            self.inputs = [gen("x", s, sum(self.splits[s])) for s in range(ws)]
+            self.src.copy_(dev(self.inputs[rank]))
+            self.out.fill_(sv)
+
+    def issue(self, async_op=False):
+        import torch.distributed as dist
+
+        op, a, g, ro = self.op, async_op, self.group, reduce_op(self.red)
+        if op == "all_reduce":
+            return dist.all_reduce(self.t, op=ro, group=g, async_op=a)
+        if op == "reduce":
+            return dist.reduce(self.t, dst=self._global(self.root), op=ro, group=g, async_op=a)
+        if op == "broadcast":
+            return dist.broadcast(self.t, src=self._global(self.root), group=g, async_op=a)
+        if op == "reduce_scatter_tensor":
+            return dist.reduce_scatter_tensor(self.out, self.src, op=ro, group=g, async_op=a)
+        if op == "reduce_scatter":
+            return dist.reduce_scatter(self.out, self.srcs, op=ro, group=g, async_op=a)
+        if op == "all_gather_into_tensor":
+            return dist.all_gather_into_tensor(self.out, self.src, group=g, async_op=a)
+        if op == "all_gather":
+            return dist.all_gather(self.outs, self.src, group=g, async_op=a)
+        if op == "gather":
+            return dist.gather(self.src, gather_list=self.outs, dst=self._global(self.root), group=g,
+                               async_op=a)
+        if op == "scatter":
+            return dist.scatter(self.out, scatter_list=self.srcs, src=self._global(self.root), group=g,
+                                async_op=a)
+        if op == "all_to_all":
+            return dist.all_to_all(self.outs, self.srcs, group=g, async_op=a)
+        if op == "all_to_all_single":
+            return dist.all_to_all_single(self.out, self.src, group=g, async_op=a)
+        return dist.all_to_all_single(
+            self.out, self.src, output_split_sizes=[self.splits[s][self.rank] for s in range(self.ws)],
+            input_split_sizes=self.splits[self.rank], group=g, async_op=a)
+
+    def _global(self, group_rank):
+        import torch.distributed as dist
+
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+    def check(self, label=""):
+        import torch
+
+        op, ws, dt, rank, red, ins = self.op, self.ws, self.dt, self.rank, self.red, self.inputs
+        lab = f"{label} {self.desc}".strip()
+        errs, digs = [], {}
+        if op == "all_reduce":
+            got = host(self.t)
+            errs += compare_reduction(got, reference_reduce(ins, red, dt), ins, red, dt, lab)
+            digs[lab] = digest(got)
+        elif op == "reduce":
+            if rank == self.root:
+                errs += compare_reduction(host(self.t), reference_reduce(ins, red, dt), ins, red, dt, lab)
+        elif op == "broadcast":
+            got = host(self.t)
+            errs += compare_exact(got, ins[self.root], lab)
+            digs[lab] = digest(got)
+        elif op in ("reduce_scatter_tensor", "reduce_scatter"):
+            c = self.c
+            if op == "reduce_scatter_tensor":
+                chunks = [x[rank * c:(rank + 1) * c] for x in ins]
+                errs += compare_exact(host(self.src), ins[rank], f"{lab}: input modified")
+            else:
+                chunks = [ins[r][rank] for r in range(ws)]
+            errs += compare_reduction(host(self.out), reference_reduce(chunks, red, dt), chunks, red, dt,
+                                      lab)
+        elif op in ("all_gather_into_tensor", "all_gather"):
+            got = host(self.out) if op == "all_gather_into_tensor" else torch.cat(
+                [host(o) for o in self.outs])
+            errs += compare_exact(got, torch.cat(ins), lab)
+            errs += compare_exact(host(self.src), ins[rank], f"{lab}: input modified")
+            digs[lab] = digest(got)
+        elif op == "gather":
+            if rank == self.root:
+                for r in range(ws):
+                    errs += compare_exact(host(self.outs[r]), ins[r], f"{lab} slot {r}")
+        elif op == "scatter":
+            errs += compare_exact(host(self.out), ins[rank], lab)
+        elif op == "all_to_all":
+            for s in range(ws):
+                errs += compare_exact(host(self.outs[s]), ins[s][rank], f"{lab} from {s}")
+        else:
+            sp = self.splits
+            ref = torch.cat([ins[s][sum(sp[s][:rank]):sum(sp[s][:rank + 1])] for s in range(ws)])
+            errs += compare_exact(host(self.out), ref, lab)
+            errs += compare_exact(host(self.src), ins[rank], f"{lab}: input modified")
+        return errs, digs
+
+
+def run_checked(calls, label, async_op=False):
+    """Issue every call (in order, back to back), wait for async Works in reverse order, then
+    check each.  Returns (errors, digests)."""
+    errs, digs, works = [], {}, []
+    for c in calls:
+        w = c.issue(async_op)
+        if async_op:
+            if w is None:
+                errs.append(f"{label} {c.desc}: async_op=True returned None instead of a Work")
+            else:
+                works.append(w)
+    for w in reversed(works):
+        w.wait()
+    for c in calls:
+        e, d = c.check(label)
+        errs += e
+        digs.update(d)
+    return errs, digs
+
+
+class OpProg:
+    """A graph program of OpCalls (for cuda_harness.warm_up_on_side_stream / capture_replay):
+    ``step`` issues every call, the async ones first-to-last and waited last-to-first inside
+    the step (so inside the capture too)."""
+
+    def __init__(self, name, calls, async_flags=None):
+        self.name, self.calls = name, calls
+        self.async_flags = list(async_flags or [False] * len(calls))
+
+    def fill(self, key):
+        for i, c in enumerate(self.calls):
+            c.fill(f"pers/graph/{self.name}/{key}/{i}")
+
+    def step(self):
+        works = [c.issue(a) for c, a in zip(self.calls, self.async_flags)]
+        for w, a in reversed(list(zip(works, self.async_flags))):
+            if a:
+                w.wait()
+
+    def check(self, label):
+        errs, digs = [], {}
+        for c in self.calls:
+            e, d = c.check(label)
+            errs += e
+            digs.update(d)
+        return errs, digs
+
+
+# --------------------------------------------------------------------------
+# Inside a rank: status, bounded waits, the per-item report
+# --------------------------------------------------------------------------
+
+
+def pstatus(group=None):
+    """persistent_status() of the group's CUDA backend (no reference to it is kept)."""
+    import torch
+    import torch.distributed as dist
+
+    g = dist.group.WORLD if group is None else group
+    return dict(g._get_backend(torch.device("cuda")).persistent_status())
+
+
+def wait_status(pred, limit_s, group=None):
+    """Poll pstatus() until pred(status) holds or limit_s passed: (last status, held)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        st = pstatus(group)
+        if pred(st):
+            return st, True
+        if time.monotonic() > deadline:
+            return st, False
+        time.sleep(0.002)
+
+
+def status_problems(st, blocks=DEFAULT_BLOCKS, slots=DEFAULT_SLOTS):
+    """An installed, enabled group's status: every key, of its type; the knobs as configured."""
+    errs = []
+    for k, typ in STATUS_KEYS.items():
+        if k not in st:
+            errs.append(f"persistent_status() has no {k!r}: {st}")
+        elif not isinstance(st[k], typ) or (typ is int and isinstance(st[k], bool)):
+            errs.append(f"persistent_status()[{k!r}] is {st[k]!r}, expected {typ.__name__}")
+    if st.get("enabled") is not True or st.get("installed") is not True:
+        errs.append(f"expected enabled and installed after a CUDA op: {st}")
+    if st.get("blocks") != blocks or st.get("slots") != slots:
+        errs.append(f"blocks {st.get('blocks')} / slots {st.get('slots')}, expected {blocks} / {slots}")
+    return errs
+
+
+def served(st):
+    return st.get("served", 0)
+
+
+def expect_served(s0, count, what, errs, limit_s=2.0, group=None):
+    """served grew by at least `count` since status s0 (polled: the counter may trail the op)."""
+    st, ok = wait_status(lambda s: served(s) - served(s0) >= count, limit_s, group)
+    if not ok:
+        errs.append(f"{what}: served grew by {served(st) - served(s0)} for {count} collectives of "
+                    f"at most 64 KiB per peer (did they go through the resident kernel?) {st}")
+    return st
+
+
+def bounded(fn, limit_s):
+    """fn() in a daemon thread, waited for at most limit_s: (returned, {"value"|"exc", "s"})."""
+    box = {}
+
+    def run():
+        t0 = time.monotonic()
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            box["exc"] = C.exc_text(e)
+        box["s"] = time.monotonic() - t0
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(limit_s)
+    return not th.is_alive(), box
+
+
+def device_sync_problems(what, limit_s):
+    """torch.cuda.synchronize() of this rank's device must return within limit_s."""
+    import torch
+
+    index = torch.cuda.current_device()
+    done, box = bounded(lambda: torch.cuda.synchronize(index), limit_s)
+    if not done:
+        return [f"{what}: torch.cuda.synchronize() did not return within {limit_s:.0f}s"]
+    if "exc" in box:
+        return [f"{what}: torch.cuda.synchronize() raised {box['exc']}"]
+    return []
+
+
+class Report:
+    """Per-item errors, digests (compared across ranks by the parent), skips and info."""
+
+    def __init__(self):
+        self.items, self.digests, self.skipped, self.info = {}, {}, {}, {}
+
+    def run(self, name, fn):
+        """fn(errs, digs); an exception is recorded as an error of the item."""
+        errs = self.items.setdefault(name, [])
+        digs = self.digests.setdefault(name, {})
+        if name in GPU_ONLY and not C.ON_GPU:
+            self.skipped[name] = "checks the resident kernel: needs CUDA (dry run)"
+            return None
+        try:
+            return fn(errs, digs)
+        except Exception as e:  # noqa: BLE001
+            errs.append(f"raised {C.exc_text(e)}")
+            return None
+
+    def result(self):
+        return {"items": self.items, "digests": self.digests, "skipped": self.skipped,
+                "info": self.info}
+
+
+# --------------------------------------------------------------------------
+# The jobs (rank side)
+# --------------------------------------------------------------------------
+
+
+def _matrix(rank, ws):
+    """(op, dtype, size label, n, reduce op, root) of the eager matrix."""
+    out = []
+    for op in OPS:
+        for dt in DTYPES:
+            for si, lab in enumerate(SIZES):
+                out.append((op, dt, lab, C.n_elems(lab, dt), "SUM", (si + 1) % ws))
+    for dt, reds in (("float32", FLOAT_OPS), ("int32", INT_OPS)):
+        for red in reds:
+            for lab in SIZES:
+                if (dt, red) != ("float32", "SUM"):
+                    out.append(("all_reduce", dt, lab, C.n_elems(lab, dt), red, 0))
+    return out
+
+
+def _graph_progs(rank, ws):
+    a = OpProg("pA", [
+        OpCall("all_reduce", "bfloat16", 2048, rank, ws),
+        OpCall("all_gather_into_tensor", "float32", 1031, rank, ws),
+        OpCall("all_to_all_single", "int64", ws * 257, rank, ws),
+        OpCall("reduce_scatter_tensor", "float32", ws * 2053, rank, ws),
+        OpCall("broadcast", "int64", 4099 // 8, rank, ws, root=ws - 1),
+    ])
+    b = OpProg("pB", [
+        OpCall("all_reduce", "int32", 1031, rank, ws, red="MAX"),
+        OpCall("reduce", "float32", 1024, rank, ws, root=0),
+        OpCall("all_gather", "bfloat16", 64, rank, ws),
+        OpCall("scatter", "int64", 515, rank, ws, root=0),
+        OpCall("gather", "float32", 777, rank, ws, root=ws - 1),
+        OpCall("all_to_all", "int32", 4 * ws * 16, rank, ws),
+        OpCall("all_to_all_single_uneven", "bfloat16", 4 * ws * 37, rank, ws),
+        OpCall("all_reduce", "float32", 4099, rank, ws, red="AVG"),
+        OpCall("reduce_scatter", "int64", ws * 300, rank, ws),
+    ], async_flags=[False] * 7 + [True, True])
+    return a, b
+
+
+def _eager_between(rank, ws, i):
+    return [OpCall("all_reduce", "float32", 4099, rank, ws, key=f"pers/between/{i}/ar"),
+            OpCall("all_to_all_single_uneven", "int32", 4 * ws * 11, rank, ws,
+                   key=f"pers/between/{i}/a2a")]
+
+
+def main_job(rank, ws):
+    C.setup_rank(rank, ws)
+    rep = Report()
+    state = {}
+
+    def status_first(errs, digs):
+        st = pstatus()
+        rep.info["status_before_first_op"] = st
+        if st.get("enabled") is not True or st.get("installed") is not False:
+            errs.append(f"before the first CUDA op: expected enabled True, installed False: {st}")
+
+    def eager(errs, digs):
+        count = 0
+        for op, dt, lab, n, red, root in _matrix(rank, ws):
+            c = OpCall(op, dt, n, rank, ws, red=red, root=root, key=f"pers/eager/{op}/{red}/{dt}/{lab}")
+            e, d = run_checked([c], lab)
+            errs += e
+            digs.update(d)
+            count += 1
+        state["eager_ops"] = count
+
+    def served_counts(errs, digs):
+        st = expect_served({}, state.get("eager_ops", 1), "eager matrix", errs)
+        rep.info["status_after_eager"] = st
+        errs += status_problems(st)
+        if st.get("launches", 0) < 1:
+            errs.append(f"no launch of the resident kernel recorded: {st}")
+
+    def large(errs, digs):
+        big = C.n_elems("large", "float32")
+        calls = [OpCall("all_reduce", "bfloat16", 2048, rank, ws, key="pers/large/0"),
+                 OpCall("all_reduce", "float32", big, rank, ws, key="pers/large/1"),
+                 OpCall("all_gather_into_tensor", "int64", 8192, rank, ws, key="pers/large/2"),
+                 OpCall("all_to_all_single", "float32", big, rank, ws, key="pers/large/3"),
+                 OpCall("reduce_scatter_tensor", "float32", 2, rank, ws, key="pers/large/4")]
+        s0 = pstatus() if C.ON_GPU else {}
+        e, d = run_checked(calls, "interleaved")
+        errs += e
+        digs.update(d)
+        if C.ON_GPU:
+            expect_served(s0, 3, "small ops between 1 MiB ones", errs)
+
+    def async_ops(errs, digs):
+        calls = [OpCall(op, dt, C.n_elems(lab, dt), rank, ws, key=f"pers/async/{i}")
+                 for i, (op, dt, lab) in enumerate((
+                     ("all_reduce", "float32", "4KiB"), ("all_gather_into_tensor", "bfloat16", "8B"),
+                     ("reduce_scatter_tensor", "int64", "64KiB"), ("broadcast", "float32", "64KiB"),
+                     ("all_to_all_single_uneven", "int64", "4KiB"), ("reduce", "bfloat16", "4KiB"),
+                     ("all_to_all", "float32", "4KiB"), ("scatter", "int64", "8B")))]
+        s0 = pstatus() if C.ON_GPU else {}
+        e, d = run_checked(calls, "8 in flight", async_op=True)
+        errs += e
+        digs.update(d)
+        one = OpCall("all_reduce", "int64", 512, rank, ws, red="MAX", key="pers/async/one")
+        e, d = run_checked([one], "alone", async_op=True)
+        errs += e
+        digs.update(d)
+        if C.ON_GPU:
+            expect_served(s0, len(calls) + 1, "async ops", errs)
+
+    progs, replays = _graph_progs(rank, ws), {}
+
+    def graph_capture(errs, digs):
+        import torch
+
+        side = torch.cuda.Stream() if C.ON_GPU else None
+        for p in progs:
+            e, d = C.warm_up_on_side_stream(p, side)
+            errs += e
+            digs.update(d)
+        state["slots_before"] = pstatus() if C.ON_GPU else {}
+        for p in progs:
+            ok = True
+            try:
+                replays[p.name] = C.capture_replay(p.step)
+            except Exception as e:  # noqa: BLE001
+                ok = False
+                errs.append(f"capturing {p.name} raised {C.exc_text(e)}")
+            if not C.store_agree(f"pers/capture/{p.name}", rank, ws, ok):
+                replays.pop(p.name, None)
+                errs.append(f"{p.name}: capture failed on some rank; not replayed")
+        state["slots_captured"] = pstatus() if C.ON_GPU else {}
+
+    def graph_replays(errs, digs):
+        if len(replays) != len(progs):
+            errs.append(f"not replayed: captured only {sorted(replays)}")
+            return
+        a, b = progs
+        s0 = pstatus() if C.ON_GPU else {}
+        for i in range(K_REPLAYS):
+            a.fill(f"r{i}")
+            b.fill(f"r{i}")  # fresh data into the static inputs, outside the graphs
+            replays["pA"]()
+            between = _eager_between(rank, ws, i)
+            between[0].issue(False)
+            replays["pB"]()
+            w = between[1].issue(True)
+            w.wait()
+            for p in progs:
+                e, d = p.check(f"{p.name} replay {i}")
+                errs += e
+                digs.update(d)
+            for c in between:
+                e, d = c.check(f"eager after replay {i}")
+                errs += e
+                digs.update(d)
+        if C.ON_GPU:
+            per = len(a.calls) + len(b.calls) + 2
+            state["slots_replayed"] = expect_served(s0, K_REPLAYS * per, "graph replays", errs)
+
+    def graph_slots(errs, digs):
+        before, cap = state.get("slots_before"), state.get("slots_captured")
+        after = state.get("slots_replayed") or pstatus()
+        if not before or not cap:
+            errs.append("no status around the capture (capture item failed)")
+            return
+        used = [s.get("graph_slots_used") for s in (before, cap, after)]
+        rep.info["graph_slots_used"] = used
+        if not (isinstance(used[1], int) and isinstance(used[0], int) and used[1] > used[0]):
+            errs.append(f"graph_slots_used before capture / after capture: {used[0]} / {used[1]} "
+                        f"(the captured collectives took no graph slot?)")
+        if used[2] != used[1]:
+            errs.append(f"graph_slots_used grew across {K_REPLAYS} replays and eager ops: "
+                        f"{used[1]} after capture, {used[2]} after the replays")
+
+    def sync(errs, digs):
+        errs += device_sync_problems("with the default idle time", SYNC_LIMIT_S)
+        st, ok = wait_status(lambda s: s.get("running") is False, 1.0)
+        if not ok:
+            errs.append(f"after torch.cuda.synchronize() the kernel is reported running: {st}")
+
+    rep.run("status_before_first_op", status_first)
+    rep.run("collectives_eager", eager)
+    rep.run("served_counts_ops", served_counts)
+    rep.run("large_fallback_interleaved", large)
+    rep.run("async_op_wait", async_ops)
+    rep.run("graph_warm_up_and_capture", graph_capture)
+    rep.run("graph_replays", graph_replays)
+    rep.run("graph_slots_stable", graph_slots)
+    rep.run("synchronize_returns", sync)
+    if C.ON_GPU:
+        rep.info["status_before_destroy"] = pstatus()
+    replays.clear()
+    return rep.result()  # the harness destroys the group; the parent checks the exit
+
+
+def destroy_job(rank, ws):
+    """IDLE_US=30 s, BLOCKS=2, SLOTS=256: the kernel stays on the GPU until destroy."""
+    import torch.distributed as dist
+
+    C.setup_rank(rank, ws)
+    rep = Report()
+
+    def results(errs, digs):
+        calls = [OpCall("all_reduce", "float32", 1024, rank, ws, key="pers/destroy/0"),
+                 OpCall("all_gather_into_tensor", "bfloat16", 2048, rank, ws, key="pers/destroy/1"),
+                 OpCall("all_to_all_single", "int64", 8192, rank, ws, key="pers/destroy/2")]
+        e, d = run_checked(calls, "")
+        errs += e
+        digs.update(d)
+
+    def before(errs, digs):
+        st = expect_served({}, 3, "three ops", errs)
+        errs += status_problems(st, blocks=2, slots=256)
+        st, ok = wait_status(lambda s: s.get("running") is True, 1.0)
+        rep.info["status_before_destroy"] = st
+        if not ok:
+            errs.append(f"with RESIDENT_GPU_PERSISTENT_IDLE_US=30000000 the kernel is not running "
+                        f"a moment after the ops: {st}")
+
+    rep.run("results", results)
+    rep.run("status_before_destroy", before)
+    gc.collect()
+    done, box = bounded(dist.destroy_process_group, DESTROY_LIMIT_S)
+
+    def destroyed(errs, digs):
+        if not done:
+            errs.append(f"destroy_process_group() did not return within {DESTROY_LIMIT_S:.0f}s")
+        elif "exc" in box:
+            errs.append(f"destroy_process_group() raised {box['exc']}")
+        rep.info["destroy_s"] = box.get("s")
+
+    rep.run("destroy_returns", destroyed)
+    rep.run("synchronize_after_destroy",
+            lambda errs, digs: errs.extend(device_sync_problems("after destroy_process_group()",
+                                                                SYNC_LIMIT_S)))
+    return rep.result()
+
+
+def idle_job(rank, ws):
+    """IDLE_US=20 ms: idle exits and relaunches; returns without destroy_process_group."""
+    import torch.distributed as dist
+
+    C.setup_rank(rank, ws)
+    rep = Report()
+    prog = OpProg("pI", [OpCall("all_reduce", "float32", 1024, rank, ws),
+                         OpCall("all_gather_into_tensor", "int64", 1, rank, ws),
+                         OpCall("reduce_scatter_tensor", "bfloat16", 32768, rank, ws)])
+    st = {"last": pstatus() if C.ON_GPU else {}}
+    box = {}
+
+    def warm_and_capture(errs, digs):
+        e, d = C.warm_up_on_side_stream(prog)
+        errs += e
+        digs.update(d)
+        ok = True
+        try:
+            box["replay"] = C.capture_replay(prog.step)
+        except Exception as e:  # noqa: BLE001
+            ok = False
+            errs.append(f"capture raised {C.exc_text(e)}")
+        if not C.store_agree("pers/idle/capture", rank, ws, ok):
+            box.pop("replay", None)
+            errs.append("capture failed on some rank: no graph replays")
+
+    rep.run("relaunch_results", warm_and_capture)
+    for i in range(4):
+        def idle(errs, digs):
+            s, ok = wait_status(lambda s: s.get("running") is False, IDLE_WAIT_S)
+            if not ok:
+                errs.append(f"cycle {i}: the kernel is still running {IDLE_WAIT_S:.0f}s after the "
+                            f"last op with RESIDENT_GPU_PERSISTENT_IDLE_US=20000: {s}")
+            elif s.get("exits", 0) <= st["last"].get("exits", 0):
+                errs.append(f"cycle {i}: not running, but exits did not grow: before the last ops "
+                            f"{st['last']}, now {s}")
+            st["idle"] = s
+
+        def ops(errs, digs):
+            if i % 2 == 0 or "replay" not in box:
+                calls = [OpCall("all_reduce", "bfloat16", 2048, rank, ws, key=f"pers/idle/{i}/0"),
+                         OpCall("all_to_all_single", "float32", 4096, rank, ws, key=f"pers/idle/{i}/1")]
+                e, d = run_checked(calls, f"cycle {i} eager")
+            else:
+                prog.fill(f"idle{i}")
+                box["replay"]()
+                e, d = prog.check(f"cycle {i} graph replay")
+            errs += e
+            digs.update(d)
+
+        def relaunched(errs, digs):
+            s = pstatus()
+            if s.get("launches", 0) <= st["idle"].get("launches", 0):
+                errs.append(f"cycle {i}: the op after the idle exit completed, but launches did not "
+                            f"grow: idle {st['idle']}, after {s}")
+
+        rep.run("idle_exit", idle)
+        if C.ON_GPU:
+            # the next idle exit must be one more than this: the ops below relaunch the kernel
+            st["last"] = st.get("idle", st["last"])
+        rep.run("relaunch_results", ops)
+        rep.run("relaunch_counts", relaunched)
+    rep.run("synchronize_returns",
+            lambda errs, digs: errs.extend(device_sync_problems("with a 20 ms idle time",
+                                                                SYNC_LIMIT_S)))
+
+    def option_off(errs, digs):
+        g0 = dist.new_group(list(range(ws)), backend="resident", pg_options={"gpu_persistent": "0"})
+        c = OpCall("all_reduce", "float32", 1024, rank, ws, group=g0, key="pers/idle/opt")
+        e, d = run_checked([c], "pg_options gpu_persistent=0")
+        errs += e
+        digs.update(d)
+        if C.ON_GPU:
+            s = pstatus(g0)
+            rep.info["option_off_status"] = s
+            if s.get("enabled") is not False or s.get("installed") is not True:
+                errs.append(f"a group made with pg_options={{'gpu_persistent': '0'}} (environment "
+                            f"RESIDENT_GPU_PERSISTENT=1): expected enabled False, installed True: {s}")
+            if served(s) != 0:
+                errs.append(f"... and its resident kernel served ops: {s}")
+
+    rep.run("pg_option_disables", option_off)
+    box.clear()
+    return rep.result()  # no destroy_process_group: the process just exits
+
+
+def timeout_job(rank, ws):
+    """Two 3 s subgroups (direct, proxy); rank 1 never joins rank 0's all_reduce on them."""
+    import torch
+    import torch.distributed as dist
+
+    import resident_pg
+
+    C.setup_rank(rank, ws)
+    timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
+    groups = {path: dist.new_group(list(range(ws)), backend="resident", timeout=timeout,
+                                   pg_options={"path": path})
+              for path in C.PATHS}
+    warm = {}
+    for path, g in groups.items():
+        for i in range(2):
+            C.check_all_reduce(rank, ws, f"pers/tmo/warm/{path}/{i}", g)
+        if C.ON_GPU:
+            warm[path] = wait_status(lambda s: served(s) >= 2, 2.0, g)[0]
+    if C.ON_GPU:
+        torch.cuda.synchronize()
+    store = H.connect_store()
+    if rank != 0:
+        store.wait(["pers_timeout/done"], datetime.timedelta(seconds=120))
+        return {"role": "absent", "warm": warm}
+    out = {"warm": warm, "phases": {}}
+    try:
+        for path, g in groups.items():
+            peers = resident_pg.describe(g, device=C.DEVICE)["peers"]
+            res = C.timeout_phase(rank, ws, g)
+            res["paths"] = sorted({v["path"] for p, v in peers.items() if p != rank})
+            out["phases"][path] = res
+            if res.get("stuck"):
+                break
+        return out
+    finally:
+        store.set("pers_timeout/done", b"1")
+
+
+# --------------------------------------------------------------------------
+# Parent side
+# --------------------------------------------------------------------------
+
+_JOBS: dict = {}
+
+
+def _job(name, fn, ws, env, timeout_s, **kw):
+    key = (name, ws, tuple(sorted(env.items(), key=lambda kv: kv[0])))
+    if key not in _JOBS:
+        before = set(H.list_shm())
+        t0 = time.monotonic()
+        outcomes = H.run_ranks_collect(fn, ws, env=env, init=False, init_timeout_s=20,
+                                       timeout_s=timeout_s * C.TIME_SCALE,
+                                       exit_grace_s=EXIT_LIMIT_S + 2, **kw)
+        left = H.new_shm_entries(before)
+        if left:
+            H.remove_shm(left)
+        _JOBS[key] = {"outcomes": outcomes, "shm_left": left, "wall_s": time.monotonic() - t0}
+    return _JOBS[key]
+
+
+def _describe(outcomes):
+    return "\n".join(o.describe() for o in outcomes)
+
+
+def _check_item(job, item, what):
+    outcomes = job["outcomes"]
+    bad = [o for o in outcomes if o.status != "ok"]
+    if bad:
+        pytest.fail(f"the {what} job failed as a whole:\n{_describe(outcomes)}", pytrace=False)
+    values = [o.value for o in outcomes]
+    if all(item in v["skipped"] for v in values):
+        pytest.skip(values[0]["skipped"][item])
+    problems = []
+    for r, v in enumerate(values):
+        if item not in v["items"]:
+            problems.append(f"rank {r}: did not run")
+        problems += [f"rank {r}: {e}" for e in v["items"].get(item, [])]
+    if not problems:
+        d0 = values[0]["digests"].get(item, {})
+        for r in range(1, len(values)):
+            for k, dg in d0.items():
+                if values[r]["digests"][item].get(k) != dg:
+                    problems.append(f"{k}: rank {r} result {values[r]['digests'][item].get(k)} "
+                                    f"differs from rank 0 result {dg}")
+    if problems:
+        info = {r: v["info"] for r, v in enumerate(values) if v["info"]}
+        pytest.fail(f"{item} ({what}):\n" + "\n".join(problems[:40])
+                    + (f"\ninfo: {info}" if info else ""), pytrace=False)
+
+
+def _exit_problems(job, ranks, destroyed=True):
+    """The ranks' processes tore down (or skipped it) and exited by themselves, code 0, in time."""
+    problems = []
+    want = "ok" if destroyed else "skipped"
+    for o in job["outcomes"]:
+        if o.rank not in ranks:
+            continue
+        if o.status != "ok":
+            problems.append(o.describe())
+            continue
+        if o.destroy_status != want:
+            problems.append(f"rank {o.rank}: teardown {o.destroy_status} (expected {want}) "
+                            f"{o.destroy_message or ''}")
+        if o.exited_at_s is None or o.exitcode != 0:
+            problems.append(f"rank {o.rank}: its process did not exit by itself with code 0 within "
+                            f"{EXIT_LIMIT_S + 2:.0f}s of its teardown (exit code {o.exitcode})")
+        elif o.exit_delay_s > EXIT_LIMIT_S:
+            problems.append(f"rank {o.rank}: its process exited {o.exit_delay_s:.1f}s after its "
+                            f"teardown (limit {EXIT_LIMIT_S:.0f}s)")
+    if job["shm_left"]:
+        problems.append(f"left in /dev/shm: {sorted(job['shm_left'])}")
+    return problems
+
+
+def _main(ws, path):
+    return _job("main", main_job, ws, {**PERSISTENT, **C.path_env(path)}, timeout_s=120)
+
+
+@pytest.mark.parametrize("ws,path", MAIN_KEYS, ids=[f"ws{w}-{p}" for w, p in MAIN_KEYS])
+@pytest.mark.parametrize("item", MAIN_ITEMS)
+def test_persistent(item, ws, path):
+    job = _main(ws, path)
+    if item == "process_exit":
+        problems = _exit_problems(job, range(ws))
+        assert not problems, f"ws={ws} path={path}:\n" + "\n".join(problems)
+        return
+    _check_item(job, item, f"ws={ws} path={path}")
+
+
+def _destroy():
+    env = {**PERSISTENT, **C.path_env("direct"), "RESIDENT_GPU_PERSISTENT_IDLE_US": "30000000",
+           "RESIDENT_GPU_PERSISTENT_BLOCKS": "2", "RESIDENT_GPU_PERSISTENT_SLOTS": "256"}
+    return _job("destroy", destroy_job, 2, env, timeout_s=90)
+
+
+@pytest.mark.parametrize("item", DESTROY_ITEMS)
+def test_persistent_destroy(item):
+    job = _destroy()
+    if item == "process_exit":
+        problems = _exit_problems(job, range(2))
+        assert not problems, "\n".join(problems)
+        return
+    _check_item(job, item, "destroy (idle 30 s, 2 blocks, 256 slots)")
+
+
+def _idle():
+    env = {**PERSISTENT, **C.path_env("direct"), "RESIDENT_GPU_PERSISTENT_IDLE_US": "20000"}
+    return _job("idle", idle_job, 2, env, timeout_s=90, destroy=False)
+
+
+@pytest.mark.parametrize("item", IDLE_ITEMS)
+def test_persistent_idle_exit_and_relaunch(item):
+    job = _idle()
+    if item == "process_exit_without_destroy":
+        problems = _exit_problems(job, range(2), destroyed=False)
+        assert not problems, "\n".join(problems)
+        return
+    _check_item(job, item, "idle (20 ms idle time, no destroy_process_group)")
+
+
+def _timeout():
+    env = {**PERSISTENT, **C.path_env("direct")}
+    job = _job("timeout", timeout_job, 2, env, timeout_s=120, stop_when_done=[0], destroy_grace_s=15)
+    o = job["outcomes"][0]
+    if o.status != "ok":
+        pytest.fail(f"rank 0 did not get through the timeout job:\n{_describe(job['outcomes'])}",
+                    pytrace=False)
+    return job, o.value
+
+
+def _phase(path):
+    job, v = _timeout()
+    if path not in v["phases"]:
+        pytest.fail(f"the {path} phase did not run (the GPU was stuck in an earlier phase):\n"
+                    f"{_describe(job['outcomes'])}", pytrace=False)
+    res = v["phases"][path]
+    if res["paths"] != [path]:
+        pytest.fail(f"the subgroup made with pg_options={{'path': {path!r}}} reports paths "
+                    f"{res['paths']}", pytrace=False)
+    return res, _describe(job["outcomes"])
+
+
+@pytest.mark.skipif(C.DRY_RUN, reason="checks the resident kernel: needs CUDA")
+@pytest.mark.parametrize("path", C.PATHS)
+def test_timeout_warm_up_went_through_resident_kernel(path):
+    _, v = _timeout()
+    st = v["warm"].get(path, {})
+    assert st.get("enabled") is True and served(st) >= 2, (
+        f"the {path} subgroup's two warm-up all_reduces (16 KiB) did not go through the "
+        f"resident kernel: {st}")
+
+
+@pytest.mark.skipif(C.DRY_RUN, reason="device-side behaviour needs CUDA")
+@pytest.mark.parametrize("path", C.PATHS)
+def test_timeout_gpu_does_not_hang(path):
+    v, desc = _phase(path)
+    assert v.get("device_done_s") is not None, (
+        f"the GPU work after an all_reduce whose peer never came did not complete within "
+        f"{C.DEVICE_LIMIT_S}s (group timeout {GROUP_TIMEOUT_S}s)\n{desc}")
+    assert v.get("synchronize") == "ok", f"torch.cuda.synchronize() after the timeout: {v.get('synchronize')}"
+    assert v.get("next_device_done_s", 0.0) is not None, f"the collective after the timeout hung the GPU\n{desc}"
+    assert v.get("cuda_usable") is True, f"CUDA context after the timeout: {v.get('cuda_usable')}"
+
+
+@pytest.mark.parametrize("path", C.PATHS)
+def test_timeout_error_surfaces_naming_peer(path):
+    v, desc = _phase(path)
+    assert v["raised"], (f"neither work.wait() nor the next collective raised after rank 1 skipped "
+                         f"the all_reduce (group timeout {GROUP_TIMEOUT_S}s)\n{desc}")
+    where, e = v["raised"][0]
+    problems = []
+    if not e["is_runtime_error"]:
+        problems.append(f"{where} raised {e['type']}, expected RuntimeError / DistBackendError")
+    if not C.NAMES_RANK_1.search(e["message"]):
+        problems.append(f"{where}: the message does not name rank 1")
+    if not C.MENTIONS_TIME.search(e["message"]):
+        problems.append(f"{where}: the message does not mention the timeout")
+    if e["at_s"] > GROUP_TIMEOUT_S + ERROR_SLACK_S:
+        problems.append(f"{where} raised {e['at_s']:.1f}s after the call (timeout {GROUP_TIMEOUT_S}s "
+                        f"+ {ERROR_SLACK_S:.0f}s)")
+    assert not problems, "\n".join(problems) + f"\nmessage: {e['message']!r}\n{desc}"
+
+
+def test_timeout_process_exits_promptly():
+    job, _ = _timeout()
+    problems = [p for p in _exit_problems(job, [0]) if not p.startswith("left in /dev/shm")]
+    assert not problems, "\n".join(problems)
+
+
+def test_persistent_case_tables_are_sane():
+    m = _matrix(0, 2)
+    assert {x[0] for x in m} == set(OPS)
+    assert len(m) == len(OPS) * len(DTYPES) * len(SIZES) + (4 + 8) * len(SIZES)
+    for op, dt, lab, n, red, root in m:
+        assert n * H.itemsize(dt) <= 65536, (op, dt, lab, n)
+    assert set(GPU_ONLY) <= set(MAIN_ITEMS) | set(DESTROY_ITEMS) | set(IDLE_ITEMS)
