@@ -5,7 +5,7 @@
 #
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
 #   stages: build floors tests gpu-tests gpu-tests-persistent overhead bench bench-cuda bench-ab
-#           bench-persistent bench-quick doctor examples
+#           bench-persistent bench-quick doctor examples multi-gpu
 #           (default: build floors tests overhead bench)
 #   bench:       CPU ladder ($OUT/bench.json, ~1.5 min on the H200 host) and CUDA ladder
 #                (resident direct + proxy path, eager + graph mode, 2/4/8 ranks on the one
@@ -27,6 +27,12 @@
 #   examples:    the TP and EP decode examples on the GPU (2 ranks under MPS, CUDA graphs,
 #                --check against gloo), batch 1 and 8.
 #   gpu-tests:   only the GPU-marked tests ($OUT/gpu_tests.log); `tests` runs everything.
+#   multi-gpu:   (issue 7; needs >= 2 GPUs, e.g. the nvidia-h200-x2 kind) one rank per GPU, no
+#                MPS: the GPU tests at ws = number of GPUs, then the CUDA ladder of resident
+#                (direct, proxy) beside NCCL (default; NCCL_P2P_DISABLE=1; NCCL_P2P_DISABLE=1
+#                NCCL_SHM_DISABLE=1, its socket path), eager and graph, 8 B..1 MiB, all_reduce,
+#                all_to_all_single, send/recv ($OUT/multi_gpu_tests.log, $OUT/bench_nccl.json,
+#                $OUT/bench_nccl.png). Prints a skip line on a machine with one GPU.
 #   gpu-tests-persistent: only tests/test_cuda_persistent.py, the persistent mode
 #                (RESIDENT_GPU_PERSISTENT=1) at 2 and 4 ranks ($OUT/gpu_tests_persistent.log,
 #                ~2 min).
@@ -153,6 +159,33 @@ if has bench-persistent; then
   timeout 240 python3 -m resident_pg.bench_interference --ws 2 --time-limit 120 --timeout 60 \
     --json "$OUT/interference.json" > "$OUT/interference.log" 2>&1 || status=1
   tail -n 30 "$OUT/interference.log"
+fi
+
+if has multi-gpu; then
+  step "multi-gpu (one rank per GPU, beside NCCL)"
+  ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+  if (( ngpu < 2 )); then
+    echo "multi-gpu: skipped, this machine has $ngpu GPU(s)" | tee "$OUT/multi_gpu.log"
+  else
+    # An empty pipe directory: the ranks do not find the MPS daemon and own their GPU.
+    mkdir -p /tmp/no-mps
+    CUDA_MPS_PIPE_DIRECTORY=/tmp/no-mps RESIDENT_GPU_TESTS_WS=$ngpu python3 -m pytest -q -m gpu \
+      tests/test_cuda_collectives.py tests/test_cuda_graphs.py -p no:cacheprovider \
+      > "$OUT/multi_gpu_tests.log" 2>&1 || status=1
+    tail -5 "$OUT/multi_gpu_tests.log"
+    ws_list=2; (( ngpu >= 4 )) && ws_list=2,4; (( ngpu >= 8 )) && ws_list=2,4,8
+    floors_opt=()
+    [[ -s "$OUT/floors.json" ]] && floors_opt=(--floors "$OUT/floors.json")
+    CUDA_MPS_PIPE_DIRECTORY=/tmp/no-mps python3 -m resident_pg.bench --device cuda \
+      --mode eager,graph --world-sizes "$ws_list" --ops all_reduce,all_to_all_single,send_recv \
+      --sizes 8,64,512,4K,16K,64K,256K,1M \
+      --backends "resident:path=direct,resident:path=proxy,nccl,nccl:NCCL_P2P_DISABLE=1,nccl:NCCL_P2P_DISABLE=1:NCCL_SHM_DISABLE=1" \
+      ${floors_opt[@]+"${floors_opt[@]}"} --timeout 60 --time-limit 420 \
+      --json "$OUT/bench_nccl.json" > "$OUT/bench_nccl.log" 2>&1 || status=1
+    tail -n 80 "$OUT/bench_nccl.log"
+    python3 benchmarks/plot_latency.py "$OUT/bench_nccl.json" -o "$OUT/bench_nccl.png" \
+      > /dev/null 2>&1 || echo "plot failed"
+  fi
 fi
 
 if has doctor; then
