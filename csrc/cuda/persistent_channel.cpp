@@ -92,7 +92,6 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
     }
     checkCuda(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(gpu::PersistentState)),
               "cudaMalloc of the resident kernel's state");
-    checkCuda(cudaMemset(state_, 0, sizeof(gpu::PersistentState)), "cudaMemset");
     checkCuda(cudaMalloc(reinterpret_cast<void**>(&table_), sizeof(gpu::CollectiveArgs) * slots),
               "cudaMalloc of the descriptor table");
     void* host = nullptr;
@@ -117,7 +116,12 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
               "cudaStreamCreate");
     checkCuda(cudaStreamCreateWithFlags(asStream(&poll_stream_), cudaStreamNonBlocking),
               "cudaStreamCreate");
-    checkCuda(cudaDeviceSynchronize(), "initialising the resident kernel's memory");
+    // On a private stream: a device-wide synchronize would wait for other groups' resident
+    // kernels.
+    checkCuda(cudaMemsetAsync(state_, 0, sizeof(gpu::PersistentState), stream(upload_stream_)),
+              "initialising the resident kernel's state");
+    checkCuda(cudaStreamSynchronize(stream(upload_stream_)),
+              "initialising the resident kernel's state");
     addLive(host_);
     std::lock_guard<std::mutex> lock(launch_mu_);
     launchLocked();
