@@ -354,3 +354,34 @@ class GpuJobCache:
                         pytrace=False)
 
 
+
+
+def device_timeout_problems(v: dict, desc: str, limit_s: float, what: str) -> tuple:
+    """Checks of a device-side timeout job's outcome ``v`` (test_cuda_faults, test_cuda_persistent):
+    (problems with the GPU not hanging, problems with the host error). ``what``: how rank 1 failed
+    its peer; ``limit_s``: by when the error must have surfaced."""
+    gpu = []
+    if v.get("device_done_s") is None:
+        gpu.append(f"the GPU work after an all_reduce whose peer never came did not complete within "
+                   f"{DEVICE_LIMIT_S}s: the kernel does not give up")
+    if v.get("synchronize") != "ok":
+        gpu.append(f"torch.cuda.synchronize() after the timeout: {v.get('synchronize')}")
+    if v.get("next_device_done_s", 0.0) is None:
+        gpu.append("the collective issued after the timeout hung the GPU")
+    if v.get("cuda_usable") is not True:
+        gpu.append(f"CUDA context after the timeout: {v.get('cuda_usable')}")
+    if not v["raised"]:
+        return gpu, [f"neither work.wait() nor the next collective raised after rank 1 {what}\n{desc}"]
+    where, e = v["raised"][0]
+    host = []
+    if not e["is_runtime_error"]:
+        host.append(f"{where} raised {e['type']}, expected RuntimeError / DistBackendError")
+    if not NAMES_RANK_1.search(e["message"]):
+        host.append(f"{where}: the message does not name rank 1")
+    if not MENTIONS_TIME.search(e["message"]):
+        host.append(f"{where}: the message does not mention the timeout")
+    if e["at_s"] > limit_s:
+        host.append(f"{where} raised only {e['at_s']:.1f}s after the call (limit {limit_s:.0f}s)")
+    if host:
+        host.append(f"message: {e['message']!r}\n{desc}")
+    return [g + f"\n{desc}" for g in gpu], host
