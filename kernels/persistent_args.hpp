@@ -2,11 +2,14 @@
 // (csrc/cuda/persistent_channel.cpp) and the device code (persistent_kernel.cu). Plain data.
 //
 // Hand-off of one op, with no kernel launch on the caller's stream: the stream runs ONE batch
-// of stream memory operations:
-//   write dev   `mailbox` = tag   (tag = descriptor slot + 1)
-//   write host  `pending` = 1     (tells the proxy to relaunch the kernel if none runs)
-//   wait  dev   `mailbox` == 0    (the op is complete; its outputs are visible)
-//   write host  `eager_done` = stamp   (eager ops only: the descriptor slot may be reused)
+// of stream memory operations on words in mapped host memory:
+//   write `mailbox` = tag         (tag = descriptor slot + 1)
+//   wait  `mailbox` == 0          (the op is complete; its outputs are visible)
+//   write `eager_done` = stamp    (eager ops only: the descriptor slot may be reused)
+// The mailbox is in host memory, not device memory, so that the proxy thread sees a waiting op
+// with a plain load (it relaunches an idle kernel without any stream operation of its own,
+// which could queue behind the very stream that waits), and so that stop() can release a
+// stream whose op no instance will run.
 // The descriptor (the op's CollectiveArgs) sits in a device-memory table, written once per
 // call site (eager, content-addressed cache) or once per captured graph, never per replay.
 #pragma once
@@ -23,7 +26,6 @@ constexpr uint32_t kExitCommand = 0xffffffffu;  // cmd tag: leave the loop
 // Device memory, zeroed at install; persists across launches of the resident kernel. Each
 // word on its own 128-byte line (the stream's memops and the blocks poll different words).
 struct PersistentState {
-  alignas(128) uint32_t mailbox;        // tag written by a stream; 0 when no op is pending
   alignas(128) unsigned long long cmd;  // leader -> other blocks: (seq << 32) | tag
   alignas(128) uint32_t done_seq;       // seq of the last op every block finished
   alignas(128) uint32_t blocks_done;    // lastOf counter of the op's blocks
@@ -33,13 +35,13 @@ struct PersistentState {
 
 // Mapped pinned host memory (host pointer on the CPU, device pointer in the kernel).
 struct PersistentHostWords {
-  alignas(64) uint32_t pending;       // a stream handed over an op (the proxy clears it)
-  alignas(64) uint32_t exits;         // generation of the last kernel instance that left
-  alignas(64) uint32_t quit;          // host: leave now (shutdown)
-  alignas(64) uint32_t eager_done;    // stamp of the last completed eager op
-  alignas(64) uint32_t issued;        // host: stamp of the last eager op handed to a stream
-  alignas(64) uint32_t served;        // ops completed (diagnostics; the kernel only stores)
-  alignas(64) uint32_t mailbox_copy;  // the proxy's copy of the device mailbox
+  alignas(64) uint32_t mailbox;     // tag written by a stream; 0 when no op is pending
+  alignas(64) uint32_t started;     // generation of the last kernel instance that began
+  alignas(64) uint32_t exits;       // generation of the last kernel instance that left
+  alignas(64) uint32_t quit;        // host: leave now (shutdown)
+  alignas(64) uint32_t eager_done;  // stamp of the last completed eager op
+  alignas(64) uint32_t issued;      // host: stamp of the last eager op handed to a stream
+  alignas(64) uint32_t served;      // ops completed (diagnostics; the kernel only stores)
 };
 
 struct PersistentArgs {

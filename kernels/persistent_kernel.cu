@@ -42,10 +42,9 @@ constexpr uint64_t kHostCheckNs = 20000;  // how often an idle leader reads the 
 
 // Leader: the tag of the next op, or kExitCommand (quit, or idle for longer than idle_ns).
 __device__ uint32_t nextTag(const PersistentArgs& pa, uint64_t last_op_ns) {
-  PersistentState* ps = pa.state;
   uint64_t next_check = 0;
   for (uint32_t spins = 0;;) {
-    const uint32_t tag = loadAcquire32(&ps->mailbox);
+    const uint32_t tag = loadAcquire32(&pa.host->mailbox);
     if (tag != 0) return tag;
     if (++spins < 64) continue;
     spins = 0;
@@ -77,6 +76,8 @@ __global__ void __launch_bounds__(kThreads)
   // done_seq is every block's base. The leader publishes nothing before every block has read
   // it (the launch is cooperative: all blocks are resident together).
   if (threadIdx.x == 0) {
+    // Tells the host this instance really runs (a launch can sit queued behind other work).
+    if (leader_block) storeRelease32(&pa.host->started, pa.generation);
     seq = loadAcquire32(&ps->done_seq);
     __threadfence();
     atomicAdd(&ps->started, 1u);
@@ -127,10 +128,9 @@ __global__ void __launch_bounds__(kThreads)
           __threadfence_system();
           storeRelease32(&pa.host->exits, pa.generation);
         } else {
-          // Outputs and round numbers before the mailbox: the waiting stream's next work
-          // and the next op read them once it is clear (consumers on this GPU: gpu scope).
-          __threadfence();
-          *reinterpret_cast<volatile uint32_t*>(&ps->mailbox) = 0;
+          // Outputs and round numbers before the mailbox (a release at system scope: the
+          // stream's wait reads the word in host memory, then its next work reads them).
+          storeRelease32(&pa.host->mailbox, 0);
           storeRelease32(&ps->done_seq, seq + 1);
         }
       }

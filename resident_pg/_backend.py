@@ -1,5 +1,6 @@
 """Creation of ProcessGroupResident from torch.distributed's extended backend API."""
 
+import warnings
 from datetime import timedelta
 
 from resident_pg import _C
@@ -38,10 +39,19 @@ def create_backend(dist_backend_opts, backend_options):
     timeout = dist_backend_opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
-    return _C.ProcessGroupResident(
+    pg = _C.ProcessGroupResident(
         dist_backend_opts.store,
         dist_backend_opts.group_rank,
         dist_backend_opts.group_size,
         timeout,
         normalize_options(backend_options),
     )
+    if "gpu_persistent=1" in pg.config().split():
+        warnings.warn(PERSISTENT_WARNING, stacklevel=2)
+    return pg
+
+
+PERSISTENT_WARNING = (
+    "resident: RESIDENT_GPU_PERSISTENT=1 (the resident kernel) is experimental: on an H200 it "
+    "hung at 4 and 8 ranks and is not yet faster than a kernel per op "
+    "(benchmarks/RESULTS.md); use the default (0) for real work")

@@ -42,7 +42,7 @@ are inherited by the rank processes, and ``--env KEY=VALUE`` adds some.
 
 Devices and modes (``DEVICES``, ``MODES``): "cpu" + "eager" is the CPU ladder.
 ``--device cuda`` (module ``bench_cuda``) puts the buffers on GPU
-``rank % device_count`` and synchronizes the GPU around timed regions; in mode
+``rank % device_count`` and synchronizes the current stream around timed regions; in mode
 "eager" a repetition is `batch` back-to-back calls then one synchronize, in
 mode "graph" the `batch` calls are captured once into one CUDA graph and a
 repetition is one replay plus a synchronize (per op = replay time / batch).
@@ -1407,7 +1407,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "statistic": "per rank: median/p10/p90 over repetitions of (batch time / "
                              "batch); reported: max over ranks; send_recv: one-way = "
                              "round trip / 2" + (
-                                 "; cuda: a repetition ends with torch.cuda.synchronize(); "
+                                 "; cuda: a repetition ends with a synchronize of the current stream; "
                                  "graph: a repetition is one replay of a graph of `batch` ops"
                                  if cuda else ""),
             },

@@ -4,8 +4,10 @@ Used by ``resident_pg/bench.py``; it imports nothing from it, so that the bench 
 plain script (``python resident_pg/bench.py``), where this file is imported as ``bench_cuda``.
 
 * :class:`CudaDevice`: each rank uses GPU ``rank % device_count`` (on the GPU machine all ranks
-  share one H200 under MPS); ``synchronize`` is ``torch.cuda.synchronize``, so a timed region
-  ends when the GPU work it issued has finished.
+  share one H200 under MPS); ``synchronize`` waits for the current stream, so a timed region
+  ends when the ops it issued (ordered on that stream, as a blocking op is) have finished.
+  Not ``torch.cuda.synchronize()``: that also waits for every other stream of the process,
+  a resident kernel's (RESIDENT_GPU_PERSISTENT=1) included, which stays until it idles out.
 * :func:`graph_batch` (mode "graph"): ``count`` back-to-back steps captured into ONE CUDA graph
   (after a warm-up on a side stream, as torch recommends); one timed repetition is one replay
   followed by a synchronize, so the per-op time is replay time / count.
@@ -57,7 +59,7 @@ class CudaDevice:
         return t.arange(numel, dtype=t.float32, device=self.device) + start
 
     def synchronize(self) -> None:
-        self.torch.cuda.synchronize(self.index)
+        self.torch.cuda.current_stream(self.index).synchronize()
 
     def info(self) -> Dict[str, Any]:
         t = self.torch

@@ -6,6 +6,7 @@
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
 #   stages: build floors tests gpu-tests gpu-tests-persistent overhead bench bench-cuda bench-ab
 #           bench-persistent bench-quick doctor examples multi-gpu
+#           persistent-debug
 #           (default: build floors tests overhead bench)
 #   bench:       CPU ladder ($OUT/bench.json, ~1.5 min on the H200 host) and CUDA ladder
 #                (resident direct + proxy path, eager + graph mode, 2/4/8 ranks on the one
@@ -26,13 +27,17 @@
 #   doctor:      python -m resident_pg.doctor (text and --json).
 #   examples:    the TP and EP decode examples on the GPU (2 ranks under MPS, CUDA graphs,
 #                --check against gloo), batch 1 and 8.
-#   gpu-tests:   only the GPU-marked tests ($OUT/gpu_tests.log); `tests` runs everything.
+#   gpu-tests:   only the GPU-marked tests ($OUT/gpu_tests.log; stopped after
+#                $RESIDENT_GPU_TESTS_LIMIT_S, default 480 s); `tests` runs everything.
 #   multi-gpu:   (issue 7; needs >= 2 GPUs, e.g. the nvidia-h200-x2 kind) one rank per GPU, no
 #                MPS: the GPU tests at ws = number of GPUs, then the CUDA ladder of resident
 #                (direct, proxy) beside NCCL (default; NCCL_P2P_DISABLE=1; NCCL_P2P_DISABLE=1
 #                NCCL_SHM_DISABLE=1, its socket path), eager and graph, 8 B..1 MiB, all_reduce,
 #                all_to_all_single, send/recv ($OUT/multi_gpu_tests.log, $OUT/bench_nccl.json,
 #                $OUT/bench_nccl.png). Prints a skip line on a machine with one GPU.
+#   persistent-debug: scripts/persistent_probe.py, 2 and 4 ranks, both paths (RESIDENT_DEBUG=debug),
+#                then the persistent suite at 2 ranks to its first failure
+#                ($OUT/persistent_debug.log).
 #   gpu-tests-persistent: only tests/test_cuda_persistent.py, the persistent mode
 #                (RESIDENT_GPU_PERSISTENT=1) at 2 and 4 ranks ($OUT/gpu_tests_persistent.log,
 #                ~2 min).
@@ -80,7 +85,9 @@ fi
 
 if has gpu-tests; then
   step "gpu tests"
-  python3 -m pytest -q -m gpu tests -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1 || status=1
+  # Bounded, so that a hang still leaves the log and the later stages inside the call's limit.
+  timeout -k 15 "${RESIDENT_GPU_TESTS_LIMIT_S:-480}" python3 -m pytest -q -m gpu tests \
+    -p no:cacheprovider -rf --durations=15 > "$OUT/gpu_tests.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests.log"
 fi
 
@@ -89,6 +96,24 @@ if has gpu-tests-persistent; then
   RESIDENT_GPU_TESTS_WS=2,4 python3 -m pytest -q tests/test_cuda_persistent.py -p no:cacheprovider \
     > "$OUT/gpu_tests_persistent.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests_persistent.log"
+fi
+
+# Diagnostics of the resident kernel: the probe (logs, status after each step) on both paths,
+# then the persistent suite at 2 ranks up to its first failure, verbose.
+if has persistent-debug; then
+  step "persistent probe"
+  for ws in 2 4; do
+    for path in direct proxy; do
+      echo "== probe ws=$ws path=$path" >> "$OUT/persistent_debug.log"
+      timeout 60 python3 scripts/persistent_probe.py --ws "$ws" --path "$path" \
+        >> "$OUT/persistent_debug.log" 2>&1 || { status=1; echo "probe (ws $ws, $path) failed"; }
+    done
+  done
+  grep -E "^\[rank|exit codes|Error|error" "$OUT/persistent_debug.log" | head -60
+  step "persistent suite, 2 ranks, to the first failure"
+  RESIDENT_GPU_TESTS_WS=2 timeout -k 10 200 python3 -m pytest -x -q tests/test_cuda_persistent.py \
+    -p no:cacheprovider -rf >> "$OUT/persistent_debug.log" 2>&1 || status=1
+  tail -n 40 "$OUT/persistent_debug.log"
 fi
 
 if has overhead; then

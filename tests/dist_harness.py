@@ -37,6 +37,7 @@ import multiprocessing.connection as mpc
 import os
 import signal
 import socket
+import tempfile
 import threading
 import time
 import traceback
@@ -87,6 +88,8 @@ class RankOutcome:
     destroy_status: str = "not-run"  # "ok", "error", "not-run", "hung", "skipped" (destroy=False)
     destroy_message: Optional[str] = None
     kill_requested: bool = False
+    # the rank's Python stacks when the job timed out (it was asked for them before the kill)
+    stack_at_timeout: Optional[str] = None
     # seconds from the parent's start of the job to when the parent saw the rank's pipe close
     # (after its teardown) and saw the process exit by itself (None: it did not, or not seen)
     closed_at_s: Optional[float] = None
@@ -107,6 +110,9 @@ class RankOutcome:
                 head += "\n" + _indent(self.traceback)
         elif self.status in ("died", "killed", "timeout"):
             head += f" (exitcode {self.exitcode})"
+            if self.stack_at_timeout:
+                lines = self.stack_at_timeout.splitlines()
+                head += "\n  its stacks at the timeout (last 40 lines):\n" + _indent("\n".join(lines[-40:]))
         if self.destroy_status not in ("ok", "not-run"):
             head += f"\n  destroy_process_group: {self.destroy_status} {self.destroy_message or ''}"
         return head
@@ -323,6 +329,48 @@ def _exc_fields(e: BaseException) -> tuple:
     )
 
 
+def _stack_file(pid: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"resident_test_stack_{pid}.txt")
+
+
+def _arm_stack_dump() -> None:
+    """SIGUSR1 makes this rank write every thread's Python stack to _stack_file(pid): the
+    parent asks for it before killing a rank that timed out, so the report says where it hung."""
+    import faulthandler
+
+    try:
+        f = open(_stack_file(os.getpid()), "w")
+        faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _collect_stack(proc, wait_s: float = 1.0) -> Optional[str]:
+    """Ask a live rank for its stacks (see _arm_stack_dump); the dump's text, or None."""
+    path = _stack_file(proc.pid)
+    try:
+        os.kill(proc.pid, signal.SIGUSR1)
+    except (ProcessLookupError, OSError):
+        return None
+    # The dump is written by a C handler within milliseconds: read once its size settles.
+    deadline = time.monotonic() + wait_s
+    size = -1
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        try:
+            now = os.path.getsize(path)
+        except OSError:
+            return None
+        if now > 0 and now == size:
+            break
+        size = now
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def _rank_main(fn, rank, world_size, args, backend, store_port, rendezvous, rdzv_port,
                init_timeout_s, store_timeout_s, do_init, conn, do_destroy=True):
     _set_pdeathsig()
@@ -335,6 +383,7 @@ def _rank_main(fn, rank, world_size, args, backend, store_port, rendezvous, rdzv
     CTX.init_timeout_s = init_timeout_s
     CTX.store_timeout_s = store_timeout_s
     CTX.conn = conn
+    _arm_stack_dump()
     conn.send(("pid", rank, os.getpid()))
     try:
         _enter_rank_netns(rank)
@@ -568,6 +617,8 @@ def _run(
             o = outcomes[r]
             note_exit(r)  # exited by itself before this point
             if p.is_alive():
+                if o.status == "pending" and timed_out:
+                    o.stack_at_timeout = _collect_stack(p)
                 _kill(p)
                 if o.status == "pending":
                     o.status = "timeout" if timed_out else "killed"
@@ -585,6 +636,8 @@ def _run(
             _kill(p)
         for p in procs:
             p.join(timeout=10)
+            with contextlib.suppress(OSError, TypeError):
+                os.unlink(_stack_file(p.pid))
         for c in list(conns):
             c.close()
         del store

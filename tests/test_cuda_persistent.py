@@ -2,7 +2,7 @@
 collective of at most RESIDENT_GPU_CHUNK_BYTES (64 KiB) per peer, handed over by stream memory
 operations; larger collectives and send/recv still launch a kernel per op.  The semantics must
 be those of the default mode; ``persistent_status()`` of the group's CUDA backend shows what
-the resident kernel did (enabled, installed, running, launches, exits, served,
+the resident kernel did (enabled, installed, running, queued, launches, exits, served,
 graph_slots_used, slots, blocks).
 
 Jobs (each one spawned job; every check of a job is its own pytest item):
@@ -72,7 +72,8 @@ PERSISTENT = {"RESIDENT_GPU_PERSISTENT": "1",
               "RESIDENT_GPU_PERSISTENT_IDLE_US": None, "RESIDENT_GPU_PERSISTENT_BLOCKS": None,
               "RESIDENT_GPU_PERSISTENT_SLOTS": None, "RESIDENT_GPU_CHUNK_BYTES": None}
 DEFAULT_BLOCKS, DEFAULT_SLOTS = 4, 1024
-STATUS_KEYS = {"enabled": bool, "installed": bool, "running": bool, "launches": int, "exits": int,
+STATUS_KEYS = {"enabled": bool, "installed": bool, "running": bool, "queued": bool,
+               "launches": int, "exits": int,
                "served": int, "graph_slots_used": int, "slots": int, "blocks": int}
 
 SIZES = ("8B", "4KiB", "64KiB")  # all at most 64 KiB per peer: the resident kernel's
@@ -628,7 +629,7 @@ def main_job(rank, ws):
 
     def sync(errs, digs):
         errs += device_sync_problems("with the default idle time", SYNC_LIMIT_S)
-        st, ok = wait_status(lambda s: s.get("running") is False, 1.0)
+        st, ok = wait_status(lambda s: s.get("running") is False and s.get("queued") is False, 1.0)
         if not ok:
             errs.append(f"after torch.cuda.synchronize() the kernel is reported running: {st}")
 
@@ -719,7 +720,8 @@ def idle_job(rank, ws):
     rep.run("relaunch_results", warm_and_capture)
     for i in range(4):
         def idle(errs, digs):
-            s, ok = wait_status(lambda s: s.get("running") is False, IDLE_WAIT_S)
+            s, ok = wait_status(lambda s: s.get("running") is False and s.get("queued") is False,
+                                IDLE_WAIT_S)
             if not ok:
                 errs.append(f"cycle {i}: the kernel is still running {IDLE_WAIT_S:.0f}s after the "
                             f"last op with RESIDENT_GPU_PERSISTENT_IDLE_US=20000: {s}")

@@ -201,6 +201,33 @@ def test_error_names_every_dead_peer():
     assert o.value["elapsed"] <= GROUP_TIMEOUT_S + SLACK_S, o.value
 
 
+def _stuck_here_for_good():
+    time.sleep(600)
+
+
+def _one_rank_stuck_job(rank, ws):
+    if rank == 1:
+        _stuck_here_for_good()
+    return rank
+
+
+def test_harness_reports_where_a_timed_out_rank_hung():
+    """The harness (tests/dist_harness.py) asks a rank that outlived the job's timeout for its
+    Python stacks before killing it, so a hang in any GPU or CPU test says where it was; the
+    dump files do not outlive the job."""
+    import glob
+    import tempfile
+
+    pattern = os.path.join(tempfile.gettempdir(), "resident_test_stack_*")
+    before = set(glob.glob(pattern))
+    outcomes = H.run_ranks_collect(_one_rank_stuck_job, 2, init=False, timeout_s=8)
+    assert outcomes[0].status == "ok" and outcomes[0].value == 0, _describe(outcomes)
+    assert outcomes[1].status == "timeout", _describe(outcomes)
+    text = outcomes[1].describe()
+    assert "_stuck_here_for_good" in text and "_one_rank_stuck_job" in text, text
+    assert set(glob.glob(pattern)) <= before
+
+
 # --------------------------------------------------------------------------
 # bad input
 # --------------------------------------------------------------------------

@@ -358,11 +358,18 @@ def _persistent_status_job(rank, ws):
     import torch
     import torch.distributed as dist
 
+    import warnings
+
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     status = backend.persistent_status()
     t = torch.arange(5, dtype=torch.int64) * (rank + 1)
     dist.all_reduce(t)  # CPU ops are unaffected by the CUDA-only mode
-    return {"status": status, "config": backend.config(), "sum": t.tolist()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist.new_group([0, 1], backend="resident")  # the mode on (environment): a warning
+        dist.new_group([0, 1], backend="resident", pg_options={"gpu_persistent": "0"})  # none
+    return {"status": status, "config": backend.config(), "sum": t.tolist(),
+            "warnings": [str(w.message) for w in caught]}
 
 
 @pytest.mark.resident_only
@@ -374,6 +381,7 @@ def test_persistent_mode_knobs_on_a_cpu_group():
         assert r["status"] == {"enabled": True, "installed": False}, r
         assert "gpu_persistent=1 gpu_persistent_blocks=2 gpu_persistent_idle_us=5000" in r["config"]
         assert r["sum"] == [0, 3, 6, 9, 12]
+        assert len(r["warnings"]) == 1 and "experimental" in r["warnings"][0], r["warnings"]
 
 
 def _bad_persistent_job(rank, ws):

@@ -40,7 +40,7 @@ PYBIND11_MODULE(_C, m) {
             py::dict d;
             d["enabled"] = pg.persistentEnabled();
             for (const auto& kv : pg.persistentStatus()) {
-              if (kv.first == "installed" || kv.first == "running")
+              if (kv.first == "installed" || kv.first == "running" || kv.first == "queued")
                 d[kv.first.c_str()] = kv.second != 0;
               else
                 d[kv.first.c_str()] = kv.second;
@@ -48,7 +48,8 @@ PYBIND11_MODULE(_C, m) {
             return d;
           },
           "The resident kernel (RESIDENT_GPU_PERSISTENT): enabled, installed (after the first "
-          "CUDA op), running, launches, exits, served (ops it completed), graph_slots_used, "
+          "CUDA op), running, queued (launched, not yet begun: behind other GPU work), "
+          "launches, exits, served (ops it completed), graph_slots_used, "
           "slots, blocks.");
   m.def(
       "transports",

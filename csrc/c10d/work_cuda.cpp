@@ -250,6 +250,7 @@ std::map<std::string, int64_t> persistentStatusOf(const std::shared_ptr<GpuCommu
   if (ch == nullptr) return out;
   const PersistentStatus s = ch->status();
   out["running"] = s.running ? 1 : 0;
+  out["queued"] = s.queued ? 1 : 0;
   out["launches"] = s.launches;
   out["exits"] = s.exits;
   out["served"] = s.served;

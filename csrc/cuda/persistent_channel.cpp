@@ -114,8 +114,6 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
               "cudaStreamCreate");
     checkCuda(cudaStreamCreateWithFlags(asStream(&upload_stream_), cudaStreamNonBlocking),
               "cudaStreamCreate");
-    checkCuda(cudaStreamCreateWithFlags(asStream(&poll_stream_), cudaStreamNonBlocking),
-              "cudaStreamCreate");
     // On a private stream: a device-wide synchronize would wait for other groups' resident
     // kernels.
     checkCuda(cudaMemsetAsync(state_, 0, sizeof(gpu::PersistentState), stream(upload_stream_)),
@@ -162,20 +160,11 @@ void PersistentChannel::launchLocked() {
 bool PersistentChannel::poll() {
   std::unique_lock<std::mutex> lock(launch_mu_, std::try_to_lock);
   if (!lock.owns_lock() || stopped_) return false;
-  // Only while no instance runs: `pending` says a stream handed over an op since the last
-  // check; the device mailbox (written before `pending`) says whether it is still unserved.
+  // Only while no instance is live (an instance writes `exits` as it leaves, after its last
+  // look at the mailbox): an op in the mailbox then waits for a launch. Plain loads only; the
+  // proxy thread never waits on a stream.
   if (loadHost(&host_->exits) != launches_) return false;
-  if (loadHost(&host_->pending) == 0) return false;
-  __atomic_store_n(&host_->pending, 0u, __ATOMIC_SEQ_CST);
-  {
-    DeviceGuard guard(device_);
-    RelaxedCapture relaxed;
-    checkCuda(cudaMemcpyAsync(&host_->mailbox_copy, &state_->mailbox, sizeof(uint32_t),
-                              cudaMemcpyDeviceToHost, stream(poll_stream_)),
-              "reading the resident kernel's mailbox");
-    checkCuda(cudaStreamSynchronize(stream(poll_stream_)), "reading the resident kernel's mailbox");
-  }
-  if (loadHost(&host_->mailbox_copy) == 0) return false;
+  if (loadHost(&host_->mailbox) == 0) return false;
   launchLocked();
   return true;
 }
@@ -225,11 +214,10 @@ void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, v
     if (!captured) __atomic_store_n(&host_->issued, stamp, __ATOMIC_RELEASE);
   }
   const uint32_t tag = pick.slot + 1;
-  const MemOp ops[4] = {{MemOp::kWrite, &state_->mailbox, tag},
-                        {MemOp::kWrite, &host_dev_->pending, 1},
-                        {MemOp::kWaitEq, &state_->mailbox, 0},
+  const MemOp ops[3] = {{MemOp::kWrite, &host_dev_->mailbox, tag},
+                        {MemOp::kWaitEq, &host_dev_->mailbox, 0},
                         {MemOp::kWrite, &host_dev_->eager_done, stamp}};
-  const auto err = static_cast<cudaError_t>(memops_.enqueue(on, ops, captured ? 3 : 4));
+  const auto err = static_cast<cudaError_t>(memops_.enqueue(on, ops, captured ? 2 : 3));
   if (err != cudaSuccess && !captured) {
     // This op will never complete: stop holding the instance for it.
     __atomic_store_n(&host_->issued, loadHost(&host_->eager_done), __ATOMIC_RELEASE);
@@ -268,19 +256,39 @@ void PersistentChannel::stop() {
     DeviceGuard guard(device_);
     cudaStreamSynchronize(stream(run_stream_));
   }
+  // No instance runs now and none is launched again: an op still in the mailbox (a stream
+  // handed it over after the last instance looked) would hold its stream forever. Release
+  // such streams (the op is abandoned: its Work reports the shutdown) until every eager op
+  // handed to a stream passed its hand-off, bounded by the group timeout; the words they
+  // touch are freed only then.
+  bool drained = false;
+  while (true) {
+    __atomic_store_n(&host_->mailbox, 0u, __ATOMIC_RELEASE);
+    drained = loadHost(&host_->eager_done) == loadHost(&host_->issued);
+    if (drained || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  if (!drained) {
+    RLOG_ERROR(
+        "an op handed to the resident kernel on device %d never reached its stream's "
+        "hand-off; the kernel's memory is not released",
+        device_);
+    removeLive(host_);
+    return;
+  }
   release();
 }
 
 void PersistentChannel::release() {
   DeviceGuard guard(device_);
   if (host_ != nullptr) removeLive(host_);
-  for (void* s : {run_stream_, upload_stream_, poll_stream_})
+  for (void* s : {run_stream_, upload_stream_})
     if (s != nullptr) cudaStreamDestroy(stream(s));
   if (staging_ != nullptr) cudaFreeHost(staging_);
   if (host_ != nullptr) cudaFreeHost(host_);
   if (table_ != nullptr) cudaFree(table_);
   if (state_ != nullptr) cudaFree(state_);
-  run_stream_ = upload_stream_ = poll_stream_ = nullptr;
+  run_stream_ = upload_stream_ = nullptr;
   staging_ = nullptr;
   host_ = host_dev_ = nullptr;
   table_ = nullptr;
@@ -295,7 +303,10 @@ PersistentStatus PersistentChannel::status() const {
   if (host_ == nullptr) return s;
   s.launches = launches_;
   s.exits = loadHost(&host_->exits);
-  s.running = s.exits != launches_;
+  const bool live = s.exits != launches_;
+  const bool began = loadHost(&host_->started) == launches_;
+  s.running = live && began;
+  s.queued = live && !began;
   s.served = loadHost(&host_->served);
   std::lock_guard<std::mutex> table_lock(table_mu_);
   s.graph_slots_used = slots_.graphSlotsUsed();

@@ -17,7 +17,8 @@
 namespace resident {
 
 struct PersistentStatus {
-  bool running = false;
+  bool running = false;  // launched, began and not yet left
+  bool queued = false;   // launched but not yet begun (waiting behind other GPU work)
   uint32_t launches = 0, exits = 0, served = 0, graph_slots_used = 0, slots = 0, blocks = 0;
 };
 
@@ -63,10 +64,9 @@ class PersistentChannel {
   gpu::PersistentHostWords* host_ = nullptr;      // mapped host memory (host pointer)
   gpu::PersistentHostWords* host_dev_ = nullptr;  // ... its device pointer
   gpu::CollectiveArgs* staging_ = nullptr;        // pinned, for uploads
-  // cudaStream_t (non-blocking): where instances run, descriptor uploads, the proxy's reads.
+  // cudaStream_t (non-blocking): where instances run; descriptor uploads.
   void* run_stream_ = nullptr;
   void* upload_stream_ = nullptr;
-  void* poll_stream_ = nullptr;
   // launch_mu_: launches and stop (install, proxy thread, shutdown). table_mu_: the slot
   // table and uploads (callers' threads). Separate, so that a caller waiting for a slot
   // never blocks the proxy's relaunch it may be waiting for.
