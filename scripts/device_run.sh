@@ -17,10 +17,11 @@
 #   bench-cuda:  only the CUDA ladder (as in `bench`).
 #   bench-ab:    2 ranks, graph mode: resident with and without RESIDENT_GPU_PREFETCH on both
 #                paths, side by side in one run ($OUT/bench_ab.json).
-#   bench-persistent: the CUDA ladder of resident (a kernel per op) and
-#                resident:RESIDENT_GPU_PERSISTENT=1 (the resident kernel) side by side, 2, 4 and
-#                8 ranks, all_reduce, all_to_all_single, all_gather at 8 B, 4 KiB,
-#                64 KiB, eager and graph ($OUT/bench_persistent.json, no new group after 200 s,
+#   bench-persistent: the CUDA ladder of resident (a kernel per op),
+#                resident:RESIDENT_GPU_PERSISTENT=1 (the resident kernel, default idle exit) and
+#                the same with a 500 ms idle time (no relaunch between the bench's ops) side by
+#                side, 2, 4 and 8 ranks, all_reduce, all_to_all_single, all_gather at 8 B, 4 KiB,
+#                64 KiB, eager and graph ($OUT/bench_persistent.json, no new group after 240 s,
 #                ~4 min at most; ratios to the floors when a floors stage ran in the same call),
 #                then the interference benchmark: a bf16 decode GEMM alone and next to all_reduces,
 #                per mode ($OUT/interference.json, ~1 min).
@@ -176,8 +177,8 @@ if has bench-persistent; then
   [[ -s "$OUT/floors.json" ]] && floors_opt=(--floors "$OUT/floors.json")
   python3 -m resident_pg.bench --device cuda --mode eager,graph --world-sizes 2,4,8 \
     --ops all_reduce,all_to_all_single,all_gather --sizes 8,4K,64K \
-    --backends "resident,resident:RESIDENT_GPU_PERSISTENT=1" ${floors_opt[@]+"${floors_opt[@]}"} \
-    --timeout 30 --time-limit 200 \
+    --backends "resident,resident:RESIDENT_GPU_PERSISTENT=1,resident:RESIDENT_GPU_PERSISTENT=1:RESIDENT_GPU_PERSISTENT_IDLE_US=500000" \
+    ${floors_opt[@]+"${floors_opt[@]}"} --timeout 30 --time-limit 240 \
     --json "$OUT/bench_persistent.json" > "$OUT/bench_persistent.log" 2>&1 || status=1
   tail -n 60 "$OUT/bench_persistent.log"
   step "bench (interference: GEMM next to the communicator, per mode)"
