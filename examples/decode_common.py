@@ -16,10 +16,20 @@ import importlib
 import os
 import statistics
 import time
+import zlib
 from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
+
+
+def seeded_randn(shape, seed, *parts, scale: float = 1.0, device="cpu") -> torch.Tensor:
+    """Normal float32 numbers named by (seed, *parts): the same tensor whichever rank or shard
+    layout asks for it, generated on ``device`` (on the GPU a full model's weights take
+    milliseconds; the CPU's generator needs minutes for the unsharded reference)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(zlib.crc32("/".join(map(str, (seed,) + parts)).encode()))
+    return torch.randn(shape, generator=g, device=device) * scale
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import zlib
 
 import torch
 import torch.distributed as dist
@@ -42,9 +41,7 @@ import decode_common as dc
 from resident_pg.moe import MoEDispatcher
 
 
-def rand(shape, seed, *parts, scale=1.0):
-    g = torch.Generator().manual_seed(zlib.crc32("/".join(map(str, (seed,) + parts)).encode()))
-    return torch.randn(shape, generator=g) * scale
+rand = dc.seeded_randn
 
 
 def expert_weights(a, layer, experts, device, dtype):
@@ -52,7 +49,7 @@ def expert_weights(a, layer, experts, device, dtype):
     H, I, s = a.hidden, a.moe_intermediate, a.seed
 
     def one(name, e, shape, fan_in):
-        return rand(shape, s, layer, name, e, scale=fan_in ** -0.5)
+        return rand(shape, s, layer, name, e, scale=fan_in ** -0.5, device=device)
     gate = torch.stack([one("gate", e, (H, I), H) for e in experts])
     up = torch.stack([one("up", e, (H, I), H) for e in experts])
     down = torch.stack([one("down", e, (I, H), I) for e in experts])
@@ -69,8 +66,8 @@ class MoEStack:
         self.layers = share.layers if share is not None else []  # same weights, other exchange
         for i in range(a.layers if share is None else 0):
             self.layers.append({
-                "norm": (1 + 0.1 * rand(a.hidden, a.seed, i, "norm")).to(device, dtype),
-                "router": rand((a.hidden, a.experts), a.seed, i, "router",
+                "norm": (1 + 0.1 * rand(a.hidden, a.seed, i, "norm", device=device)).to(dtype=dtype),
+                "router": rand((a.hidden, a.experts), a.seed, i, "router", device=device,
                                scale=a.hidden ** -0.5).to(device, dtype),
                 "experts": expert_weights(a, i, range(r * L, (r + 1) * L), device, dtype)})
         self.record = None  # list of per-layer (h, idx, w, y) when --check records
@@ -98,9 +95,11 @@ class MoEStack:
         return x
 
 
-def reference_layer(a, i, h, idx, w, dtype):
+def reference_layer(a, i, h, idx, w, dtype, device):
     """y = sum_k w_k * expert_{idx_k}(h) with every expert's weights, on one process."""
-    gate, up, down = expert_weights(a, i, range(a.experts), "cpu", torch.float32)
+    # generated where the ranks generated theirs (the same numbers), computed on the CPU
+    gate, up, down = (t.cpu() for t in expert_weights(a, i, range(a.experts), device,
+                                                        torch.float32))
     hf = h.to(dtype).float()
     y = torch.zeros_like(hf)
     for k in range(a.top_k):
@@ -112,7 +111,7 @@ def reference_layer(a, i, h, idx, w, dtype):
 
 
 def inputs(a, rank, step, device, dtype):
-    return rand((a.batch, a.hidden), a.seed, "tokens", rank, step).to(device, dtype)
+    return rand((a.batch, a.hidden), a.seed, "tokens", rank, step, device=device).to(dtype=dtype)
 
 
 def main(argv=None):
@@ -169,7 +168,7 @@ def main(argv=None):
                 f"moves data only: must be 0): {'OK' if ok else 'FAIL'}")
         worst = 0.0
         for n, (h, idx, w, y) in enumerate(model.record):
-            ref = reference_layer(a, n % a.layers, h, idx, w, dtype)
+            ref = reference_layer(a, n % a.layers, h, idx, w, dtype, device)
             worst = max(worst, float((y - ref).abs().max()) / max(float(ref.abs().max()), 1e-30))
         worst = dc.max_over_ranks(worst)
         ok = ok and worst <= tol

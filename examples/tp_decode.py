@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import zlib
 
 import torch
 import torch.distributed as dist
@@ -41,13 +40,7 @@ import torch.nn.functional as F
 import decode_common as dc
 
 
-def gen(seed, *parts):
-    g = torch.Generator().manual_seed(zlib.crc32("/".join(map(str, (seed,) + parts)).encode()))
-    return g
-
-
-def rand(shape, seed, *parts, scale=1.0):
-    return torch.randn(shape, generator=gen(seed, *parts)) * scale
+rand = dc.seeded_randn
 
 
 class Stack:
@@ -64,17 +57,19 @@ class Stack:
         self.layers = []
         for i in range(a.layers):
             def col(name, rows, cols):
-                return torch.cat([rand((rows, cols), s, i, name, sh, scale=cols ** -0.5)
-                                  for sh in shards], 0)
+                return torch.cat([rand((rows, cols), s, i, name, sh, scale=cols ** -0.5,
+                                       device=device) for sh in shards], 0)
 
             def row(name, rows, cols, total):
-                return torch.cat([rand((rows, cols), s, i, name, sh, scale=total ** -0.5)
-                                  for sh in shards], 1)
+                return torch.cat([rand((rows, cols), s, i, name, sh, scale=total ** -0.5,
+                                       device=device) for sh in shards], 1)
 
             def cache(name):
-                return torch.cat([rand((B, kvl, S, D), s, i, name, sh) for sh in shards], 1)
+                return torch.cat([rand((B, kvl, S, D), s, i, name, sh, device=device)
+                                  for sh in shards], 1)
 
-            w = dict(attn_norm=1 + 0.1 * rand(H, s, i, "n1"), mlp_norm=1 + 0.1 * rand(H, s, i, "n2"),
+            w = dict(attn_norm=1 + 0.1 * rand(H, s, i, "n1", device=device),
+                     mlp_norm=1 + 0.1 * rand(H, s, i, "n2", device=device),
                      wq=col("q", hl * D, H), wk=col("k", kvl * D, H), wv=col("v", kvl * D, H),
                      wo=row("o", H, hl * D, nh * D), w_gate=col("g", il, H), w_up=col("u", il, H),
                      w_down=row("d", H, il, I), k_cache=cache("kc"), v_cache=cache("vc"))
@@ -122,7 +117,7 @@ class Stack:
 
 
 def inputs(a, step, device, dtype):
-    return rand((a.batch, a.hidden), a.seed, "input", step).to(device=device, dtype=dtype)
+    return rand((a.batch, a.hidden), a.seed, "input", step, device=device).to(dtype=dtype)
 
 
 def run_steps(a, tp, shards, device, dtype, allreduce):
