@@ -226,6 +226,10 @@ void GpuCommunicator::abortKernels() {
 }
 
 std::string GpuCommunicator::deviceError() const {
+  if (persistent_) {
+    std::string stuck = persistent_->stuckError();
+    if (!stuck.empty()) return stuck;
+  }
   const unsigned char* gpu_base = comm_.segmentBase() + comm_.gpuRegionOffset();
   const uint64_t word = __atomic_load_n(
       reinterpret_cast<const uint64_t*>(gpu_base + GpuLayout::kErrorWord), __ATOMIC_ACQUIRE);

@@ -122,6 +122,7 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
               "initialising the resident kernel's state");
     addLive(host_);
     std::lock_guard<std::mutex> lock(launch_mu_);
+    watch_since_ = std::chrono::steady_clock::now();
     launchLocked();
   } catch (...) {
     release();
@@ -160,6 +161,7 @@ void PersistentChannel::launchLocked() {
 bool PersistentChannel::poll() {
   std::unique_lock<std::mutex> lock(launch_mu_, std::try_to_lock);
   if (!lock.owns_lock() || stopped_) return false;
+  watchLocked();
   // Only while no instance is live (an instance writes `exits` as it leaves, after its last
   // look at the mailbox): an op in the mailbox then waits for a launch. Plain loads only; the
   // proxy thread never waits on a stream.
@@ -167,6 +169,37 @@ bool PersistentChannel::poll() {
   if (loadHost(&host_->mailbox) == 0) return false;
   launchLocked();
   return true;
+}
+
+void PersistentChannel::watchLocked() {
+  // An op that waits in the mailbox while the kernel completes nothing for longer than the
+  // group timeout (+2 s) was never run: an op stuck on a peer fails on the device at the
+  // timeout and leaves the mailbox. Without this, its stream would wait forever.
+  const auto now = std::chrono::steady_clock::now();
+  const uint32_t served = loadHost(&host_->served);
+  if (loadHost(&host_->mailbox) == 0 || served != watch_served_) {
+    watch_served_ = served;
+    watch_since_ = now;
+    return;
+  }
+  if (!stuck_.empty() || now - watch_since_ < std::chrono::milliseconds(timeout_ms_.load() + 2000))
+    return;
+  const bool live = loadHost(&host_->exits) != launches_;
+  const bool began = loadHost(&host_->started) == launches_;
+  stuck_ = "resident: the resident kernel (RESIDENT_GPU_PERSISTENT=1) on device " +
+           std::to_string(device_) + " did not run an op handed to it within " +
+           std::to_string(timeout_ms_.load() + 2000) + " ms (its last instance " +
+           (!live ? "had left and was not relaunched"
+                  : (began ? "runs but serves nothing" : "is still queued behind other GPU work")) +
+           "); the op's stream was released without a result and this process group can no "
+           "longer be used";
+  RLOG_ERROR("%s", stuck_.c_str());
+  __atomic_store_n(&host_->mailbox, 0u, __ATOMIC_RELEASE);
+}
+
+std::string PersistentChannel::stuckError() const {
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  return stuck_;
 }
 
 void PersistentChannel::waitEagerDone(uint32_t stamp) {

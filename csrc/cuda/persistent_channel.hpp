@@ -7,8 +7,10 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 #include "core/descriptor_slots.hpp"
 #include "cuda/stream_memops.hpp"
@@ -41,10 +43,14 @@ class PersistentChannel {
   // group timeout; no relaunch afterwards. Idempotent; the destructor calls it.
   void stop();
   PersistentStatus status() const;
+  // Non-empty once the watchdog in poll() found an op the resident kernel never ran (the
+  // group is then unusable; the op's stream was released).
+  std::string stuckError() const;
   void setTimeoutMs(uint64_t ms) { timeout_ms_ = ms; }
 
  private:
   void launchLocked();
+  void watchLocked();
   uint32_t loadHost(const uint32_t* word) const;
   void waitEagerDone(uint32_t stamp);
   void upload(uint32_t slot, const gpu::CollectiveArgs& args, size_t bytes);
@@ -73,6 +79,10 @@ class PersistentChannel {
   mutable std::mutex launch_mu_;
   mutable std::mutex table_mu_;
   uint32_t launches_ = 0;  // under launch_mu_
+  // watchLocked(): the served count last seen and since when an op waits without progress.
+  uint32_t watch_served_ = 0;
+  std::chrono::steady_clock::time_point watch_since_{};
+  std::string stuck_;  // under launch_mu_
   uint32_t eager_stamp_ = 0;
   std::atomic<bool> stopped_{false};
 };
