@@ -59,6 +59,7 @@ when it is not installed); ``--json`` writes the rows.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -169,7 +170,8 @@ def load_rows(paths: Sequence[str]) -> List[dict]:
     rows: List[dict] = []
     for path in paths:
         try:
-            with open(path) as f:
+            opener = gzip.open if str(path).endswith(".gz") else open
+            with opener(path, "rt") as f:
                 doc = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
             raise EstimateError(f"{path}: cannot read a JSON document: {e}") from None
