@@ -28,8 +28,9 @@
 #   doctor:      python -m resident_pg.doctor (text and --json).
 #   examples:    the TP and EP decode examples on the GPU (2 ranks under MPS, CUDA graphs,
 #                --check against gloo), batch 1 and 8.
-#   gpu-tests:   only the GPU-marked tests ($OUT/gpu_tests.log; stopped after
-#                $RESIDENT_GPU_TESTS_LIMIT_S, default 480 s); `tests` runs everything.
+#   gpu-tests:   the GPU-marked tests but the persistent mode's (gpu-tests-persistent)
+#                ($OUT/gpu_tests.log; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 480 s);
+#                `tests` runs everything.
 #   multi-gpu:   (issue 7; needs >= 2 GPUs, e.g. the nvidia-h200-x2 kind) one rank per GPU, no
 #                MPS: the GPU tests at ws = number of GPUs, then the CUDA ladder of resident
 #                (direct, proxy) beside NCCL (default; NCCL_P2P_DISABLE=1; NCCL_P2P_DISABLE=1
@@ -41,7 +42,7 @@
 #                ($OUT/persistent_debug.log).
 #   gpu-tests-persistent: only tests/test_cuda_persistent.py, the persistent mode
 #                (RESIDENT_GPU_PERSISTENT=1) at 2 and 4 ranks ($OUT/gpu_tests_persistent.log,
-#                ~2 min).
+#                ~2 min; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGES=${*:-build floors tests overhead bench}
@@ -88,13 +89,15 @@ if has gpu-tests; then
   step "gpu tests"
   # Bounded, so that a hang still leaves the log and the later stages inside the call's limit.
   timeout -k 15 "${RESIDENT_GPU_TESTS_LIMIT_S:-480}" python3 -m pytest -q -m gpu tests \
-    -p no:cacheprovider -rf --durations=15 > "$OUT/gpu_tests.log" 2>&1 || status=1
+    --ignore=tests/test_cuda_persistent.py -p no:cacheprovider -rf --durations=15 \
+    > "$OUT/gpu_tests.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests.log"
 fi
 
 if has gpu-tests-persistent; then
   step "gpu tests (persistent mode)"
-  RESIDENT_GPU_TESTS_WS=2,4 python3 -m pytest -q tests/test_cuda_persistent.py -p no:cacheprovider \
+  RESIDENT_GPU_TESTS_WS=2,4 timeout -k 15 "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
+    python3 -m pytest -q tests/test_cuda_persistent.py -p no:cacheprovider -rf \
     > "$OUT/gpu_tests_persistent.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests_persistent.log"
 fi
@@ -112,7 +115,7 @@ if has persistent-debug; then
   done
   grep -E "^\[rank|exit codes|Error|error" "$OUT/persistent_debug.log" | head -60
   step "persistent suite, 2 ranks, to the first failure"
-  RESIDENT_GPU_TESTS_WS=2 timeout -k 10 200 python3 -m pytest -x -q tests/test_cuda_persistent.py \
+  RESIDENT_GPU_TESTS_WS=2 timeout -k 10 150 python3 -m pytest -x -q tests/test_cuda_persistent.py \
     -p no:cacheprovider -rf >> "$OUT/persistent_debug.log" 2>&1 || status=1
   tail -n 40 "$OUT/persistent_debug.log"
 fi
