@@ -8,6 +8,7 @@
 #           bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug
 #           (default: build floors tests overhead bench)
+#   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
 #   bench:       CPU ladder ($OUT/bench.json, ~1.5 min on the H200 host) and CUDA ladder
 #                (resident direct + proxy path, eager + graph mode, 2/4/8 ranks on the one
 #                GPU under MPS, ratios to $OUT/floors.json: $OUT/bench_cuda.json, ~2-3 min,
@@ -52,6 +53,19 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 status=0
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
+
+# On a machine with several GPUs every stage but multi-gpu uses GPU 0 only (ranks share it
+# under MPS, as on the one-GPU machine), so that one machine can run every stage and the
+# single-GPU figures keep their meaning; multi-gpu gets the GPUs that were visible.
+ALL_GPUS_SET=${CUDA_VISIBLE_DEVICES+x}
+ALL_GPUS=${CUDA_VISIBLE_DEVICES-}
+if (( $(nvidia-smi -L 2>/dev/null | grep -c '^GPU') > 1 )) && [[ -z "$ALL_GPUS_SET" ]]; then
+  export CUDA_VISIBLE_DEVICES=0
+  echo "several GPUs: the single-GPU stages use GPU 0 (multi-gpu uses all)"
+fi
+all_gpus() {  # runs a command with the GPUs that were visible when the script started
+  if [[ -n "$ALL_GPUS_SET" ]]; then CUDA_VISIBLE_DEVICES="$ALL_GPUS" "$@"; else env -u CUDA_VISIBLE_DEVICES "$@"; fi
+}
 
 step "machine"
 { nvidia-smi; nproc; python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'; } \
@@ -192,20 +206,20 @@ fi
 
 if has multi-gpu; then
   step "multi-gpu (one rank per GPU, beside NCCL)"
-  ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+  ngpu=$(all_gpus python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
   if (( ngpu < 2 )); then
     echo "multi-gpu: skipped, this machine has $ngpu GPU(s)" | tee "$OUT/multi_gpu.log"
   else
     # An empty pipe directory: the ranks do not find the MPS daemon and own their GPU.
     mkdir -p /tmp/no-mps
-    CUDA_MPS_PIPE_DIRECTORY=/tmp/no-mps RESIDENT_GPU_TESTS_WS=$ngpu python3 -m pytest -q -m gpu \
+    CUDA_MPS_PIPE_DIRECTORY=/tmp/no-mps RESIDENT_GPU_TESTS_WS=$ngpu all_gpus python3 -m pytest -q -m gpu \
       tests/test_cuda_collectives.py tests/test_cuda_graphs.py -p no:cacheprovider \
       > "$OUT/multi_gpu_tests.log" 2>&1 || status=1
     tail -5 "$OUT/multi_gpu_tests.log"
     ws_list=2; (( ngpu >= 4 )) && ws_list=2,4; (( ngpu >= 8 )) && ws_list=2,4,8
     floors_opt=()
     [[ -s "$OUT/floors.json" ]] && floors_opt=(--floors "$OUT/floors.json")
-    CUDA_MPS_PIPE_DIRECTORY=/tmp/no-mps python3 -m resident_pg.bench --device cuda \
+    CUDA_MPS_PIPE_DIRECTORY=/tmp/no-mps all_gpus python3 -m resident_pg.bench --device cuda \
       --mode eager,graph --world-sizes "$ws_list" --ops all_reduce,all_to_all_single,send_recv \
       --sizes 8,64,512,4K,16K,64K,256K,1M \
       --backends "resident:path=direct,resident:path=proxy,nccl,nccl:NCCL_P2P_DISABLE=1,nccl:NCCL_P2P_DISABLE=1:NCCL_SHM_DISABLE=1" \
