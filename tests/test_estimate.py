@@ -3,6 +3,7 @@
 The arithmetic is checked on synthetic curves written to tmp_path (power laws, which log-log
 interpolation reproduces exactly); the CLI also runs on the real H200 and CPU bench JSON."""
 
+import gzip
 import json
 import math
 import os
@@ -16,6 +17,9 @@ from resident_pg import estimate as est
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H200 = os.path.join(REPO, "benchmarks", "data", "bench_cuda_h200_ws2_2026-11-29.json")
 CPU16 = os.path.join(REPO, "benchmarks", "data", "bench_cpu_h200host_2026-11-29.json")
+H200_248 = os.path.join(REPO, "benchmarks", "data",
+                        "bench_cuda_h200_ws248_run2_2026-11-29.json.gz")
+NCCL_A40 = os.path.join(REPO, "benchmarks", "data", "baseline_nccl_graph_allreduce_a40_edr.json")
 SIZES = (8, 1024, 65536, 1 << 20)
 OPS = ("all_reduce", "all_to_all_single", "send_recv")
 
@@ -207,7 +211,9 @@ def test_world_sizes_and_extrapolation_warning(tmp_path, capsys):
 # --------------------------------------------------------------------------
 
 def _measured(file, op, size, **sel):
-    doc = json.load(open(file))
+    opener = gzip.open if file.endswith(".gz") else open
+    with opener(file, "rt") as f:
+        doc = json.load(f)
     (r,) = [r for r in doc["results"] if r["op"] == op and r["size_bytes"] == size
             and all(r.get(k) == v for k, v in sel.items())]
     return r["median_us"]
@@ -236,6 +242,23 @@ def test_real_h200_json(tmp_path, capsys):
     # without narrowing, the JSON's four resident curves are listed, nothing is picked
     rc, _, err = run([H200, "--baseline-us", "25", "--no-png"], capsys)
     assert rc == 2 and "4 all_reduce curves" in err
+
+
+def test_gzipped_2_4_8_rank_json_against_a_curve_file(tmp_path, capsys):
+    """The committed 2/4/8-rank H200 ladder (gzipped JSON) against the two-point NCCL curve
+    of the measurement study: every world size estimated, the measured sizes read exactly."""
+    out_json = tmp_path / "h200_248.json"
+    rc, out, err = run([H200_248, "--resident", "path=proxy,mode=graph", "--baseline", NCCL_A40,
+                        "--no-png", "--json", str(out_json)], capsys)
+    assert rc == 0, err
+    rows = json.loads(out_json.read_text())["rows"]
+    assert sorted({r["world_size"] for r in rows}) == [2, 4, 8] and len(rows) == 27
+    r = next(r for r in rows if r["world_size"] == 2 and r["model"] == "llama-3.1-8b"
+             and r["batch"] == 8)
+    c = r["comms"][0]
+    assert c["size_bytes"] == 65536 and c["baseline_us"] == pytest.approx(37.0)
+    assert c["resident_us"] == pytest.approx(_measured(H200_248, "all_reduce", 65536,
+                                                       mode="graph", path="proxy", world_size=2))
 
 
 def test_real_cpu_json_without_mode_fields(tmp_path, capsys):
