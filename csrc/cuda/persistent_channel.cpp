@@ -238,6 +238,11 @@ void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, v
     if (captured) {
       pick = slots_.graph(&args, bytes);
     } else {
+      // Eager ops in flight are on ONE stream at a time, so that they complete in stamp order:
+      // `eager_done` (the last completed stamp) then tells when a slot's last user is done,
+      // and whether an issued op is still to come. Switching streams waits for the others.
+      if (last_eager_stream_ != nullptr && last_eager_stream_ != on) waitEagerDone(eager_stamp_);
+      last_eager_stream_ = on;
       stamp = ++eager_stamp_;
       pick = slots_.eager(&args, bytes, stamp);
     }
