@@ -265,7 +265,9 @@ void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, v
 
 void PersistentChannel::stop() {
   {
+    // Both locks: an enqueue either saw stopped_ or had published `issued` (drained below).
     std::lock_guard<std::mutex> lock(launch_mu_);
+    std::lock_guard<std::mutex> table_lock(table_mu_);
     if (stopped_) return;
     stopped_ = true;
   }
