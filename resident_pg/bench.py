@@ -40,7 +40,7 @@ The bench sets no environment variable and no torch setting that could change
 a backend's behaviour; RESIDENT_* (and any other) variables in the environment
 are inherited by the rank processes, and ``--env KEY=VALUE`` adds some.
 
-Devices and modes (``DEVICES``, ``MODES``): "cpu" + "eager" is the CPU ladder.
+Devices and modes (``DEVICES``, ``MODES`` in bench_rank): "cpu" + "eager" is the CPU ladder.
 ``--device cuda`` (module ``bench_cuda``) puts the buffers on GPU
 ``rank % device_count`` and synchronizes the current stream around timed regions; in mode
 "eager" a repetition is `batch` back-to-back calls then one synchronize, in
@@ -64,612 +64,33 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import multiprocessing as mp
 import os
-import platform
 import queue as queue_mod
-import socket
-import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-
-SCHEMA = "resident_pg.bench/1"
-
-ALL_OPS = (
-    "all_reduce",
-    "all_to_all_single",
-    "all_gather_into_tensor",
-    "reduce_scatter_tensor",
-    "send_recv",
-)
-OP_ALIASES = {
-    "allreduce": "all_reduce",
-    "all_to_all": "all_to_all_single",
-    "alltoall": "all_to_all_single",
-    "all_gather": "all_gather_into_tensor",
-    "allgather": "all_gather_into_tensor",
-    "reduce_scatter": "reduce_scatter_tensor",
-    "reducescatter": "reduce_scatter_tensor",
-    "sendrecv": "send_recv",
-    "p2p": "send_recv",
-}
-DEFAULT_SIZES = "8,64,512,4K,16K,64K,256K,1M"
-QUICK_SIZES = "8,512,16K,1M"
-QUICK_SIZES_CUDA = "8,512,16K,64K,1M"
-DEFAULT_BACKENDS = "resident,gloo"
-# --device cuda: no baseline backend; the direct and the proxy path side by side.
-DEFAULT_CUDA_BACKENDS = "resident:path=direct,resident:path=proxy"
-DEFAULT_MODES = {"cpu": "eager", "cuda": "eager,graph"}
-DEFAULT_WORLD_SIZES = "2,4,8"
-QUICK_WORLD_SIZES = "2"
-
-# Backends provided by a Python module that must be imported in the rank
-# processes (importing it registers the backend with torch.distributed).
-BACKEND_MODULES = {"resident": "resident_pg"}
-
-# Project target: for 2 ranks, 8 B all_reduce, resident median <= gloo / 20.
-TARGET = {"world_size": 2, "op": "all_reduce", "size": 8, "backend": "resident",
-          "baseline": "gloo", "min_speedup": 20.0}
-
-ELEM_BYTES = 4  # float32 everywhere
-
-
-# --------------------------------------------------------------------------
-# small helpers (also used by the tests)
-# --------------------------------------------------------------------------
-
-_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024,
-          "m": 1024 ** 2, "mb": 1024 ** 2, "mib": 1024 ** 2,
-          "g": 1024 ** 3, "gb": 1024 ** 3, "gib": 1024 ** 3}
-
-
-def parse_size(text: str) -> int:
-    """'8' -> 8, '4K' / '4KiB' / '4kb' -> 4096, '1M' -> 1048576 (binary units)."""
-    s = text.strip().lower().replace(" ", "")
-    i = 0
-    while i < len(s) and (s[i].isdigit() or s[i] == "."):
-        i += 1
-    num, unit = s[:i], s[i:]
-    if not num or unit not in _UNITS:
-        raise ValueError(f"bad size {text!r} (examples: 8, 512, 4K, 64KiB, 1M)")
-    value = float(num) * _UNITS[unit]
-    if value != int(value) or value < ELEM_BYTES:
-        raise ValueError(f"size {text!r} must be a whole number of bytes >= {ELEM_BYTES}")
-    return int(value)
-
-
-def parse_sizes(text: str) -> List[int]:
-    sizes = [parse_size(t) for t in text.split(",") if t.strip()]
-    if not sizes:
-        raise ValueError("no sizes given")
-    return sizes
-
-
-def fmt_size(n: int) -> str:
-    for unit, div in (("MiB", 1024 ** 2), ("KiB", 1024)):
-        if n >= div and n % div == 0:
-            return f"{n // div} {unit}"
-    return f"{n} B"
-
-
-def parse_ops(text: str) -> List[str]:
-    ops = []
-    for t in text.split(","):
-        t = t.strip().lower()
-        if not t:
-            continue
-        if t == "all":
-            ops.extend(o for o in ALL_OPS if o not in ops)
-            continue
-        t = OP_ALIASES.get(t, t)
-        if t not in ALL_OPS:
-            raise ValueError(f"unknown op {t!r}; choose from {', '.join(ALL_OPS)}")
-        if t not in ops:
-            ops.append(t)
-    if not ops:
-        raise ValueError("no ops given")
-    return ops
-
-
-def parse_int_list(text: str, what: str) -> List[int]:
-    try:
-        vals = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise ValueError(f"bad {what} list {text!r}") from None
-    if not vals:
-        raise ValueError(f"no {what} given")
-    return vals
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    pos = (len(v) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
-
-def parse_backend_spec(spec: str) -> Tuple[str, Dict[str, str], Dict[str, str]]:
-    """'resident:path=proxy:RESIDENT_SPIN_US=10' -> ('resident', {'path': 'proxy'},
-    {'RESIDENT_SPIN_US': '10'}): lower-case keys are pg_options of the group, upper-case
-    keys environment variables of its rank processes."""
-    name, *opts = [x.strip() for x in spec.strip().split(":")]
-    if not name:
-        raise ValueError(f"bad backend {spec!r} (expected NAME[:KEY=VALUE...])")
-    pg_options: Dict[str, str] = {}
-    env: Dict[str, str] = {}
-    for o in opts:
-        k, eq, v = o.partition("=")
-        if not eq or not k.strip():
-            raise ValueError(f"bad backend option {o!r} in {spec!r} (expected KEY=VALUE)")
-        k = k.strip()
-        (env if k.isupper() else pg_options)[k] = v.strip()
-    return name, pg_options, env
-
-
-def parse_modes(text: str) -> List[str]:
-    modes = []
-    for t in text.split(","):
-        t = t.strip().lower()
-        if t and t not in modes:
-            if t not in MODES:
-                raise ValueError(f"unknown mode {t!r}; choose from {', '.join(sorted(MODES))}")
-            modes.append(t)
-    if not modes:
-        raise ValueError("no modes given")
-    return modes
-
-
-def backend_labels(backends: Sequence[str]) -> List[str]:
-    """Unique display labels; a backend given twice becomes 'gloo', 'gloo#2'."""
-    seen: Dict[str, int] = {}
-    labels = []
-    for b in backends:
-        seen[b] = seen.get(b, 0) + 1
-        labels.append(b if seen[b] == 1 else f"{b}#{seen[b]}")
-    return labels
-
-
-# --------------------------------------------------------------------------
-# devices and timing modes (rank side)
-# --------------------------------------------------------------------------
-
-class CpuDevice:
-    """Host memory; collectives are complete when the torch.distributed call returns."""
-
-    name = "cpu"
-
-    def __init__(self, rank: int, world_size: int) -> None:
-        import torch
-        self.torch = torch
-        self.device = torch.device("cpu")
-
-    def alloc(self, numel: int, fill: Optional[float] = 0.0):
-        t = self.torch
-        if fill is None:
-            return t.empty(numel, dtype=t.float32, device=self.device)
-        return t.full((numel,), float(fill), dtype=t.float32, device=self.device)
-
-    def arange(self, numel: int, start: float = 0.0):
-        t = self.torch
-        return t.arange(numel, dtype=t.float32, device=self.device) + start
-
-    def synchronize(self) -> None:
-        # Nothing to wait for on the host.  A device backend must make the
-        # timed region include completion of the communication.
-        pass
-
-
-def _bench_cuda():
-    """The CUDA half of the bench (a sibling module; imported only when used)."""
-    if __package__:
-        from . import bench_cuda
-    else:  # run as a script: this file's directory is on sys.path
-        import bench_cuda  # type: ignore[no-redef]
-    return bench_cuda
-
-
-def _cuda_device(rank: int, world_size: int):
-    return _bench_cuda().CudaDevice(rank, world_size)
-
-
-# name -> class(rank, world_size)
-DEVICES: Dict[str, Callable[..., Any]] = {"cpu": CpuDevice, "cuda": _cuda_device}
-
-
-def eager_batch(step: Callable[[], None], count: int, dev) -> Callable[[], None]:
-    """Return a callable that issues `count` back-to-back ops."""
-    rng = range(count)
-
-    def run() -> None:
-        for _ in rng:
-            step()
-    return run
-
-
-def graph_batch(step: Callable[[], None], count: int, dev) -> Callable[[], None]:
-    """Capture `count` back-to-back ops into one CUDA graph; the callable replays it."""
-    if getattr(dev, "name", None) != "cuda":
-        raise RuntimeError("mode 'graph' needs --device cuda")
-    return _bench_cuda().graph_batch(step, count, dev)
-
-
-# name -> factory(step, count, device) -> batch callable (the caller synchronizes)
-MODES: Dict[str, Callable[..., Callable[[], None]]] = {"eager": eager_batch,
-                                                        "graph": graph_batch}
-
-
-# --------------------------------------------------------------------------
-# ops (rank side)
-# --------------------------------------------------------------------------
-
-class OpCase:
-    """One (op, size) cell on one rank.
-
-    The correctness check is split so that graph mode can capture it: `setup`
-    writes known inputs (and poisons outputs), `body` issues the op(s), `verify`
-    raises CheckError on a wrong result.  Eager check: setup, body, verify."""
-
-    def __init__(self, step, actual_bytes, participates, setup=None, body=None, verify=None,
-                 scale=1.0, reset=None):
-        self.step = step                  # issues one op (one round trip for send_recv)
-        self.actual_bytes = actual_bytes  # bytes of the buffer the size refers to
-        self.participates = participates  # False: this rank is idle for this op
-        self.setup, self.body, self.verify = setup, body, verify
-        self.scale = scale                # per-step time -> reported time
-        self.reset = reset                # () -> None, restores timing buffers
-
-    def check(self) -> None:
-        self.setup()
-        self.body()
-        self.verify()
-
-
-class CheckError(RuntimeError):
-    pass
-
-
-POISON = -7.0  # outputs are filled with this before a checked op
-
-
-def _expect(name, got, want) -> None:
-    import torch
-    if not torch.equal(got, want):
-        bad = (got != want).nonzero()
-        idx = int(bad[0]) if bad.numel() else -1
-        raise CheckError(f"{name}: wrong result at element {idx}: got "
-                         f"{got.flatten()[idx].item()} want {want.flatten()[idx].item()} "
-                         f"({bad.numel()} of {got.numel()} elements differ)")
-
-
-def build_op(op: str, nbytes: int, rank: int, ws: int, dev) -> OpCase:
-    """Buffers and a step function for one (op, size) cell.
-
-    Size conventions (as nccl-tests): all_reduce: the tensor; all_to_all_single:
-    the per-rank input (= output) buffer, rounded up to a multiple of world
-    size elements; all_gather_into_tensor: the gathered output; reduce_scatter
-    _tensor: the input; send_recv: the message.  Buffers are at least one
-    float32 per rank; `actual_bytes` says what was really used.
-    """
-    import torch
-    import torch.distributed as dist
-    n = max(1, nbytes // ELEM_BYTES)
-
-    if op == "all_reduce":
-        t = dev.alloc(n, 0.0)
-
-        def step():
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-
-        want = torch.full_like(t, ws * (ws + 1) / 2)
-        return OpCase(step, n * ELEM_BYTES, True,
-                      setup=lambda: t.fill_(rank + 1), body=step,
-                      verify=lambda: _expect(op, t, want), reset=lambda: t.zero_())
-
-    if op == "all_to_all_single":
-        n = max(ws, -(-n // ws) * ws)
-        chunk = n // ws
-        inp, out = dev.alloc(n, 0.0), dev.alloc(n, None)
-        # every element of chunk j sent by rank r holds r*ws + j
-        known = rank * ws + dev.arange(n) // chunk
-        want = dev.arange(n) // chunk * ws + rank  # chunk i came from rank i
-
-        def step():
-            dist.all_to_all_single(out, inp)
-
-        def setup():
-            inp.copy_(known)
-            out.fill_(POISON)
-
-        return OpCase(step, n * ELEM_BYTES, True, setup=setup, body=step,
-                      verify=lambda: _expect(op, out, want), reset=lambda: inp.zero_())
-
-    if op == "all_gather_into_tensor":
-        chunk = max(1, n // ws)
-        inp, out = dev.alloc(chunk, float(rank)), dev.alloc(chunk * ws, None)
-        want = dev.arange(chunk * ws) // chunk
-
-        def step():
-            dist.all_gather_into_tensor(out, inp)
-
-        def setup():
-            inp.fill_(rank)
-            out.fill_(POISON)
-
-        return OpCase(step, chunk * ws * ELEM_BYTES, True, setup=setup, body=step,
-                      verify=lambda: _expect(op, out, want))
-
-    if op == "reduce_scatter_tensor":
-        chunk = max(1, n // ws)
-        inp, out = dev.alloc(chunk * ws, 0.0), dev.alloc(chunk, None)
-        # element of chunk j on rank r: r + j  -> rank i gets sum_r (r + i)
-        known = dev.arange(chunk * ws) // chunk + rank
-        want = torch.full_like(out, ws * (ws - 1) / 2 + ws * rank)
-
-        def step():
-            dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM)
-
-        def setup():
-            inp.copy_(known)
-            out.fill_(POISON)
-
-        return OpCase(step, chunk * ws * ELEM_BYTES, True, setup=setup, body=step,
-                      verify=lambda: _expect(op, out, want), reset=lambda: inp.zero_())
-
-    if op == "send_recv":
-        if ws < 2:
-            raise ValueError("send_recv needs at least 2 ranks")
-        t = dev.alloc(n, 0.0)
-        sent, back = dev.arange(n), dev.arange(n) + 1
-        # rank 0 sends 0..n-1, rank 1 adds 1 and sends it back: both end with 1..n
-        if rank == 0:
-            def step():
-                dist.send(t, 1)
-                dist.recv(t, 1)
-
-            setup = lambda: t.copy_(sent)  # noqa: E731
-            body = step
-            what = op + " (rank 0 got back)"
-        elif rank == 1:
-            def step():
-                dist.recv(t, 0)
-                dist.send(t, 0)
-
-            def body():
-                dist.recv(t, 0)
-                t.add_(1)
-                dist.send(t, 0)
-
-            setup = lambda: t.fill_(POISON)  # noqa: E731
-            what = op + " (rank 1 got, plus 1)"
-        else:
-            return OpCase(None, n * ELEM_BYTES, False, scale=0.5)
-        return OpCase(step, n * ELEM_BYTES, True, setup=setup, body=body,
-                      verify=lambda: _expect(what, t, back), scale=0.5)
-
-    raise ValueError(f"unknown op {op!r}")
-
-
-# --------------------------------------------------------------------------
-# rank process
-# --------------------------------------------------------------------------
-
-def _barrier(store, key: str, ws: int, timeout_s: float) -> None:
-    """All-rank barrier through the TCPStore (independent of the backend under test)."""
-    if store.add(key, 1) == ws:
-        store.set(key + "/go", "1")
-    else:
-        store.wait([key + "/go"], datetime.timedelta(seconds=timeout_s))
-
-
-def _median(v: Sequence[float]) -> float:
-    return percentile(v, 50.0)
-
-
-def rank_main(rank: int, ws: int, backend: str, store_port: int,
-              cells: List[Tuple[int, str, int]], cfg: Dict[str, Any], q) -> None:
-    """Entry point of one rank process.  Reports to the parent through `q`."""
-    t_start = time.time()
-    phase = "start-up"
-    try:
-        os.environ.update(cfg.get("env") or {})   # a variant's upper-case options
-        import importlib
-        for mod in cfg["imports"]:
-            phase = f"import {mod}"
-            importlib.import_module(mod)
-        import torch  # noqa: F401
-        import torch.distributed as dist
-        import warnings
-        # torch >= 2.13 marks all_gather_into_tensor / reduce_scatter_tensor as
-        # deprecated (in favour of *_single); they are what we benchmark.
-        warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use",
-                                category=FutureWarning)
-
-        phase = f"device {cfg['device']}"
-        dev = DEVICES[cfg["device"]](rank, ws)   # before init: a CUDA rank picks its GPU first
-        make_batch = MODES[cfg["mode"]]
-        phase = "store connect"
-        store = dist.TCPStore("127.0.0.1", store_port, None, False,
-                              timeout=datetime.timedelta(seconds=cfg["timeout"]))
-        phase = f"init_process_group(backend={backend!r})"
-        extra = {"pg_options": cfg["pg_options"]} if cfg.get("pg_options") else {}
-        dist.init_process_group(backend=backend, store=dist.PrefixStore("pg", store),
-                                rank=rank, world_size=ws,
-                                timeout=datetime.timedelta(seconds=cfg["timeout"]), **extra)
-        bstore = dist.PrefixStore("bench", store)
-        info = _rank_info(backend, dev, cfg["device"])
-        _barrier(bstore, "ready", ws, cfg["timeout"])
-        q.put(("ready", rank, time.time() - t_start, info))
-
-        failed_ops = set()
-        for cid, op, nbytes in cells:
-            phase = f"{op} {fmt_size(nbytes)}"
-            _barrier(bstore, f"c{cid}/a", ws, cfg["timeout"])
-            if op in failed_ops:
-                continue
-            if rank == 0:
-                q.put(("start", rank, cid))
-            err = None
-            res = None
-            try:
-                res = _run_cell(cid, op, nbytes, rank, ws, dev, make_batch, bstore, cfg)
-            except Exception as e:  # reported, the other cells still run
-                err = f"{type(e).__name__}: {e}\n" + traceback.format_exc(limit=6)
-                bstore.set(f"c{cid}/err", "1")
-            if res is not None:
-                q.put(("result", rank, cid, res))
-            if err is not None:
-                q.put(("cell_error", rank, cid, err))
-            _barrier(bstore, f"c{cid}/b", ws, cfg["timeout"])
-            if bstore.check([f"c{cid}/err"]):
-                failed_ops.add(op)   # same decision on every rank
-
-        phase = "destroy_process_group"
-        _barrier(bstore, "end", ws, cfg["timeout"])
-        q.put(("done", rank, time.time() - t_start))
-        dist.destroy_process_group()
-        q.put(("exited", rank, time.time() - t_start))
-    except BaseException as e:  # noqa: BLE001 - report everything to the parent
-        q.put(("fatal", rank, f"[{phase}] {type(e).__name__}: {e}\n"
-               + traceback.format_exc(limit=8)))
-        raise SystemExit(1)
-
-
-def _rank_info(backend: str, dev, device: str) -> Dict[str, Any]:
-    """What this rank runs on: the GPU (cuda) and, for resident, the path to each peer."""
-    info: Dict[str, Any] = {}
-    if hasattr(dev, "info"):
-        try:
-            info["device"] = dev.info()
-        except Exception as e:  # informational only
-            info["device"] = {"error": f"{type(e).__name__}: {e}"}
-    if backend == "resident":
-        try:
-            import resident_pg
-            for d in dict.fromkeys([device, "cpu"]):
-                try:
-                    desc = resident_pg.describe(device=d)
-                    info["paths"] = sorted({p["path"] for r, p in desc["peers"].items()
-                                            if r != desc["rank"]})
-                    info["describe_device"] = d
-                    break
-                except Exception as e:  # e.g. no such backend object for that device
-                    info["describe_error"] = f"{type(e).__name__}: {e}"
-        except Exception as e:
-            info["describe_error"] = f"{type(e).__name__}: {e}"
-    return info
-
-
-def _run_cell(cid, op, nbytes, rank, ws, dev, make_batch, bstore, cfg):
-    tp = time.perf_counter()
-    phases: Dict[str, float] = {}   # seconds per phase of this cell (where bench time goes)
-
-    def lap(name: str) -> None:
-        nonlocal tp
-        now = time.perf_counter()
-        phases[name] = now - tp
-        tp = now
-
-    case = build_op(op, nbytes, rank, ws, dev)
-    check_status = "skipped"
-    if not case.participates:
-        return None
-    lap("build")
-    if cfg["check"]:
-        # A wrong result is recorded, not raised: the op itself completed on every
-        # rank, so all ranks go on timing it in step (raising on one rank only
-        # would leave the others waiting inside the next collective).
-        try:
-            case.check()
-            dev.synchronize()
-            check_status = "ok"
-        except CheckError as e:
-            check_status = f"FAILED on rank {rank}: {e}"
-        lap("check")
-        if cfg["mode"] == "graph":
-            # the same check captured into a graph and replayed twice (fresh inputs,
-            # poisoned outputs): replays that do not run the op fail here
-            try:
-                _bench_cuda().graph_check(case.setup, case.body, case.verify, dev)
-            except CheckError as e:
-                if check_status == "ok":
-                    check_status = f"FAILED on rank {rank} (graph replay): {e}"
-            lap("graph_check")
-    if case.reset is not None:
-        case.reset()
-    dev.synchronize()
-
-    # timed single-op warm-up; rank 0 turns it into the plan for this cell
-    step = case.step
-    times = []
-    for _ in range(cfg["warmup"]):
-        t0 = time.perf_counter_ns()
-        step()
-        dev.synchronize()
-        times.append(time.perf_counter_ns() - t0)
-    plan_key = f"c{cid}/plan"
-    if rank == 0:
-        est = _median(times[1:] if len(times) > 1 else times)
-        est = max(est, 100.0)
-        batch_f = cfg["rep_ns"] / est
-        if cfg["mode"] == "graph":
-            # est (one eager op + synchronize) overstates a captured op, so graphs would be
-            # short: take at least graph_min_batch ops, so that the replay's own launch +
-            # synchronize (~6 us on an H200) adds little per op; but not more than 4x the
-            # repetition target by est (large messages, where that overhead is negligible)
-            batch_f = max(batch_f, min(cfg.get("graph_min_batch", 1), 4 * cfg["rep_ns"] / est))
-        batch = int(min(cfg["max_batch"], max(1, round(batch_f))))
-        reps = cfg["reps"]
-        per_rep = est * batch
-        if per_rep * reps > cfg["cell_budget_ns"]:
-            reps = max(cfg["min_reps"], int(cfg["cell_budget_ns"] // per_rep))
-        reps = min(reps, cfg["reps"])
-        bstore.set(plan_key, f"{batch},{reps}")
-    else:
-        batch, reps = (int(x) for x in bstore.get(plan_key).decode().split(","))
-
-    lap("plan")
-    run = make_batch(step, batch, dev)
-    lap("make_batch")
-    run()  # untimed: settle at the new rate
-    dev.synchronize()
-    lap("untimed_batch")
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        run()
-        dev.synchronize()
-        dt = time.perf_counter_ns() - t0
-        samples.append(dt / batch * case.scale / 1000.0)  # µs per op
-    lap("timed")
-    return {
-        "median_us": _median(samples),
-        "p10_us": percentile(samples, 10),
-        "p90_us": percentile(samples, 90),
-        "min_us": min(samples),
-        "samples_us": samples,
-        "warmup_us": [x * case.scale / 1000.0 for x in times],
-        "batch": batch,
-        "reps": reps,
-        "actual_bytes": case.actual_bytes,
-        "check": check_status,
-        "phase_s": {k: round(v, 6) for k, v in phases.items()},
-    }
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+if __package__:
+    from . import bench_common as common
+    from . import bench_report as report
+    from . import bench_rank as rank_side
+else:  # run as a script: the siblings are top-level modules
+    import bench_common as common  # type: ignore[no-redef]
+    import bench_report as report  # type: ignore[no-redef]
+    import bench_rank as rank_side  # type: ignore[no-redef]
+
+# The helpers other modules and the tests call as bench.<name> (bench_interference, tests).
+_log, fmt_size, percentile = common._log, common.fmt_size, common.percentile
+parse_size, parse_sizes, parse_ops = common.parse_size, common.parse_sizes, common.parse_ops
+parse_int_list, backend_labels = common.parse_int_list, common.backend_labels
+_barrier, _git_info, _loadavg = rank_side._barrier, report._git_info, report._loadavg
 
 
 # --------------------------------------------------------------------------
 # parent side: launching groups
 # --------------------------------------------------------------------------
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
 
 class GroupRun:
     """Runs the ladder for one (world size, backend), relaunching after a crash or hang."""
@@ -705,7 +126,7 @@ class GroupRun:
                 return
             failed_ops.add(self._cell(stuck)[1])
             self.cell_errors.setdefault(stuck, {})[-1] = info["error"]
-            _log(f"  [ws={self.ws} {self.label}] {info['error'].splitlines()[0]}; "
+            common._log(f"  [ws={self.ws} {self.label}] {info['error'].splitlines()[0]}; "
                  f"relaunching without op {self._cell(stuck)[1]}")
 
     def _cell(self, cid):
@@ -724,7 +145,7 @@ class GroupRun:
         t0 = time.time()
         procs = []
         for r in range(self.ws):
-            p = ctx.Process(target=rank_main, name=f"bench-{self.backend}-ws{self.ws}-r{r}",
+            p = ctx.Process(target=rank_side.rank_main, name=f"bench-{self.backend}-ws{self.ws}-r{r}",
                             args=(r, self.ws, self.backend, store.port, cells, self.cfg, q))
             p.start()
             procs.append(p)
@@ -801,7 +222,7 @@ class GroupRun:
             limit = self.args.timeout if "startup_s" in info else max(self.args.timeout, 60.0)
             if now - last > limit:
                 info["status"] = "timeout"
-                where = (f" in {self._cell(in_progress)[1]} {fmt_size(self._cell(in_progress)[2])}"
+                where = (f" in {self._cell(in_progress)[1]} {common.fmt_size(self._cell(in_progress)[2])}"
                          if in_progress is not None else
                          (" during start-up" if "startup_s" not in info else ""))
                 info["error"] = f"no progress for {limit:.0f} s{where}"
@@ -822,227 +243,6 @@ class GroupRun:
             self.errors.append({"attempt": attempt, "status": info["status"],
                                 "error": info.get("error", "")})
         return info
-
-
-# --------------------------------------------------------------------------
-# aggregation and output
-# --------------------------------------------------------------------------
-
-TAG_KEYS = ("device", "mode", "variant", "path", "path_configured", "pg_options", "env_options")
-
-
-def aggregate(group: GroupRun, tags: Optional[Dict[str, Any]] = None) -> List[dict]:
-    """One row per cell; `tags` (device, mode, variant, path, ...) are copied into each."""
-    rows = []
-    for cid, op, size in group.cells:
-        per_rank = group.results.get(cid, {})
-        errs = group.cell_errors.get(cid, {})
-        row: Dict[str, Any] = {
-            "world_size": group.ws, "backend": group.backend, "label": group.label,
-            **(tags or {}), "op": op, "size_bytes": size,
-        }
-        if per_rank and not errs:
-            ranks = sorted(per_rank)
-            r0 = per_rank[ranks[0]]
-            row.update({
-                "median_us": max(per_rank[r]["median_us"] for r in ranks),
-                "p10_us": max(per_rank[r]["p10_us"] for r in ranks),
-                "p90_us": max(per_rank[r]["p90_us"] for r in ranks),
-                "slowest_rank": max(ranks, key=lambda r: per_rank[r]["median_us"]),
-                "actual_bytes": r0["actual_bytes"],
-                "batch": r0["batch"], "reps": r0["reps"],
-                "check": next((per_rank[r]["check"] for r in ranks
-                               if per_rank[r]["check"] != "ok"), "ok"),
-                "ranks": {str(r): per_rank[r] for r in ranks},
-            })
-        elif errs:
-            row["error"] = _first_error(errs)
-        else:
-            row["error"] = (group.skip_reason or
-                            "not run (earlier failure of this op or of the group)")
-        rows.append(row)
-    return rows
-
-
-def combine_rounds(rows: List[dict], rounds: int) -> List[dict]:
-    """One row per (world size, label, op, size): median over rounds of each statistic.
-
-    With one round the rows are returned as they are (plus round_medians_us)."""
-    by_key: Dict[tuple, List[dict]] = {}
-    for r in rows:
-        by_key.setdefault((r["world_size"], r["label"], r["op"], r["size_bytes"]), []).append(r)
-    out = []
-    for key, rs in by_key.items():
-        ok = [r for r in rs if "median_us" in r]
-        if rounds == 1 and len(rs) == 1:
-            row = dict(rs[0])
-            row.pop("round", None)
-        elif not ok:
-            row = {k: v for k, v in rs[0].items() if k not in ("round",)}
-        else:
-            row = {k: ok[0][k] for k in ("world_size", "backend", "label", *TAG_KEYS, "op",
-                                         "size_bytes", "actual_bytes", "check") if k in ok[0]}
-            for k in ("median_us", "p10_us", "p90_us"):
-                row[k] = _median([r[k] for r in ok])
-            bad = [r["check"] for r in ok if r["check"] != "ok"]
-            row["check"] = bad[0] if bad else "ok"
-            errs = [r["error"] for r in rs if "error" in r]
-            if errs:
-                row["round_errors"] = errs
-        row["rounds"] = len(ok)
-        row["round_medians_us"] = [r["median_us"] for r in ok]
-        out.append(row)
-    return out
-
-
-def _first_error(errs: Dict[int, str]) -> str:
-    r = min(errs)
-    who = "parent" if r < 0 else f"rank {r}"
-    return f"{who}: {errs[r]}"
-
-
-def _fmt_us(v: Optional[float]) -> str:
-    if v is None:
-        return "-"
-    if v >= 1000:
-        return f"{v:,.0f}"
-    if v >= 100:
-        return f"{v:.1f}"
-    return f"{v:.2f}"
-
-
-def print_tables(rows: List[dict], world_sizes, ops, sizes, labels, baseline,
-                 spread: bool, rounds: int = 1, out=None) -> None:
-    out = out or sys.stdout
-    idx = {(r["world_size"], r["label"], r["op"], r["size_bytes"]): r for r in rows}
-    others = [lb for lb in labels if lb != baseline] if baseline else []
-    for ws in world_sizes:
-        head = ["op", "size"]
-        for lb in labels:
-            head.append(f"{lb} µs")
-            if spread:
-                head.append("p10-p90")
-            if rounds > 1:
-                head.append("rounds")
-        for lb in others:
-            head += [f"{lb}/{baseline}", f"{baseline}/{lb}"]
-        lines = []
-        notes = set()
-        for op in ops:
-            for size in sizes:
-                cells = [op, fmt_size(size)]
-                meds = {}
-                for lb in labels:
-                    r = idx.get((ws, lb, op, size))
-                    if r is None or "median_us" not in r:
-                        cells.append("ERR" if r is not None and "error" in r else "-")
-                        cells += [""] * (int(spread) + int(rounds > 1))
-                        continue
-                    mark = ""
-                    if r.get("actual_bytes") != size:
-                        mark += "*"
-                        notes.add("*")
-                    if r.get("check") not in ("ok", "skipped"):
-                        mark += "!"
-                        notes.add("!")
-                    meds[lb] = r["median_us"]
-                    cells.append(_fmt_us(r["median_us"]) + mark)
-                    if spread:
-                        cells.append(f"{_fmt_us(r['p10_us'])}-{_fmt_us(r['p90_us'])}")
-                    if rounds > 1:
-                        rm = r["round_medians_us"]
-                        cells.append(f"{_fmt_us(min(rm))}-{_fmt_us(max(rm))} ({len(rm)})")
-                for lb in others:
-                    if lb in meds and baseline in meds and meds[lb] > 0 and meds[baseline] > 0:
-                        cells += [f"{meds[lb] / meds[baseline]:.3f}",
-                                  f"{meds[baseline] / meds[lb]:.2f}x"]
-                    else:
-                        cells += ["-", "-"]
-                lines.append(cells)
-        title = (f"world size {ws}: µs per op, median over repetitions, max over ranks"
-                 + ("; p10-p90 likewise" if spread else "")
-                 + (f"; median over {rounds} rounds (rounds: min-max of the round "
-                    f"medians, rounds with a result)" if rounds > 1 else ""))
-        print(f"\n== {title}", file=out)
-        _bench_cuda().print_table(head, lines, notes, out)
-    out.flush()
-
-
-def target_line(rows: List[dict], labels: Sequence[str]) -> str:
-    t = TARGET
-    what = (f"TARGET {t['world_size']} ranks, {t['op']} {fmt_size(t['size'])}: "
-            f"{t['baseline']}/{t['backend']} >= {t['min_speedup']:.0f}x")
-    if t["backend"] not in labels or t["baseline"] not in labels:
-        return f"{what}: N/A (needs backends {t['backend']} and {t['baseline']})"
-    got = {}
-    for r in rows:
-        if (r["world_size"], r["op"], r["size_bytes"]) == (t["world_size"], t["op"], t["size"]) \
-                and r["label"] in (t["backend"], t["baseline"]):
-            got[r["label"]] = r
-    missing = [lb for lb in (t["backend"], t["baseline"])
-               if lb not in got or "median_us" not in got[lb]]
-    if missing:
-        return f"{what}: N/A (no result for {', '.join(missing)})"
-    res, base = got[t["backend"]]["median_us"], got[t["baseline"]]["median_us"]
-    speedup = base / res if res > 0 else float("inf")
-    verdict = "PASS" if speedup >= t["min_speedup"] else "MISS"
-    if got[t["backend"]].get("check", "ok") not in ("ok", "skipped"):
-        verdict += " but INVALID: wrong results"
-    return (f"{what}: {verdict}  ({t['baseline']} {_fmt_us(base)} µs, {t['backend']} "
-            f"{_fmt_us(res)} µs, speed-up {speedup:.1f}x)")
-
-
-def _git_info() -> Dict[str, Any]:
-    here = os.path.dirname(os.path.abspath(__file__))
-    info: Dict[str, Any] = {"commit": None, "dirty": None}
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                                        text=True, timeout=10).stdout.strip() or None
-        st = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True,
-                            text=True, timeout=10)
-        if st.returncode == 0:
-            info["dirty"] = bool(st.stdout.strip())
-    except Exception:
-        pass
-    return info
-
-
-def _loadavg() -> Optional[List[float]]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def _metadata(args, argv) -> Dict[str, Any]:
-    import torch
-    try:
-        from importlib.metadata import version
-        rpg_version = version("resident_pg")
-    except Exception:
-        rpg_version = None
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except Exception:
-        affinity = None
-    return {
-        "hostname": socket.gethostname(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity_count": affinity,
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "python": sys.version.split()[0],
-        "torch_version": torch.__version__,
-        "torch_num_threads_parent": torch.get_num_threads(),
-        "loadavg_start": _loadavg(),
-        "resident_pg_version": rpg_version,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git": _git_info(),
-        "command_line": (list(getattr(sys, "orig_argv", [])) if argv == sys.argv[1:]
-                         else [sys.executable, "-m", "resident_pg.bench"] + list(argv)),
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("RESIDENT_")},
-        "env_overrides": dict(args.env),
-    }
 
 
 # --------------------------------------------------------------------------
@@ -1082,23 +282,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list of torch.distributed backends, run in this order for each "
                         "world size (a name may repeat); NAME:key=value passes pg_options "
                         "{key: value} to that group, NAME:KEY=VALUE (upper case) sets an "
-                        f"environment variable in its ranks [{DEFAULT_BACKENDS}; --device cuda: "
-                        f"{DEFAULT_CUDA_BACKENDS}]")
+                        f"environment variable in its ranks [{common.DEFAULT_BACKENDS}; --device cuda: "
+                        f"{common.DEFAULT_CUDA_BACKENDS}]")
     g.add_argument("--world-sizes", default=None, metavar="LIST",
-                   help=f"comma list of rank counts [{DEFAULT_WORLD_SIZES}; "
-                        f"--quick: {QUICK_WORLD_SIZES}]")
+                   help=f"comma list of rank counts [{common.DEFAULT_WORLD_SIZES}; "
+                        f"--quick: {common.QUICK_WORLD_SIZES}]")
     g.add_argument("--sizes", default=None, metavar="LIST",
                    help=f"comma list of message sizes in bytes, K/M suffixes are binary "
-                        f"[{DEFAULT_SIZES}; --quick: {QUICK_SIZES}, cuda {QUICK_SIZES_CUDA}]")
+                        f"[{common.DEFAULT_SIZES}; --quick: {common.QUICK_SIZES}, cuda {common.QUICK_SIZES_CUDA}]")
     g.add_argument("--ops", default="all", metavar="LIST",
-                   help=f"comma list of ops, or 'all' [all = {', '.join(ALL_OPS)}]")
-    g.add_argument("--device", default="cpu", choices=sorted(DEVICES),
+                   help=f"comma list of ops, or 'all' [all = {', '.join(common.ALL_OPS)}]")
+    g.add_argument("--device", default="cpu", choices=sorted(rank_side.DEVICES),
                    help="where the buffers live [%(default)s]")
     g.add_argument("--mode", default=None, metavar="LIST",
                    help="comma list of ways batches of ops are issued: eager (back-to-back "
                         "calls), graph (one CUDA graph of the batch, replayed; cuda only); "
                         "several modes run as separate groups "
-                        f"[cpu: {DEFAULT_MODES['cpu']}; cuda: {DEFAULT_MODES['cuda']}]")
+                        f"[cpu: {common.DEFAULT_MODES['cpu']}; cuda: {common.DEFAULT_MODES['cuda']}]")
     g.add_argument("--baseline", default=None, metavar="LABEL",
                    help="backend label that ratios are computed against [cpu: gloo, else the "
                         "first backend; cuda: none]")
@@ -1196,21 +396,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     device = args.device
     cuda = device == "cuda"
     try:
-        backends = [b.strip() for b in (args.backends or (DEFAULT_CUDA_BACKENDS if cuda else
-                                                          DEFAULT_BACKENDS)).split(",")
+        backends = [b.strip() for b in (args.backends or (common.DEFAULT_CUDA_BACKENDS if cuda else
+                                                          common.DEFAULT_BACKENDS)).split(",")
                     if b.strip()]
         if not backends:
             raise ValueError("no backends given")
-        specs = [parse_backend_spec(b) for b in backends]
-        world_sizes = parse_int_list(args.world_sizes or
-                                     (QUICK_WORLD_SIZES if args.quick else DEFAULT_WORLD_SIZES),
+        specs = [common.parse_backend_spec(b) for b in backends]
+        world_sizes = common.parse_int_list(args.world_sizes or
+                                     (common.QUICK_WORLD_SIZES if args.quick else common.DEFAULT_WORLD_SIZES),
                                      "world size")
         if any(w < 1 for w in world_sizes):
             raise ValueError("world sizes must be >= 1")
-        sizes = parse_sizes(args.sizes or (
-            (QUICK_SIZES_CUDA if cuda else QUICK_SIZES) if args.quick else DEFAULT_SIZES))
-        ops = parse_ops(args.ops)
-        modes = parse_modes(args.mode or DEFAULT_MODES.get(device, "eager"))
+        sizes = common.parse_sizes(args.sizes or (
+            (common.QUICK_SIZES_CUDA if cuda else common.QUICK_SIZES) if args.quick else common.DEFAULT_SIZES))
+        ops = common.parse_ops(args.ops)
+        modes = rank_side.parse_modes(args.mode or common.DEFAULT_MODES.get(device, "eager"))
         if "graph" in modes and not cuda:
             raise ValueError("mode 'graph' needs --device cuda")
     except ValueError as e:
@@ -1227,7 +427,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for k, v in args.env:
         os.environ[k] = v   # inherited by the spawned ranks; the parent never uses a backend
 
-    labels = backend_labels(backends)
+    labels = common.backend_labels(backends)
     if cuda:   # no baseline unless asked for
         baseline = args.baseline if args.baseline in labels else None
     else:
@@ -1242,26 +442,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # store / process-group timeout: generous, the parent's watchdog catches hangs
         "timeout": max(args.timeout, 60.0),
     }
-    meta = _metadata(args, argv)
+    meta = report._metadata(args, argv)
     floors = None
     if args.floors:
         try:
-            floors = _bench_cuda().load_floors(args.floors)
+            floors = common._bench_cuda().load_floors(args.floors)
             meta["floors"] = {k: floors[k] for k in ("path", "cross_process_flag_us",
                                                      "gpu_cpu_gpu_flag_us", "data_floor_sm_us",
                                                      "warnings", "contents")}
         except (OSError, ValueError) as e:
             meta["floors"] = {"path": os.path.abspath(args.floors),
                               "error": f"{type(e).__name__}: {e}"}
-            _log(f"  WARNING: --floors {args.floors}: {e}; no ratios to the floors")
-    _log(f"resident_pg.bench: backends {labels}, world sizes {world_sizes}, "
+            common._log(f"  WARNING: --floors {args.floors}: {e}; no ratios to the floors")
+    common._log(f"resident_pg.bench: backends {labels}, world sizes {world_sizes}, "
          f"{len(ops)} ops x {len(sizes)} sizes, device {device}, modes {modes}, reps {reps}, "
          f"iters x{iters:g}, {meta['cpu_count']} cpus")
     if meta["env"]:
-        _log(f"  RESIDENT_* env: {meta['env']}")
+        common._log(f"  RESIDENT_* env: {meta['env']}")
     load = meta["loadavg_start"]
     if load and meta["cpu_count"] and load[0] > 0.5 * meta["cpu_count"]:
-        _log(f"  WARNING: machine busy (load average {load[0]:.2f} on {meta['cpu_count']} cpus); "
+        common._log(f"  WARNING: machine busy (load average {load[0]:.2f} on {meta['cpu_count']} cpus); "
              f"timings will be noisy")
 
     t_run = time.time()
@@ -1279,16 +479,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 group_labels.append(label0)
             label = label0 if args.rounds == 1 else f"{label0} round {rnd + 1}/{args.rounds}"
             gcfg = dict(cfg, mode=mode, pg_options=pg_options, env=venv,
-                        imports=imports + [m for m in [BACKEND_MODULES.get(backend)]
+                        imports=imports + [m for m in [common.BACKEND_MODULES.get(backend)]
                                            if m and m not in imports])
             g = GroupRun(ws, backend, label0, cells, gcfg, args)
             t0 = time.time()
             if args.time_limit is not None and t0 - t_run > args.time_limit:
                 g.skip_reason = f"not run (--time-limit {args.time_limit:g} s reached)"
                 g.errors.append({"attempt": -1, "status": "time_limit", "error": g.skip_reason})
-                _log(f"[ws={ws} {label}] skipped: --time-limit {args.time_limit:g} s reached")
+                common._log(f"[ws={ws} {label}] skipped: --time-limit {args.time_limit:g} s reached")
             else:
-                _log(f"[ws={ws} {label}] launching {ws} ranks, {len(cells)} cells ...")
+                common._log(f"[ws={ws} {label}] launching {ws} ranks, {len(cells)} cells ...")
                 try:
                     g.run()
                 except Exception as e:  # a bug here must not lose the other backends
@@ -1306,7 +506,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "path": seen[0] if len(seen) == 1 else configured,
                     "path_configured": configured, "pg_options": pg_options,
                     "env_options": venv}
-            grows = aggregate(g, tags)
+            grows = report.aggregate(g, tags)
             for r in grows:
                 r["round"] = rnd
             rows.extend(grows)
@@ -1320,34 +520,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for e in g.errors:
                 errors.append({"world_size": ws, "backend": backend, "label": label0,
                                "round": rnd, **e})
-                _log(f"[ws={ws} {label}] ERROR ({e['status']}): {e['error'].rstrip()}")
+                common._log(f"[ws={ws} {label}] ERROR ({e['status']}): {e['error'].rstrip()}")
             for r in grows:
                 if r.get("check", "ok") not in ("ok", "skipped"):
                     errors.append({"world_size": ws, "backend": backend, "label": label0,
                                    "round": rnd, "op": r["op"], "size_bytes": r["size_bytes"],
                                    "status": "check_failed", "error": r["check"]})
-                    _log(f"[ws={ws} {label}] {r['op']} {fmt_size(r['size_bytes'])}: "
+                    common._log(f"[ws={ws} {label}] {r['op']} {common.fmt_size(r['size_bytes'])}: "
                          f"wrong result, {r['check']}")
                 if "error" in r and not r["error"].startswith("not run"):
                     errors.append({"world_size": ws, "backend": backend, "label": label0,
                                    "round": rnd, "op": r["op"], "size_bytes": r["size_bytes"],
                                    "status": "cell_error", "error": r["error"]})
-                    _log(f"[ws={ws} {label}] {r['op']} {fmt_size(r['size_bytes'])}: "
+                    common._log(f"[ws={ws} {label}] {r['op']} {common.fmt_size(r['size_bytes'])}: "
                          f"{r['error'].rstrip()}")
             st = (f"startup {g.launches[0]['startup_s']:.1f} s, "
                   if g.launches and "startup_s" in g.launches[0] else "")
             pth = f"path {', '.join(seen)}, " if seen else ""
-            _log(f"[ws={ws} {label}] {n_ok}/{len(cells)} cells ok, {pth}{st}wall {wall:.1f} s")
+            common._log(f"[ws={ws} {label}] {n_ok}/{len(cells)} cells ok, {pth}{st}wall {wall:.1f} s")
     total = time.time() - t_run
     round_rows = rows
-    rows = combine_rounds(round_rows, args.rounds)
-    meta["loadavg_end"] = _loadavg()
+    rows = report.combine_rounds(round_rows, args.rounds)
+    meta["loadavg_end"] = report._loadavg()
     if cuda:
         gpu = next((i["device"] for gr in groups for i in gr["rank_info"].values()
                     if "device" in i), None)
         meta["gpu"] = gpu
         meta["cuda_mps_pipe_directory"] = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
-        _bench_cuda().annotate_rows(rows, floors)
+        common._bench_cuda().annotate_rows(rows, floors)
 
     git = meta["git"]
     print(f"resident_pg.bench on {meta['hostname']} ({meta['cpu_count']} cpus, load "
@@ -1359,24 +559,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           + f", mode {','.join(modes)}, float32, reps {reps}, iters x{iters:g}"
           + (f", RESIDENT_* env {meta['env']}" if meta["env"] else ", no RESIDENT_* env"))
     if cuda:
-        bc = _bench_cuda()
+        bc = common._bench_cuda()
         bc.print_cuda_tables(rows, world_sizes, modes, labels, ops, sizes, floors, args.spread)
         if baseline:
-            print_tables(rows, world_sizes, ops, sizes, group_labels, baseline, args.spread,
+            report.print_tables(rows, world_sizes, ops, sizes, group_labels, baseline, args.spread,
                          args.rounds)
         results = bc.evaluate_targets(rows, floors, sizes)
         tline = "\n".join(t["line"] for t in results)
         target_doc: Dict[str, Any] = {"cuda_targets": results, "line": tline}
     else:
-        print_tables(rows, world_sizes, ops, sizes, group_labels, baseline, args.spread,
+        report.print_tables(rows, world_sizes, ops, sizes, group_labels, baseline, args.spread,
                      args.rounds)
-        tline = target_line(rows, labels)
-        target_doc = {**TARGET, "line": tline}
+        tline = report.target_line(rows, labels)
+        target_doc = {**common.TARGET, "line": tline}
     print("\n" + tline)
     if errors:
         print(f"\n{len(errors)} problem(s):")
         for e in errors:
-            where = (f" {e['op']} {fmt_size(e['size_bytes'])}" if "op" in e else "")
+            where = (f" {e['op']} {common.fmt_size(e['size_bytes'])}" if "op" in e else "")
             rd = f" round {e['round'] + 1}" if args.rounds > 1 else ""
             print(f"  ws={e['world_size']} {e['label']}{rd}{where}: "
                   f"{e['error'].strip().splitlines()[0] if e['error'].strip() else e['status']}")
@@ -1386,7 +586,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if args.json:
         doc = {
-            "schema": SCHEMA,
+            "schema": common.SCHEMA,
             "metadata": meta,
             "config": {
                 "backends": backends, "labels": labels, "baseline": baseline,
@@ -1402,8 +602,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "check": args.check, "timeout_s": args.timeout,
                 "time_limit_s": args.time_limit, "floors": args.floors,
                 "quick": args.quick, "imports": imports, "rounds": args.rounds,
-                "backend_modules": {sp[0]: BACKEND_MODULES[sp[0]] for sp in specs
-                                    if sp[0] in BACKEND_MODULES},
+                "backend_modules": {sp[0]: common.BACKEND_MODULES[sp[0]] for sp in specs
+                                    if sp[0] in common.BACKEND_MODULES},
                 "statistic": "per rank: median/p10/p90 over repetitions of (batch time / "
                              "batch); reported: max over ranks; send_recv: one-way = "
                              "round trip / 2" + (
@@ -1424,7 +624,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=1, allow_nan=True)
         os.replace(tmp, args.json)
-        _log(f"wrote {args.json}")
+        common._log(f"wrote {args.json}")
     return 0
 
 

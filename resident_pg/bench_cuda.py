@@ -1,7 +1,8 @@
 """The CUDA half of resident_pg.bench: ``--device cuda``, ``--mode graph``, ``--floors``.
 
-Used by ``resident_pg/bench.py``; it imports nothing from it, so that the bench also runs as a
-plain script (``python resident_pg/bench.py``), where this file is imported as ``bench_cuda``.
+Used by ``resident_pg/bench.py``'s rank side and report; it imports only bench_common (as
+they do: as a package module, or as a top-level one when the bench runs as a plain script,
+``python resident_pg/bench.py``).
 
 * :class:`CudaDevice`: each rank uses GPU ``rank % device_count`` (on the GPU machine all ranks
   share one H200 under MPS); ``synchronize`` waits for the current stream, so a timed region
@@ -27,12 +28,19 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+if __package__:
+    from . import bench_common as common
+else:  # run as a script: the siblings are top-level modules
+    import bench_common as common  # type: ignore[no-redef]
+
+_fmt_size, _fmt_us = common.fmt_size, common.fmt_us
+
 # --------------------------------------------------------------------------
 # rank side
 # --------------------------------------------------------------------------
 
 
-class CudaDevice:
+class CudaDevice(common.TorchBuffers):
     """Buffers on GPU ``rank % device_count``; synchronize() waits for this process's GPU work."""
 
     name = "cuda"
@@ -47,16 +55,6 @@ class CudaDevice:
         self.device = torch.device("cuda", self.index)
         torch.zeros(1, device=self.device).add_(1)  # the CUDA context exists before the group
         torch.cuda.synchronize(self.index)
-
-    def alloc(self, numel: int, fill: Optional[float] = 0.0):
-        t = self.torch
-        if fill is None:
-            return t.empty(numel, dtype=t.float32, device=self.device)
-        return t.full((numel,), float(fill), dtype=t.float32, device=self.device)
-
-    def arange(self, numel: int, start: float = 0.0):
-        t = self.torch
-        return t.arange(numel, dtype=t.float32, device=self.device) + start
 
     def synchronize(self) -> None:
         self.torch.cuda.current_stream(self.index).synchronize()
@@ -340,22 +338,11 @@ def print_cuda_tables(rows: List[dict], world_sizes, modes, variants, ops, sizes
                     c = [op, _fmt_size(size)]
                     meds = {}
                     for v in variants:
-                        r = idx.get((ws, mode, v, op, size))
-                        if r is None or "median_us" not in r:
-                            c.append("ERR" if r is not None and "error" in r else "-")
-                            c += [""] * int(spread)
-                            continue
-                        mark = ""
-                        if r.get("actual_bytes") != size:
-                            mark += "*"
-                            notes.add("*")
-                        if r.get("check") not in ("ok", "skipped"):
-                            mark += "!"
-                            notes.add("!")
-                        meds[v] = r["median_us"]
-                        c.append(_fmt_us(r["median_us"]) + mark)
-                        if spread:
-                            c.append(f"{_fmt_us(r['p10_us'])}-{_fmt_us(r['p90_us'])}")
+                        got, med = common.latency_cells(idx.get((ws, mode, v, op, size)), size,
+                                                        notes, spread)
+                        c += got
+                        if med is not None:
+                            meds[v] = med
                     if floors:
                         f, _ = floor_for(floors, size)
                         c.append(_fmt_us(f))
@@ -390,18 +377,3 @@ def _short_names(variants: Sequence[str]) -> Dict[str, str]:
     return out
 
 
-def _fmt_size(n: int) -> str:
-    for unit, div in (("MiB", 1024 ** 2), ("KiB", 1024)):
-        if n >= div and n % div == 0:
-            return f"{n // div} {unit}"
-    return f"{n} B"
-
-
-def _fmt_us(v: Optional[float]) -> str:
-    if v is None:
-        return "-"
-    if v >= 1000:
-        return f"{v:,.0f}"
-    if v >= 100:
-        return f"{v:.1f}"
-    return f"{v:.2f}"

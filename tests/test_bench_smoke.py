@@ -32,10 +32,20 @@ BENCH_CMD = ([sys.executable, "-m", "resident_pg.bench"] if _package_imports()
 
 
 def _load_bench_module():
+    """bench.py as the script form loads it: its directory on sys.path (for its sibling
+    modules bench_common, bench_rank, ...), without importing the resident_pg package."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("resident_pg_bench_under_test", BENCH_PY)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    here = os.path.dirname(BENCH_PY)
+    added = here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        spec = importlib.util.spec_from_file_location("resident_pg_bench_under_test", BENCH_PY)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        if added:
+            sys.path.remove(here)
     return mod
 
 OPS = ["all_reduce", "all_to_all_single", "all_gather_into_tensor",
