@@ -126,7 +126,7 @@ class GroupRun:
                 return
             failed_ops.add(self._cell(stuck)[1])
             self.cell_errors.setdefault(stuck, {})[-1] = info["error"]
-            common._log(f"  [ws={self.ws} {self.label}] {info['error'].splitlines()[0]}; "
+            _log(f"  [ws={self.ws} {self.label}] {info['error'].splitlines()[0]}; "
                  f"relaunching without op {self._cell(stuck)[1]}")
 
     def _cell(self, cid):
@@ -145,7 +145,8 @@ class GroupRun:
         t0 = time.time()
         procs = []
         for r in range(self.ws):
-            p = ctx.Process(target=rank_side.rank_main, name=f"bench-{self.backend}-ws{self.ws}-r{r}",
+            p = ctx.Process(target=rank_side.rank_main,
+                            name=f"bench-{self.backend}-ws{self.ws}-r{r}",
                             args=(r, self.ws, self.backend, store.port, cells, self.cfg, q))
             p.start()
             procs.append(p)
@@ -222,7 +223,7 @@ class GroupRun:
             limit = self.args.timeout if "startup_s" in info else max(self.args.timeout, 60.0)
             if now - last > limit:
                 info["status"] = "timeout"
-                where = (f" in {self._cell(in_progress)[1]} {common.fmt_size(self._cell(in_progress)[2])}"
+                where = (f" in {self._cell(in_progress)[1]} {fmt_size(self._cell(in_progress)[2])}"
                          if in_progress is not None else
                          (" during start-up" if "startup_s" not in info else ""))
                 info["error"] = f"no progress for {limit:.0f} s{where}"
@@ -282,14 +283,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list of torch.distributed backends, run in this order for each "
                         "world size (a name may repeat); NAME:key=value passes pg_options "
                         "{key: value} to that group, NAME:KEY=VALUE (upper case) sets an "
-                        f"environment variable in its ranks [{common.DEFAULT_BACKENDS}; --device cuda: "
-                        f"{common.DEFAULT_CUDA_BACKENDS}]")
+                        f"environment variable in its ranks [{common.DEFAULT_BACKENDS}; "
+                        f"--device cuda: {common.DEFAULT_CUDA_BACKENDS}]")
     g.add_argument("--world-sizes", default=None, metavar="LIST",
                    help=f"comma list of rank counts [{common.DEFAULT_WORLD_SIZES}; "
                         f"--quick: {common.QUICK_WORLD_SIZES}]")
     g.add_argument("--sizes", default=None, metavar="LIST",
                    help=f"comma list of message sizes in bytes, K/M suffixes are binary "
-                        f"[{common.DEFAULT_SIZES}; --quick: {common.QUICK_SIZES}, cuda {common.QUICK_SIZES_CUDA}]")
+                        f"[{common.DEFAULT_SIZES}; --quick: {common.QUICK_SIZES}, "
+                        f"cuda {common.QUICK_SIZES_CUDA}]")
     g.add_argument("--ops", default="all", metavar="LIST",
                    help=f"comma list of ops, or 'all' [all = {', '.join(common.ALL_OPS)}]")
     g.add_argument("--device", default="cpu", choices=sorted(rank_side.DEVICES),
@@ -298,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list of ways batches of ops are issued: eager (back-to-back "
                         "calls), graph (one CUDA graph of the batch, replayed; cuda only); "
                         "several modes run as separate groups "
-                        f"[cpu: {common.DEFAULT_MODES['cpu']}; cuda: {common.DEFAULT_MODES['cuda']}]")
+                        f"[cpu: {common.DEFAULT_MODES['cpu']}; "
+                        f"cuda: {common.DEFAULT_MODES['cuda']}]")
     g.add_argument("--baseline", default=None, metavar="LABEL",
                    help="backend label that ratios are computed against [cpu: gloo, else the "
                         "first backend; cuda: none]")
@@ -402,14 +405,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not backends:
             raise ValueError("no backends given")
         specs = [common.parse_backend_spec(b) for b in backends]
-        world_sizes = common.parse_int_list(args.world_sizes or
-                                     (common.QUICK_WORLD_SIZES if args.quick else common.DEFAULT_WORLD_SIZES),
-                                     "world size")
+        default_ws = common.QUICK_WORLD_SIZES if args.quick else common.DEFAULT_WORLD_SIZES
+        world_sizes = parse_int_list(args.world_sizes or default_ws, "world size")
         if any(w < 1 for w in world_sizes):
             raise ValueError("world sizes must be >= 1")
-        sizes = common.parse_sizes(args.sizes or (
-            (common.QUICK_SIZES_CUDA if cuda else common.QUICK_SIZES) if args.quick else common.DEFAULT_SIZES))
-        ops = common.parse_ops(args.ops)
+        quick_sizes = common.QUICK_SIZES_CUDA if cuda else common.QUICK_SIZES
+        sizes = parse_sizes(args.sizes or (quick_sizes if args.quick else common.DEFAULT_SIZES))
+        ops = parse_ops(args.ops)
         modes = rank_side.parse_modes(args.mode or common.DEFAULT_MODES.get(device, "eager"))
         if "graph" in modes and not cuda:
             raise ValueError("mode 'graph' needs --device cuda")
@@ -427,7 +429,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for k, v in args.env:
         os.environ[k] = v   # inherited by the spawned ranks; the parent never uses a backend
 
-    labels = common.backend_labels(backends)
+    labels = backend_labels(backends)
     if cuda:   # no baseline unless asked for
         baseline = args.baseline if args.baseline in labels else None
     else:
@@ -453,15 +455,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (OSError, ValueError) as e:
             meta["floors"] = {"path": os.path.abspath(args.floors),
                               "error": f"{type(e).__name__}: {e}"}
-            common._log(f"  WARNING: --floors {args.floors}: {e}; no ratios to the floors")
-    common._log(f"resident_pg.bench: backends {labels}, world sizes {world_sizes}, "
+            _log(f"  WARNING: --floors {args.floors}: {e}; no ratios to the floors")
+    _log(f"resident_pg.bench: backends {labels}, world sizes {world_sizes}, "
          f"{len(ops)} ops x {len(sizes)} sizes, device {device}, modes {modes}, reps {reps}, "
          f"iters x{iters:g}, {meta['cpu_count']} cpus")
     if meta["env"]:
-        common._log(f"  RESIDENT_* env: {meta['env']}")
+        _log(f"  RESIDENT_* env: {meta['env']}")
     load = meta["loadavg_start"]
     if load and meta["cpu_count"] and load[0] > 0.5 * meta["cpu_count"]:
-        common._log(f"  WARNING: machine busy (load average {load[0]:.2f} on {meta['cpu_count']} cpus); "
+        _log(f"  WARNING: machine busy (load average {load[0]:.2f} on {meta['cpu_count']} cpus); "
              f"timings will be noisy")
 
     t_run = time.time()
@@ -486,9 +488,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.time_limit is not None and t0 - t_run > args.time_limit:
                 g.skip_reason = f"not run (--time-limit {args.time_limit:g} s reached)"
                 g.errors.append({"attempt": -1, "status": "time_limit", "error": g.skip_reason})
-                common._log(f"[ws={ws} {label}] skipped: --time-limit {args.time_limit:g} s reached")
+                _log(f"[ws={ws} {label}] skipped: --time-limit {args.time_limit:g} s reached")
             else:
-                common._log(f"[ws={ws} {label}] launching {ws} ranks, {len(cells)} cells ...")
+                _log(f"[ws={ws} {label}] launching {ws} ranks, {len(cells)} cells ...")
                 try:
                     g.run()
                 except Exception as e:  # a bug here must not lose the other backends
@@ -520,24 +522,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for e in g.errors:
                 errors.append({"world_size": ws, "backend": backend, "label": label0,
                                "round": rnd, **e})
-                common._log(f"[ws={ws} {label}] ERROR ({e['status']}): {e['error'].rstrip()}")
+                _log(f"[ws={ws} {label}] ERROR ({e['status']}): {e['error'].rstrip()}")
             for r in grows:
                 if r.get("check", "ok") not in ("ok", "skipped"):
                     errors.append({"world_size": ws, "backend": backend, "label": label0,
                                    "round": rnd, "op": r["op"], "size_bytes": r["size_bytes"],
                                    "status": "check_failed", "error": r["check"]})
-                    common._log(f"[ws={ws} {label}] {r['op']} {common.fmt_size(r['size_bytes'])}: "
+                    _log(f"[ws={ws} {label}] {r['op']} {fmt_size(r['size_bytes'])}: "
                          f"wrong result, {r['check']}")
                 if "error" in r and not r["error"].startswith("not run"):
                     errors.append({"world_size": ws, "backend": backend, "label": label0,
                                    "round": rnd, "op": r["op"], "size_bytes": r["size_bytes"],
                                    "status": "cell_error", "error": r["error"]})
-                    common._log(f"[ws={ws} {label}] {r['op']} {common.fmt_size(r['size_bytes'])}: "
+                    _log(f"[ws={ws} {label}] {r['op']} {fmt_size(r['size_bytes'])}: "
                          f"{r['error'].rstrip()}")
             st = (f"startup {g.launches[0]['startup_s']:.1f} s, "
                   if g.launches and "startup_s" in g.launches[0] else "")
             pth = f"path {', '.join(seen)}, " if seen else ""
-            common._log(f"[ws={ws} {label}] {n_ok}/{len(cells)} cells ok, {pth}{st}wall {wall:.1f} s")
+            _log(f"[ws={ws} {label}] {n_ok}/{len(cells)} cells ok, {pth}{st}wall {wall:.1f} s")
     total = time.time() - t_run
     round_rows = rows
     rows = report.combine_rounds(round_rows, args.rounds)
@@ -562,21 +564,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         bc = common._bench_cuda()
         bc.print_cuda_tables(rows, world_sizes, modes, labels, ops, sizes, floors, args.spread)
         if baseline:
-            report.print_tables(rows, world_sizes, ops, sizes, group_labels, baseline, args.spread,
-                         args.rounds)
+            report.print_tables(rows, world_sizes, ops, sizes, group_labels, baseline,
+                                args.spread, args.rounds)
         results = bc.evaluate_targets(rows, floors, sizes)
         tline = "\n".join(t["line"] for t in results)
         target_doc: Dict[str, Any] = {"cuda_targets": results, "line": tline}
     else:
         report.print_tables(rows, world_sizes, ops, sizes, group_labels, baseline, args.spread,
-                     args.rounds)
+                            args.rounds)
         tline = report.target_line(rows, labels)
         target_doc = {**common.TARGET, "line": tline}
     print("\n" + tline)
     if errors:
         print(f"\n{len(errors)} problem(s):")
         for e in errors:
-            where = (f" {e['op']} {common.fmt_size(e['size_bytes'])}" if "op" in e else "")
+            where = (f" {e['op']} {fmt_size(e['size_bytes'])}" if "op" in e else "")
             rd = f" round {e['round'] + 1}" if args.rounds > 1 else ""
             print(f"  ws={e['world_size']} {e['label']}{rd}{where}: "
                   f"{e['error'].strip().splitlines()[0] if e['error'].strip() else e['status']}")
@@ -607,7 +609,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "statistic": "per rank: median/p10/p90 over repetitions of (batch time / "
                              "batch); reported: max over ranks; send_recv: one-way = "
                              "round trip / 2" + (
-                                 "; cuda: a repetition ends with a synchronize of the current stream; "
+                                 "; cuda: a repetition ends with a synchronize of the "
+                                 "current stream; "
                                  "graph: a repetition is one replay of a graph of `batch` ops"
                                  if cuda else ""),
             },
@@ -624,7 +627,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=1, allow_nan=True)
         os.replace(tmp, args.json)
-        common._log(f"wrote {args.json}")
+        _log(f"wrote {args.json}")
     return 0
 
 

@@ -28,7 +28,8 @@ TAG_KEYS = ("device", "mode", "variant", "path", "path_configured", "pg_options"
 
 
 def aggregate(group: Any, tags: Optional[Dict[str, Any]] = None) -> List[dict]:
-    """One row per cell of a finished bench.GroupRun; `tags` (device, mode, variant, path, ...) are copied into each."""
+    """One row per cell of a finished bench.GroupRun; `tags` (device, mode, variant, path,
+    ...) are copied into each."""
     rows = []
     for cid, op, size in group.cells:
         per_rank = group.results.get(cid, {})

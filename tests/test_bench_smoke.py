@@ -157,3 +157,30 @@ def test_bench_smoke_resident(tmp_path):
     # gloo must still have run whatever happened to resident
     assert all("median_us" in r for r in doc["results"] if r["label"] == "gloo")
     assert "TARGET 2 ranks, all_reduce 8 B" in proc.stdout
+
+
+def test_cuda_tables_and_targets_from_the_h200_run(capsys):
+    """The CUDA report path (bench_cuda's tables and targets, on the shared latency cells) on the
+    committed 2/4/8-rank H200 ladder and its floors: the printed medians and ratios are those of
+    the JSON, and the 8 B all_reduce target is reported as missed (3.98 us = 1.64x)."""
+    import gzip
+
+    import resident_pg.bench_cuda as bc
+    data = os.path.join(REPO, "benchmarks", "data")
+    ladder = os.path.join(data, "bench_cuda_h200_ws248_run2_2026-11-29.json.gz")
+    with gzip.open(ladder, "rt") as f:
+        doc = json.load(f)
+    floors = bc.load_floors(os.path.join(data, "floors_h200_mps_s11run2_2026-11-29.json"))
+    rows = [dict(r) for r in doc["results"]]
+    bc.annotate_rows(rows, floors)
+    variants = ["resident:path=direct", "resident:path=proxy"]
+    bc.print_cuda_tables(rows, [2, 8], ["graph"], variants, ["all_reduce", "send_recv"],
+                         [8, 65536], floors, spread=True)
+    out = capsys.readouterr().out
+    ar8 = next(line for line in out.splitlines()
+               if line.startswith("all_reduce") and " 8 B " in line)
+    assert "3.98" in ar8 and "6.48" in ar8 and "1.64x" in ar8 and "2.67x" in ar8, ar8
+    assert "world size 8, mode graph" in out and "send_recv" in out
+    results = bc.evaluate_targets(rows, floors, [8, 65536])
+    first = results[0]
+    assert first["verdict"] == "MISS" and "1.64x" in first["line"], first["line"]
