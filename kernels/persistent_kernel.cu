@@ -5,11 +5,11 @@
 // Block 0's thread 0 is the leader: it polls the mailbox (a word in mapped host memory) and
 // publishes each op to the other blocks as a command (sequence number, tag); every block then
 // runs its share of the op with the same body as the one-kernel-per-op path, and the last block
-// to finish completes the op (round numbers, mailbox cleared, done_seq). The leader also decides when to leave: on the
-// host's quit word, or after RESIDENT_GPU_PERSISTENT_IDLE_US without an op (and no eager op
-// handed to a stream still to come), so that a device-wide synchronize or a process exit never
-// waits on a kernel that spins forever; the proxy thread launches a new instance when a stream
-// (a graph replay) hands over an op while none runs.
+// to finish completes the op (round numbers, mailbox cleared, done_seq). The leader also
+// decides when to leave: on the host's quit word, or after RESIDENT_GPU_PERSISTENT_IDLE_US
+// without an op (and no eager op handed to a stream still to come), so that a device-wide
+// synchronize or a process exit never waits on a kernel that spins forever; the proxy thread
+// launches a new instance when a stream (a graph replay) hands over an op while none runs.
 #include <cuda_runtime.h>
 
 #include "collective_body.cuh"
