@@ -23,13 +23,17 @@ DescriptorSlots::DescriptorSlots(uint32_t eager, uint32_t graph, size_t max_byte
       entries_(static_cast<size_t>(eager) + graph),
       copies_(entries_.size() * max_bytes) {
   if (eager == 0) throw InvalidArgument("resident: the descriptor table needs an eager slot");
+  index_.reserve(entries_.size());
 }
 
 int DescriptorSlots::find(uint32_t first, uint32_t last, uint64_t hash, const void* bytes,
                           size_t n) const {
-  for (uint32_t s = first; s < last; ++s) {
+  const auto range = index_.equal_range(hash);
+  for (auto it = range.first; it != range.second; ++it) {
+    const uint32_t s = it->second;
+    if (s < first || s >= last) continue;
     const Entry& e = entries_[s];
-    if (e.n == n && e.hash == hash && std::memcmp(&copies_[s * max_bytes_], bytes, n) == 0)
+    if (e.n == n && std::memcmp(&copies_[s * max_bytes_], bytes, n) == 0)
       return static_cast<int>(s);
   }
   return -1;
@@ -37,6 +41,16 @@ int DescriptorSlots::find(uint32_t first, uint32_t last, uint64_t hash, const vo
 
 void DescriptorSlots::store(uint32_t slot, uint64_t hash, const void* bytes, size_t n) {
   Entry& e = entries_[slot];
+  if (e.n != 0) {  // an evicted eager descriptor leaves the index
+    const auto range = index_.equal_range(e.hash);
+    for (auto it = range.first; it != range.second; ++it) {
+      if (it->second == slot) {
+        index_.erase(it);
+        break;
+      }
+    }
+  }
+  index_.emplace(hash, slot);
   e.hash = hash;
   e.n = n;
   std::memcpy(&copies_[slot * max_bytes_], bytes, n);

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 namespace resident {
@@ -53,6 +54,10 @@ class DescriptorSlots {
   const size_t max_bytes_;
   std::vector<Entry> entries_;
   std::vector<unsigned char> copies_;  // entries_.size() x max_bytes_, allocated once
+  // hash -> slot of every filled entry: an op's lookup is one probe, not a scan of the table
+  // (up to RESIDENT_GPU_PERSISTENT_SLOTS entries). Nodes are allocated only when a descriptor
+  // is stored, i.e. when it is also uploaded.
+  std::unordered_multimap<uint64_t, uint32_t> index_;
   uint32_t graph_used_ = 0;
   uint64_t clock_ = 0;
 };

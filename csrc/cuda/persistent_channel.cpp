@@ -182,7 +182,8 @@ void PersistentChannel::watchLocked() {
     watch_since_ = now;
     return;
   }
-  if (!stuck_.empty() || now - watch_since_ < std::chrono::milliseconds(timeout_ms_.load() + 2000))
+  if (stuck_set_.load(std::memory_order_relaxed) ||
+      now - watch_since_ < std::chrono::milliseconds(timeout_ms_.load() + 2000))
     return;
   const bool live = loadHost(&host_->exits) != launches_;
   const bool began = loadHost(&host_->started) == launches_;
@@ -193,13 +194,13 @@ void PersistentChannel::watchLocked() {
                   : (began ? "runs but serves nothing" : "is still queued behind other GPU work")) +
            "); the op's stream was released without a result and this process group can no "
            "longer be used";
+  stuck_set_.store(true, std::memory_order_release);  // publishes stuck_
   RLOG_ERROR("%s", stuck_.c_str());
   __atomic_store_n(&host_->mailbox, 0u, __ATOMIC_RELEASE);
 }
 
 std::string PersistentChannel::stuckError() const {
-  std::lock_guard<std::mutex> lock(launch_mu_);
-  return stuck_;
+  return stuck_set_.load(std::memory_order_acquire) ? stuck_ : std::string();
 }
 
 void PersistentChannel::waitEagerDone(uint32_t stamp) {

@@ -82,7 +82,10 @@ class PersistentChannel {
   // watchLocked(): the served count last seen and since when an op waits without progress.
   uint32_t watch_served_ = 0;
   std::chrono::steady_clock::time_point watch_since_{};
-  std::string stuck_;                  // under launch_mu_
+  // Written once by watchLocked(), then immutable: readers check stuck_set_ first (every op's
+  // usability check reads it, so no lock and no copy until it is set).
+  std::string stuck_;
+  std::atomic<bool> stuck_set_{false};
   uint32_t eager_stamp_ = 0;           // under table_mu_
   void* last_eager_stream_ = nullptr;  // under table_mu_: the stream of the last eager op
   std::atomic<bool> stopped_{false};
