@@ -29,6 +29,11 @@ class RoutedTransport : public Transport {
   void poll() override {
     for (Transport* t : polled_) t->poll();
   }
+  bool registerSource(const void* base, size_t bytes) override {
+    bool any = false;
+    for (Transport* t : polled_) any = t->registerSource(base, bytes) || any;
+    return any;
+  }
 
  private:
   std::vector<Transport*> by_peer_;

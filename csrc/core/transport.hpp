@@ -22,6 +22,12 @@ class Transport {
   virtual bool directCapable(int peer) const = 0;
   // Moves incoming bytes into the local inbox (network transports); a no-op for shm.
   virtual void poll() {}
+  // Memory that write() will be given as `src` and that its owner leaves unchanged until the
+  // peer has consumed what was written from it (the GPU path's outbox: a slot is rewritten only
+  // after the peer answered that round). A network transport may then send straight from it
+  // instead of copying it first. It must stay allocated while the group can still write.
+  // False: not taken (writes from it are copied like any others).
+  virtual bool registerSource(const void* /*base*/, size_t /*bytes*/) { return false; }
 };
 
 }  // namespace resident

@@ -100,6 +100,12 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       void* dev = nullptr;
       checkCuda(cudaHostGetDevicePointer(&dev, out, 0), "cudaHostGetDevicePointer (outbox)");
       region_.outbox = static_cast<unsigned char*>(dev);
+      // A kernel rewrites an outbox slot only after the peer answered the round it carried, so
+      // a network transport may send straight from it (ib: no copy into its staging ring).
+      const bool sent_in_place = comm.transport().registerSource(outbox_host_, lay.outboxBytes());
+      RLOG_DEBUG("rank %d: proxy outbox %s", rank_,
+                 sent_in_place ? "registered with the transport (sent in place)"
+                               : "copied by the transport");
     }
     checkCuda(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(gpu::DeviceState)),
               "cudaMalloc of the device state");

@@ -446,6 +446,50 @@ void traffic(CompletionMode mode, uint64_t seed) {
   CHECK(mode == CompletionMode::kFlagInLine ? used == 1 : used == 2);
 }
 
+// A registered source region is posted in place, unregistered memory is staged: the software
+// NIC reads SGEs when it executes a write, so bytes changed after write() returned arrive only
+// from a registered region (the contract: its owner keeps them until the peer consumed them, as
+// the GPU outbox does), while a staged write carries the bytes of the moment of the call.
+void testRegisteredSource() {
+  IbOptions o;
+  o.staging_bytes = 4096;  // staged pieces of 1 KiB
+  o.stall_timeout_ms = 2000;
+  Pair pr(o);
+  std::vector<uint8_t> outbox(32768), other(16384);
+  std::mt19937_64 rng(7);
+  for (auto& b : outbox) b = static_cast<uint8_t>(rng());
+  for (auto& b : other) b = static_cast<uint8_t>(rng());
+  const size_t registered = outbox.size() - 1024;  // the last KiB is left out
+  CHECK(pr.t[0]->registerSource(outbox.data(), registered));
+  CHECK(!pr.t[0]->registerSource(outbox.data(), 0));
+
+  // In place: a message many staging pieces long, in one write (+ the flag's).
+  uint64_t before = fake::st.writes;
+  pr.t[0]->write(1, 64, outbox.data() + 64, 16384);
+  for (size_t k = 64; k < 64 + 16384; ++k) outbox[k] ^= 0x5a;  // after write(), before the NIC
+  pr.t[0]->signal(1, 0, 1);
+  pr.until([&] { return pr.flag(1, 0) == 1; });
+  CHECK(std::memcmp(&pr.inbox[1][64], outbox.data() + 64, 16384) == 0);
+  CHECK(fake::st.writes - before <= 2);
+
+  // Staged: the bytes of the call, whatever happens to the buffer afterwards.
+  const std::vector<uint8_t> sent = other;
+  pr.t[0]->write(1, 20000, other.data(), other.size());
+  for (auto& b : other) b ^= 0x5a;
+  pr.t[0]->signal(1, 8, 2);
+  pr.until([&] { return pr.flag(1, 8) == 2; });
+  CHECK(std::memcmp(&pr.inbox[1][20000], sent.data(), sent.size()) == 0);
+
+  // Straddling the region's end: not inside it, so staged (the bytes of the call).
+  const size_t from = registered - 50;
+  const std::vector<uint8_t> tail(outbox.begin() + from, outbox.begin() + from + 100);
+  pr.t[0]->write(1, 40000, outbox.data() + from, 100);
+  for (size_t k = from; k < from + 100; ++k) outbox[k] ^= 0x5a;
+  pr.t[0]->signal(1, 16, 3);
+  pr.until([&] { return pr.flag(1, 16) == 3; });
+  CHECK(std::memcmp(&pr.inbox[1][40000], tail.data(), tail.size()) == 0);
+}
+
 void testRnrFlowControl() {
   // More immediate signals than posted receives: the excess waits (RNR) until the receiver's
   // proxy consumed a landing record and reposted; all arrive, in order.
@@ -528,6 +572,7 @@ int main() {
   fake::st.link = abi::kLinkEthernet;  // RoCE: GID routing (no sysfs here: the v1/unknown rank)
   traffic(CompletionMode::kFlagInLine, 9);
   fake::st.link = abi::kLinkInfiniBand;
+  testRegisteredSource();
   testRnrFlowControl();
   testFaults();
   testUnavailableAndMismatch();

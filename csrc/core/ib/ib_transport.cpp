@@ -228,6 +228,8 @@ IbTransport::~IbTransport() {
     if (p.qp != nullptr && api_->destroy_qp(p.qp) != 0) RLOG_WARN("ib: ibv_destroy_qp failed");
   for (abi::Mr* mr : {inbox_mr_, staging_mr_, landing_mr_})
     if (mr != nullptr && api_->dereg_mr(mr) != 0) RLOG_WARN("ib: ibv_dereg_mr failed");
+  for (size_t i = 0; i < nsources_.load(); ++i)
+    if (api_->dereg_mr(sources_[i].mr) != 0) RLOG_WARN("ib: ibv_dereg_mr failed");
   if (cq_ != nullptr && api_->destroy_cq(cq_) != 0) RLOG_WARN("ib: ibv_destroy_cq failed");
   if (pd_ != nullptr && api_->dealloc_pd(pd_) != 0) RLOG_WARN("ib: ibv_dealloc_pd failed");
   if (ctx_ != nullptr) api_->close_device(ctx_);
@@ -356,12 +358,57 @@ uint64_t IbTransport::stage(int p, const void* src, uint32_t bytes, uint64_t* ta
   }
 }
 
+bool IbTransport::registerSource(const void* base, size_t bytes) {
+  std::lock_guard<std::mutex> lock(sources_mu_);
+  const size_t n = nsources_.load(std::memory_order_relaxed);
+  if (pd_ == nullptr || bytes == 0 || n == kMaxSources) return false;
+  std::string why;
+  const RegDecision host = chooseRegistration(MemoryKind::kHostMemory, RegCapabilities{});
+  abi::Mr* mr = registerMemory(*api_, pd_, host, const_cast<void*>(base), bytes,
+                               abi::kAccessLocalWrite, -1, 0, &why);
+  if (mr == nullptr) {
+    RLOG_WARN("ib: source region not registered (%s); writes from it are copied", why.c_str());
+    return false;
+  }
+  const auto begin = reinterpret_cast<uintptr_t>(base);
+  sources_[n] = Source{begin, begin + bytes, mr->lkey, mr};
+  nsources_.store(n + 1, std::memory_order_release);  // publishes the entry
+  return true;
+}
+
+const IbTransport::Source* IbTransport::sourceOf(const void* src, size_t bytes) const {
+  const auto a = reinterpret_cast<uintptr_t>(src);
+  const size_t n = nsources_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < n; ++i)
+    if (a >= sources_[i].begin && a + bytes <= sources_[i].end) return &sources_[i];
+  return nullptr;
+}
+
 void IbTransport::write(int p, size_t offset, const void* src, size_t bytes) {
   Peer& peer = checkedPeer(p);
   if (offset + bytes > peer.desc.inbox_bytes)
     throw InvalidArgument("ib: write past rank " + std::to_string(p) + "'s inbox");
-  const size_t piece_max = std::max<size_t>(8, (peer.staging.size / 4) & ~size_t{7});  // see setUp
   const auto* from = static_cast<const unsigned char*>(src);
+  if (const Source* s = sourceOf(src, bytes)) {
+    // Registered and left unchanged until the peer consumed it: posted from where it is, in
+    // pieces an SGE can carry; it holds no staging (its tag is the ring's current position).
+    constexpr size_t kSgeMax = size_t{1} << 30;
+    while (bytes > 0) {
+      WriteReq r;
+      r.peer = p;
+      r.offset = offset;
+      r.bytes = static_cast<uint32_t>(std::min(bytes, kSgeMax));
+      r.local_addr = reinterpret_cast<uintptr_t>(from);
+      r.lkey = s->lkey;
+      r.tag = peer.staging.head;
+      pending_.push_back(r);
+      from += r.bytes;
+      offset += r.bytes;
+      bytes -= r.bytes;
+    }
+    return;
+  }
+  const size_t piece_max = std::max<size_t>(8, (peer.staging.size / 4) & ~size_t{7});  // see setUp
   while (bytes > 0) {
     const uint32_t n = static_cast<uint32_t>(std::min(bytes, piece_max));
     WriteReq r;

@@ -3,6 +3,8 @@
 // completion queue, one RC queue pair per remote peer, the inbox registered once, and two small
 // registered areas of its own — a staging ring per peer (writes are copied there, so the caller's
 // buffer is free when write() returns) and, in write-with-immediate mode, a landing ring per peer.
+// Writes from a region the owner registered with registerSource() (the GPU path's outbox, which
+// stays unchanged until the peer consumed it) are posted in place, without that copy.
 //
 // Use (the communicator's part; not wired yet):
 //   auto t = IbTransport::create(opts, rank, nranks, remote, inbox, inbox_bytes, &why);
@@ -15,9 +17,12 @@
 // CommError; the transport stays failed afterwards.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -75,6 +80,9 @@ class IbTransport : public Transport {
   void signal(int peer, size_t offset, uint64_t value) override;
   bool directCapable(int /*peer*/) const override { return false; }
   void poll() override;
+  // Registers [base, base + bytes) once: writes from inside it are posted from where they are
+  // (no copy into the staging ring). Any thread; at most kMaxSources regions.
+  bool registerSource(const void* base, size_t bytes) override;
 
   // Posts everything queued (one chained post per peer); signal_last asks for completions.
   void flush(bool signal_last = false);
@@ -89,6 +97,16 @@ class IbTransport : public Transport {
     uint64_t head = 0;  // positions only grow; tail: everything before it is reusable
     uint64_t tail = 0;
   };
+  // A registered source region; published entries never change (write() reads them without a
+  // lock, on the proxy thread, while another thread may be adding one).
+  struct Source {
+    uintptr_t begin = 0, end = 0;
+    uint32_t lkey = 0;
+    abi::Mr* mr = nullptr;
+  };
+  static constexpr size_t kMaxSources = 4;
+  const Source* sourceOf(const void* src, size_t bytes) const;
+
   struct Peer {
     abi::Qp* qp = nullptr;
     uint32_t psn = 0;
@@ -128,6 +146,9 @@ class IbTransport : public Transport {
   std::string device_name_;
   PortInfo port_;
   std::vector<Peer> peers_;
+  std::array<Source, kMaxSources> sources_{};
+  std::atomic<size_t> nsources_{0};
+  std::mutex sources_mu_;  // registerSource callers
   std::unique_ptr<PostPlanner> planner_;
   std::vector<WriteReq> pending_, deferred_;
   std::vector<abi::SendWr> wrs_;
