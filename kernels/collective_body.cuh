@@ -25,8 +25,25 @@ __device__ __forceinline__ uint32_t linesOf(uint32_t round_bytes, uint32_t part)
 struct Shared {
   uint32_t base[kMaxRanks];
   unsigned char* remote[kMaxRanks];
+  unsigned long long fifo_pos;  // next of the trigger positions reserved for round 0
   int stop;
 };
+
+// The line a thread's warp polls first in sentinel mode: the last line of the warp's lines in
+// a part of `lines` lines (thread t < lines).
+__device__ __forceinline__ uint32_t sentinelLine(uint32_t lines, uint32_t t) {
+  return min(lines, (t | 31u) + 1u) - 1u;
+}
+
+// Sentinel mode: waits for line `s` of the part at `part` (every thread of the warp reads the
+// same 16 bytes, one request per warp) before the thread reads its own line `t`.
+__device__ __forceinline__ bool awaitSentinel(const CollectiveArgs& a, Waiter& w,
+                                              const unsigned char* part, uint32_t s, uint32_t t,
+                                              uint32_t g, int peer) {
+  if (!a.sentinel || s == t) return true;
+  uint64_t unused;
+  return w.line(part + static_cast<uint64_t>(s) * 16, g, unused, peer);
+}
 
 // Rank-ordered reduction of the parts [j0, j1) of round r.
 template <typename Acc>
@@ -43,19 +60,21 @@ __device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& 
     const uint32_t nb = lineBytes(bytes, j, t);
     if (nb == 0) continue;
     const uint64_t off = static_cast<uint64_t>(j) * kPartPayload + t * 8;
+    // This rank's contribution first: its load overlaps the wait instead of following it.
+    const uint64_t mine = loadBytes(in + off, nb);
+    const uint32_t s = sentinelLine(payloadLines(bytes, j), t);
     Acc acc;
     bool ok = true;
     for (int q = 0; q < a.nranks && ok; ++q) {
-      uint64_t v;
-      if (q == a.rank) {
-        v = loadBytes(in + off, nb);
-      } else {
+      uint64_t v = mine;
+      if (q != a.rank) {
         const uint32_t g = sh.base[q] + r + 1;
-        const unsigned char* line =
+        const unsigned char* part =
             reg.local + reg.coll_in0 +
             (static_cast<uint64_t>(q) * 2 + ((g - 1) & 1)) * reg.slot_bytes +
-            (static_cast<uint64_t>(j) * kThreads + t) * 16;
-        ok = w.line(line, g, v, q);
+            static_cast<uint64_t>(j) * kThreads * 16;
+        ok = awaitSentinel(a, w, part, s, t, g, q) &&
+             w.line(part + static_cast<uint64_t>(t) * 16, g, v, q);
       }
       if (q == 0)
         acc.first(v);
@@ -119,13 +138,15 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
     }
   }
   if (sh.remote[p] == nullptr) {
-    __syncthreads();
+    __syncthreads();  // every line store of the block issued before the trigger
     if (t == 0) {
       const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
       const uint64_t bytes =
           (static_cast<uint64_t>(j1 - 1 - j0) * kThreads + linesOf(sb, j1 - 1)) * 16;
-      // pushTrigger's release store orders the block's line stores (joined by the barrier).
-      if (!pushTrigger(w, p, local_off + first, remote_off + first, bytes)) sh.stop = 1;
+      // Round 0 uses the positions reserved at the start of the op (reserveRoundZero).
+      const unsigned long long pos = r == 0 ? sh.fifo_pos++ : reserveTriggers(reg, 1);
+      if (!pushTriggerAt(w, pos, p, local_off + first, remote_off + first, bytes, true, g))
+        sh.stop = 1;
     }
   }
 }
@@ -142,15 +163,34 @@ __device__ inline void recvRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   auto* dst = static_cast<unsigned char*>(pp.recv) + static_cast<uint64_t>(r) * reg.chunk;
   const uint32_t t = threadIdx.x;
   for (uint32_t j = j0; j < j1; ++j) {
-    if (t >= linesOf(rb, j)) continue;
+    const uint32_t lines = linesOf(rb, j);
+    if (t >= lines) continue;
+    const unsigned char* part = base + static_cast<uint64_t>(j) * kThreads * 16;
     uint64_t v;
-    if (!w.line(base + (static_cast<uint64_t>(j) * kThreads + t) * 16, g, v, p)) {
+    if (!awaitSentinel(a, w, part, sentinelLine(lines, t), t, g, p) ||
+        !w.line(part + static_cast<uint64_t>(t) * 16, g, v, p)) {
       sh.stop = 1;
       return;
     }
     const uint32_t nb = lineBytes(rb, j, t);
     if (nb) storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8, v, nb);
   }
+}
+
+// Trigger positions for this block's round-0 writes to proxied partners, taken at the start
+// of the op so that the atomic's round trip overlaps the device-state loads. Only round 0:
+// a block pushes all of round 0 before it waits for anything, so a reserved position is
+// always filled without waiting on a peer (the proxy consumes positions in order).
+__device__ inline unsigned long long reserveRoundZero(const CollectiveArgs& a, uint32_t j0) {
+  uint32_t n = 0;
+  for (int p = 0; p < a.nranks; ++p) {
+    const PeerPlan& pp = a.peers[p];
+    if (p == a.rank || pp.rounds == 0 || ((a.reg.proxied >> p) & 1) == 0) continue;
+    const uint32_t parts = partsOf(
+        max(roundBytes(pp.send_bytes, 0, a.reg.chunk), roundBytes(pp.recv_bytes, 0, a.reg.chunk)));
+    if (j0 < parts) ++n;
+  }
+  return n ? reserveTriggers(a.reg, n) : 0ull;
 }
 
 // Runs this block's share (block `block` of the op) of every round of collective `a`; on
@@ -174,7 +214,10 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint3
     sh.base[p] = *reinterpret_cast<volatile uint32_t*>(&st->coll_round[p]);  // not from L1
     sh.remote[p] = st->remote[p];
   }
-  if (threadIdx.x == 0) sh.stop = 0;
+  if (threadIdx.x == 0) {
+    sh.stop = 0;
+    sh.fifo_pos = reserveRoundZero(a, j0);
+  }
   __syncthreads();
   Waiter w(a.reg, a.op_id);
   for (uint32_t r = 0; r < a.rounds_max; ++r) {
@@ -217,14 +260,14 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint3
 }
 
 // Called by the one thread that saw every block of the op finish: the next op continues the
-// round numbering with each partner.
-__device__ inline void advanceRounds(const CollectiveArgs& a) {
+// round numbering with each partner. Every block read the same numbers into sh.base at the
+// start of the op (none changes them during it), so this stores without reading them again.
+__device__ inline void advanceRounds(const CollectiveArgs& a, const Shared& sh) {
   DeviceState* st = a.reg.state;
   for (int p = 0; p < a.nranks; ++p) {
     if (p == a.rank) continue;
     // volatile: the resident kernel's blocks take turns at this, on different SMs.
-    volatile uint32_t* round = &st->coll_round[p];
-    *round = *round + a.peers[p].rounds;
+    *reinterpret_cast<volatile uint32_t*>(&st->coll_round[p]) = sh.base[p] + a.peers[p].rounds;
   }
 }
 

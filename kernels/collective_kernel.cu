@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(kThreads)
   collectiveBody(a, sh, blockIdx.x);
   // The last block to finish advances the round numbers for the next op (a single block
   // needs no counter: the kernel boundary publishes its stores).
-  if (threadIdx.x == 0 && lastBlockOf(&a.reg.state->coll_blocks_done)) advanceRounds(a);
+  if (threadIdx.x == 0 && lastBlockOf(&a.reg.state->coll_blocks_done)) advanceRounds(a, sh);
 }
 
 }  // namespace

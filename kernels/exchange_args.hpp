@@ -57,6 +57,11 @@ struct Region {
   uint32_t fifo_mask;
   uint64_t fifo_offset;
   uint64_t timeout_ns;  // a wait longer than this reports a timeout and gives up
+  uint64_t proxied;     // bit p: peer p is reached through the proxy (known before any load)
+  // Nonzero: every trigger is fenced (RESIDENT_GPU_TRIGGER_FENCE=1). Zero: triggers of LL
+  // lines are pushed without a system-scope fence and the proxy checks the lines' flags.
+  uint32_t trigger_fence;
+  uint32_t pad;
 };
 
 struct CollectiveArgs {
@@ -67,6 +72,11 @@ struct CollectiveArgs {
   uint8_t mode, dtype, redop, op_id;
   uint32_t rounds_max;
   uint32_t parts_per_block;
+  // Nonzero when this rank receives at least RESIDENT_GPU_SENTINEL_BYTES per round: a warp
+  // then polls one line (its last) until it arrives, and only then its other lines, so a
+  // large message in flight is not met by a whole grid of uncached PCIe reads.
+  uint32_t sentinel;
+  uint32_t pad;
   // Non-null when every partner is sent the same bytes (all_reduce, all_gather, broadcast) and
   // RESIDENT_GPU_PREFETCH is on: each thread loads its first payload word at kernel start,
   // concurrently with the device-state loads, instead of after them.

@@ -102,12 +102,23 @@ struct Waiter {
   }
 };
 
-// Producer of the trigger FIFO in this rank's GPU region (many blocks may push).
-__device__ inline bool pushTrigger(Waiter& w, int peer, uint64_t local_off, uint64_t remote_off,
-                                   uint64_t bytes) {
+// Producer of the trigger FIFO in this rank's GPU region (many blocks may push): positions
+// are taken by an atomic on DeviceState::fifo_head, one at a time (pushTrigger) or several at
+// once ahead of the stores (reserveTriggers, then pushTriggerAt).
+__device__ __forceinline__ unsigned long long reserveTriggers(const Region& reg, uint32_t n) {
+  return atomicAdd(&reg.state->fifo_head, static_cast<unsigned long long>(n));
+}
+
+// Pushes a write request at position `pos`. `lines`: the range holds LL lines carrying `flag`,
+// so, unless RESIDENT_GPU_TRIGGER_FENCE is set, the trigger goes out as one unfenced 16-byte
+// store and the proxy reads the lines' flags before posting them (a system-scope release would
+// wait for the lines to reach host memory first). Otherwise the release store orders every
+// store of this thread (and of the block, joined by a barrier before) before the trigger.
+__device__ inline bool pushTriggerAt(Waiter& w, unsigned long long pos, int peer,
+                                     uint64_t local_off, uint64_t remote_off, uint64_t bytes,
+                                     bool lines, uint32_t flag) {
   const Region& reg = w.reg;
   DeviceState* st = reg.state;
-  const unsigned long long pos = atomicAdd(&st->fifo_head, 1ull);
   const unsigned long long cap = reg.fifo_mask + 1ull;
   if (pos - *reinterpret_cast<volatile unsigned long long*>(&st->fifo_tail_cache) >= cap) {
     for (uint32_t spins = 0;;) {
@@ -121,11 +132,24 @@ __device__ inline bool pushTrigger(Waiter& w, int peer, uint64_t local_off, uint
     }
   }
   unsigned char* slot = reg.local + reg.fifo_offset + 16 * (pos & reg.fifo_mask);
-  const uint64_t fst = encodeWriteFst(local_off, remote_off);
-  const uint64_t snd = encodeWriteSnd(static_cast<uint32_t>(peer), bytes) | triggerLapBit(pos, cap);
-  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(slot), "l"(fst) : "memory");
-  storeRelease64(slot + 8, snd);
+  const bool checked = lines && reg.trigger_fence == 0 && bytes <= kTriggerCheckedMaxBytes;
+  const uint64_t lap = triggerLapBit(pos, cap);
+  const uint64_t fst = encodeWriteFst(local_off, remote_off) | lap;
+  const uint64_t snd = encodeWriteSnd(static_cast<uint32_t>(peer), bytes, checked, flag) | lap;
+  if (checked) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(fst), "l"(snd)
+                 : "memory");
+  } else {
+    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(slot), "l"(fst) : "memory");
+    storeRelease64(slot + 8, snd);
+  }
   return true;
+}
+
+__device__ inline bool pushTrigger(Waiter& w, int peer, uint64_t local_off, uint64_t remote_off,
+                                   uint64_t bytes, bool lines, uint32_t flag) {
+  return pushTriggerAt(w, reserveTriggers(w.reg, 1), peer, local_off, remote_off, bytes, lines,
+                       flag);
 }
 
 }  // namespace gpu

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
         const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
         const uint64_t n =
             (static_cast<uint64_t>(j_end - 1 - j0) * kThreads + linesOf(bytes, j_end - 1)) * 16;
-        if (!pushTrigger(w, a.peer, local_off + first, remote_off + first, n)) stop = 1;
+        if (!pushTrigger(w, a.peer, local_off + first, remote_off + first, n, true, g)) stop = 1;
       }
     }
   }
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
           const uint64_t local_off =
               static_cast<uint64_t>(a.peer) * reg.out_stride + 4 * reg.slot_bytes + 8ull * slot;
           storeRelease64(reg.outbox + local_off, g);
-          fail = !pushTrigger(w, a.peer, local_off, remote_off, 8);
+          fail = !pushTrigger(w, a.peer, local_off, remote_off, 8, false, 0);  // a word, fenced
         }
       }
     }

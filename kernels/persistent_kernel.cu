@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) {
       if (lastOf(&ps->blocks_done, nblocks)) {
         if (run) {
-          advanceRounds(a);
+          advanceRounds(a, sh);
           // A plain store: the host only reads this word (no atomics over PCIe).
           volatile uint32_t* served = &ps->served;
           *served = *served + 1;

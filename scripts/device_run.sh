@@ -4,7 +4,7 @@
 # benchmark under MPS, and leave full logs and JSON under $OUT.
 #
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
-#   stages: build floors tests gpu-tests gpu-tests-persistent overhead bench bench-cuda bench-ab
+#   stages: build build-if-needed floors tests gpu-tests gpu-tests-persistent overhead bench bench-cuda bench-ab
 #           bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug
 #           (default: build floors tests overhead bench)
@@ -16,8 +16,10 @@
 #                floors stage in the same call the floors are measured first (~10 s).
 #   bench-quick: the same, short (~1 min in all).
 #   bench-cuda:  only the CUDA ladder (as in `bench`).
-#   bench-ab:    2 ranks, graph mode: resident with and without RESIDENT_GPU_PREFETCH on both
-#                paths, side by side in one run ($OUT/bench_ab.json).
+#   bench-ab:    2 ranks, graph mode, both paths: the defaults beside RESIDENT_GPU_PREFETCH=1,
+#                RESIDENT_GPU_SENTINEL_BYTES=0 and (proxy) RESIDENT_GPU_TRIGGER_FENCE=1, side by
+#                side in one run ($OUT/bench_ab.json, ~3 min); then 8 ranks, 16/64 KiB, sentinel
+#                on and off ($OUT/bench_ab8.json, ~1 min).
 #   bench-persistent: the CUDA ladder of resident (a kernel per op),
 #                resident:RESIDENT_GPU_PERSISTENT=1 (the resident kernel, default idle exit) and
 #                the same with a 500 ms idle time (no relaunch between the bench's ops) side by
@@ -72,7 +74,10 @@ step "machine"
   > "$OUT/machine.txt" 2>&1
 head -3 "$OUT/machine.txt"
 
-if has build; then
+# build-if-needed: a later call on the same (warm) machine reuses the build of an earlier one.
+if has build-if-needed && python3 -c 'import resident_pg._C' > /dev/null 2>&1; then
+  echo "== build: the extension of an earlier call is there, not rebuilt"
+elif has build || has build-if-needed; then
 step "build"
 if ! MAX_JOBS=16 python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
   echo "build failed"; tail -30 "$OUT/build.log"; exit 1
@@ -178,14 +183,23 @@ if has bench-quick; then
 fi
 
 if has bench-ab; then
-  step "bench (cuda, prefetch A/B)"
+  # The CUDA path's knobs side by side at 2 ranks (graph mode, the issue-3 targets' setting):
+  # defaults, prefetch on, sentinel polling off, and on the proxy path fenced triggers; then
+  # the sentinel's effect where polling traffic is heaviest (8 ranks, 64 KiB).
+  step "bench (cuda, knob A/B)"
   [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
   python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 2 \
-    --ops all_reduce,all_gather,all_to_all_single,send_recv --sizes 8,512,16K,64K \
-    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_PREFETCH=1,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_PREFETCH=1" \
-    --floors "$OUT/floors.json" --timeout 30 --time-limit 120 \
+    --ops all_reduce,all_gather,reduce_scatter,all_to_all_single,send_recv --sizes 8,4K,16K,64K \
+    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_PREFETCH=1,resident:path=direct:RESIDENT_GPU_SENTINEL_BYTES=0,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_TRIGGER_FENCE=1,resident:path=proxy:RESIDENT_GPU_SENTINEL_BYTES=0" \
+    --floors "$OUT/floors.json" --timeout 30 --time-limit 200 \
     --json "$OUT/bench_ab.json" > "$OUT/bench_ab.log" 2>&1 || status=1
-  tail -n 40 "$OUT/bench_ab.log"
+  tail -n 70 "$OUT/bench_ab.log"
+  python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 8 \
+    --ops all_reduce,all_to_all_single --sizes 16K,64K \
+    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_SENTINEL_BYTES=0" \
+    --floors "$OUT/floors.json" --timeout 30 --time-limit 60 \
+    --json "$OUT/bench_ab8.json" > "$OUT/bench_ab8.log" 2>&1 || status=1
+  tail -n 12 "$OUT/bench_ab8.log"
 fi
 
 if has bench-persistent; then

@@ -58,6 +58,9 @@ FLOAT_OPS = ("SUM", "AVG", "MIN", "MAX", "PRODUCT")
 INT_OPS = FLOAT_OPS + ("BAND", "BOR", "BXOR")
 ALL_KEYS = [(ws, p) for ws in (2, 4, 8) for p in C.PATHS]
 JOB_KEYS = [k for k in ALL_KEYS if k[0] in C.WORLD_SIZES]
+# The knobs' non-default settings (prefetch, sentinel polling everywhere or never, fenced
+# triggers): 2 ranks, the reduced dtypes.
+VARIANT_KEYS = [(2, v) for v in C.PATH_VARIANTS if 2 in C.WORLD_SIZES]
 
 CASES = H.CaseRegistry()
 CASE_DTYPE = {}  # cid -> dtype name (None: dtype-free, runs at every world size)
@@ -544,11 +547,12 @@ def cuda_collectives_job(rank, ws, case_ids):
 JOBS = C.GpuJobCache(CASES, cuda_collectives_job, "test_cuda_collective", timeout_s=120)
 
 
-def _params(keys=JOB_KEYS):
+def _params(keys=JOB_KEYS + VARIANT_KEYS):
     out = []
     for ws, path in keys:
         for cid in CASES:
-            if ws >= 8 and CASE_DTYPE[cid] not in (None,) + REDUCED_DTYPES:
+            reduced = ws >= 8 or "+" in path
+            if reduced and CASE_DTYPE[cid] not in (None,) + REDUCED_DTYPES:
                 continue
             out.append(pytest.param(cid, ws, path, id=f"{cid}-ws{ws}-{path}"))
     return out

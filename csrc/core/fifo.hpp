@@ -80,19 +80,24 @@ class TriggerFifo {
 };
 
 // Consumer side of a trigger FIFO that lives in external memory (the mapped host memory a
-// GPU producer writes): `slots` of 2 x 8 bytes, same lap-bit rule as TriggerFifo, and the
-// tail published to `tail_word` for the producer's flow control.
+// GPU producer writes): `slots` of 2 x 8 bytes, the lap-bit rule of TriggerFifo on both
+// words, and the tail published to `tail_word` for the producer's flow control.
 class TriggerRingView {
  public:
   TriggerRingView() = default;
   TriggerRingView(void* slots, uint64_t* tail_word, uint32_t capacity_pow2)
       : slots_(static_cast<uint64_t*>(slots)), tail_word_(tail_word), mask_(capacity_pow2 - 1) {}
 
+  // A slot is complete when both words carry the lap parity: a producer may write it as one
+  // 16-byte store without a fence, which the reader may see half done.
   bool tryPop(Trigger& out) {
     uint64_t* s = slots_ + 2 * (tail_ & mask_);
+    const uint64_t lap = lapBit(tail_);
     const uint64_t snd = __atomic_load_n(s + 1, __ATOMIC_ACQUIRE);
-    if ((snd & TriggerFifo::kLapBit) != lapBit(tail_)) return false;
-    out.fst = __atomic_load_n(s, __ATOMIC_RELAXED);
+    if ((snd & TriggerFifo::kLapBit) != lap) return false;
+    const uint64_t fst = __atomic_load_n(s, __ATOMIC_ACQUIRE);
+    if ((fst & TriggerFifo::kLapBit) != lap) return false;
+    out.fst = fst & ~TriggerFifo::kLapBit;
     out.snd = snd & ~TriggerFifo::kLapBit;
     ++tail_;
     return true;

@@ -1,7 +1,12 @@
 // The 16-byte trigger of a GPU write request, shared by its producer (a CUDA kernel, see
 // kernels/ll_device.cuh) and its consumer (the proxy, csrc/cuda/gpu_communicator.cpp), so that
-// both sides encode it from one definition. fst = local offset << 32 | remote offset (outbox ->
-// the peer's GPU region); snd = bytes << 24 | peer, with the top bit the FIFO lap parity.
+// both sides encode it from one definition.
+//   fst = lap | local offset << 32 | remote offset           (outbox -> the peer's GPU region)
+//   snd = lap | flag << 31 | checked << 30 | bytes << 8 | peer
+// Both words carry the FIFO lap parity in their top bit. A "checked" trigger names LL lines
+// that carry `flag`; it is pushed without a system-scope fence, as one 16-byte store, and the
+// proxy reads the lines' flags before it posts them. An unchecked one is fenced: what it names
+// is in host memory before the trigger is.
 #pragma once
 
 #include <cstdint>
@@ -15,8 +20,13 @@
 
 namespace resident {
 
-constexpr int kTriggerPeerBits = 24;
 constexpr uint64_t kTriggerLapBit = 1ull << 63;
+constexpr uint32_t kTriggerMaxPeers = 256;          // peer: 8 bits
+constexpr uint64_t kTriggerMaxBytes = 1ull << 22;   // bytes: 22 bits (a slot is <= 2 MiB)
+constexpr uint64_t kTriggerMaxLocal = 1ull << 31;   // local offset: 31 bits
+constexpr uint64_t kTriggerMaxRemote = 1ull << 32;  // remote offset: 32 bits
+// Checked triggers name at most this many bytes of lines: the proxy reads each line's flags.
+constexpr uint64_t kTriggerCheckedMaxBytes = 16384;
 
 // Lap 0 expects the bit set, so zero-initialised memory reads as empty.
 RESIDENT_HOST_DEVICE inline uint64_t triggerLapBit(uint64_t pos, uint64_t capacity) {
@@ -26,18 +36,28 @@ RESIDENT_HOST_DEVICE inline uint64_t triggerLapBit(uint64_t pos, uint64_t capaci
 struct GpuWriteRequest {
   uint32_t peer;
   uint64_t local_offset, remote_offset, bytes;
+  bool checked;  // LL lines: the proxy checks that each carries `flag` before posting
+  uint32_t flag;
 };
 
 RESIDENT_HOST_DEVICE inline uint64_t encodeWriteFst(uint64_t local_offset, uint64_t remote_offset) {
   return (local_offset << 32) | remote_offset;
 }
-RESIDENT_HOST_DEVICE inline uint64_t encodeWriteSnd(uint32_t peer, uint64_t bytes) {
-  return (bytes << kTriggerPeerBits) | peer;
+RESIDENT_HOST_DEVICE inline uint64_t encodeWriteSnd(uint32_t peer, uint64_t bytes, bool checked,
+                                                    uint32_t flag) {
+  return (static_cast<uint64_t>(checked ? flag : 0u) << 31) |
+         (static_cast<uint64_t>(checked ? 1u : 0u) << 30) | (bytes << 8) | peer;
 }
-// `snd_low`: the second word without its lap bit.
-inline GpuWriteRequest decodeWrite(uint64_t fst, uint64_t snd_low) {
-  return GpuWriteRequest{static_cast<uint32_t>(snd_low & ((1ull << kTriggerPeerBits) - 1)),
-                         fst >> 32, fst & 0xffffffffull, snd_low >> kTriggerPeerBits};
+// Both words without their lap bits.
+inline GpuWriteRequest decodeWrite(uint64_t fst_low, uint64_t snd_low) {
+  GpuWriteRequest r;
+  r.peer = static_cast<uint32_t>(snd_low & 0xff);
+  r.local_offset = fst_low >> 32;
+  r.remote_offset = fst_low & 0xffffffffull;
+  r.bytes = (snd_low >> 8) & (kTriggerMaxBytes - 1);
+  r.checked = ((snd_low >> 30) & 1) != 0;
+  r.flag = static_cast<uint32_t>(snd_low >> 31);
+  return r;
 }
 
 }  // namespace resident

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "collective_launch.hpp"
+#include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/trigger_encoding.hpp"
@@ -52,7 +53,8 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       nranks_(comm.size()),
       device_(device),
       pdl_(comm.config().gpu_pdl),
-      prefetch_(comm.config().gpu_prefetch) {
+      prefetch_(comm.config().gpu_prefetch),
+      sentinel_bytes_(comm.config().gpu_sentinel_bytes) {
   if (nranks_ > gpu::kMaxRanks) {
     throw InvalidArgument("resident: CUDA tensors are supported in groups of at most " +
                           std::to_string(gpu::kMaxRanks) + " ranks; this group has " +
@@ -83,6 +85,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       if (p == rank_) continue;
       if (comm.proxied(p)) {
         any_proxied_ = true;
+        region_.proxied |= 1ull << p;
         continue;
       }
       if (comm.peerSegmentBytes(p) < needed) {
@@ -125,6 +128,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   region_.fifo_mask = GpuLayout::kFifoCapacity - 1;
   region_.fifo_offset = lay.fifoOffset();
   region_.timeout_ns = timeout_ms * 1000000ull;
+  region_.trigger_fence = comm.config().gpu_trigger_fence ? 1u : 0u;
   unsigned char* gpu_base = comm.segmentBase() + comm.gpuRegionOffset();
   ring_ = TriggerRingView(gpu_base + lay.fifoOffset(),
                           reinterpret_cast<uint64_t*>(gpu_base + GpuLayout::kFifoTailWord),
@@ -339,6 +343,14 @@ void GpuCommunicator::launchCollective(void* stream) {
     }
   }
   a.rounds_max = rounds_max;
+  // Bytes this rank receives in the first round, over all partners: the sentinel decision.
+  uint64_t first_round_in = 0;
+  for (int p = 0; p < nranks_; ++p) {
+    const gpu::PeerPlan& pp = a.peers[p];
+    if (p == rank_ || pp.rounds == 0) continue;
+    first_round_in += pp.recv_bytes < region_.chunk ? pp.recv_bytes : region_.chunk;
+  }
+  a.sentinel = sentinel_bytes_ != 0 && first_round_in >= sentinel_bytes_ ? 1u : 0u;
   if (persistent_ && rounds_max == 1) {
     // Decode size (one round with every partner): the resident kernel's blocks run it.
     a.parts_per_block = partsFor(first_round_max, persistent_->blocks());
@@ -504,6 +516,25 @@ void GpuCommunicator::recv(void* buf, size_t bytes, int peer, void* stream) {
   launchP2P(false, nullptr, buf, bytes, peer, stream);
 }
 
+bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
+                                   uint32_t flag) const {
+  // The kernel issued the lines before the trigger, so they are at most a PCIe trip behind.
+  uint64_t deadline = 0;
+  for (uint64_t off = 0; off + 16 <= bytes; off += 16) {
+    const auto* words = reinterpret_cast<const uint32_t*>(lines + off);
+    for (uint32_t spins = 0; __atomic_load_n(words + 1, __ATOMIC_RELAXED) != flag ||
+                             __atomic_load_n(words + 3, __ATOMIC_RELAXED) != flag;) {
+      if (++spins % 1024 != 0) continue;
+      const uint64_t now = nowNs();
+      if (deadline == 0) deadline = now + region_.timeout_ns;
+      if (now > deadline) return false;
+    }
+  }
+  // The payload words are read (by the transport) after the flags that vouch for them.
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  return true;
+}
+
 bool GpuCommunicator::proxyPoll() {
   // Drain what the kernels pushed, merging adjacent ranges to the same peer into one write
   // (a batch per peer); a fixed array, no allocation.
@@ -518,6 +549,16 @@ bool GpuCommunicator::proxyPoll() {
   while (popped < 256 && ring_.tryPop(t)) {
     ++popped;
     const GpuWriteRequest r = decodeWrite(t.fst, t.snd);
+    if (r.checked && !linesArrived(outbox_host_ + r.local_offset, r.bytes, r.flag)) {
+      const std::string err = "resident: rank " + std::to_string(rank_) +
+                              ": the proxy waited past the timeout for lines a kernel announced "
+                              "(to rank " +
+                              std::to_string(r.peer) + "); the GPU stopped mid-op";
+      RLOG_ERROR("%s", err.c_str());
+      comm_.engine().poison(err);
+      abortKernels();
+      break;
+    }
     const Write w{static_cast<int>(r.peer), r.local_offset, r.remote_offset, r.bytes};
     if (n > 0) {
       Write& last = batch[n - 1];

@@ -83,6 +83,9 @@ class GpuCommunicator : public ProxyHandler {
   void checkUsable() const;
   uint32_t roundsFor(size_t bytes) const;
   void pinProxyNearDevice();
+  // Proxy side of a checked trigger: waits until every LL line of the range carries `flag`
+  // (the kernel did not fence them before the trigger). False after the group's timeout.
+  bool linesArrived(const unsigned char* lines, uint64_t bytes, uint32_t flag) const;
   uint32_t blocksFor(uint64_t first_round_bytes) const;
 
   Communicator& comm_;
@@ -90,6 +93,7 @@ class GpuCommunicator : public ProxyHandler {
   int device_ = -1;
   const bool pdl_;
   const bool prefetch_;
+  const uint32_t sentinel_bytes_;  // RESIDENT_GPU_SENTINEL_BYTES (0: off)
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;

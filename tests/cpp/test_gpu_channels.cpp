@@ -34,8 +34,10 @@ static void checkLayout(int nranks, uint32_t chunk) {
     CHECK(lay.outCredit(p) + 64 <= lay.outColl(p + 1));
   }
   CHECK(lay.outboxBytes() == lay.outColl(nranks));
-  // Trigger offsets are 32 bits wide.
-  CHECK(lay.totalBytes() < (1ull << 32) && lay.outboxBytes() < (1ull << 32));
+  // Trigger fields: remote offsets 32 bits, local (outbox) offsets 31, a slot's lines fit.
+  CHECK(lay.totalBytes() < resident::kTriggerMaxRemote);
+  CHECK(lay.outboxBytes() < resident::kTriggerMaxLocal);
+  CHECK(lay.slotBytes() < resident::kTriggerMaxBytes);
 }
 
 int main() {
@@ -45,19 +47,42 @@ int main() {
   }
   checkLayout(64, 1u << 20);
 
-  // Encoding round trip.
+  // Encoding round trip, fenced and checked.
   {
-    const uint64_t fst = resident::encodeWriteFst(0x12345670, 0x0abcdef0);
-    const uint64_t snd = resident::encodeWriteSnd(63, 131072);
+    const uint64_t fst = resident::encodeWriteFst(0x72345670, 0xfabcdef0);
+    const uint64_t snd = resident::encodeWriteSnd(63, 131072, false, 0xdeadbeef);
     const auto r = resident::decodeWrite(fst, snd);
-    CHECK(r.peer == 63 && r.local_offset == 0x12345670 && r.remote_offset == 0x0abcdef0 &&
-          r.bytes == 131072);
-    CHECK((snd & resident::kTriggerLapBit) == 0);
+    CHECK(r.peer == 63 && r.local_offset == 0x72345670 && r.remote_offset == 0xfabcdef0 &&
+          r.bytes == 131072 && !r.checked && r.flag == 0);
+    CHECK((snd & resident::kTriggerLapBit) == 0 && (fst & resident::kTriggerLapBit) == 0);
+    const uint64_t snd2 =
+        resident::encodeWriteSnd(255, resident::kTriggerMaxBytes - 16, true, 0xfffffffe);
+    const auto r2 = resident::decodeWrite(fst, snd2);
+    CHECK(r2.peer == 255 && r2.bytes == resident::kTriggerMaxBytes - 16 && r2.checked &&
+          r2.flag == 0xfffffffe);
+    CHECK((snd2 & resident::kTriggerLapBit) == 0);
+  }
+
+  // A slot whose second word is there but whose first is not yet (a checked trigger is one
+  // unfenced 16-byte store, which the reader may see half done) is not taken.
+  {
+    std::vector<uint64_t> slots(2 * 4, 0);
+    uint64_t tail_word = 0;
+    resident::TriggerRingView ring(slots.data(), &tail_word, 4);
+    resident::Trigger t;
+    const uint64_t lap = resident::triggerLapBit(0, 4);
+    slots[1] = resident::encodeWriteSnd(3, 16, true, 7) | lap;
+    CHECK(!ring.tryPop(t));
+    slots[0] = resident::encodeWriteFst(32, 64) | lap;
+    CHECK(ring.tryPop(t));
+    const auto r = resident::decodeWrite(t.fst, t.snd);
+    CHECK(r.peer == 3 && r.local_offset == 32 && r.remote_offset == 64 && r.checked && r.flag == 7);
+    CHECK(!ring.tryPop(t));
   }
 
   // A producer thread writes triggers as a kernel does (fst, then snd with the lap bit by
-  // release), over many laps of a small ring; the consumer view sees each once, in order, and
-  // the producer respects the published tail.
+  // release; every third one as checked), over many laps of a small ring; the consumer view
+  // sees each once, in order, and the producer respects the published tail.
   {
     constexpr uint32_t kCap = 16;
     constexpr uint64_t kCount = 100000;
@@ -71,10 +96,12 @@ int main() {
         while (pos - __atomic_load_n(&tail_word, __ATOMIC_ACQUIRE) >= kCap) {
         }
         uint64_t* s = slots.data() + 2 * (pos % kCap);
-        __atomic_store_n(s, resident::encodeWriteFst(pos, pos ^ 0x5a5a), __ATOMIC_RELAXED);
+        const uint64_t lap = resident::triggerLapBit(pos, kCap);
+        __atomic_store_n(s, resident::encodeWriteFst(pos, pos ^ 0x5a5a) | lap, __ATOMIC_RELAXED);
         __atomic_store_n(s + 1,
-                         resident::encodeWriteSnd(static_cast<uint32_t>(pos % 7), pos % 4096) |
-                             resident::triggerLapBit(pos, kCap),
+                         resident::encodeWriteSnd(static_cast<uint32_t>(pos % 7), pos % 4096,
+                                                  pos % 3 == 0, static_cast<uint32_t>(pos)) |
+                             lap,
                          __ATOMIC_RELEASE);
       }
     });
@@ -82,9 +109,11 @@ int main() {
       int popped = 0;
       while (ring.tryPop(t)) {
         const auto r = resident::decodeWrite(t.fst, t.snd);
-        CHECK(r.local_offset == (expect & 0xffffffffull));
+        CHECK(r.local_offset == (expect & 0x7fffffffull));
         CHECK(r.remote_offset == ((expect ^ 0x5a5a) & 0xffffffffull));
         CHECK(r.peer == expect % 7 && r.bytes == expect % 4096);
+        CHECK(r.checked == (expect % 3 == 0));
+        CHECK(r.flag == (r.checked ? static_cast<uint32_t>(expect) : 0u));
         ++expect;
         ++popped;
       }
