@@ -193,9 +193,20 @@ __device__ inline unsigned long long reserveRoundZero(const CollectiveArgs& a, u
   return n ? reserveTriggers(a.reg, n) : 0ull;
 }
 
-// Runs this block's share (block `block` of the op) of every round of collective `a`; on
-// return (block-uniform, after a barrier) the block is done with the op. The caller advances
-// DeviceState::coll_round once every block has returned (advanceRounds).
+// The op's round numbers with each partner and the partners' mapped regions, into shared
+// memory (visible after the next barrier, the first one of collectiveBody).
+__device__ inline void loadRoundState(const CollectiveArgs& a, Shared& sh) {
+  DeviceState* st = a.reg.state;
+  for (int p = threadIdx.x; p < a.nranks; p += blockDim.x) {
+    sh.base[p] = *reinterpret_cast<volatile uint32_t*>(&st->coll_round[p]);  // not from L1
+    sh.remote[p] = st->remote[p];
+  }
+}
+
+// Runs this block's share (block `block` of the op) of every round of collective `a`, whose
+// round state the caller loaded (loadRoundState); on return (block-uniform, after a barrier)
+// the block is done with the op. The caller advances DeviceState::coll_round (advanceRounds)
+// once every block has loaded it.
 __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint32_t block) {
   const uint32_t chunk = a.reg.chunk;
   const uint32_t j0 = block * a.parts_per_block;
@@ -209,11 +220,6 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint3
                       nb);
   }
   const bool has_pre = a.common_send != nullptr;
-  DeviceState* st = a.reg.state;
-  for (int p = threadIdx.x; p < a.nranks; p += blockDim.x) {
-    sh.base[p] = *reinterpret_cast<volatile uint32_t*>(&st->coll_round[p]);  // not from L1
-    sh.remote[p] = st->remote[p];
-  }
   if (threadIdx.x == 0) {
     sh.stop = 0;
     sh.fifo_pos = reserveRoundZero(a, j0);
@@ -259,9 +265,9 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint3
   __syncthreads();
 }
 
-// Called by the one thread that saw every block of the op finish: the next op continues the
-// round numbering with each partner. Every block read the same numbers into sh.base at the
-// start of the op (none changes them during it), so this stores without reading them again.
+// Called by one thread once every block of the op has loaded its round state: the next op
+// continues the round numbering with each partner. Every block read the same numbers into
+// sh.base (nothing else changes them), so this stores without reading them again.
 __device__ inline void advanceRounds(const CollectiveArgs& a, const Shared& sh) {
   DeviceState* st = a.reg.state;
   for (int p = 0; p < a.nranks; ++p) {

@@ -24,9 +24,9 @@ struct DeviceState {
   uint32_t p2p_recv_round[kMaxRanks];  // p2p rounds received from each peer
   uint32_t p2p_credit[kMaxRanks][2];   // cached: last round each peer consumed, per slot
   uint32_t p2p_done[kMaxRanks][2];     // blocks done with a received round, by parity
-  // Blocks of the running kernel that finished, one counter per kind of kernel that may run
-  // concurrently with the others: collectives (one at a time), and per peer a send and a recv
-  // (each point-to-point direction has its own stream).
+  // Blocks of the running kernel that read its round numbers (the last advances them), one
+  // counter per kind of kernel that may run concurrently with the others: collectives (one at
+  // a time), and per peer a send and a recv (each point-to-point direction has its own stream).
   uint32_t coll_blocks_done;
   uint32_t send_blocks_done[kMaxRanks];
   uint32_t recv_blocks_done[kMaxRanks];
@@ -94,6 +94,7 @@ struct P2PArgs {
   uint32_t rounds;
   uint32_t parts_per_block;
   uint8_t op_id;
+  uint8_t sentinel;  // recv: a thread per block polls a part's last line first (see sentinel)
 };
 
 }  // namespace gpu

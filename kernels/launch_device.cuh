@@ -10,8 +10,10 @@
 namespace resident {
 namespace gpu {
 
-// First statements of every kernel: wait for the previous kernel on the stream to complete
-// (its memory visible) before touching anything, then let the next one start launching.
+// Wait for the previous kernel on the stream to complete (its memory visible) before touching
+// user buffers, then let the next one start launching. Only a kernel's own round bookkeeping,
+// which the previous kernel of the stream finished before its launch_dependents, comes first.
+// Launching dependents only after the wait keeps at most two kernels of a stream resident.
 __device__ __forceinline__ void pdlEnter() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

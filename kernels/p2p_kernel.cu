@@ -20,14 +20,32 @@ __device__ __forceinline__ uint32_t linesOf(uint32_t round_bytes, uint32_t part)
   return payloadLines(round_bytes, part);
 }
 
+// The round number this kernel starts from, read before the wait for the previous kernel of
+// the stream (which advanced it before letting this one launch); the last block to have read
+// it advances it by `rounds` for the next kernel, before any block lets that one launch.
+// Block-uniform (contains barriers).
+__device__ inline uint32_t advanceEarly(uint32_t* round, uint32_t* blocks_read, uint32_t rounds) {
+  __shared__ uint32_t base;
+  if (threadIdx.x == 0) base = *reinterpret_cast<volatile uint32_t*>(round);
+  __syncthreads();
+  if (threadIdx.x == 0 && lastBlockOf(blocks_read)) {
+    *reinterpret_cast<volatile uint32_t*>(round) = base + rounds;
+    __threadfence();
+  }
+  __syncthreads();
+  return base;
+}
+
 __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P2PArgs a) {
   __shared__ int stop;
-  pdlEnter();
   const Region& reg = a.reg;
   DeviceState* st = reg.state;
+  // Round bookkeeping before the wait for the previous kernel, as in collectiveKernel.
   unsigned char* remote = st->remote[a.peer];
-  const uint32_t base = st->p2p_send_round[a.peer];
+  const uint32_t base =
+      advanceEarly(&st->p2p_send_round[a.peer], &st->send_blocks_done[a.peer], a.rounds);
   if (threadIdx.x == 0) stop = 0;
+  pdlEnter();
   __syncthreads();
   Waiter w(reg, a.op_id);
   const uint32_t t = threadIdx.x;
@@ -82,17 +100,15 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
       }
     }
   }
-  __syncthreads();
-  if (t == 0 && lastBlockOf(&st->send_blocks_done[a.peer]))
-    st->p2p_send_round[a.peer] = base + a.rounds;
 }
 
 __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P2PArgs a) {
-  pdlEnter();
   const Region& reg = a.reg;
   DeviceState* st = reg.state;
   unsigned char* remote = st->remote[a.peer];
-  const uint32_t base = st->p2p_recv_round[a.peer];
+  const uint32_t base =
+      advanceEarly(&st->p2p_recv_round[a.peer], &st->recv_blocks_done[a.peer], a.rounds);
+  pdlEnter();
   Waiter w(reg, a.op_id);
   const uint32_t t = threadIdx.x;
   const uint32_t j0 = blockIdx.x * a.parts_per_block;
@@ -111,18 +127,20 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
       const uint32_t lines = linesOf(bytes, j);
       if (lines == 0) break;
       const unsigned char* part = src + static_cast<uint64_t>(j) * kThreads * 16;
-      // While the message is in flight only one thread per block polls host memory (the
-      // owner of the part's last line); then every thread reads its own line, most already
-      // there. A whole block spinning on uncached PCIe reads slows the sender's writes.
+      // Sentinel mode (RESIDENT_GPU_SENTINEL_BYTES): while the message is in flight only one
+      // thread per block polls host memory (the owner of the part's last line); then every
+      // thread reads its own line, most already there. Otherwise every thread polls its own.
       uint64_t v = 0;
       bool have = false;
-      if (t == lines - 1) {
-        have = w.line(part + t * 16, g, v, a.peer);
-        fail = fail || !have;
-      }
-      if (__syncthreads_or(fail)) {
-        stopped = true;
-        break;
+      if (a.sentinel) {  // uniform: a kernel argument
+        if (t == lines - 1) {
+          have = w.line(part + t * 16, g, v, a.peer);
+          fail = fail || !have;
+        }
+        if (__syncthreads_or(fail)) {
+          stopped = true;
+          break;
+        }
       }
       if (t < lines) {
         if (have || w.line(part + t * 16, g, v, a.peer)) {
@@ -154,9 +172,6 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
       }
     }
   }
-  __syncthreads();
-  if (t == 0 && lastBlockOf(&st->recv_blocks_done[a.peer]))
-    st->p2p_recv_round[a.peer] = base + a.rounds;
 }
 
 }  // namespace

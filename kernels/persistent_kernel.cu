@@ -112,6 +112,7 @@ __global__ void __launch_bounds__(kThreads)
       for (uint32_t i = threadIdx.x; i < sizeof(CollectiveArgs) / 8; i += blockDim.x)
         dst[i] = __ldcg(src + i);  // L2: the host may have rewritten this slot since
       __syncthreads();
+      loadRoundState(a, sh);
       collectiveBody(a, sh, blockIdx.x);
     }
     if (threadIdx.x == 0) {

@@ -31,8 +31,8 @@ struct Config {
   bool gpu_pdl = true;                  // RESIDENT_GPU_PDL=0|1: programmatic dependent launch
   bool gpu_prefetch = false;  // RESIDENT_GPU_PREFETCH=0|1: first payload word loaded at start
   // RESIDENT_GPU_SENTINEL_BYTES: from this many bytes received per round (summed over the
-  // partners) a warp polls one line of its part before the rest (0: never).
-  uint32_t gpu_sentinel_bytes = 32 * 1024;
+  // partners) a warp polls one line of its part before the rest (0: never; measured slower).
+  uint32_t gpu_sentinel_bytes = 0;
   // RESIDENT_GPU_TRIGGER_FENCE=0|1: 1 fences every proxy trigger on the device instead of
   // letting the proxy check the lines' flags.
   bool gpu_trigger_fence = false;

@@ -351,6 +351,7 @@ void GpuCommunicator::launchCollective(void* stream) {
     first_round_in += pp.recv_bytes < region_.chunk ? pp.recv_bytes : region_.chunk;
   }
   a.sentinel = sentinel_bytes_ != 0 && first_round_in >= sentinel_bytes_ ? 1u : 0u;
+  a.reg.trigger_fence = fenceTriggers(first_round_max);
   if (persistent_ && rounds_max == 1) {
     // Decode size (one round with every partner): the resident kernel's blocks run it.
     a.parts_per_block = partsFor(first_round_max, persistent_->blocks());
@@ -496,6 +497,8 @@ void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t
   a.rounds = roundsFor(bytes);
   a.op_id = is_send ? kSend : kRecv;
   const size_t first = bytes < region_.chunk ? bytes : region_.chunk;
+  a.sentinel = !is_send && sentinel_bytes_ != 0 && first >= sentinel_bytes_ ? 1 : 0;
+  a.reg.trigger_fence = fenceTriggers(first);
   // p2p kernels of every peer and direction may be resident at once (each direction has its
   // own stream, each with a PDL successor): together they get what one collective gets.
   const uint32_t streams = 2u * static_cast<uint32_t>(nranks_ > 1 ? nranks_ - 1 : 1);
@@ -514,6 +517,14 @@ void GpuCommunicator::send(const void* buf, size_t bytes, int peer, void* stream
 
 void GpuCommunicator::recv(void* buf, size_t bytes, int peer, void* stream) {
   launchP2P(false, nullptr, buf, bytes, peer, stream);
+}
+
+// Checked triggers pay off for small ops (the proxy starts on the lines while they land); from
+// kUncheckedFrom bytes per peer and round the proxy's reads of lines still arriving slowed the
+// GPU's writes (H200, benchmarks/RESULTS.md), so those ops fence on the device.
+uint32_t GpuCommunicator::fenceTriggers(uint64_t first_round_bytes) const {
+  constexpr uint64_t kUncheckedFrom = 32 * 1024;
+  return region_.trigger_fence != 0 || first_round_bytes >= kUncheckedFrom ? 1u : 0u;
 }
 
 bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,

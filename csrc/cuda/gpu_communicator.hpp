@@ -86,6 +86,8 @@ class GpuCommunicator : public ProxyHandler {
   // Proxy side of a checked trigger: waits until every LL line of the range carries `flag`
   // (the kernel did not fence them before the trigger). False after the group's timeout.
   bool linesArrived(const unsigned char* lines, uint64_t bytes, uint32_t flag) const;
+  // Region::trigger_fence for an op whose largest round to one peer has this many bytes.
+  uint32_t fenceTriggers(uint64_t first_round_bytes) const;
   uint32_t blocksFor(uint64_t first_round_bytes) const;
 
   Communicator& comm_;
