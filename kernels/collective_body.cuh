@@ -145,7 +145,8 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
           (static_cast<uint64_t>(j1 - 1 - j0) * kThreads + linesOf(sb, j1 - 1)) * 16;
       // Round 0 uses the positions reserved at the start of the op (reserveRoundZero).
       const unsigned long long pos = r == 0 ? sh.fifo_pos++ : reserveTriggers(reg, 1);
-      if (!pushTriggerAt(w, pos, p, local_off + first, remote_off + first, bytes, true, g))
+      if (!pushTriggerAt(w, pos, p, local_off + first, remote_off + first, bytes,
+                         TriggerKind::kLines, g))
         sh.stop = 1;
     }
   }

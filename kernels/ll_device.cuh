@@ -109,14 +109,16 @@ __device__ __forceinline__ unsigned long long reserveTriggers(const Region& reg,
   return atomicAdd(&reg.state->fifo_head, static_cast<unsigned long long>(n));
 }
 
-// Pushes a write request at position `pos`. `lines`: the range holds LL lines carrying `flag`,
-// so, unless RESIDENT_GPU_TRIGGER_FENCE is set, the trigger goes out as one unfenced 16-byte
-// store and the proxy reads the lines' flags before posting them (a system-scope release would
-// wait for the lines to reach host memory first). Otherwise the release store orders every
-// store of this thread (and of the block, joined by a barrier before) before the trigger.
+// Pushes a write request at position `pos` (see core/trigger_encoding.hpp for the kinds).
+// kLines: the range holds LL lines carrying `value`; unless the op fences its triggers
+// (Region::trigger_fence) the trigger goes out as one unfenced 16-byte store and the proxy
+// reads the lines' flags before posting them (a system-scope release would first wait for the
+// lines to reach host memory). kValue carries its word in the trigger and needs no fence
+// either. kCopy (and fenced kLines): the release store orders every store of this thread (and
+// of the block, joined by a barrier before) before the trigger.
 __device__ inline bool pushTriggerAt(Waiter& w, unsigned long long pos, int peer,
                                      uint64_t local_off, uint64_t remote_off, uint64_t bytes,
-                                     bool lines, uint32_t flag) {
+                                     TriggerKind kind, uint32_t value) {
   const Region& reg = w.reg;
   DeviceState* st = reg.state;
   const unsigned long long cap = reg.fifo_mask + 1ull;
@@ -132,11 +134,14 @@ __device__ inline bool pushTriggerAt(Waiter& w, unsigned long long pos, int peer
     }
   }
   unsigned char* slot = reg.local + reg.fifo_offset + 16 * (pos & reg.fifo_mask);
-  const bool checked = lines && reg.trigger_fence == 0 && bytes <= kTriggerCheckedMaxBytes;
+  if (kind == TriggerKind::kLines && (reg.trigger_fence != 0 || bytes > kTriggerLinesMaxBytes))
+    kind = TriggerKind::kCopy;
   const uint64_t lap = triggerLapBit(pos, cap);
   const uint64_t fst = encodeWriteFst(local_off, remote_off) | lap;
-  const uint64_t snd = encodeWriteSnd(static_cast<uint32_t>(peer), bytes, checked, flag) | lap;
-  if (checked) {
+  const uint64_t snd = encodeWriteSnd(static_cast<uint32_t>(peer), bytes, kind,
+                                      kind == TriggerKind::kCopy ? 0u : value) |
+                       lap;
+  if (kind != TriggerKind::kCopy) {
     asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(fst), "l"(snd)
                  : "memory");
   } else {
@@ -147,9 +152,9 @@ __device__ inline bool pushTriggerAt(Waiter& w, unsigned long long pos, int peer
 }
 
 __device__ inline bool pushTrigger(Waiter& w, int peer, uint64_t local_off, uint64_t remote_off,
-                                   uint64_t bytes, bool lines, uint32_t flag) {
-  return pushTriggerAt(w, reserveTriggers(w.reg, 1), peer, local_off, remote_off, bytes, lines,
-                       flag);
+                                   uint64_t bytes, TriggerKind kind, uint32_t value) {
+  return pushTriggerAt(w, reserveTriggers(w.reg, 1), peer, local_off, remote_off, bytes, kind,
+                       value);
 }
 
 }  // namespace gpu

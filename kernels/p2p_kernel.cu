@@ -96,7 +96,9 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
         const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
         const uint64_t n =
             (static_cast<uint64_t>(j_end - 1 - j0) * kThreads + linesOf(bytes, j_end - 1)) * 16;
-        if (!pushTrigger(w, a.peer, local_off + first, remote_off + first, n, true, g)) stop = 1;
+        if (!pushTrigger(w, a.peer, local_off + first, remote_off + first, n, TriggerKind::kLines,
+                         g))
+          stop = 1;
       }
     }
   }
@@ -160,14 +162,13 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
     const uint32_t active = min(gridDim.x, (parts + a.parts_per_block - 1) / a.parts_per_block);
     if (t == 0 && j0 < parts) {
       if (lastOf(&st->p2p_done[a.peer][slot], active)) {
+        // A plain store: the credit only has to follow this op's reads of the slot, which
+        // completed (their values are used) before the barrier and lastOf's fence.
         const uint64_t remote_off = reg.credit_in0 + 64ull * a.rank + 8ull * slot;
         if (remote) {
-          storeRelease64(remote + remote_off, g);
+          *reinterpret_cast<volatile uint64_t*>(remote + remote_off) = g;
         } else {
-          const uint64_t local_off =
-              static_cast<uint64_t>(a.peer) * reg.out_stride + 4 * reg.slot_bytes + 8ull * slot;
-          storeRelease64(reg.outbox + local_off, g);
-          fail = !pushTrigger(w, a.peer, local_off, remote_off, 8, false, 0);  // a word, fenced
+          fail = !pushTrigger(w, a.peer, 0, remote_off, 0, TriggerKind::kValue, g);
         }
       }
     }

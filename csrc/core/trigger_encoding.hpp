@@ -2,11 +2,12 @@
 // kernels/ll_device.cuh) and its consumer (the proxy, csrc/cuda/gpu_communicator.cpp), so that
 // both sides encode it from one definition.
 //   fst = lap | local offset << 32 | remote offset           (outbox -> the peer's GPU region)
-//   snd = lap | flag << 31 | checked << 30 | bytes << 8 | peer
-// Both words carry the FIFO lap parity in their top bit. A "checked" trigger names LL lines
-// that carry `flag`; it is pushed without a system-scope fence, as one 16-byte store, and the
-// proxy reads the lines' flags before it posts them. An unchecked one is fenced: what it names
-// is in host memory before the trigger is.
+//   snd = lap | value << 31 | kind << 29 | bytes << 7 | peer
+// Both words carry the FIFO lap parity in their top bit. Kinds:
+//   copy:  `bytes` of the outbox; the trigger is fenced (they are in host memory before it is).
+//   lines: LL lines carrying `value` as their flag; pushed without a system-scope fence, as
+//          one 16-byte store: the proxy reads the lines' flags before it posts them.
+//   value: no bytes; the proxy writes `value` as an 8-byte word at the remote offset (a credit).
 #pragma once
 
 #include <cstdint>
@@ -21,12 +22,14 @@
 namespace resident {
 
 constexpr uint64_t kTriggerLapBit = 1ull << 63;
-constexpr uint32_t kTriggerMaxPeers = 256;          // peer: 8 bits
+constexpr uint32_t kTriggerMaxPeers = 128;          // peer: 7 bits
 constexpr uint64_t kTriggerMaxBytes = 1ull << 22;   // bytes: 22 bits (a slot is <= 2 MiB)
 constexpr uint64_t kTriggerMaxLocal = 1ull << 31;   // local offset: 31 bits
 constexpr uint64_t kTriggerMaxRemote = 1ull << 32;  // remote offset: 32 bits
-// Checked triggers name at most this many bytes of lines: the proxy reads each line's flags.
-constexpr uint64_t kTriggerCheckedMaxBytes = 16384;
+// Lines triggers name at most this many bytes: the proxy reads each line's flags.
+constexpr uint64_t kTriggerLinesMaxBytes = 16384;
+
+enum class TriggerKind : uint32_t { kCopy = 0, kLines = 1, kValue = 2 };
 
 // Lap 0 expects the bit set, so zero-initialised memory reads as empty.
 RESIDENT_HOST_DEVICE inline uint64_t triggerLapBit(uint64_t pos, uint64_t capacity) {
@@ -36,27 +39,27 @@ RESIDENT_HOST_DEVICE inline uint64_t triggerLapBit(uint64_t pos, uint64_t capaci
 struct GpuWriteRequest {
   uint32_t peer;
   uint64_t local_offset, remote_offset, bytes;
-  bool checked;  // LL lines: the proxy checks that each carries `flag` before posting
-  uint32_t flag;
+  TriggerKind kind;
+  uint32_t value;  // lines: their flag; value: the word to write
 };
 
 RESIDENT_HOST_DEVICE inline uint64_t encodeWriteFst(uint64_t local_offset, uint64_t remote_offset) {
   return (local_offset << 32) | remote_offset;
 }
-RESIDENT_HOST_DEVICE inline uint64_t encodeWriteSnd(uint32_t peer, uint64_t bytes, bool checked,
-                                                    uint32_t flag) {
-  return (static_cast<uint64_t>(checked ? flag : 0u) << 31) |
-         (static_cast<uint64_t>(checked ? 1u : 0u) << 30) | (bytes << 8) | peer;
+RESIDENT_HOST_DEVICE inline uint64_t encodeWriteSnd(uint32_t peer, uint64_t bytes, TriggerKind kind,
+                                                    uint32_t value) {
+  return (static_cast<uint64_t>(value) << 31) | (static_cast<uint64_t>(kind) << 29) | (bytes << 7) |
+         peer;
 }
 // Both words without their lap bits.
 inline GpuWriteRequest decodeWrite(uint64_t fst_low, uint64_t snd_low) {
   GpuWriteRequest r;
-  r.peer = static_cast<uint32_t>(snd_low & 0xff);
+  r.peer = static_cast<uint32_t>(snd_low & (kTriggerMaxPeers - 1));
   r.local_offset = fst_low >> 32;
   r.remote_offset = fst_low & 0xffffffffull;
-  r.bytes = (snd_low >> 8) & (kTriggerMaxBytes - 1);
-  r.checked = ((snd_low >> 30) & 1) != 0;
-  r.flag = static_cast<uint32_t>(snd_low >> 31);
+  r.bytes = (snd_low >> 7) & (kTriggerMaxBytes - 1);
+  r.kind = static_cast<TriggerKind>((snd_low >> 29) & 3);
+  r.value = static_cast<uint32_t>(snd_low >> 31);
   return r;
 }
 

@@ -555,12 +555,25 @@ bool GpuCommunicator::proxyPoll() {
   };
   Write batch[64];
   int n = 0;
+  auto flush = [&] {
+    for (int i = 0; i < n; ++i)
+      comm_.transport().write(batch[i].peer, comm_.gpuRegionOffset() + batch[i].remote,
+                              outbox_host_ + batch[i].local, batch[i].bytes);
+    n = 0;
+  };
   int popped = 0;
   Trigger t;
   while (popped < 256 && ring_.tryPop(t)) {
     ++popped;
     const GpuWriteRequest r = decodeWrite(t.fst, t.snd);
-    if (r.checked && !linesArrived(outbox_host_ + r.local_offset, r.bytes, r.flag)) {
+    if (r.kind == TriggerKind::kValue) {
+      flush();  // in FIFO order behind the writes before it
+      comm_.transport().signal(static_cast<int>(r.peer), comm_.gpuRegionOffset() + r.remote_offset,
+                               r.value);
+      continue;
+    }
+    if (r.kind == TriggerKind::kLines &&
+        !linesArrived(outbox_host_ + r.local_offset, r.bytes, r.value)) {
       const std::string err = "resident: rank " + std::to_string(rank_) +
                               ": the proxy waited past the timeout for lines a kernel announced "
                               "(to rank " +
@@ -579,17 +592,10 @@ bool GpuCommunicator::proxyPoll() {
         continue;
       }
     }
-    if (n == 64) {
-      for (int i = 0; i < n; ++i)
-        comm_.transport().write(batch[i].peer, comm_.gpuRegionOffset() + batch[i].remote,
-                                outbox_host_ + batch[i].local, batch[i].bytes);
-      n = 0;
-    }
+    if (n == 64) flush();
     batch[n++] = w;
   }
-  for (int i = 0; i < n; ++i)
-    comm_.transport().write(batch[i].peer, comm_.gpuRegionOffset() + batch[i].remote,
-                            outbox_host_ + batch[i].local, batch[i].bytes);
+  flush();
   if (popped > 0) ring_.publishTail();
   if (persistent_ && persistent_->poll()) ++popped;  // relaunched an idle resident kernel
   if (!error_logged_.load(std::memory_order_relaxed)) {

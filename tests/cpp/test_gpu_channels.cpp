@@ -47,41 +47,50 @@ int main() {
   }
   checkLayout(64, 1u << 20);
 
-  // Encoding round trip, fenced and checked.
+  // Encoding round trip, every kind, fields at their limits.
   {
+    using resident::TriggerKind;
     const uint64_t fst = resident::encodeWriteFst(0x72345670, 0xfabcdef0);
-    const uint64_t snd = resident::encodeWriteSnd(63, 131072, false, 0xdeadbeef);
+    const uint64_t snd = resident::encodeWriteSnd(63, 131072, TriggerKind::kCopy, 0);
     const auto r = resident::decodeWrite(fst, snd);
     CHECK(r.peer == 63 && r.local_offset == 0x72345670 && r.remote_offset == 0xfabcdef0 &&
-          r.bytes == 131072 && !r.checked && r.flag == 0);
+          r.bytes == 131072 && r.kind == TriggerKind::kCopy && r.value == 0);
     CHECK((snd & resident::kTriggerLapBit) == 0 && (fst & resident::kTriggerLapBit) == 0);
     const uint64_t snd2 =
-        resident::encodeWriteSnd(255, resident::kTriggerMaxBytes - 16, true, 0xfffffffe);
+        resident::encodeWriteSnd(resident::kTriggerMaxPeers - 1, resident::kTriggerMaxBytes - 16,
+                                 TriggerKind::kLines, 0xfffffffe);
     const auto r2 = resident::decodeWrite(fst, snd2);
-    CHECK(r2.peer == 255 && r2.bytes == resident::kTriggerMaxBytes - 16 && r2.checked &&
-          r2.flag == 0xfffffffe);
+    CHECK(r2.peer == resident::kTriggerMaxPeers - 1 &&
+          r2.bytes == resident::kTriggerMaxBytes - 16 && r2.kind == TriggerKind::kLines &&
+          r2.value == 0xfffffffe);
     CHECK((snd2 & resident::kTriggerLapBit) == 0);
+    const auto r3 = resident::decodeWrite(resident::encodeWriteFst(0, 0x123440),
+                                          resident::encodeWriteSnd(5, 0, TriggerKind::kValue, 9));
+    CHECK(r3.peer == 5 && r3.remote_offset == 0x123440 && r3.bytes == 0 &&
+          r3.kind == TriggerKind::kValue && r3.value == 9);
+    CHECK(resident::kTriggerMaxPeers >= 64);  // kernels/exchange_args.hpp: kMaxRanks
   }
 
-  // A slot whose second word is there but whose first is not yet (a checked trigger is one
-  // unfenced 16-byte store, which the reader may see half done) is not taken.
+  // A slot whose second word is there but whose first is not yet (an unfenced trigger is one
+  // 16-byte store, which the reader may see half done) is not taken.
   {
     std::vector<uint64_t> slots(2 * 4, 0);
     uint64_t tail_word = 0;
     resident::TriggerRingView ring(slots.data(), &tail_word, 4);
     resident::Trigger t;
     const uint64_t lap = resident::triggerLapBit(0, 4);
-    slots[1] = resident::encodeWriteSnd(3, 16, true, 7) | lap;
+    slots[1] = resident::encodeWriteSnd(3, 16, resident::TriggerKind::kLines, 7) | lap;
     CHECK(!ring.tryPop(t));
     slots[0] = resident::encodeWriteFst(32, 64) | lap;
     CHECK(ring.tryPop(t));
     const auto r = resident::decodeWrite(t.fst, t.snd);
-    CHECK(r.peer == 3 && r.local_offset == 32 && r.remote_offset == 64 && r.checked && r.flag == 7);
+    CHECK(r.peer == 3 && r.local_offset == 32 && r.remote_offset == 64 &&
+          r.kind == resident::TriggerKind::kLines && r.value == 7);
     CHECK(!ring.tryPop(t));
   }
 
   // A producer thread writes triggers as a kernel does (fst, then snd with the lap bit by
-  // release; every third one as checked), over many laps of a small ring; the consumer view
+  // release; the kinds in turn), over many laps of a small ring; the consumer view
   // sees each once, in order, and the producer respects the published tail.
   {
     constexpr uint32_t kCap = 16;
@@ -100,7 +109,8 @@ int main() {
         __atomic_store_n(s, resident::encodeWriteFst(pos, pos ^ 0x5a5a) | lap, __ATOMIC_RELAXED);
         __atomic_store_n(s + 1,
                          resident::encodeWriteSnd(static_cast<uint32_t>(pos % 7), pos % 4096,
-                                                  pos % 3 == 0, static_cast<uint32_t>(pos)) |
+                                                  static_cast<resident::TriggerKind>(pos % 3),
+                                                  static_cast<uint32_t>(pos)) |
                              lap,
                          __ATOMIC_RELEASE);
       }
@@ -112,8 +122,8 @@ int main() {
         CHECK(r.local_offset == (expect & 0x7fffffffull));
         CHECK(r.remote_offset == ((expect ^ 0x5a5a) & 0xffffffffull));
         CHECK(r.peer == expect % 7 && r.bytes == expect % 4096);
-        CHECK(r.checked == (expect % 3 == 0));
-        CHECK(r.flag == (r.checked ? static_cast<uint32_t>(expect) : 0u));
+        CHECK(static_cast<uint64_t>(r.kind) == expect % 3);
+        CHECK(r.value == static_cast<uint32_t>(expect));
         ++expect;
         ++popped;
       }
