@@ -54,5 +54,5 @@ def create_backend(dist_backend_opts, backend_options):
 
 PERSISTENT_WARNING = (
     "resident: RESIDENT_GPU_PERSISTENT=1 (the resident kernel) is experimental: on an H200 it "
-    "hung at 4 and 8 ranks and is not yet faster than a kernel per op "
+    "was 1.4-4.9x slower than a kernel per op in CUDA graphs and hung with long idle times "
     "(benchmarks/RESULTS.md); use the default (0) for real work")
