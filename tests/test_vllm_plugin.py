@@ -1,0 +1,159 @@
+"""resident_pg.vllm_plugin against stand-ins of vLLM's GroupCoordinator and CudaCommunicator.
+
+vLLM is not installable here, so two small classes with the same constructor arguments and
+``all_reduce`` signature stand in for it. In 3 spawned ranks (world group gloo, CPU tensors) every
+rank builds the TP coordinators of ``group_ranks = [[0, 2], [1]]`` and a PP one; then:
+
+* a small all-reduce on the TP communicator goes to the resident group (and not to vLLM's own
+  path), with the sum of the group's random inputs, computed independently from the seeds;
+* one above ``max_bytes`` and a non-contiguous one take vLLM's own path (also checked);
+* the PP coordinator gets no resident group; patching twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+import dist_harness as H
+from resident_pg import vllm_plugin
+
+MAX_BYTES = 256
+TP_GROUPS = [[0, 2], [1]]
+
+
+class FakeCommunicator:
+    """vLLM's CudaCommunicator as the plugin sees it: device, ca_comm, all_reduce(input_)."""
+
+    def __init__(self, device, group):
+        self.device = device
+        self.group = group
+        self.ca_comm = None
+        self.own_path_calls = 0
+
+    def all_reduce(self, input_):
+        import torch.distributed as dist
+
+        self.own_path_calls += 1
+        out = input_.clone()
+        dist.all_reduce(out, group=self.group)
+        return out
+
+
+class FakeCoordinator:
+    """vLLM's GroupCoordinator constructor (the arguments the plugin binds by name)."""
+
+    def __init__(self, group_ranks, local_rank, torch_distributed_backend,
+                 use_device_communicator, use_message_queue_broadcaster=False, group_name=None):
+        import torch
+        import torch.distributed as dist
+
+        self.group_name = group_name
+        self.device_group = None
+        for ranks in group_ranks:
+            g = dist.new_group(ranks, backend=torch_distributed_backend)
+            if dist.get_rank() in ranks:
+                self.device_group = g
+        self.device_communicator = (FakeCommunicator(torch.device("cpu"), self.device_group)
+                                    if use_device_communicator else None)
+
+
+def _inputs(rank, n, key):
+    return H.rng_for(f"vllm/{key}", rank).standard_normal(n).astype(np.float32)
+
+
+def _plugin_job(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    H.init_pg("gloo")
+    vllm_plugin.patch(FakeCoordinator, FakeCommunicator, max_bytes=MAX_BYTES)
+    vllm_plugin.patch(FakeCoordinator, FakeCommunicator, max_bytes=MAX_BYTES)  # idempotent
+    tp = FakeCoordinator(TP_GROUPS, rank, "gloo", True, group_name="tp")
+    pp = FakeCoordinator([[0, 1, 2]], rank, "gloo", True, group_name="pp")
+    comm = tp.device_communicator
+    mine = next(g for g in TP_GROUPS if rank in g)
+    out = {"resident_backend": dist.get_backend(comm.resident_group),
+           "pp_has_resident": hasattr(pp.device_communicator, "resident_group")}
+    problems = []
+    for key, n, expect_own in (("small", MAX_BYTES // 4, False), ("large", MAX_BYTES // 4 + 1, True)):
+        before = comm.own_path_calls
+        x = torch.from_numpy(_inputs(rank, n, key))
+        got = comm.all_reduce(x).numpy()
+        want = np.sum([_inputs(r, n, key).astype(np.float64) for r in mine], axis=0)
+        if not np.allclose(got, want, rtol=1e-6, atol=1e-5):
+            problems.append(f"{key}: max error {np.max(np.abs(got - want))}")
+        if not np.array_equal(x.numpy(), _inputs(rank, n, key)):
+            problems.append(f"{key}: the input was modified (vLLM's all_reduce is out of place)")
+        if (comm.own_path_calls > before) != expect_own:
+            problems.append(f"{key}: went to {'vLLM' if comm.own_path_calls > before else 'resident'}")
+    strided = torch.from_numpy(_inputs(rank, 16, "strided"))[::2]
+    before = comm.own_path_calls
+    comm.all_reduce(strided)
+    if comm.own_path_calls == before:
+        problems.append("a non-contiguous input went to resident")
+    out["problems"] = problems
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+def test_plugin_routes_decode_size_all_reduces_to_resident():
+    per_rank = H.run_ranks(_plugin_job, 3, init=False, timeout_s=120)
+    for rank, r in enumerate(per_rank):
+        assert r["problems"] == [], (rank, r["problems"])
+        assert r["resident_backend"] == "resident", (rank, r)
+        assert r["pp_has_resident"] is False, (rank, r)
+
+
+class _Custom:
+    def __init__(self, disabled):
+        self.disabled = disabled
+
+
+def test_routing_rule():
+    import torch
+
+    comm = FakeCommunicator(torch.device("cpu"), None)
+    x = torch.zeros(64)  # 256 bytes
+    assert vllm_plugin.routes_to_resident(comm, x, 256)
+    assert not vllm_plugin.routes_to_resident(comm, x, 255)
+    assert not vllm_plugin.routes_to_resident(comm, torch.zeros(8, 8).t(), 4096)
+    comm.ca_comm = _Custom(disabled=False)  # vLLM's custom all-reduce in use: keep it
+    assert not vllm_plugin.routes_to_resident(comm, x, 256)
+    comm.ca_comm = _Custom(disabled=True)
+    assert vllm_plugin.routes_to_resident(comm, x, 256)
+
+
+def test_register_is_off_unless_enabled(monkeypatch):
+    monkeypatch.delenv(vllm_plugin.ENABLE_VAR, raising=False)
+    assert vllm_plugin.register() is False
+    monkeypatch.setenv(vllm_plugin.ENABLE_VAR, "0")
+    assert vllm_plugin.register() is False
+    monkeypatch.setenv(vllm_plugin.ENABLE_VAR, "maybe")
+    with pytest.raises(ValueError, match="RESIDENT_VLLM must be 0 or 1"):
+        vllm_plugin.register()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
+def test_register_without_vllm_names_the_problem(monkeypatch):
+    monkeypatch.setenv(vllm_plugin.ENABLE_VAR, "1")
+    with pytest.raises(ImportError, match="RESIDENT_VLLM=1 but vLLM"):
+        vllm_plugin.register()
+
+
+def test_bad_max_bytes_is_rejected(monkeypatch):
+    monkeypatch.setenv(vllm_plugin.MAX_BYTES_VAR, "-3")
+    with pytest.raises(ValueError, match="RESIDENT_VLLM_MAX_BYTES must be a positive integer"):
+        vllm_plugin._positive_int(vllm_plugin.MAX_BYTES_VAR, 1)
+
+
+def test_entry_point_is_declared():
+    import pathlib
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    pyproject = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())
+    eps = pyproject["project"]["entry-points"]["vllm.general_plugins"]
+    assert eps == {"resident": "resident_pg.vllm_plugin:register"}
