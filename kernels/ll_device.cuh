@@ -44,23 +44,30 @@ __device__ __forceinline__ void storeRelease64(void* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// Up to 8 bytes of user memory (device) as one word; tails and unaligned data bytewise.
-// Loads bypass L1 (which is not coherent): the resident kernel reads buffers that other
-// kernels rewrote since its previous op, with no kernel boundary in between to invalidate L1.
+// Up to 8 bytes of user memory (device) as one word; 8-, 4- and 2-byte pieces at their
+// alignment in one access, other tails and unaligned data bytewise. Loads bypass L1 (which is
+// not coherent): the resident kernel reads buffers that other kernels rewrote since its
+// previous op, with no kernel boundary in between to invalidate L1.
 __device__ __forceinline__ uint64_t loadBytes(const unsigned char* p, uint32_t n) {
-  if (n == 8 && (reinterpret_cast<uintptr_t>(p) & 7) == 0)
-    return __ldcg(reinterpret_cast<const unsigned long long*>(p));
-  const volatile unsigned char* q = p;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (n == 8 && (a & 7) == 0) return __ldcg(reinterpret_cast<const unsigned long long*>(p));
+  if (n == 4 && (a & 3) == 0) return __ldcg(reinterpret_cast<const unsigned int*>(p));
+  if (n == 2 && (a & 1) == 0) return __ldcg(reinterpret_cast<const unsigned short*>(p));
   uint64_t v = 0;
-  for (uint32_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(q[i]) << (8 * i);
+  for (uint32_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(__ldcg(p + i)) << (8 * i);
   return v;
 }
 __device__ __forceinline__ void storeBytes(unsigned char* p, uint64_t v, uint32_t n) {
-  if (n == 8 && (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (n == 8 && (a & 7) == 0) {
     *reinterpret_cast<uint64_t*>(p) = v;
-    return;
+  } else if (n == 4 && (a & 3) == 0) {
+    *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(v);
+  } else if (n == 2 && (a & 1) == 0) {
+    *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v);
+  } else {
+    for (uint32_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
   }
-  for (uint32_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
 }
 
 // Waiting with a deadline. A block that gives up records why (the first one wins) in the

@@ -4,8 +4,8 @@
 # benchmark under MPS, and leave full logs and JSON under $OUT.
 #
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
-#   stages: build build-if-needed floors tests gpu-tests gpu-tests-persistent overhead bench bench-cuda bench-ab
-#           bench-persistent bench-quick doctor examples multi-gpu
+#   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
+#           overhead bench bench-cuda bench-ab bench-small bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
@@ -42,6 +42,8 @@
 #   persistent-debug: scripts/persistent_probe.py, 2 and 4 ranks, both paths (RESIDENT_DEBUG=debug),
 #                then the persistent suite at 2 ranks to its first failure
 #                ($OUT/persistent_debug.log).
+#   gpu-tests-ws2: the collectives suite at 2 ranks only ($OUT/gpu_tests_ws2.log, ~1.5 min).
+#   bench-small: 2 ranks, graph mode, 8 B / 64 B / 4 KiB, both paths ($OUT/bench_small.json, ~20 s).
 #   gpu-tests-persistent: only tests/test_cuda_persistent.py, the persistent mode
 #                (RESIDENT_GPU_PERSISTENT=1) at 2 and 4 ranks ($OUT/gpu_tests_persistent.log,
 #                ~2 min; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s).
@@ -110,6 +112,15 @@ if has gpu-tests; then
     --ignore=tests/test_cuda_persistent.py -p no:cacheprovider -rf --durations=15 \
     > "$OUT/gpu_tests.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests.log"
+fi
+
+# A short check for a short device budget: the collectives suite (every op x dtype x size,
+# direct, proxy and the knob variants) at 2 ranks only.
+if has gpu-tests-ws2; then
+  step "gpu tests, 2 ranks"
+  RESIDENT_GPU_TESTS_WS=2 timeout -k 10 "${RESIDENT_GPU_TESTS_LIMIT_S:-150}" python3 -m pytest -q -m gpu \
+    tests/test_cuda_collectives.py -p no:cacheprovider -rf > "$OUT/gpu_tests_ws2.log" 2>&1 || status=1
+  tail -5 "$OUT/gpu_tests_ws2.log"
 fi
 
 if has gpu-tests-persistent; then
@@ -192,6 +203,16 @@ if has bench-ab; then
     --floors "$OUT/floors.json" --timeout 30 --time-limit 200 \
     --json "$OUT/bench_ab.json" > "$OUT/bench_ab.log" 2>&1 || status=1
   tail -n 70 "$OUT/bench_ab.log"
+fi
+
+if has bench-small; then
+  step "bench (cuda, 2 ranks, graph, small sizes)"
+  [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
+  python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 2 \
+    --ops all_reduce,all_gather,reduce_scatter,all_to_all_single,send_recv --sizes 8,64,4K \
+    --backends "resident:path=direct,resident:path=proxy" --floors "$OUT/floors.json" \
+    --timeout 30 --time-limit 60 --json "$OUT/bench_small.json" > "$OUT/bench_small.log" 2>&1 || status=1
+  tail -n 30 "$OUT/bench_small.log"
 fi
 
 if has bench-persistent; then
