@@ -8,7 +8,6 @@
 #include <cstring>
 
 #include "collective_launch.hpp"
-#include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/trigger_encoding.hpp"
@@ -517,96 +516,6 @@ void GpuCommunicator::send(const void* buf, size_t bytes, int peer, void* stream
 
 void GpuCommunicator::recv(void* buf, size_t bytes, int peer, void* stream) {
   launchP2P(false, nullptr, buf, bytes, peer, stream);
-}
-
-// Checked triggers pay off for small ops (the proxy starts on the lines while they land); from
-// kUncheckedFrom bytes per peer and round the proxy's reads of lines still arriving slowed the
-// GPU's writes (H200, benchmarks/RESULTS.md), so those ops fence on the device.
-uint32_t GpuCommunicator::fenceTriggers(uint64_t first_round_bytes) const {
-  constexpr uint64_t kUncheckedFrom = 32 * 1024;
-  return region_.trigger_fence != 0 || first_round_bytes >= kUncheckedFrom ? 1u : 0u;
-}
-
-bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
-                                   uint32_t flag) const {
-  // The kernel issued the lines before the trigger, so they are at most a PCIe trip behind.
-  uint64_t deadline = 0;
-  for (uint64_t off = 0; off + 16 <= bytes; off += 16) {
-    const auto* words = reinterpret_cast<const uint32_t*>(lines + off);
-    for (uint32_t spins = 0; __atomic_load_n(words + 1, __ATOMIC_RELAXED) != flag ||
-                             __atomic_load_n(words + 3, __ATOMIC_RELAXED) != flag;) {
-      if (++spins % 1024 != 0) continue;
-      const uint64_t now = nowNs();
-      if (deadline == 0) deadline = now + region_.timeout_ns;
-      if (now > deadline) return false;
-    }
-  }
-  // The payload words are read (by the transport) after the flags that vouch for them.
-  __atomic_thread_fence(__ATOMIC_ACQUIRE);
-  return true;
-}
-
-bool GpuCommunicator::proxyPoll() {
-  // Drain what the kernels pushed, merging adjacent ranges to the same peer into one write
-  // (a batch per peer); a fixed array, no allocation.
-  struct Write {
-    int peer;
-    uint64_t local, remote, bytes;
-  };
-  Write batch[64];
-  int n = 0;
-  auto flush = [&] {
-    for (int i = 0; i < n; ++i)
-      comm_.transport().write(batch[i].peer, comm_.gpuRegionOffset() + batch[i].remote,
-                              outbox_host_ + batch[i].local, batch[i].bytes);
-    n = 0;
-  };
-  int popped = 0;
-  Trigger t;
-  while (popped < 256 && ring_.tryPop(t)) {
-    ++popped;
-    const GpuWriteRequest r = decodeWrite(t.fst, t.snd);
-    if (r.kind == TriggerKind::kValue) {
-      flush();  // in FIFO order behind the writes before it
-      comm_.transport().signal(static_cast<int>(r.peer), comm_.gpuRegionOffset() + r.remote_offset,
-                               r.value);
-      continue;
-    }
-    if (r.kind == TriggerKind::kLines &&
-        !linesArrived(outbox_host_ + r.local_offset, r.bytes, r.value)) {
-      const std::string err = "resident: rank " + std::to_string(rank_) +
-                              ": the proxy waited past the timeout for lines a kernel announced "
-                              "(to rank " +
-                              std::to_string(r.peer) + "); the GPU stopped mid-op";
-      RLOG_ERROR("%s", err.c_str());
-      comm_.engine().poison(err);
-      abortKernels();
-      break;
-    }
-    const Write w{static_cast<int>(r.peer), r.local_offset, r.remote_offset, r.bytes};
-    if (n > 0) {
-      Write& last = batch[n - 1];
-      if (last.peer == w.peer && last.local + last.bytes == w.local &&
-          last.remote + last.bytes == w.remote) {
-        last.bytes += w.bytes;
-        continue;
-      }
-    }
-    if (n == 64) flush();
-    batch[n++] = w;
-  }
-  flush();
-  if (popped > 0) ring_.publishTail();
-  if (persistent_ && persistent_->poll()) ++popped;  // relaunched an idle resident kernel
-  if (!error_logged_.load(std::memory_order_relaxed)) {
-    const std::string err = deviceError();
-    if (!err.empty()) {
-      error_logged_.store(true);
-      RLOG_ERROR("%s", err.c_str());
-      comm_.engine().poison(err);
-    }
-  }
-  return popped > 0;
 }
 
 }  // namespace resident
