@@ -209,9 +209,11 @@ void GpuCommunicator::pinProxyNearDevice() {
 void GpuCommunicator::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  // Abort first: a proxy pass waiting for lines of a kernel that stopped ends on the abort word,
+  // so detaching the proxy (which waits until it is outside proxyPoll) cannot hang on it.
+  if (region_.local != nullptr) abortKernels();
   comm_.setExtraPoller(nullptr);  // waits until the proxy is outside proxyPoll
   if (region_.local != nullptr) {
-    abortKernels();
     // The resident kernel leaves after its current op (aborted above); then the one-op
     // kernels are waited for below.
     persistent_.reset();

@@ -21,13 +21,18 @@ uint32_t GpuCommunicator::fenceTriggers(uint64_t first_round_bytes) const {
 
 bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
                                    uint32_t flag) const {
-  // The kernel issued the lines before the trigger, so they are at most a PCIe trip behind.
+  // The kernel issued the lines before the trigger, so they are at most a PCIe trip behind;
+  // the wait still ends on the group's abort word (shutdown sets it before it detaches the
+  // proxy) and after the group's timeout, should the GPU have stopped mid-op.
+  const auto* abort_word = reinterpret_cast<const uint64_t*>(
+      comm_.segmentBase() + comm_.gpuRegionOffset() + GpuLayout::kAbortWord);
   uint64_t deadline = 0;
   for (uint64_t off = 0; off + 16 <= bytes; off += 16) {
     const auto* words = reinterpret_cast<const uint32_t*>(lines + off);
     for (uint32_t spins = 0; __atomic_load_n(words + 1, __ATOMIC_RELAXED) != flag ||
                              __atomic_load_n(words + 3, __ATOMIC_RELAXED) != flag;) {
       if (++spins % 1024 != 0) continue;
+      if (__atomic_load_n(abort_word, __ATOMIC_ACQUIRE) != 0) return false;
       const uint64_t now = nowNs();
       if (deadline == 0) deadline = now + region_.timeout_ns;
       if (now > deadline) return false;
@@ -67,9 +72,10 @@ bool GpuCommunicator::proxyPoll() {
     if (r.kind == TriggerKind::kLines &&
         !linesArrived(outbox_host_ + r.local_offset, r.bytes, r.value)) {
       const std::string err = "resident: rank " + std::to_string(rank_) +
-                              ": the proxy waited past the timeout for lines a kernel announced "
-                              "(to rank " +
-                              std::to_string(r.peer) + "); the GPU stopped mid-op";
+                              ": the proxy gave up on lines a kernel announced (to rank " +
+                              std::to_string(r.peer) +
+                              "): the group was aborted, or the GPU stopped mid-op and they did "
+                              "not arrive within the group's timeout";
       RLOG_ERROR("%s", err.c_str());
       comm_.engine().poison(err);
       abortKernels();
