@@ -395,26 +395,33 @@ def write_png(path: str, res: List[dict], used: Dict[str, object], title: str) -
         print(f"matplotlib is not installed: skipping the chart {path} "
               f"(pip install matplotlib)", file=sys.stderr)
         return None
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    import textwrap
+
+    def short(text: str, width: int = 70) -> str:
+        return text if len(text) <= width else text[:width - 1] + "…"
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 6.5), gridspec_kw={"width_ratios": [3, 2]})
     for name, (curve, sizes) in sorted(used.items()):
         style = "-" if name.startswith("resident") else "--"
+        label = short(f"{name}: {curve.name}")
         if curve.points:
             xs, ys = zip(*curve.points)
-            ax1.plot(xs, ys, style, marker="o", label=f"{name}: {curve.name}")
+            ax1.plot(xs, ys, style, marker="o", label=label)
         else:
-            ax1.axhline(curve.us, linestyle=style, color="gray", label=f"{name}: {curve.name}")
+            ax1.axhline(curve.us, linestyle=style, color="gray", label=label)
         for s in sizes:
             ax1.axvline(s, color="lightgray", linewidth=0.6)
     ax1.set(xscale="log", yscale="log", xlabel="message size (bytes, bench convention)",
-            ylabel="latency per op (µs)", title="curves (vertical lines: sizes used)")
-    ax1.legend(fontsize=6)
-    labels = [f"{r['model']}\n{r['kind'].upper()}{r['world_size']} b{r['batch']}" for r in res]
+            ylabel="latency per op (µs)", title="latency curves (grey lines: sizes used)")
+    ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
+    labels = [f"{r['model']} {r['kind'].upper()}{r['world_size']} b{r['batch']}" for r in res]
     vals = [100 * r["saved_fraction"] for r in res]
     colors = ["tab:orange" if r["extrapolated"] else "tab:blue" for r in res]
     ax2.bar(range(len(res)), vals, color=colors)
-    ax2.set_xticks(range(len(res)), labels, fontsize=6, rotation=90)
-    ax2.set(ylabel="decode step saved (%)", title="saved vs baseline (orange: extrapolated)")
-    fig.suptitle(title, fontsize=9)
+    ax2.axhline(0, color="black", linewidth=0.6)
+    ax2.set_xticks(range(len(res)), labels, fontsize=7, rotation=60, ha="right")
+    ax2.set(ylabel="decode step saved (%)", title="step saved vs baseline (orange: extrapolated)")
+    fig.suptitle("\n".join(textwrap.wrap(title, 150)), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -298,3 +298,23 @@ def test_cli_help_states_assumptions():
     assert p.returncode == 0, p.stderr
     for word in ("ASSUMPTION", "--compute-ms", "extrapolat", "log-log", "all_to_all"):
         assert word in p.stdout, word
+
+
+# --------------------------------------------------------------------------
+# the chart
+# --------------------------------------------------------------------------
+
+def test_chart_is_written_or_skipped_with_a_message(synth, tmp_path, capsys):
+    """With matplotlib the PNG is written (a real PNG file); without it the run still succeeds
+    and says why there is no chart."""
+    import importlib.util
+
+    png = tmp_path / "chart.png"
+    rc, out, err = run([synth, "--baseline", "backend=nccl", "--png", str(png), "--batches", "1",
+                        *COMPUTE], capsys)
+    assert rc == 0, err
+    if importlib.util.find_spec("matplotlib") is None:
+        assert not png.exists()
+        assert "matplotlib is not installed: skipping the chart" in err
+    else:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
