@@ -22,28 +22,17 @@ __device__ __forceinline__ uint32_t linesOf(uint32_t round_bytes, uint32_t part)
   return n ? n : 1u;
 }
 
+// Parts of round r exchanged with a partner: its larger direction (a credit line at least).
+__device__ __forceinline__ uint32_t partnerParts(const PeerPlan& pp, uint32_t r, uint32_t chunk) {
+  return partsOf(max(roundBytes(pp.send_bytes, r, chunk), roundBytes(pp.recv_bytes, r, chunk)));
+}
+
 struct Shared {
   uint32_t base[kMaxRanks];
   unsigned char* remote[kMaxRanks];
   unsigned long long fifo_pos;  // next of the trigger positions reserved for round 0
   int stop;
 };
-
-// The line a thread's warp polls first in sentinel mode: the last line of the warp's lines in
-// a part of `lines` lines (thread t < lines).
-__device__ __forceinline__ uint32_t sentinelLine(uint32_t lines, uint32_t t) {
-  return min(lines, (t | 31u) + 1u) - 1u;
-}
-
-// Sentinel mode: waits for line `s` of the part at `part` (every thread of the warp reads the
-// same 16 bytes, one request per warp) before the thread reads its own line `t`.
-__device__ __forceinline__ bool awaitSentinel(const CollectiveArgs& a, Waiter& w,
-                                              const unsigned char* part, uint32_t s, uint32_t t,
-                                              uint32_t g, int peer) {
-  if (!a.sentinel || s == t) return true;
-  uint64_t unused;
-  return w.line(part + static_cast<uint64_t>(s) * 16, g, unused, peer);
-}
 
 // Rank-ordered reduction of the parts [j0, j1) of round r.
 template <typename Acc>
@@ -62,19 +51,17 @@ __device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& 
     const uint64_t off = static_cast<uint64_t>(j) * kPartPayload + t * 8;
     // This rank's contribution first: its load overlaps the wait instead of following it.
     const uint64_t mine = loadBytes(in + off, nb);
-    const uint32_t s = sentinelLine(payloadLines(bytes, j), t);
     Acc acc;
     bool ok = true;
     for (int q = 0; q < a.nranks && ok; ++q) {
       uint64_t v = mine;
       if (q != a.rank) {
         const uint32_t g = sh.base[q] + r + 1;
-        const unsigned char* part =
+        const unsigned char* line =
             reg.local + reg.coll_in0 +
             (static_cast<uint64_t>(q) * 2 + ((g - 1) & 1)) * reg.slot_bytes +
-            static_cast<uint64_t>(j) * kThreads * 16;
-        ok = awaitSentinel(a, w, part, s, t, g, q) &&
-             w.line(part + static_cast<uint64_t>(t) * 16, g, v, q);
+            (static_cast<uint64_t>(j) * kThreads + t) * 16;
+        ok = w.line(line, g, v, q);
       }
       if (q == 0)
         acc.first(v);
@@ -164,12 +151,9 @@ __device__ inline void recvRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   auto* dst = static_cast<unsigned char*>(pp.recv) + static_cast<uint64_t>(r) * reg.chunk;
   const uint32_t t = threadIdx.x;
   for (uint32_t j = j0; j < j1; ++j) {
-    const uint32_t lines = linesOf(rb, j);
-    if (t >= lines) continue;
-    const unsigned char* part = base + static_cast<uint64_t>(j) * kThreads * 16;
+    if (t >= linesOf(rb, j)) continue;
     uint64_t v;
-    if (!awaitSentinel(a, w, part, sentinelLine(lines, t), t, g, p) ||
-        !w.line(part + static_cast<uint64_t>(t) * 16, g, v, p)) {
+    if (!w.line(base + (static_cast<uint64_t>(j) * kThreads + t) * 16, g, v, p)) {
       sh.stop = 1;
       return;
     }
@@ -187,9 +171,7 @@ __device__ inline unsigned long long reserveRoundZero(const CollectiveArgs& a, u
   for (int p = 0; p < a.nranks; ++p) {
     const PeerPlan& pp = a.peers[p];
     if (p == a.rank || pp.rounds == 0 || ((a.reg.proxied >> p) & 1) == 0) continue;
-    const uint32_t parts = partsOf(
-        max(roundBytes(pp.send_bytes, 0, a.reg.chunk), roundBytes(pp.recv_bytes, 0, a.reg.chunk)));
-    if (j0 < parts) ++n;
+    if (j0 < partnerParts(pp, 0, a.reg.chunk)) ++n;
   }
   return n ? reserveTriggers(a.reg, n) : 0ull;
 }
@@ -232,8 +214,7 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint3
     for (int p = 0; p < a.nranks; ++p) {
       const PeerPlan& pp = a.peers[p];
       if (p == a.rank || r >= pp.rounds) continue;
-      const uint32_t n =
-          partsOf(max(roundBytes(pp.send_bytes, r, chunk), roundBytes(pp.recv_bytes, r, chunk)));
+      const uint32_t n = partnerParts(pp, r, chunk);
       if (j0 < n) sendRound(a, sh, w, p, r, j0, min(n, j0 + a.parts_per_block), pre, has_pre);
     }
     const PeerPlan& self = a.peers[a.rank];
@@ -255,8 +236,7 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint3
       for (int p = 0; p < a.nranks && !sh.stop; ++p) {
         const PeerPlan& pp = a.peers[p];
         if (p == a.rank || r >= pp.rounds) continue;
-        const uint32_t n =
-            partsOf(max(roundBytes(pp.send_bytes, r, chunk), roundBytes(pp.recv_bytes, r, chunk)));
+        const uint32_t n = partnerParts(pp, r, chunk);
         if (j0 < n) recvRound(a, sh, w, p, r, j0, min(n, j0 + a.parts_per_block));
       }
     }

@@ -58,8 +58,8 @@ struct Region {
   uint64_t fifo_offset;
   uint64_t timeout_ns;  // a wait longer than this reports a timeout and gives up
   uint64_t proxied;     // bit p: peer p is reached through the proxy (known before any load)
-  // Nonzero: every trigger is fenced (RESIDENT_GPU_TRIGGER_FENCE=1). Zero: triggers of LL
-  // lines are pushed without a system-scope fence and the proxy checks the lines' flags.
+  // Per op (GpuCommunicator::fenceTriggers): nonzero fences every trigger on the device; zero
+  // pushes triggers of LL lines unfenced and the proxy checks the lines' flags.
   uint32_t trigger_fence;
   uint32_t pad;
 };
@@ -72,11 +72,6 @@ struct CollectiveArgs {
   uint8_t mode, dtype, redop, op_id;
   uint32_t rounds_max;
   uint32_t parts_per_block;
-  // Nonzero when this rank receives at least RESIDENT_GPU_SENTINEL_BYTES per round: a warp
-  // then polls one line (its last) until it arrives, and only then its other lines, so a
-  // large message in flight is not met by a whole grid of uncached PCIe reads.
-  uint32_t sentinel;
-  uint32_t pad;
   // Non-null when every partner is sent the same bytes (all_reduce, all_gather, broadcast) and
   // RESIDENT_GPU_PREFETCH is on: each thread loads its first payload word at kernel start,
   // concurrently with the device-state loads, instead of after them.
@@ -94,7 +89,6 @@ struct P2PArgs {
   uint32_t rounds;
   uint32_t parts_per_block;
   uint8_t op_id;
-  uint8_t sentinel;  // recv: a thread per block polls a part's last line first (see sentinel)
 };
 
 }  // namespace gpu

@@ -141,8 +141,7 @@ __device__ inline bool pushTriggerAt(Waiter& w, unsigned long long pos, int peer
     }
   }
   unsigned char* slot = reg.local + reg.fifo_offset + 16 * (pos & reg.fifo_mask);
-  if (kind == TriggerKind::kLines && (reg.trigger_fence != 0 || bytes > kTriggerLinesMaxBytes))
-    kind = TriggerKind::kCopy;
+  if (kind == TriggerKind::kLines && reg.trigger_fence != 0) kind = TriggerKind::kCopy;
   const uint64_t lap = triggerLapBit(pos, cap);
   const uint64_t fst = encodeWriteFst(local_off, remote_off) | lap;
   const uint64_t snd = encodeWriteSnd(static_cast<uint32_t>(peer), bytes, kind,

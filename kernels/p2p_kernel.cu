@@ -124,36 +124,21 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
     const unsigned char* src =
         reg.local + reg.p2p_in0 + (static_cast<uint64_t>(a.peer) * 2 + slot) * reg.slot_bytes;
     auto* dst = static_cast<unsigned char*>(a.recv) + static_cast<uint64_t>(r) * reg.chunk;
-    bool stopped = false;
-    for (uint32_t j = j0; j < j0 + a.parts_per_block; ++j) {
+    // Every thread polls its own line; no barrier inside the loop, so a thread that gives up
+    // leaves it alone and the block agrees at the __syncthreads_or below.
+    for (uint32_t j = j0; j < j0 + a.parts_per_block && !fail; ++j) {
       const uint32_t lines = linesOf(bytes, j);
       if (lines == 0) break;
-      const unsigned char* part = src + static_cast<uint64_t>(j) * kThreads * 16;
-      // Sentinel mode (RESIDENT_GPU_SENTINEL_BYTES): while the message is in flight only one
-      // thread per block polls host memory (the owner of the part's last line); then every
-      // thread reads its own line, most already there. Otherwise every thread polls its own.
-      uint64_t v = 0;
-      bool have = false;
-      if (a.sentinel) {  // uniform: a kernel argument
-        if (t == lines - 1) {
-          have = w.line(part + t * 16, g, v, a.peer);
-          fail = fail || !have;
-        }
-        if (__syncthreads_or(fail)) {
-          stopped = true;
-          break;
-        }
+      if (t >= lines) continue;
+      uint64_t v;
+      if (!w.line(src + (static_cast<uint64_t>(j) * kThreads + t) * 16, g, v, a.peer)) {
+        fail = true;
+        break;
       }
-      if (t < lines) {
-        if (have || w.line(part + t * 16, g, v, a.peer)) {
-          const uint32_t nb = lineBytes(bytes, j, t);
-          if (nb) storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8, v, nb);
-        } else {
-          fail = true;
-        }
-      }
+      const uint32_t nb = lineBytes(bytes, j, t);
+      if (nb) storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8, v, nb);
     }
-    if (stopped || __syncthreads_or(fail)) break;
+    if (__syncthreads_or(fail)) break;
     // The last of the blocks that took part in this round returns its credit to the sender,
     // in a word per slot. Only blocks with lines in the round count: a block without lines
     // waits for nothing and could otherwise count into the slot's next round early.

@@ -17,7 +17,7 @@
 #   bench-quick: the same, short (~1 min in all).
 #   bench-cuda:  only the CUDA ladder (as in `bench`).
 #   bench-ab:    2 ranks, graph mode, both paths: the defaults beside RESIDENT_GPU_PREFETCH=1,
-#                RESIDENT_GPU_PDL=0, RESIDENT_GPU_SENTINEL_BYTES=32768 and (proxy)
+#                RESIDENT_GPU_PDL=0 and (proxy)
 #                RESIDENT_GPU_TRIGGER_FENCE=1, side by side in one run ($OUT/bench_ab.json, ~1 min).
 #   bench-persistent: the CUDA ladder of resident (a kernel per op),
 #                resident:RESIDENT_GPU_PERSISTENT=1 (the resident kernel, default idle exit) and
@@ -194,12 +194,12 @@ fi
 
 if has bench-ab; then
   # The CUDA path's knobs side by side at 2 ranks (graph mode, the issue-3 targets' setting):
-  # defaults, prefetch on, PDL off, sentinel polling on; on the proxy path fenced triggers.
+  # defaults, prefetch on, PDL off; on the proxy path fenced triggers.
   step "bench (cuda, knob A/B)"
   [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
   python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 2 \
     --ops all_reduce,all_gather,reduce_scatter,all_to_all_single,send_recv --sizes 8,4K,16K,64K \
-    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_PREFETCH=1,resident:path=direct:RESIDENT_GPU_PDL=0,resident:path=direct:RESIDENT_GPU_SENTINEL_BYTES=32768,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_TRIGGER_FENCE=1" \
+    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_PREFETCH=1,resident:path=direct:RESIDENT_GPU_PDL=0,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_TRIGGER_FENCE=1" \
     --floors "$OUT/floors.json" --timeout 30 --time-limit 200 \
     --json "$OUT/bench_ab.json" > "$OUT/bench_ab.log" 2>&1 || status=1
   tail -n 70 "$OUT/bench_ab.log"

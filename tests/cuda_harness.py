@@ -296,11 +296,10 @@ def timeout_phase(rank, ws, tg):
 # Variants of a path: "PATH+knob+knob" runs PATH with these settings of the CUDA path's knobs.
 PATH_KNOBS = {
     "prefetch": {"RESIDENT_GPU_PREFETCH": "1"},
-    "sentinel1": {"RESIDENT_GPU_SENTINEL_BYTES": "1"},  # every op polls a sentinel line first
     "fence": {"RESIDENT_GPU_TRIGGER_FENCE": "1"},     # fenced triggers, no proxy-side check
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
-PATH_VARIANTS = ("direct+prefetch+sentinel1", "proxy+fence", "proxy+sentinel1")
+PATH_VARIANTS = ("direct+prefetch", "proxy+fence")
 
 
 def path_env(path):

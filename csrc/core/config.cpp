@@ -64,8 +64,6 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.gpu_proxy_spin_us = parseUnsigned(key, value, 0, 600000000);
   } else if (key == "gpu_prefetch") {
     c.gpu_prefetch = parseUnsigned(key, value, 0, 1) == 1;
-  } else if (key == "gpu_sentinel_bytes") {
-    c.gpu_sentinel_bytes = static_cast<uint32_t>(parseUnsigned(key, value, 0, 1u << 30));
   } else if (key == "gpu_trigger_fence") {
     c.gpu_trigger_fence = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_pdl") {
@@ -99,7 +97,6 @@ const char* kKeys[] = {"path",
                        "gpu_proxy_spin_us",
                        "gpu_pdl",
                        "gpu_prefetch",
-                       "gpu_sentinel_bytes",
                        "gpu_trigger_fence",
                        "tcp_addr",
                        "gpu_persistent",
@@ -131,7 +128,6 @@ std::string Config::describe() const {
          " gpu_chunk_bytes=" + std::to_string(gpu_chunk_bytes) +
          " gpu_proxy_spin_us=" + std::to_string(gpu_proxy_spin_us) +
          " gpu_pdl=" + (gpu_pdl ? "1" : "0") + " gpu_prefetch=" + (gpu_prefetch ? "1" : "0") +
-         " gpu_sentinel_bytes=" + std::to_string(gpu_sentinel_bytes) +
          " gpu_trigger_fence=" + (gpu_trigger_fence ? "1" : "0") +
          " gpu_persistent=" + (gpu_persistent ? "1" : "0") +
          " gpu_persistent_blocks=" + std::to_string(gpu_persistent_blocks) +

@@ -26,8 +26,6 @@ constexpr uint32_t kTriggerMaxPeers = 128;          // peer: 7 bits
 constexpr uint64_t kTriggerMaxBytes = 1ull << 22;   // bytes: 22 bits (a slot is <= 2 MiB)
 constexpr uint64_t kTriggerMaxLocal = 1ull << 31;   // local offset: 31 bits
 constexpr uint64_t kTriggerMaxRemote = 1ull << 32;  // remote offset: 32 bits
-// Lines triggers name at most this many bytes: the proxy reads each line's flags.
-constexpr uint64_t kTriggerLinesMaxBytes = 16384;
 
 enum class TriggerKind : uint32_t { kCopy = 0, kLines = 1, kValue = 2 };
 

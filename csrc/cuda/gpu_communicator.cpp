@@ -52,8 +52,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       nranks_(comm.size()),
       device_(device),
       pdl_(comm.config().gpu_pdl),
-      prefetch_(comm.config().gpu_prefetch),
-      sentinel_bytes_(comm.config().gpu_sentinel_bytes) {
+      prefetch_(comm.config().gpu_prefetch) {
   if (nranks_ > gpu::kMaxRanks) {
     throw InvalidArgument("resident: CUDA tensors are supported in groups of at most " +
                           std::to_string(gpu::kMaxRanks) + " ranks; this group has " +
@@ -286,6 +285,14 @@ uint32_t GpuCommunicator::blocksFor(uint64_t first_round_bytes) const {
   return parts < max_blocks_ ? parts : max_blocks_;
 }
 
+// Checked triggers pay off for small ops (the proxy starts on the lines while they land); from
+// kUncheckedFrom bytes per peer and round the proxy's reads of lines still arriving slowed the
+// GPU's writes (H200, benchmarks/RESULTS.md), so those ops fence on the device.
+uint32_t GpuCommunicator::fenceTriggers(uint64_t first_round_bytes) const {
+  constexpr uint64_t kUncheckedFrom = 32 * 1024;
+  return region_.trigger_fence != 0 || first_round_bytes >= kUncheckedFrom ? 1u : 0u;
+}
+
 gpu::CollectiveArgs& GpuCommunicator::begin(OpId op) {
   checkUsable();
   gpu::CollectiveArgs& a = args_;
@@ -344,14 +351,6 @@ void GpuCommunicator::launchCollective(void* stream) {
     }
   }
   a.rounds_max = rounds_max;
-  // Bytes this rank receives in the first round, over all partners: the sentinel decision.
-  uint64_t first_round_in = 0;
-  for (int p = 0; p < nranks_; ++p) {
-    const gpu::PeerPlan& pp = a.peers[p];
-    if (p == rank_ || pp.rounds == 0) continue;
-    first_round_in += pp.recv_bytes < region_.chunk ? pp.recv_bytes : region_.chunk;
-  }
-  a.sentinel = sentinel_bytes_ != 0 && first_round_in >= sentinel_bytes_ ? 1u : 0u;
   a.reg.trigger_fence = fenceTriggers(first_round_max);
   if (persistent_ && rounds_max == 1) {
     // Decode size (one round with every partner): the resident kernel's blocks run it.
@@ -498,7 +497,6 @@ void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t
   a.rounds = roundsFor(bytes);
   a.op_id = is_send ? kSend : kRecv;
   const size_t first = bytes < region_.chunk ? bytes : region_.chunk;
-  a.sentinel = !is_send && sentinel_bytes_ != 0 && first >= sentinel_bytes_ ? 1 : 0;
   a.reg.trigger_fence = fenceTriggers(first);
   // p2p kernels of every peer and direction may be resident at once (each direction has its
   // own stream, each with a PDL successor): together they get what one collective gets.

@@ -95,7 +95,6 @@ class GpuCommunicator : public ProxyHandler {
   int device_ = -1;
   const bool pdl_;
   const bool prefetch_;
-  const uint32_t sentinel_bytes_;  // RESIDENT_GPU_SENTINEL_BYTES (0: off)
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;

@@ -11,14 +11,6 @@
 
 namespace resident {
 
-// Checked triggers pay off for small ops (the proxy starts on the lines while they land); from
-// kUncheckedFrom bytes per peer and round the proxy's reads of lines still arriving slowed the
-// GPU's writes (H200, benchmarks/RESULTS.md), so those ops fence on the device.
-uint32_t GpuCommunicator::fenceTriggers(uint64_t first_round_bytes) const {
-  constexpr uint64_t kUncheckedFrom = 32 * 1024;
-  return region_.trigger_fence != 0 || first_round_bytes >= kUncheckedFrom ? 1u : 0u;
-}
-
 bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
                                    uint32_t flag) const {
   // The kernel issued the lines before the trigger, so they are at most a PCIe trip behind;

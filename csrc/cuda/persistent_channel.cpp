@@ -122,7 +122,6 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
               "initialising the resident kernel's state");
     addLive(host_);
     std::lock_guard<std::mutex> lock(launch_mu_);
-    watch_since_ = std::chrono::steady_clock::now();
     launchLocked();
   } catch (...) {
     release();
@@ -175,13 +174,15 @@ void PersistentChannel::watchLocked() {
   // An op that waits in the mailbox while the kernel completes nothing for longer than the
   // group timeout (+2 s) was never run: an op stuck on a peer fails on the device at the
   // timeout and leaves the mailbox. Without this, its stream would wait forever.
-  const auto now = std::chrono::steady_clock::now();
+  // Plain loads on every proxy pass; the clock only while an op waits unserved.
   const uint32_t served = loadHost(&host_->served);
   if (loadHost(&host_->mailbox) == 0 || served != watch_served_) {
     watch_served_ = served;
-    watch_since_ = now;
+    watch_since_ = {};
     return;
   }
+  const auto now = std::chrono::steady_clock::now();
+  if (watch_since_ == std::chrono::steady_clock::time_point{}) watch_since_ = now;
   if (stuck_set_.load(std::memory_order_relaxed) ||
       now - watch_since_ < std::chrono::milliseconds(timeout_ms_.load() + 2000))
     return;
