@@ -5,7 +5,7 @@
 #
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
-#           overhead bench bench-cuda bench-ab bench-small bench-persistent bench-quick doctor examples multi-gpu
+#           overhead bench bench-cuda bench-ab bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
@@ -44,6 +44,9 @@
 #                ($OUT/persistent_debug.log).
 #   gpu-tests-ws2: the collectives suite at 2 ranks only ($OUT/gpu_tests_ws2.log, ~1.5 min).
 #   bench-small: 2 ranks, graph mode, 8 B / 64 B / 4 KiB, both paths ($OUT/bench_small.json, ~20 s).
+#   bench-p2p:   2 ranks, eager and graph, send/recv 8 B..1 MiB, both paths, each with send/recv on
+#                streams of their own (default) and on the caller's stream
+#                (RESIDENT_GPU_P2P_STREAM=caller), side by side ($OUT/bench_p2p.json, ~1 min).
 #   gpu-tests-persistent: only tests/test_cuda_persistent.py, the persistent mode
 #                (RESIDENT_GPU_PERSISTENT=1) at 2 and 4 ranks ($OUT/gpu_tests_persistent.log,
 #                ~2 min; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s).
@@ -213,6 +216,17 @@ if has bench-small; then
     --backends "resident:path=direct,resident:path=proxy" --floors "$OUT/floors.json" \
     --timeout 30 --time-limit 60 --json "$OUT/bench_small.json" > "$OUT/bench_small.log" 2>&1 || status=1
   tail -n 30 "$OUT/bench_small.log"
+fi
+
+if has bench-p2p; then
+  step "bench (cuda, send/recv stream placement A/B)"
+  [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
+  python3 -m resident_pg.bench --device cuda --mode eager,graph --world-sizes 2 \
+    --ops send_recv,all_reduce --sizes 8,4K,64K,1M \
+    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_P2P_STREAM=caller,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_P2P_STREAM=caller" \
+    --floors "$OUT/floors.json" --timeout 30 --time-limit 120 \
+    --json "$OUT/bench_p2p.json" > "$OUT/bench_p2p.log" 2>&1 || status=1
+  tail -n 40 "$OUT/bench_p2p.log"
 fi
 
 if has bench-persistent; then

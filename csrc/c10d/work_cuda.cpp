@@ -203,7 +203,9 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(current, &capture));
   const bool capturing = capture != cudaStreamCaptureStatusNone;
-  const bool p2p = route.kind != CudaRoute::kCollective;
+  // A send/recv on a stream of its own (per peer and direction) unless configured to run on
+  // the caller's stream like a collective.
+  const bool p2p = route.kind != CudaRoute::kCollective && comm.config().gpu_p2p_stream == "own";
   if (capturing && !p2p) {
     // In a graph: the kernel becomes a node on the capturing stream; nothing else.
     launch(*gpu, current);

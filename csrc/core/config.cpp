@@ -68,6 +68,11 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.gpu_trigger_fence = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_pdl") {
     c.gpu_pdl = parseUnsigned(key, value, 0, 1) == 1;
+  } else if (key == "gpu_p2p_stream") {
+    if (value != "own" && value != "caller")
+      throw InvalidArgument("resident: RESIDENT_GPU_P2P_STREAM must be own or caller, got '" +
+                            value + "'");
+    c.gpu_p2p_stream = value;
   } else if (key == "gpu_persistent") {
     c.gpu_persistent = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_persistent_blocks") {
@@ -98,6 +103,7 @@ const char* kKeys[] = {"path",
                        "gpu_pdl",
                        "gpu_prefetch",
                        "gpu_trigger_fence",
+                       "gpu_p2p_stream",
                        "tcp_addr",
                        "gpu_persistent",
                        "gpu_persistent_blocks",
@@ -129,6 +135,7 @@ std::string Config::describe() const {
          " gpu_proxy_spin_us=" + std::to_string(gpu_proxy_spin_us) +
          " gpu_pdl=" + (gpu_pdl ? "1" : "0") + " gpu_prefetch=" + (gpu_prefetch ? "1" : "0") +
          " gpu_trigger_fence=" + (gpu_trigger_fence ? "1" : "0") +
+         " gpu_p2p_stream=" + gpu_p2p_stream +
          " gpu_persistent=" + (gpu_persistent ? "1" : "0") +
          " gpu_persistent_blocks=" + std::to_string(gpu_persistent_blocks) +
          " gpu_persistent_idle_us=" + std::to_string(gpu_persistent_idle_us) +
