@@ -42,11 +42,13 @@
 #   persistent-debug: scripts/persistent_probe.py, 2 and 4 ranks, both paths (RESIDENT_DEBUG=debug),
 #                then the persistent suite at 2 ranks to its first failure
 #                ($OUT/persistent_debug.log).
-#   gpu-tests-ws2: the collectives suite at 2 ranks only ($OUT/gpu_tests_ws2.log, ~1.5 min).
+#   gpu-tests-ws2: the collectives, send/recv call-order and graph suites at 2 ranks only
+#                ($OUT/gpu_tests_ws2.log, ~2.5 min).
 #   bench-small: 2 ranks, graph mode, 8 B / 64 B / 4 KiB, both paths ($OUT/bench_small.json, ~20 s).
-#   bench-p2p:   2 ranks, eager and graph, send/recv 8 B..1 MiB, both paths, each with send/recv on
-#                streams of their own (default) and on the caller's stream
-#                (RESIDENT_GPU_P2P_STREAM=caller), side by side ($OUT/bench_p2p.json, ~1 min).
+#   bench-p2p:   2 ranks, eager and graph, send/recv (and all_reduce) 8 B..1 MiB, both paths,
+#                each with the default placement of send/recv (RESIDENT_GPU_P2P_STREAM=auto) and
+#                with every send/recv on a stream of its own (=own), side by side
+#                ($OUT/bench_p2p.json, ~1 min).
 #   gpu-tests-persistent: only tests/test_cuda_persistent.py, the persistent mode
 #                (RESIDENT_GPU_PERSISTENT=1) at 2 and 4 ranks ($OUT/gpu_tests_persistent.log,
 #                ~2 min; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s).
@@ -118,11 +120,13 @@ if has gpu-tests; then
 fi
 
 # A short check for a short device budget: the collectives suite (every op x dtype x size,
-# direct, proxy and the knob variants) at 2 ranks only.
+# direct, proxy and the knob variants), the send/recv call orders and the graph suite, at 2
+# ranks only.
 if has gpu-tests-ws2; then
   step "gpu tests, 2 ranks"
   RESIDENT_GPU_TESTS_WS=2 timeout -k 10 "${RESIDENT_GPU_TESTS_LIMIT_S:-150}" python3 -m pytest -q -m gpu \
-    tests/test_cuda_collectives.py -p no:cacheprovider -rf > "$OUT/gpu_tests_ws2.log" 2>&1 || status=1
+    tests/test_cuda_collectives.py tests/test_cuda_p2p_order.py tests/test_cuda_graphs.py \
+    -p no:cacheprovider -rf > "$OUT/gpu_tests_ws2.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests_ws2.log"
 fi
 
@@ -223,7 +227,7 @@ if has bench-p2p; then
   [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
   python3 -m resident_pg.bench --device cuda --mode eager,graph --world-sizes 2 \
     --ops send_recv,all_reduce --sizes 8,4K,64K,1M \
-    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_P2P_STREAM=caller,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_P2P_STREAM=caller" \
+    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_P2P_STREAM=own,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_P2P_STREAM=own" \
     --floors "$OUT/floors.json" --timeout 30 --time-limit 120 \
     --json "$OUT/bench_p2p.json" > "$OUT/bench_p2p.log" 2>&1 || status=1
   tail -n 40 "$OUT/bench_p2p.log"

@@ -15,11 +15,20 @@ class CudaStreams {};
 c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator&, std::shared_ptr<GpuCommunicator>&,
                                          std::shared_ptr<CudaStreams>&, uint64_t, int, c10d::OpType,
                                          const char*, const std::vector<at::Tensor>&,
-                                         const std::vector<at::Tensor>&, bool, CudaRoute,
+                                         const std::vector<at::Tensor>&, bool,
                                          c10::function_ref<void(GpuCommunicator&, void*)>) {
   throw InvalidArgument(
       "resident: this build of resident_pg has no CUDA path (built without nvcc)");
 }
+
+c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator&, std::shared_ptr<GpuCommunicator>&,
+                                          std::shared_ptr<CudaStreams>&, uint64_t, int,
+                                          c10d::OpType, const char*, const at::Tensor&, bool, int) {
+  throw InvalidArgument(
+      "resident: this build of resident_pg has no CUDA path (built without nvcc)");
+}
+
+void flushPendingP2P() {}
 
 std::map<std::string, int64_t> persistentStatusOf(const std::shared_ptr<GpuCommunicator>&) {
   return {{"installed", 0}};

@@ -174,11 +174,10 @@ template <typename F>
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::cudaOp(c10d::OpType type, const char* title,
                                                             const std::vector<at::Tensor>& outputs,
                                                             const std::vector<at::Tensor>& inputs,
-                                                            bool async_op, F&& launch,
-                                                            CudaRoute route) {
+                                                            bool async_op, F&& launch) {
   return translateErrors([&] {
     return runCudaOp(*comm_, gpu_, cuda_streams_, timeout_ms_, rank_, type, title, outputs, inputs,
-                     async_op, route, launch);
+                     async_op, launch);
   });
 }
 
@@ -206,6 +205,7 @@ void ProcessGroupResident::shutdown() {
 c10::intrusive_ptr<WorkResident> ProcessGroupResident::makeWork(
     c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
     std::vector<at::Tensor> keep_alive) {
+  flushPendingP2P();  // a CUDA send/recv called before this op runs before it
   return c10::make_intrusive<WorkResident>(comm_, rank_, type, title, std::move(outputs),
                                            std::move(keep_alive));
 }
@@ -660,10 +660,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor
                                                           int tag) {
   const at::Tensor& t = single(tensors, "send");
   if (t.is_cuda()) {
-    return cudaOp(
-        c10d::OpType::SEND, "resident:send", {}, tensors, false,
-        [&](GpuCommunicator& g, void* s) { g.send(t.data_ptr(), nbytes(t), dst, s); },
-        CudaRoute{CudaRoute::kSend, dst});
+    return translateErrors([&] {
+      return runCudaP2P(*comm_, gpu_, cuda_streams_, timeout_ms_, rank_, c10d::OpType::SEND,
+                        "resident:send", t, true, dst);
+    });
   }
   auto work = makeWork(c10d::OpType::SEND, "resident:send", {}, tensors);
   translateErrors([&] {
@@ -677,10 +677,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recv(std::vector<at::Tensor
                                                           int tag) {
   const at::Tensor& t = single(tensors, "recv");
   if (t.is_cuda()) {
-    return cudaOp(
-        c10d::OpType::RECV, "resident:recv", tensors, tensors, false,
-        [&](GpuCommunicator& g, void* s) { g.recv(t.data_ptr(), nbytes(t), src, s); },
-        CudaRoute{CudaRoute::kRecv, src});
+    return translateErrors([&] {
+      return runCudaP2P(*comm_, gpu_, cuda_streams_, timeout_ms_, rank_, c10d::OpType::RECV,
+                        "resident:recv", t, false, src);
+    });
   }
   auto work = makeWork(c10d::OpType::RECV, "resident:recv", tensors, {});
   translateErrors([&] {

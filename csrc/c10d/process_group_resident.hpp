@@ -105,7 +105,7 @@ class ProcessGroupResident : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> cudaOp(c10d::OpType type, const char* title,
                                         const std::vector<at::Tensor>& outputs,
                                         const std::vector<at::Tensor>& inputs, bool async_op,
-                                        F&& launch, CudaRoute route = {});
+                                        F&& launch);
 
   std::shared_ptr<Communicator> comm_;
   std::vector<c10::intrusive_ptr<WorkResident>> inflight_;

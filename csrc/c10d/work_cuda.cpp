@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace resident {
 
@@ -60,9 +61,12 @@ class CudaStreams {
   CudaStreams(int device, int nranks)
       : device_(device),
         side_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)),
-        p2p_(static_cast<size_t>(2 * nranks), nullptr) {}
+        p2p_(static_cast<size_t>(2 * nranks), nullptr),
+        tails_(static_cast<size_t>(2 * nranks)) {}
   ~CudaStreams() {
     for (cudaEvent_t e : free_) cudaEventDestroy(e);
+    for (const P2PTail& t : tails_)
+      if (t.own_end != nullptr) cudaEventDestroy(t.own_end);
     for (cudaStream_t s : p2p_)
       if (s != nullptr) P2PStreamPool::instance().give(device_, s);
   }
@@ -88,6 +92,20 @@ class CudaStreams {
     if (s == nullptr) s = P2PStreamPool::instance().take(device_);
     return c10::cuda::getStreamFromExternal(s, device_);
   }
+  // Ordering between the two places a send/recv of one peer and direction can run (its own
+  // stream, a caller's stream): their kernels share that direction's round counter, so each
+  // must start after the previous one of the direction.
+  struct P2PTail {
+    cudaEvent_t own_end = nullptr;          // recorded after the last launch on the own stream
+    unsigned long long own_capture = 0;     // capture id of that record (0: eager)
+    bool own_unjoined = false;              // no caller-stream launch has waited on it yet
+    cudaStream_t last_caller = nullptr;     // stream of the last caller-stream launch
+  };
+  P2PTail& tail(int peer, bool send) {
+    auto& t = tails_[static_cast<size_t>(2 * peer + (send ? 1 : 0))];
+    if (t.own_end == nullptr) C10_CUDA_CHECK(cudaEventCreateWithFlags(&t.own_end, cudaEventDisableTiming));
+    return t;
+  }
   const int device_;
   c10::cuda::CUDAStream side_;
   cudaStream_t last_ = nullptr;  // stream of the previous collective (eager)
@@ -96,7 +114,35 @@ class CudaStreams {
   std::mutex mu_;
   std::vector<cudaEvent_t> free_;
   std::vector<cudaStream_t> p2p_;
+  std::vector<P2PTail> tails_;
 };
+
+struct WorkCuda::P2PLaunch {
+  bool send;
+  void* data;
+  size_t bytes;
+  int peer;
+  cudaStream_t caller;              // the current stream when the op was called
+  cudaEvent_t ready;                // recorded on `caller` then: the op's inputs are ready
+  unsigned long long capture = 0;   // id of the capture under way on `caller` then (0: none)
+  std::vector<at::Tensor> tensors;  // for the caching allocator, if it runs elsewhere
+};
+
+namespace {
+
+// The one send/recv of this process not launched yet (every resident call launches the
+// previous one first, so there is never more than one).
+std::mutex pending_mu;
+WorkCuda* pending_work = nullptr;
+
+unsigned long long captureIdOf(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  C10_CUDA_CHECK(cudaStreamGetCaptureInfo(s, &status, &id));
+  return status == cudaStreamCaptureStatusActive ? id : 0;
+}
+
+}  // namespace
 
 WorkCuda::WorkCuda(std::shared_ptr<GpuCommunicator> gpu, std::shared_ptr<CudaStreams> streams,
                    int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
@@ -112,6 +158,18 @@ WorkCuda::WorkCuda(std::shared_ptr<GpuCommunicator> gpu, std::shared_ptr<CudaStr
       keep_alive_(std::move(keep_alive)) {}
 
 WorkCuda::~WorkCuda() {
+  {
+    std::lock_guard<std::mutex> lock(pending_mu);
+    if (p2p_) {
+      // Dropped before its wait: it must still run (the peer is matching it).
+      pending_work = nullptr;
+      try {
+        launchP2P(nullptr);
+      } catch (const std::exception& e) {
+        RLOG_ERROR("resident: launching a send/recv whose Work was dropped failed: %s", e.what());
+      }
+    }
+  }
   if (end_event_ == nullptr) return;
   if (captured_)
     cudaEventDestroy(static_cast<cudaEvent_t>(end_event_));  // not reused after a capture
@@ -119,7 +177,84 @@ WorkCuda::~WorkCuda() {
     streams_->put(static_cast<cudaEvent_t>(end_event_));
 }
 
+void WorkCuda::launchP2P(void* caller_stream) {
+  std::unique_ptr<P2PLaunch> p = std::move(p2p_);
+  c10::cuda::CUDAGuard guard(device_);
+  CudaStreams::P2PTail& tail = streams_->tail(p->peer, p->send);
+  auto run = [&](cudaStream_t s) {
+    if (p->send)
+      gpu_->send(p->data, p->bytes, p->peer, s);
+    else
+      gpu_->recv(p->data, p->bytes, p->peer, s);
+  };
+  auto release = [&](cudaEvent_t e) {
+    if (p->capture != 0)
+      cudaEventDestroy(e);  // recorded inside a capture: not reused
+    else
+      streams_->put(e);
+  };
+  if (caller_stream != nullptr) {
+    auto s = static_cast<cudaStream_t>(caller_stream);
+    if (tail.own_unjoined && tail.own_capture == p->capture)
+      C10_CUDA_CHECK(cudaStreamWaitEvent(s, tail.own_end, 0));
+    tail.own_unjoined = false;
+    run(s);
+    tail.last_caller = s;
+    release(p->ready);
+    return;
+  }
+  if (p->capture != 0 && captureIdOf(p->caller) != p->capture) {
+    release(p->ready);
+    throw InvalidArgument(
+        std::string("resident: a ") + (p->send ? "send" : "recv") +
+        " called during a CUDA graph capture must be waited on before that capture ends");
+  }
+  const c10::cuda::CUDAStream own = streams_->p2p(p->peer, p->send);
+  auto follow = [&](cudaStream_t on) {
+    cudaEvent_t e = streams_->get();
+    C10_CUDA_CHECK(cudaEventRecord(e, on));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(own.stream(), e, 0));
+    streams_->put(e);
+  };
+  // The direction's previous kernel ran on another caller stream: start after it.
+  if (tail.last_caller != nullptr && tail.last_caller != p->caller &&
+      captureIdOf(tail.last_caller) == p->capture)
+    follow(tail.last_caller);
+  tail.last_caller = nullptr;
+  C10_CUDA_CHECK(cudaStreamWaitEvent(own.stream(), p->ready, 0));
+  release(p->ready);
+  run(own.stream());
+  cudaEvent_t end = streams_->get();
+  C10_CUDA_CHECK(cudaEventRecord(end, own.stream()));
+  end_event_ = end;
+  C10_CUDA_CHECK(cudaEventRecord(tail.own_end, own.stream()));
+  tail.own_capture = p->capture;
+  tail.own_unjoined = true;
+  if (p->capture == 0) {
+    // The caching allocator must not hand the tensor out again before this stream passed it.
+    for (const at::Tensor& t : p->tensors)
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), own);
+  }
+}
+
+void flushPendingP2P() {
+  std::lock_guard<std::mutex> lock(pending_mu);
+  if (pending_work == nullptr) return;
+  WorkCuda* w = pending_work;
+  pending_work = nullptr;
+  w->launchP2P(nullptr);
+}
+
 bool WorkCuda::isCompleted() {
+  {
+    // Polled instead of waited on: what is pending (this op or a later one) has to run.
+    std::lock_guard<std::mutex> lock(pending_mu);
+    if (pending_work != nullptr) {
+      WorkCuda* w = pending_work;
+      pending_work = nullptr;
+      w->launchP2P(nullptr);
+    }
+  }
   // Stream-ordered on the caller's stream, or part of a graph: complete from the host's view.
   if (end_event_ == nullptr || captured_) return true;
   return cudaEventQuery(static_cast<cudaEvent_t>(end_event_)) == cudaSuccess;
@@ -137,9 +272,28 @@ std::exception_ptr WorkCuda::exception() const {
 }
 
 void WorkCuda::streamWait() {
-  if (end_event_ == nullptr) return;
   c10::cuda::CUDAGuard guard(device_);
   cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+  {
+    std::lock_guard<std::mutex> lock(pending_mu);
+    if (pending_work != nullptr && pending_work != this) {
+      WorkCuda* other = pending_work;  // another op came first: it runs on its own stream
+      pending_work = nullptr;
+      other->launchP2P(nullptr);
+    }
+    if (p2p_) {
+      pending_work = nullptr;
+      // Waited on right after the call, on the stream it was called on: a blocking
+      // send/recv; it runs in that stream's order (where it was going to be waited on).
+      const bool blocking = current == p2p_->caller && captureIdOf(current) == p2p_->capture;
+      launchP2P(blocking ? current : nullptr);
+      if (blocking) {
+        keep_alive_.clear();
+        return;
+      }
+    }
+  }
+  if (end_event_ == nullptr) return;
   if (captured_) {
     // A captured op's side stream joins its capture; once that capture ended, the graph
     // already orders it (and waiting on a captured event outside the capture is an error).
@@ -174,21 +328,12 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkCuda::getFuture() {
   return future_;
 }
 
-c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<GpuCommunicator>& gpu,
-                                         std::shared_ptr<CudaStreams>& streams, uint64_t timeout_ms,
-                                         int rank, c10d::OpType type, const char* title,
-                                         const std::vector<at::Tensor>& outputs,
-                                         const std::vector<at::Tensor>& inputs, bool async_op,
-                                         CudaRoute route,
-                                         c10::function_ref<void(GpuCommunicator&, void*)> launch) {
-  if (route.kind != CudaRoute::kCollective &&
-      (route.peer < 0 || route.peer >= comm.size() || route.peer == comm.rank())) {
-    throw InvalidArgument(
-        std::string("resident: ") + (route.kind == CudaRoute::kSend ? "send to" : "recv from") +
-        " rank " + std::to_string(route.peer) + " is invalid in a group of " +
-        std::to_string(comm.size()) + " (this is rank " + std::to_string(comm.rank()) + ")");
-  }
-  const at::Tensor& first = !inputs.empty() ? inputs[0] : outputs.at(0);
+namespace {
+
+// The group's CUDA path on the tensors' device, created on first use.
+c10::Device cudaPathFor(Communicator& comm, std::shared_ptr<GpuCommunicator>& gpu,
+                        std::shared_ptr<CudaStreams>& streams, uint64_t timeout_ms,
+                        const at::Tensor& first) {
   const c10::Device device = first.device();
   c10::cuda::CUDAGuard guard(device);
   if (!gpu) {
@@ -199,51 +344,98 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
         "resident: this group's CUDA path is on cuda:" + std::to_string(gpu->device()) +
         " but the tensors are on " + device.str() + "; use one device per group");
   }
+  return device;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<GpuCommunicator>& gpu,
+                                         std::shared_ptr<CudaStreams>& streams, uint64_t timeout_ms,
+                                         int rank, c10d::OpType type, const char* title,
+                                         const std::vector<at::Tensor>& outputs,
+                                         const std::vector<at::Tensor>& inputs, bool async_op,
+                                         c10::function_ref<void(GpuCommunicator&, void*)> launch) {
+  flushPendingP2P();
+  const c10::Device device =
+      cudaPathFor(comm, gpu, streams, timeout_ms, !inputs.empty() ? inputs[0] : outputs.at(0));
+  c10::cuda::CUDAGuard guard(device);
   cudaStream_t current = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(current, &capture));
   const bool capturing = capture != cudaStreamCaptureStatusNone;
-  // A send/recv on a stream of its own (per peer and direction) unless configured to run on
-  // the caller's stream like a collective.
-  const bool p2p = route.kind != CudaRoute::kCollective && comm.config().gpu_p2p_stream == "own";
-  if (capturing && !p2p) {
+  if (capturing) {
     // In a graph: the kernel becomes a node on the capturing stream; nothing else.
     launch(*gpu, current);
     return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, title, outputs, device, nullptr);
   }
-  c10::optional<c10::cuda::CUDAStream> own;
-  if (p2p) own = streams->p2p(route.peer, route.kind == CudaRoute::kSend);
-  cudaStream_t stream = p2p ? own->stream() : (async_op ? streams->side_.stream() : current);
+  cudaStream_t stream = async_op ? streams->side_.stream() : current;
   // Order after what came before: the op's stream waits for the caller's stream (inputs
-  // ready; under capture this forks the side stream into the graph), and a collective also
-  // for the previous collective when that went to another stream (one at a time per group).
+  // ready) and for the previous collective when that went to another stream (one at a time
+  // per group).
   auto follow = [&](cudaStream_t waiter, cudaStream_t on) {
     cudaEvent_t e = streams->get();
     C10_CUDA_CHECK(cudaEventRecord(e, on));
     C10_CUDA_CHECK(cudaStreamWaitEvent(waiter, e, 0));
     streams->put(e);
   };
-  if (!p2p && streams->last_ != nullptr && streams->last_ != stream && streams->last_ != current)
+  if (streams->last_ != nullptr && streams->last_ != stream && streams->last_ != current)
     follow(stream, streams->last_);
   if (stream != current) follow(stream, current);
   launch(*gpu, stream);
-  if (!p2p) streams->last_ = stream;
+  streams->last_ = stream;
   cudaEvent_t end = nullptr;
   if (stream != current) {
     end = streams->get();
     C10_CUDA_CHECK(cudaEventRecord(end, stream));
-    if (!capturing) {
-      // The caching allocator must not hand these tensors out again before the op's stream
-      // has passed them.
-      const c10::cuda::CUDAStream used =
-          p2p ? *own : c10::cuda::getStreamFromExternal(stream, device.index());
-      for (const auto* list : {&inputs, &outputs})
-        for (const at::Tensor& t : *list)
-          c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), used);
-    }
+    // The caching allocator must not hand these tensors out again before the op's stream
+    // has passed them.
+    const c10::cuda::CUDAStream used = c10::cuda::getStreamFromExternal(stream, device.index());
+    for (const auto* list : {&inputs, &outputs})
+      for (const at::Tensor& t : *list)
+        c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), used);
   }
-  return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, title, outputs, device, end,
-                                       capturing, capturing ? inputs : std::vector<at::Tensor>{});
+  return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, title, outputs, device, end);
+}
+
+c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm,
+                                          std::shared_ptr<GpuCommunicator>& gpu,
+                                          std::shared_ptr<CudaStreams>& streams,
+                                          uint64_t timeout_ms, int rank, c10d::OpType type,
+                                          const char* title, const at::Tensor& tensor, bool send,
+                                          int peer) {
+  if (peer < 0 || peer >= comm.size() || peer == comm.rank()) {
+    throw InvalidArgument(std::string("resident: ") + (send ? "send to" : "recv from") +
+                          " rank " + std::to_string(peer) + " is invalid in a group of " +
+                          std::to_string(comm.size()) + " (this is rank " +
+                          std::to_string(comm.rank()) + ")");
+  }
+  flushPendingP2P();
+  const c10::Device device = cudaPathFor(comm, gpu, streams, timeout_ms, tensor);
+  c10::cuda::CUDAGuard guard(device);
+  cudaStream_t current = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const unsigned long long capture = captureIdOf(current);
+  auto p = std::make_unique<WorkCuda::P2PLaunch>();
+  p->send = send;
+  p->data = tensor.data_ptr();
+  p->bytes = static_cast<size_t>(tensor.numel()) * tensor.element_size();
+  p->peer = peer;
+  p->caller = current;
+  p->ready = streams->get();
+  p->capture = capture;
+  p->tensors = {tensor};
+  C10_CUDA_CHECK(cudaEventRecord(p->ready, current));
+  std::vector<at::Tensor> outputs;
+  if (!send) outputs.push_back(tensor);
+  auto work = c10::make_intrusive<WorkCuda>(
+      gpu, streams, rank, type, title, std::move(outputs), device, nullptr, capture != 0,
+      capture != 0 ? std::vector<at::Tensor>{tensor} : std::vector<at::Tensor>{});
+  std::lock_guard<std::mutex> lock(pending_mu);
+  work->p2p_ = std::move(p);
+  if (comm.config().gpu_p2p_stream == "own")
+    work->launchP2P(nullptr);
+  else
+    pending_work = work.get();
+  return work;
 }
 
 std::map<std::string, int64_t> persistentStatusOf(const std::shared_ptr<GpuCommunicator>& gpu) {
@@ -263,6 +455,11 @@ std::map<std::string, int64_t> persistentStatusOf(const std::shared_ptr<GpuCommu
 }
 
 void shutdownCuda(std::shared_ptr<GpuCommunicator>& gpu, std::shared_ptr<CudaStreams>& streams) {
+  try {
+    flushPendingP2P();  // called before the shutdown: it runs (and is aborted with the rest)
+  } catch (const std::exception& e) {
+    RLOG_WARN("resident: launching a pending send/recv at shutdown failed: %s", e.what());
+  }
   if (gpu) gpu->shutdown();
   streams.reset();
 }

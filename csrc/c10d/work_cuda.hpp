@@ -1,8 +1,8 @@
 // CUDA tensors in the adapter: the Work of an op that runs as a kernel on a stream, and the
-// launch helper that picks the stream like ProcessGroupNCCL does (async_op=False: the
+// launch helpers that pick the stream like ProcessGroupNCCL does (async_op=False: the
 // caller's current stream; async_op=True: the group's own stream, which waits for the
-// current one; under graph capture always the current stream, with no events and no host
-// synchronisation). Only this file's .cpp includes the torch CUDA headers.
+// current one; under graph capture always the current stream, with no host synchronisation;
+// send/recv: see runCudaP2P). Only this file's .cpp includes the torch CUDA headers.
 #pragma once
 
 #include <c10/util/FunctionRef.h>
@@ -52,26 +52,47 @@ class WorkCuda : public c10d::Work {
   const bool captured_;
   std::vector<at::Tensor> keep_alive_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+
+  // A send or recv not launched yet (see runCudaP2P); null once launched.
+  struct P2PLaunch;
+  std::unique_ptr<P2PLaunch> p2p_;
+  // Launches p2p_ on `caller` (a blocking send/recv: the stream it was called on) or, when
+  // null, on the stream of its peer and direction, from the point it was called at.
+  void launchP2P(void* caller);
+  friend void flushPendingP2P();
+  friend c10::intrusive_ptr<c10d::Work> runCudaP2P(
+      Communicator&, std::shared_ptr<GpuCommunicator>&, std::shared_ptr<CudaStreams>&, uint64_t,
+      int, c10d::OpType, const char*, const at::Tensor&, bool, int);
 };
 
-// Where an op runs. Collectives: the caller's stream, or the group's side stream when async.
-// Point-to-point: a stream of its own per (peer, direction), forked from the caller's stream,
-// so that an irecv posted before an isend (a ring) cannot block the isend behind it, as with
-// ProcessGroupNCCL's per-pair p2p streams; the Work joins it back on wait().
-struct CudaRoute {
-  enum Kind { kCollective, kSend, kRecv } kind = kCollective;
-  int peer = -1;
-};
-
-// Runs `launch(gpu, stream)` for an op on CUDA tensors and returns its Work. Creates the
-// group's CUDA path on first use (on the tensors' device).
+// Runs `launch(gpu, stream)` for a collective on CUDA tensors and returns its Work: on the
+// caller's stream, or the group's side stream when async. Creates the group's CUDA path on
+// first use (on the tensors' device).
 c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<GpuCommunicator>& gpu,
                                          std::shared_ptr<CudaStreams>& streams, uint64_t timeout_ms,
                                          int rank, c10d::OpType type, const char* title,
                                          const std::vector<at::Tensor>& outputs,
                                          const std::vector<at::Tensor>& inputs, bool async_op,
-                                         CudaRoute route,
                                          c10::function_ref<void(GpuCommunicator&, void*)> launch);
+
+// A send (`send`) or recv of `tensor` with `peer`. Its kernel is launched lazily: if the next
+// thing this process does with resident is this op's own wait() on the stream it was called
+// on (c10d's blocking send/recv), the kernel runs on that stream, where it gets programmatic
+// dependent launch; anything else first (another resident call, another Work's wait,
+// is_completed(), dropping the Work, a stream switch) launches it on a stream of its own per
+// peer and direction, ordered after the point it was called at and joined back on wait(), so
+// that isend/irecv in any order cannot block each other (as ProcessGroupNCCL's p2p streams).
+// RESIDENT_GPU_P2P_STREAM=own launches every send/recv the second way at once.
+c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm,
+                                          std::shared_ptr<GpuCommunicator>& gpu,
+                                          std::shared_ptr<CudaStreams>& streams,
+                                          uint64_t timeout_ms, int rank, c10d::OpType type,
+                                          const char* title, const at::Tensor& tensor, bool send,
+                                          int peer);
+
+// Launches the send/recv still waiting to be launched, if any (every resident call does this
+// first, in any group: at most one op is pending in the process).
+void flushPendingP2P();
 
 // The resident kernel's counters (RESIDENT_GPU_PERSISTENT) as name -> value; "installed" is 0
 // before the group's first CUDA op.

@@ -69,8 +69,8 @@ void apply(Config& c, const std::string& key, const std::string& value) {
   } else if (key == "gpu_pdl") {
     c.gpu_pdl = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_p2p_stream") {
-    if (value != "own" && value != "caller")
-      throw InvalidArgument("resident: RESIDENT_GPU_P2P_STREAM must be own or caller, got '" +
+    if (value != "auto" && value != "own")
+      throw InvalidArgument("resident: RESIDENT_GPU_P2P_STREAM must be auto or own, got '" +
                             value + "'");
     c.gpu_p2p_stream = value;
   } else if (key == "gpu_persistent") {
