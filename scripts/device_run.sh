@@ -6,7 +6,7 @@
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
-#           persistent-debug
+#           persistent-debug p2p-debug
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
 #   bench:       CPU ladder ($OUT/bench.json, ~1.5 min on the H200 host) and CUDA ladder
@@ -42,6 +42,9 @@
 #   persistent-debug: scripts/persistent_probe.py, 2 and 4 ranks, both paths (RESIDENT_DEBUG=debug),
 #                then the persistent suite at 2 ranks to its first failure
 #                ($OUT/persistent_debug.log).
+#   p2p-debug:   scripts/p2p_probe.py (blocking send/recv ping-pong, RESIDENT_DEBUG=debug) on both
+#                paths, then the send/recv call-order suite at 2 ranks to its first failure
+#                ($OUT/p2p_debug.log).
 #   gpu-tests-ws2: the collectives, send/recv call-order and graph suites at 2 ranks only
 #                ($OUT/gpu_tests_ws2.log, ~2.5 min).
 #   bench-small: 2 ranks, graph mode, 8 B / 64 B / 4 KiB, both paths ($OUT/bench_small.json, ~20 s).
@@ -140,6 +143,20 @@ fi
 
 # Diagnostics of the resident kernel: the probe (logs, status after each step) on both paths,
 # then the persistent suite at 2 ranks up to its first failure, verbose.
+if has p2p-debug; then
+  step "send/recv probe"
+  for path in direct proxy; do
+    echo "== probe path=$path" >> "$OUT/p2p_debug.log"
+    RESIDENT_PATH=$path RESIDENT_DEBUG=debug timeout 60 python3 scripts/p2p_probe.py \
+      >> "$OUT/p2p_debug.log" 2>&1 || { status=1; echo "probe ($path) failed"; }
+  done
+  grep -E "^rank|launched|called|wait on|rror" "$OUT/p2p_debug.log" | head -80
+  step "send/recv call-order suite, 2 ranks, to the first failure"
+  RESIDENT_GPU_TESTS_WS=2 timeout -k 10 100 python3 -m pytest -x -q tests/test_cuda_p2p_order.py \
+    -p no:cacheprovider -rf >> "$OUT/p2p_debug.log" 2>&1 || status=1
+  tail -n 40 "$OUT/p2p_debug.log"
+fi
+
 if has persistent-debug; then
   step "persistent probe"
   for ws in 2 4; do

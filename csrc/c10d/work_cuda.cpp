@@ -193,6 +193,8 @@ void WorkCuda::launchP2P(void* caller_stream) {
     else
       streams_->put(e);
   };
+  RLOG_DEBUG("%s %zu bytes with rank %d: launched on %s", p->send ? "send" : "recv", p->bytes,
+             p->peer, caller_stream != nullptr ? "the caller's stream" : "its own stream");
   if (caller_stream != nullptr) {
     auto s = static_cast<cudaStream_t>(caller_stream);
     if (tail.own_unjoined && tail.own_capture == p->capture)
@@ -272,6 +274,7 @@ std::exception_ptr WorkCuda::exception() const {
 }
 
 void WorkCuda::streamWait() {
+  RLOG_DEBUG("wait on a CUDA work (%s)", p2p_ ? "send/recv not launched yet" : "launched");
   c10::cuda::CUDAGuard guard(device_);
   cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   {
@@ -430,6 +433,8 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm,
       gpu, streams, rank, type, title, std::move(outputs), device, nullptr, capture != 0,
       capture != 0 ? std::vector<at::Tensor>{tensor} : std::vector<at::Tensor>{});
   std::lock_guard<std::mutex> lock(pending_mu);
+  RLOG_DEBUG("%s %zu bytes with rank %d: called (capture %llu)", send ? "send" : "recv",
+             p->bytes, peer, capture);
   work->p2p_ = std::move(p);
   if (comm.config().gpu_p2p_stream == "own")
     work->launchP2P(nullptr);
