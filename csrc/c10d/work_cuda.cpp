@@ -99,7 +99,8 @@ class CudaStreams {
     cudaEvent_t own_end = nullptr;          // recorded after the last launch on the own stream
     unsigned long long own_capture = 0;     // capture id of that record (0: eager)
     bool own_unjoined = false;              // no caller-stream launch has waited on it yet
-    cudaStream_t last_caller = nullptr;     // stream of the last caller-stream launch
+    bool caller_used = false;               // the last launch was on a caller's stream:
+    cudaStream_t last_caller = nullptr;     // that one (null: the default stream)
   };
   P2PTail& tail(int peer, bool send) {
     auto& t = tails_[static_cast<size_t>(2 * peer + (send ? 1 : 0))];
@@ -164,7 +165,7 @@ WorkCuda::~WorkCuda() {
       // Dropped before its wait: it must still run (the peer is matching it).
       pending_work = nullptr;
       try {
-        launchP2P(nullptr);
+        launchP2P(false);
       } catch (const std::exception& e) {
         RLOG_ERROR("resident: launching a send/recv whose Work was dropped failed: %s", e.what());
       }
@@ -177,7 +178,7 @@ WorkCuda::~WorkCuda() {
     streams_->put(static_cast<cudaEvent_t>(end_event_));
 }
 
-void WorkCuda::launchP2P(void* caller_stream) {
+void WorkCuda::launchP2P(bool on_caller, void* stream) {
   std::unique_ptr<P2PLaunch> p = std::move(p2p_);
   c10::cuda::CUDAGuard guard(device_);
   CudaStreams::P2PTail& tail = streams_->tail(p->peer, p->send);
@@ -194,14 +195,15 @@ void WorkCuda::launchP2P(void* caller_stream) {
       streams_->put(e);
   };
   RLOG_DEBUG("%s %zu bytes with rank %d: launched on %s", p->send ? "send" : "recv", p->bytes,
-             p->peer, caller_stream != nullptr ? "the caller's stream" : "its own stream");
-  if (caller_stream != nullptr) {
-    auto s = static_cast<cudaStream_t>(caller_stream);
+             p->peer, on_caller ? "the caller's stream" : "its own stream");
+  if (on_caller) {
+    auto s = static_cast<cudaStream_t>(stream);
     if (tail.own_unjoined && tail.own_capture == p->capture)
       C10_CUDA_CHECK(cudaStreamWaitEvent(s, tail.own_end, 0));
     tail.own_unjoined = false;
     run(s);
     tail.last_caller = s;
+    tail.caller_used = true;
     release(p->ready);
     return;
   }
@@ -219,10 +221,10 @@ void WorkCuda::launchP2P(void* caller_stream) {
     streams_->put(e);
   };
   // The direction's previous kernel ran on another caller stream: start after it.
-  if (tail.last_caller != nullptr && tail.last_caller != p->caller &&
+  if (tail.caller_used && tail.last_caller != p->caller &&
       captureIdOf(tail.last_caller) == p->capture)
     follow(tail.last_caller);
-  tail.last_caller = nullptr;
+  tail.caller_used = false;
   C10_CUDA_CHECK(cudaStreamWaitEvent(own.stream(), p->ready, 0));
   release(p->ready);
   run(own.stream());
@@ -244,7 +246,7 @@ void flushPendingP2P() {
   if (pending_work == nullptr) return;
   WorkCuda* w = pending_work;
   pending_work = nullptr;
-  w->launchP2P(nullptr);
+  w->launchP2P(false);
 }
 
 bool WorkCuda::isCompleted() {
@@ -254,7 +256,7 @@ bool WorkCuda::isCompleted() {
     if (pending_work != nullptr) {
       WorkCuda* w = pending_work;
       pending_work = nullptr;
-      w->launchP2P(nullptr);
+      w->launchP2P(false);
     }
   }
   // Stream-ordered on the caller's stream, or part of a graph: complete from the host's view.
@@ -282,14 +284,14 @@ void WorkCuda::streamWait() {
     if (pending_work != nullptr && pending_work != this) {
       WorkCuda* other = pending_work;  // another op came first: it runs on its own stream
       pending_work = nullptr;
-      other->launchP2P(nullptr);
+      other->launchP2P(false);
     }
     if (p2p_) {
       pending_work = nullptr;
       // Waited on right after the call, on the stream it was called on: a blocking
       // send/recv; it runs in that stream's order (where it was going to be waited on).
       const bool blocking = current == p2p_->caller && captureIdOf(current) == p2p_->capture;
-      launchP2P(blocking ? current : nullptr);
+      launchP2P(blocking, current);
       if (blocking) {
         keep_alive_.clear();
         return;
@@ -437,7 +439,7 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm,
              p->bytes, peer, capture);
   work->p2p_ = std::move(p);
   if (comm.config().gpu_p2p_stream == "own")
-    work->launchP2P(nullptr);
+    work->launchP2P(false);
   else
     pending_work = work.get();
   return work;

@@ -56,9 +56,10 @@ class WorkCuda : public c10d::Work {
   // A send or recv not launched yet (see runCudaP2P); null once launched.
   struct P2PLaunch;
   std::unique_ptr<P2PLaunch> p2p_;
-  // Launches p2p_ on `caller` (a blocking send/recv: the stream it was called on) or, when
-  // null, on the stream of its peer and direction, from the point it was called at.
-  void launchP2P(void* caller);
+  // Launches p2p_ on `stream` when `on_caller` (a blocking send/recv: the stream it was
+  // called on; null is the default stream) or else on the stream of its peer and direction,
+  // from the point it was called at.
+  void launchP2P(bool on_caller, void* stream = nullptr);
   friend void flushPendingP2P();
   friend c10::intrusive_ptr<c10d::Work> runCudaP2P(
       Communicator&, std::shared_ptr<GpuCommunicator>&, std::shared_ptr<CudaStreams>&, uint64_t,
