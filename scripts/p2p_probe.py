@@ -1,4 +1,5 @@
-"""Two ranks on one GPU: blocking send/recv ping-pong of a few sizes, eager, each checked;
+"""Two ranks on one GPU: blocking send/recv ping-pong of a few sizes, then irecv posted before
+isend on both ranks, eager, each checked;
 with RESIDENT_DEBUG=debug the log shows where every send/recv kernel was launched. Used on
 the GPU machine to look at the CUDA send/recv path in isolation."""
 
@@ -37,6 +38,23 @@ def rank_main(rank, ws, port):
             bad += not ok
             print(f"rank {rank} n={n} it={it}: {'ok' if ok else 'WRONG'} first={got[:3].tolist()}",
                   flush=True)
+    # Both ranks post the irecv first, then the isend; the waits in both orders.
+    peer = 1 - rank
+    for n in (2, 1024, 262147):
+        for order in (0, 1):
+            mine = torch.arange(n, dtype=torch.float32, device="cuda") * (rank + 2) + order
+            buf = torch.full((n,), -6.0, device="cuda")
+            print(f"rank {rank} irecv-first n={n} order={order}: posting", flush=True)
+            wr = dist.irecv(buf, src=peer)
+            ws_ = dist.isend(mine, dst=peer)
+            for w in ((wr, ws_) if order == 0 else (ws_, wr)):
+                w.wait()
+            want = torch.arange(n, dtype=torch.float32) * (peer + 2) + order
+            got = buf.cpu()
+            ok = torch.equal(got, want)
+            bad += not ok
+            print(f"rank {rank} irecv-first n={n} order={order}: {'ok' if ok else 'WRONG'} "
+                  f"first={got[:3].tolist()}", flush=True)
     dist.destroy_process_group()
     sys.exit(1 if bad else 0)
 
