@@ -107,31 +107,6 @@ struct Waiter {
     }
     return true;
   }
-
-  // line() for the lanes of a warp (`mask`: those with a line of this part to read; `last`:
-  // the line of the highest lane in it). After kQuickPolls polls without its line, a lane
-  // stops polling and one lane polls `last` for the warp until it lands, then each reads its
-  // own: while the peer is not there yet (a recv posted ahead of its send) a warp costs one
-  // host-memory read at a time instead of 32. Thousands of polling threads queue their reads
-  // on PCIe, and a line that lands is then seen only after the queue's sweep (~25 us of a
-  // 64 KiB send/recv on the H200, benchmarks/RESULTS.md). Whether the data is there is still
-  // decided by each lane's own line.
-  static constexpr int kQuickPolls = 2;
-  __device__ bool lineShared(const unsigned char* p, const unsigned char* last, uint32_t flag,
-                             uint64_t& data, int peer, unsigned mask) {
-    bool got = false;
-    for (int i = 0; i < kQuickPolls && !got; ++i) got = loadLine(p, flag, data);
-    if (__all_sync(mask, got)) return true;
-    const int leader = __ffs(mask) - 1;
-    int ok = 1;
-    if (static_cast<int>(threadIdx.x & 31) == leader) {
-      uint64_t unused;
-      ok = line(last, flag, unused, peer) ? 1 : 0;
-    }
-    ok = __shfl_sync(mask, ok, leader);
-    if (!ok) return false;
-    return got || line(p, flag, data, peer);
-  }
 };
 
 // Producer of the trigger FIFO in this rank's GPU region (many blocks may push): positions

@@ -129,13 +129,9 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
     for (uint32_t j = j0; j < j0 + a.parts_per_block && !fail; ++j) {
       const uint32_t lines = linesOf(bytes, j);
       if (lines == 0) break;
-      // The lanes of this warp with a line (a receiver often waits long here: see lineShared).
-      const unsigned mask = __ballot_sync(__activemask(), t < lines);
       if (t >= lines) continue;
-      const unsigned char* part = src + static_cast<uint64_t>(j) * kThreads * 16;
-      const uint32_t last = (t & ~31u) + 31u - static_cast<uint32_t>(__clz(static_cast<int>(mask)));
       uint64_t v;
-      if (!w.lineShared(part + t * 16ull, part + last * 16ull, g, v, a.peer, mask)) {
+      if (!w.line(src + (static_cast<uint64_t>(j) * kThreads + t) * 16, g, v, a.peer)) {
         fail = true;
         break;
       }

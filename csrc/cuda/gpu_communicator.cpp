@@ -112,6 +112,9 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
               "cudaMalloc of the device state");
     checkCuda(cudaMemcpy(state_, &host_state, sizeof(host_state), cudaMemcpyHostToDevice),
               "cudaMemcpy of the device state");
+    // A copy from pageable memory may return before it lands, ordered only on the default
+    // stream; the first kernel may run on a non-blocking stream (a send/recv's own stream).
+    checkCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize after writing the device state");
   } catch (...) {
     shutdown();
     throw;
