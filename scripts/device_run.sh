@@ -6,7 +6,7 @@
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
-#           persistent-debug p2p-debug
+#           persistent-debug p2p-debug p2p-order-probe
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
 #   bench:       CPU ladder ($OUT/bench.json, ~1.5 min on the H200 host) and CUDA ladder
@@ -45,6 +45,8 @@
 #   p2p-debug:   scripts/p2p_probe.py (blocking send/recv ping-pong, RESIDENT_DEBUG=debug) on both
 #                paths, then the send/recv call-order suite at 2 ranks to its first failure
 #                ($OUT/p2p_debug.log).
+#   p2p-order-probe: the call-order cases one by one in 2 ranks, each start/end printed
+#                ($OUT/p2p_order_probe.log; RESIDENT_PROBE_PATH, RESIDENT_PROBE_LIMIT_S).
 #   gpu-tests-ws2: the collectives, send/recv call-order and graph suites at 2 ranks only
 #                ($OUT/gpu_tests_ws2.log, ~2.5 min).
 #   bench-small: 2 ranks, graph mode, 8 B / 64 B / 4 KiB, both paths ($OUT/bench_small.json, ~20 s).
@@ -156,6 +158,13 @@ if has p2p-debug; then
   RESIDENT_GPU_TESTS_WS=2 timeout -k 10 100 python3 -m pytest -x -q tests/test_cuda_p2p_order.py \
     -p no:cacheprovider -rf >> "$OUT/p2p_debug.log" 2>&1 || status=1
   tail -n 40 "$OUT/p2p_debug.log"; }
+fi
+
+if has p2p-order-probe; then
+  step "send/recv call-order cases, one by one (scripts/p2p_order_probe.py)"
+  RESIDENT_PATH=${RESIDENT_PROBE_PATH:-direct} timeout -k 5 "${RESIDENT_PROBE_LIMIT_S:-100}" \
+    python3 scripts/p2p_order_probe.py > "$OUT/p2p_order_probe.log" 2>&1 || status=1
+  grep -E "^rank" "$OUT/p2p_order_probe.log" | tail -40
 fi
 
 if has persistent-debug; then
