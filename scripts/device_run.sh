@@ -42,18 +42,20 @@
 #   persistent-debug: scripts/persistent_probe.py, 2 and 4 ranks, both paths (RESIDENT_DEBUG=debug),
 #                then the persistent suite at 2 ranks to its first failure
 #                ($OUT/persistent_debug.log).
-#   p2p-debug:   scripts/p2p_probe.py (blocking send/recv ping-pong, RESIDENT_DEBUG=debug) on both
-#                paths, then the send/recv call-order suite at 2 ranks to its first failure
+#   p2p-debug:   scripts/p2p_probe.py (blocking send/recv ping-pong, irecv before isend;
+#                RESIDENT_DEBUG=debug, RESIDENT_GPU_P2P_STREAM=auto unless set) on both paths,
+#                then the send/recv call-order suite at 2 ranks to its first failure
 #                ($OUT/p2p_debug.log).
 #   p2p-order-probe: the call-order cases one by one in 2 ranks, each start/end printed
+#                (RESIDENT_GPU_P2P_STREAM=auto unless set)
 #                ($OUT/p2p_order_probe.log; RESIDENT_PROBE_PATH, RESIDENT_PROBE_LIMIT_S).
 #   gpu-tests-ws2: the collectives, send/recv call-order and graph suites at 2 ranks only
 #                ($OUT/gpu_tests_ws2.log, ~2.5 min).
 #   bench-small: 2 ranks, graph mode, 8 B / 64 B / 4 KiB, both paths ($OUT/bench_small.json, ~20 s).
 #   bench-p2p:   2 ranks, eager and graph, send/recv (and all_reduce) 8 B..1 MiB, both paths,
-#                each with the default placement of send/recv (RESIDENT_GPU_P2P_STREAM=auto) and
-#                with every send/recv on a stream of its own (=own), side by side
-#                ($OUT/bench_p2p.json, ~1 min).
+#                each with the default launch of send/recv (RESIDENT_GPU_P2P_STREAM=own: at once,
+#                on a stream of their own) and the lazy one (=auto: a blocking send/recv on the
+#                caller's stream), side by side ($OUT/bench_p2p.json, ~1 min).
 #   gpu-tests-persistent: only tests/test_cuda_persistent.py, the persistent mode
 #                (RESIDENT_GPU_PERSISTENT=1) at 2 and 4 ranks ($OUT/gpu_tests_persistent.log,
 #                ~2 min; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s).
@@ -149,7 +151,8 @@ if has p2p-debug; then
   step "send/recv probe"
   for path in ${RESIDENT_PROBE_PATHS:-direct proxy}; do
     echo "== probe path=$path" >> "$OUT/p2p_debug.log"
-    RESIDENT_PATH=$path RESIDENT_DEBUG=debug timeout 60 python3 scripts/p2p_probe.py \
+    RESIDENT_PATH=$path RESIDENT_DEBUG=debug RESIDENT_GPU_P2P_STREAM=${RESIDENT_GPU_P2P_STREAM:-auto} \
+      timeout 60 python3 scripts/p2p_probe.py \
       >> "$OUT/p2p_debug.log" 2>&1 || { status=1; echo "probe ($path) failed"; }
   done
   grep -E "^rank|launched|called|wait on|rror" "$OUT/p2p_debug.log" | tail -80
@@ -162,7 +165,8 @@ fi
 
 if has p2p-order-probe; then
   step "send/recv call-order cases, one by one (scripts/p2p_order_probe.py)"
-  RESIDENT_PATH=${RESIDENT_PROBE_PATH:-direct} timeout -k 5 "${RESIDENT_PROBE_LIMIT_S:-100}" \
+  RESIDENT_PATH=${RESIDENT_PROBE_PATH:-direct} RESIDENT_GPU_P2P_STREAM=${RESIDENT_GPU_P2P_STREAM:-auto} \
+    timeout -k 5 "${RESIDENT_PROBE_LIMIT_S:-100}" \
     python3 scripts/p2p_order_probe.py > "$OUT/p2p_order_probe.log" 2>&1 || status=1
   grep -E "^rank" "$OUT/p2p_order_probe.log" | tail -40
 fi
@@ -254,7 +258,7 @@ if has bench-p2p; then
   [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
   python3 -m resident_pg.bench --device cuda --mode eager,graph --world-sizes 2 \
     --ops send_recv,all_reduce --sizes 8,4K,64K,1M \
-    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_P2P_STREAM=own,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_P2P_STREAM=own" \
+    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_P2P_STREAM=auto,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_P2P_STREAM=auto" \
     --floors "$OUT/floors.json" --timeout 30 --time-limit 120 \
     --json "$OUT/bench_p2p.json" > "$OUT/bench_p2p.log" 2>&1 || status=1
   tail -n 40 "$OUT/bench_p2p.log"

@@ -297,7 +297,7 @@ def timeout_phase(rank, ws, tg):
 PATH_KNOBS = {
     "prefetch": {"RESIDENT_GPU_PREFETCH": "1"},
     "fence": {"RESIDENT_GPU_TRIGGER_FENCE": "1"},     # fenced triggers, no proxy-side check
-    "own": {"RESIDENT_GPU_P2P_STREAM": "own"},        # every send/recv on a stream of its own
+    "auto": {"RESIDENT_GPU_P2P_STREAM": "auto"},      # lazy send/recv: blocking ones on the caller's stream
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
 PATH_VARIANTS = ("direct+prefetch", "proxy+fence")

@@ -65,8 +65,10 @@ class CudaStreams {
         tails_(static_cast<size_t>(2 * nranks)) {}
   ~CudaStreams() {
     for (cudaEvent_t e : free_) cudaEventDestroy(e);
-    for (const P2PTail& t : tails_)
+    for (const P2PTail& t : tails_) {
       if (t.own_end != nullptr) cudaEventDestroy(t.own_end);
+      if (t.caller_end != nullptr) cudaEventDestroy(t.caller_end);
+    }
     for (cudaStream_t s : p2p_)
       if (s != nullptr) P2PStreamPool::instance().give(device_, s);
   }
@@ -96,15 +98,21 @@ class CudaStreams {
   // stream, a caller's stream): their kernels share that direction's round counter, so each
   // must start after the previous one of the direction.
   struct P2PTail {
-    cudaEvent_t own_end = nullptr;          // recorded after the last launch on the own stream
-    unsigned long long own_capture = 0;     // capture id of that record (0: eager)
-    bool own_unjoined = false;              // no caller-stream launch has waited on it yet
-    bool caller_used = false;               // the last launch was on a caller's stream:
-    cudaStream_t last_caller = nullptr;     // that one (null: the default stream)
+    cudaEvent_t own_end = nullptr;       // recorded after the last launch on the own stream
+    unsigned long long own_capture = 0;  // capture id of that record (0: eager)
+    bool own_unjoined = false;           // no caller-stream launch has waited on it yet
+    // Recorded after the last launch on a caller's stream (an event, not the stream: the
+    // caller's stream may be gone by the time the own stream has to follow it).
+    cudaEvent_t caller_end = nullptr;
+    unsigned long long caller_capture = 0;
+    bool caller_unjoined = false;  // no own-stream launch has waited on it yet
   };
   P2PTail& tail(int peer, bool send) {
     auto& t = tails_[static_cast<size_t>(2 * peer + (send ? 1 : 0))];
-    if (t.own_end == nullptr) C10_CUDA_CHECK(cudaEventCreateWithFlags(&t.own_end, cudaEventDisableTiming));
+    if (t.own_end == nullptr) {
+      C10_CUDA_CHECK(cudaEventCreateWithFlags(&t.own_end, cudaEventDisableTiming));
+      C10_CUDA_CHECK(cudaEventCreateWithFlags(&t.caller_end, cudaEventDisableTiming));
+    }
     return t;
   }
   const int device_;
@@ -202,8 +210,9 @@ void WorkCuda::launchP2P(bool on_caller, void* stream) {
       C10_CUDA_CHECK(cudaStreamWaitEvent(s, tail.own_end, 0));
     tail.own_unjoined = false;
     run(s);
-    tail.last_caller = s;
-    tail.caller_used = true;
+    C10_CUDA_CHECK(cudaEventRecord(tail.caller_end, s));
+    tail.caller_capture = p->capture;
+    tail.caller_unjoined = true;
     release(p->ready);
     return;
   }
@@ -214,17 +223,10 @@ void WorkCuda::launchP2P(bool on_caller, void* stream) {
         " called during a CUDA graph capture must be waited on before that capture ends");
   }
   const c10::cuda::CUDAStream own = streams_->p2p(p->peer, p->send);
-  auto follow = [&](cudaStream_t on) {
-    cudaEvent_t e = streams_->get();
-    C10_CUDA_CHECK(cudaEventRecord(e, on));
-    C10_CUDA_CHECK(cudaStreamWaitEvent(own.stream(), e, 0));
-    streams_->put(e);
-  };
-  // The direction's previous kernel ran on another caller stream: start after it.
-  if (tail.caller_used && tail.last_caller != p->caller &&
-      captureIdOf(tail.last_caller) == p->capture)
-    follow(tail.last_caller);
-  tail.caller_used = false;
+  // The direction's previous kernel ran on a caller's stream: start after it.
+  if (tail.caller_unjoined && tail.caller_capture == p->capture)
+    C10_CUDA_CHECK(cudaStreamWaitEvent(own.stream(), tail.caller_end, 0));
+  tail.caller_unjoined = false;
   C10_CUDA_CHECK(cudaStreamWaitEvent(own.stream(), p->ready, 0));
   release(p->ready);
   run(own.stream());
@@ -402,15 +404,14 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
   return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, title, outputs, device, end);
 }
 
-c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm,
-                                          std::shared_ptr<GpuCommunicator>& gpu,
+c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<GpuCommunicator>& gpu,
                                           std::shared_ptr<CudaStreams>& streams,
                                           uint64_t timeout_ms, int rank, c10d::OpType type,
                                           const char* title, const at::Tensor& tensor, bool send,
                                           int peer) {
   if (peer < 0 || peer >= comm.size() || peer == comm.rank()) {
-    throw InvalidArgument(std::string("resident: ") + (send ? "send to" : "recv from") +
-                          " rank " + std::to_string(peer) + " is invalid in a group of " +
+    throw InvalidArgument(std::string("resident: ") + (send ? "send to" : "recv from") + " rank " +
+                          std::to_string(peer) + " is invalid in a group of " +
                           std::to_string(comm.size()) + " (this is rank " +
                           std::to_string(comm.rank()) + ")");
   }
@@ -435,13 +436,13 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm,
       gpu, streams, rank, type, title, std::move(outputs), device, nullptr, capture != 0,
       capture != 0 ? std::vector<at::Tensor>{tensor} : std::vector<at::Tensor>{});
   std::lock_guard<std::mutex> lock(pending_mu);
-  RLOG_DEBUG("%s %zu bytes with rank %d: called (capture %llu)", send ? "send" : "recv",
-             p->bytes, peer, capture);
+  RLOG_DEBUG("%s %zu bytes with rank %d: called (capture %llu)", send ? "send" : "recv", p->bytes,
+             peer, capture);
   work->p2p_ = std::move(p);
-  if (comm.config().gpu_p2p_stream == "own")
-    work->launchP2P(false);
-  else
+  if (comm.config().gpu_p2p_stream == "auto")
     pending_work = work.get();
+  else
+    work->launchP2P(false);
   return work;
 }
 
