@@ -440,8 +440,26 @@ add("own_and_caller_stream_launches_one_direction[pair]", _mixed_launches)
 
 
 def cuda_p2p_order_job(rank, ws, case_ids):
+    """The cases in order; after each, the ranks agree through the parent's store that it
+    passed everywhere. Messages match by order per direction, so after a case failed on one
+    rank (its posted ops possibly not drained) later cases would pair the wrong messages and
+    hang: they are reported as not run instead. Each case's start goes to stderr, so that a
+    job that times out shows where."""
+    import sys
+
     C.setup_rank(rank, ws)
-    return H.execute_cases(CASES, case_ids, rank, ws)
+    out = {}
+    for i, cid in enumerate(case_ids):
+        print(f"[rank {rank}] p2p order case {cid}: start", file=sys.stderr, flush=True)
+        out.update(H.execute_cases(CASES, [cid], rank, ws))
+        ok = out[cid]["exc"] is None and not out[cid]["errors"]
+        if not C.store_agree(f"p2p_order/{cid}", rank, ws, ok):
+            for rest in case_ids[i + 1:]:
+                out[rest] = {"errors": [f"not run: case {cid} failed on some rank (the ranks' "
+                                        "message order may differ after it)"],
+                             "digests": {}, "exc": None, "seconds": 0.0}
+            break
+    return out
 
 
 JOBS = C.GpuJobCache(CASES, cuda_p2p_order_job, "test_cuda_p2p_order", timeout_s=120)

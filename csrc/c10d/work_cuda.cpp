@@ -65,6 +65,7 @@ class CudaStreams {
         tails_(static_cast<size_t>(2 * nranks)) {}
   ~CudaStreams() {
     for (cudaEvent_t e : free_) cudaEventDestroy(e);
+    if (last_end_ != nullptr) cudaEventDestroy(last_end_);
     for (const P2PTail& t : tails_) {
       if (t.own_end != nullptr) cudaEventDestroy(t.own_end);
       if (t.caller_end != nullptr) cudaEventDestroy(t.caller_end);
@@ -101,11 +102,12 @@ class CudaStreams {
     cudaEvent_t own_end = nullptr;       // recorded after the last launch on the own stream
     unsigned long long own_capture = 0;  // capture id of that record (0: eager)
     bool own_unjoined = false;           // no caller-stream launch has waited on it yet
-    // Recorded after the last launch on a caller's stream (an event, not the stream: the
-    // caller's stream may be gone by the time the own stream has to follow it).
+    // Recorded after the last launch on a caller's stream (waited on through the event: the
+    // caller's stream may be gone by then; its handle is only compared).
     cudaEvent_t caller_end = nullptr;
     unsigned long long caller_capture = 0;
-    bool caller_unjoined = false;  // no own-stream launch has waited on it yet
+    bool caller_unjoined = false;  // not yet waited on by a launch on another stream
+    cudaStream_t caller_stream = nullptr;
   };
   P2PTail& tail(int peer, bool send) {
     auto& t = tails_[static_cast<size_t>(2 * peer + (send ? 1 : 0))];
@@ -115,15 +117,24 @@ class CudaStreams {
     }
     return t;
   }
+  // The previous eager collective: its stream (compared only; null is the default stream)
+  // and an event recorded after it, which a collective on another stream waits for.
+  cudaEvent_t lastEnd() {
+    if (last_end_ == nullptr)
+      C10_CUDA_CHECK(cudaEventCreateWithFlags(&last_end_, cudaEventDisableTiming));
+    return last_end_;
+  }
   const int device_;
   c10::cuda::CUDAStream side_;
-  cudaStream_t last_ = nullptr;  // stream of the previous collective (eager)
+  bool has_last_ = false;
+  cudaStream_t last_ = nullptr;
 
  private:
   std::mutex mu_;
   std::vector<cudaEvent_t> free_;
   std::vector<cudaStream_t> p2p_;
   std::vector<P2PTail> tails_;
+  cudaEvent_t last_end_ = nullptr;
 };
 
 struct WorkCuda::P2PLaunch {
@@ -167,13 +178,14 @@ WorkCuda::WorkCuda(std::shared_ptr<GpuCommunicator> gpu, std::shared_ptr<CudaStr
       keep_alive_(std::move(keep_alive)) {}
 
 WorkCuda::~WorkCuda() {
+  std::unique_ptr<P2PLaunch> spent;  // released after the lock (see launchP2P)
   {
     std::lock_guard<std::mutex> lock(pending_mu);
     if (p2p_) {
       // Dropped before its wait: it must still run (the peer is matching it).
       pending_work = nullptr;
       try {
-        launchP2P(false);
+        spent = launchP2P(false);
       } catch (const std::exception& e) {
         RLOG_ERROR("resident: launching a send/recv whose Work was dropped failed: %s", e.what());
       }
@@ -186,84 +198,114 @@ WorkCuda::~WorkCuda() {
     streams_->put(static_cast<cudaEvent_t>(end_event_));
 }
 
-void WorkCuda::launchP2P(bool on_caller, void* stream) {
+std::unique_ptr<WorkCuda::P2PLaunch> WorkCuda::launchP2P(bool on_caller, void* stream) {
   std::unique_ptr<P2PLaunch> p = std::move(p2p_);
-  c10::cuda::CUDAGuard guard(device_);
-  CudaStreams::P2PTail& tail = streams_->tail(p->peer, p->send);
-  auto run = [&](cudaStream_t s) {
-    if (p->send)
-      gpu_->send(p->data, p->bytes, p->peer, s);
-    else
-      gpu_->recv(p->data, p->bytes, p->peer, s);
-  };
-  auto release = [&](cudaEvent_t e) {
+  auto release = [&] {
     if (p->capture != 0)
-      cudaEventDestroy(e);  // recorded inside a capture: not reused
+      cudaEventDestroy(p->ready);  // recorded inside a capture: not reused
     else
-      streams_->put(e);
+      streams_->put(p->ready);
   };
-  RLOG_DEBUG("%s %zu bytes with rank %d: launched on %s", p->send ? "send" : "recv", p->bytes,
-             p->peer, on_caller ? "the caller's stream" : "its own stream");
+  try {
+    launchP2PNow(*p, on_caller, static_cast<cudaStream_t>(stream));
+  } catch (const std::exception& e) {
+    // This op will not run; its own wait() says so too (the exception itself goes to whoever
+    // launched it, which may be another op's call).
+    launch_error_ = std::string("resident: this ") + (p->send ? "send" : "recv") +
+                    " could not be launched: " + e.what();
+    release();
+    throw;
+  }
+  release();
+  return p;
+}
+
+void WorkCuda::launchP2PNow(const P2PLaunch& p, bool on_caller, void* stream) {
+  c10::cuda::CUDAGuard guard(device_);
+  CudaStreams::P2PTail& tail = streams_->tail(p.peer, p.send);
+  auto run = [&](cudaStream_t on) {
+    if (p.send)
+      gpu_->send(p.data, p.bytes, p.peer, on);
+    else
+      gpu_->recv(p.data, p.bytes, p.peer, on);
+  };
+  RLOG_DEBUG("%s %zu bytes with rank %d: launched on %s", p.send ? "send" : "recv", p.bytes, p.peer,
+             on_caller ? "the caller's stream" : "its own stream");
+  // The direction's kernels share its round counter: each starts after the previous one,
+  // wherever that ran (both inside one capture, or both outside captures; a flag is cleared
+  // only once a launch has waited for it).
   if (on_caller) {
     auto s = static_cast<cudaStream_t>(stream);
-    if (tail.own_unjoined && tail.own_capture == p->capture)
+    if (tail.own_unjoined && tail.own_capture == p.capture) {
       C10_CUDA_CHECK(cudaStreamWaitEvent(s, tail.own_end, 0));
-    tail.own_unjoined = false;
+      tail.own_unjoined = false;
+    }
+    if (tail.caller_unjoined && tail.caller_capture == p.capture && tail.caller_stream != s)
+      C10_CUDA_CHECK(cudaStreamWaitEvent(s, tail.caller_end, 0));
     run(s);
     C10_CUDA_CHECK(cudaEventRecord(tail.caller_end, s));
-    tail.caller_capture = p->capture;
+    tail.caller_capture = p.capture;
+    tail.caller_stream = s;
     tail.caller_unjoined = true;
-    release(p->ready);
     return;
   }
-  if (p->capture != 0 && captureIdOf(p->caller) != p->capture) {
-    release(p->ready);
+  if (p.capture != 0 && captureIdOf(p.caller) != p.capture) {
     throw InvalidArgument(
-        std::string("resident: a ") + (p->send ? "send" : "recv") +
+        std::string("resident: a ") + (p.send ? "send" : "recv") +
         " called during a CUDA graph capture must be waited on before that capture ends");
   }
-  const c10::cuda::CUDAStream own = streams_->p2p(p->peer, p->send);
-  // The direction's previous kernel ran on a caller's stream: start after it.
-  if (tail.caller_unjoined && tail.caller_capture == p->capture)
+  const c10::cuda::CUDAStream own = streams_->p2p(p.peer, p.send);
+  if (tail.caller_unjoined && tail.caller_capture == p.capture) {
     C10_CUDA_CHECK(cudaStreamWaitEvent(own.stream(), tail.caller_end, 0));
-  tail.caller_unjoined = false;
-  C10_CUDA_CHECK(cudaStreamWaitEvent(own.stream(), p->ready, 0));
-  release(p->ready);
+    tail.caller_unjoined = false;
+  }
+  C10_CUDA_CHECK(cudaStreamWaitEvent(own.stream(), p.ready, 0));
   run(own.stream());
   cudaEvent_t end = streams_->get();
   C10_CUDA_CHECK(cudaEventRecord(end, own.stream()));
   end_event_ = end;
   C10_CUDA_CHECK(cudaEventRecord(tail.own_end, own.stream()));
-  tail.own_capture = p->capture;
+  tail.own_capture = p.capture;
   tail.own_unjoined = true;
-  if (p->capture == 0) {
+  if (p.capture == 0) {
     // The caching allocator must not hand the tensor out again before this stream passed it.
-    for (const at::Tensor& t : p->tensors)
+    for (const at::Tensor& t : p.tensors)
       c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), own);
   }
 }
 
-void flushPendingP2P() {
-  std::lock_guard<std::mutex> lock(pending_mu);
-  if (pending_work == nullptr) return;
+// Launches the pending op, if any, on its own stream; the caller holds pending_mu and
+// releases what it returns only after unlocking (see launchP2P).
+std::unique_ptr<WorkCuda::P2PLaunch> WorkCuda::launchPendingLocked() {
+  if (pending_work == nullptr) return nullptr;
   WorkCuda* w = pending_work;
   pending_work = nullptr;
-  w->launchP2P(false);
+  return w->launchP2P(false);
+}
+
+void flushPendingP2P() {
+  std::unique_ptr<WorkCuda::P2PLaunch> spent;
+  std::lock_guard<std::mutex> lock(pending_mu);
+  spent = WorkCuda::launchPendingLocked();
 }
 
 bool WorkCuda::isCompleted() {
+  std::unique_ptr<P2PLaunch> spent;
   {
     // Polled instead of waited on: what is pending (this op or a later one) has to run.
     std::lock_guard<std::mutex> lock(pending_mu);
-    if (pending_work != nullptr) {
-      WorkCuda* w = pending_work;
-      pending_work = nullptr;
-      w->launchP2P(false);
-    }
+    spent = launchPendingLocked();
   }
+  if (!launch_error_.empty()) C10_THROW_ERROR(DistBackendError, launch_error_);
   // Stream-ordered on the caller's stream, or part of a graph: complete from the host's view.
   if (end_event_ == nullptr || captured_) return true;
-  return cudaEventQuery(static_cast<cudaEvent_t>(end_event_)) == cudaSuccess;
+  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(end_event_));
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error: clear it, or the next launch check reports it
+    return false;
+  }
+  C10_CUDA_CHECK(err);
+  return true;
 }
 
 bool WorkCuda::isSuccess() const {
@@ -281,25 +323,24 @@ void WorkCuda::streamWait() {
   RLOG_DEBUG("wait on a CUDA work (%s)", p2p_ ? "send/recv not launched yet" : "launched");
   c10::cuda::CUDAGuard guard(device_);
   cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+  std::unique_ptr<P2PLaunch> spent_other, spent;
   {
     std::lock_guard<std::mutex> lock(pending_mu);
-    if (pending_work != nullptr && pending_work != this) {
-      WorkCuda* other = pending_work;  // another op came first: it runs on its own stream
-      pending_work = nullptr;
-      other->launchP2P(false);
-    }
+    // Another op came first: it runs on its own stream.
+    if (pending_work != this) spent_other = launchPendingLocked();
     if (p2p_) {
       pending_work = nullptr;
       // Waited on right after the call, on the stream it was called on: a blocking
       // send/recv; it runs in that stream's order (where it was going to be waited on).
       const bool blocking = current == p2p_->caller && captureIdOf(current) == p2p_->capture;
-      launchP2P(blocking, current);
+      spent = launchP2P(blocking, current);
       if (blocking) {
         keep_alive_.clear();
         return;
       }
     }
   }
+  if (!launch_error_.empty()) C10_THROW_ERROR(DistBackendError, launch_error_);
   if (end_event_ == nullptr) return;
   if (captured_) {
     // A captured op's side stream joins its capture; once that capture ended, the graph
@@ -385,11 +426,13 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
     C10_CUDA_CHECK(cudaStreamWaitEvent(waiter, e, 0));
     streams->put(e);
   };
-  if (streams->last_ != nullptr && streams->last_ != stream && streams->last_ != current)
-    follow(stream, streams->last_);
+  if (streams->has_last_ && streams->last_ != stream && streams->last_ != current)
+    C10_CUDA_CHECK(cudaStreamWaitEvent(stream, streams->lastEnd(), 0));
   if (stream != current) follow(stream, current);
   launch(*gpu, stream);
+  C10_CUDA_CHECK(cudaEventRecord(streams->lastEnd(), stream));
   streams->last_ = stream;
+  streams->has_last_ = true;
   cudaEvent_t end = nullptr;
   if (stream != current) {
     end = streams->get();
@@ -435,6 +478,7 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<Gp
   auto work = c10::make_intrusive<WorkCuda>(
       gpu, streams, rank, type, title, std::move(outputs), device, nullptr, capture != 0,
       capture != 0 ? std::vector<at::Tensor>{tensor} : std::vector<at::Tensor>{});
+  std::unique_ptr<WorkCuda::P2PLaunch> spent;
   std::lock_guard<std::mutex> lock(pending_mu);
   RLOG_DEBUG("%s %zu bytes with rank %d: called (capture %llu)", send ? "send" : "recv", p->bytes,
              peer, capture);
@@ -442,7 +486,7 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<Gp
   if (comm.config().gpu_p2p_stream == "auto")
     pending_work = work.get();
   else
-    work->launchP2P(false);
+    spent = work->launchP2P(false);
   return work;
 }
 

@@ -67,10 +67,15 @@ class WorkCuda : public c10d::Work {
   // A send or recv not launched yet (see runCudaP2P); null once launched.
   struct P2PLaunch;
   std::unique_ptr<P2PLaunch> p2p_;
+  std::string launch_error_;  // why launching it failed (then wait() raises it)
   // Launches p2p_ on `stream` when `on_caller` (a blocking send/recv: the stream it was
   // called on; null is the default stream) or else on the stream of its peer and direction,
-  // from the point it was called at.
-  void launchP2P(bool on_caller, void* stream = nullptr);
+  // from the point it was called at. Called with the process's pending-op lock held; returns
+  // the spent launch, which holds the tensor, for release after unlocking (a tensor's last
+  // reference can run Python code that destroys another Work, which takes the lock).
+  std::unique_ptr<P2PLaunch> launchP2P(bool on_caller, void* stream = nullptr);
+  void launchP2PNow(const P2PLaunch& p, bool on_caller, void* stream);
+  static std::unique_ptr<P2PLaunch> launchPendingLocked();
   friend void flushPendingP2P();
   friend c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator&, std::shared_ptr<GpuCommunicator>&,
                                                    std::shared_ptr<CudaStreams>&, uint64_t, int,

@@ -210,6 +210,8 @@ void GpuCommunicator::pinProxyNearDevice() {
 
 void GpuCommunicator::shutdown() {
   if (shut_down_) return;
+  // A Work may outlive its group and ask for its error after the segments are gone.
+  if (region_.local != nullptr) final_error_ = deviceError();
   shut_down_ = true;
   // Abort first: a proxy pass waiting for lines of a kernel that stopped ends on the abort word,
   // so detaching the proxy (which waits until it is outside proxyPoll) cannot hang on it.
@@ -239,6 +241,7 @@ void GpuCommunicator::abortKernels() {
 }
 
 std::string GpuCommunicator::deviceError() const {
+  if (shut_down_) return final_error_;
   if (persistent_) {
     std::string stuck = persistent_->stuckError();
     if (!stuck.empty()) return stuck;

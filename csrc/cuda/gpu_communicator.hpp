@@ -108,6 +108,7 @@ class GpuCommunicator : public ProxyHandler {
   std::atomic<bool> error_logged_{false};
   bool any_proxied_ = false;
   bool shut_down_ = false;
+  std::string final_error_;  // deviceError() when shut down (the segments are gone then)
 };
 
 }  // namespace resident
