@@ -486,6 +486,29 @@ def _async_in_flight(rank, ws):
     return errs, {}
 
 
+def _polled_async(rank, ws):
+    """An async all_reduce polled with is_completed() until True (a deadline fails instead of
+    hanging), then a torch kernel on the same stream: polling an op still running must not
+    leave a CUDA error behind for the next launch ("device not ready")."""
+    import torch.distributed as dist
+
+    ins = inputs_for("cuda/poll/ar", ws, 70001, "float32")
+    t = dev(ins[rank])
+    w = dist.all_reduce(t, async_op=True)
+    deadline, polls = time.monotonic() + 60.0, 0
+    while not w.is_completed():
+        polls += 1
+        if time.monotonic() > deadline:
+            return [f"is_completed() still False after 60 s ({polls} polls)"], {}
+        time.sleep(0.0002)
+    w.wait()
+    after = dev(ins[rank]) * 2  # kernels launched after the polls
+    errs = compare_reduction(host(t), reference_reduce(ins, "SUM", "float32"), ins, "SUM",
+                             "float32", f"all_reduce polled ({polls} polls)")
+    errs += compare_exact(host(after), ins[rank] * 2, "a kernel launched after the polls")
+    return errs, {}
+
+
 def _funcol(rank, ws):
     """torch.distributed._functional_collectives on DEVICE tensors, every size."""
     import torch
@@ -530,6 +553,7 @@ def _funcol(rank, ws):
 
 add("barrier", _barrier)
 add("async_ops_in_flight", _async_in_flight)
+add("async_op_polled_is_completed", _polled_async)
 add("functional_collectives", _funcol, identical=True)
 
 

@@ -403,3 +403,15 @@ def _bad_persistent_job(rank, ws):
 def test_persistent_knobs_are_validated(var, value):
     out = H.run_ranks(_bad_persistent_job, 1, env={var: value}, init=False, timeout_s=60)[0]
     assert "invalid value" in out and var.lower().replace("resident_", "") in out, out
+
+
+@pytest.mark.resident_only
+def test_p2p_stream_knob_is_validated():
+    """RESIDENT_GPU_P2P_STREAM takes own or auto; anything else fails the group's creation
+    with a message that names the variable and the choices."""
+    out = H.run_ranks(_bad_persistent_job, 1, env={"RESIDENT_GPU_P2P_STREAM": "caller"},
+                      init=False, timeout_s=60)[0]
+    assert "RESIDENT_GPU_P2P_STREAM must be auto or own" in out and "caller" in out, out
+    ok = H.run_ranks(_bad_persistent_job, 1, env={"RESIDENT_GPU_P2P_STREAM": "auto"},
+                     init=False, timeout_s=60)[0]
+    assert ok == "no error", ok
