@@ -148,6 +148,30 @@ def kind_for(op, dtype_name):
     return "normal"
 
 
+def pair_exchange(rank, partner, send, recv, tag):
+    """Blocking send/recv with ``partner``, the even rank of the pair sending first."""
+    import torch.distributed as dist
+
+    if rank % 2 == 0:
+        dist.send(send, dst=partner, tag=tag)
+        dist.recv(recv, src=partner, tag=tag)
+    else:
+        dist.recv(recv, src=partner, tag=tag)
+        dist.send(send, dst=partner, tag=tag)
+
+
+def ring_post(rank, send, right, recv, left, tag):
+    """isend to ``right`` and irecv from ``left``, the irecv posted first on even ranks and the
+    isend first on odd ones; returns (recv work, send work)."""
+    import torch.distributed as dist
+
+    if rank % 2 == 0:
+        wr = dist.irecv(recv, src=left, tag=tag)
+        return wr, dist.isend(send, dst=right, tag=tag)
+    wsend = dist.isend(send, dst=right, tag=tag)
+    return dist.irecv(recv, src=left, tag=tag), wsend
+
+
 def store_agree(tag, rank, ws, ok: bool, timeout_s=60.0) -> bool:
     """All ranks agree through the parent's TCPStore (never through the backend under
     test) whether a step succeeded everywhere; used before replaying captured graphs."""

@@ -370,8 +370,6 @@ def _make_p2p_case(dt):
     then an isend/irecv ring (irecv posted first on even ranks, isend first on odd)."""
 
     def fn(rank, ws):
-        import torch.distributed as dist
-
         errs = []
         partner, right, left = rank ^ 1, (rank + 1) % ws, (rank - 1) % ws
         for si, (lab, n) in enumerate(sizes_for(dt)):
@@ -379,22 +377,12 @@ def _make_p2p_case(dt):
             if partner < ws:
                 mine = dev(make_input(key + "/pair", rank, n, dt))
                 buf = sentinel(n, dt)
-                if rank % 2 == 0:
-                    dist.send(mine, dst=partner, tag=si + 1)
-                    dist.recv(buf, src=partner, tag=si + 1)
-                else:
-                    dist.recv(buf, src=partner, tag=si + 1)
-                    dist.send(mine, dst=partner, tag=si + 1)
+                C.pair_exchange(rank, partner, mine, buf, si + 1)
                 errs += compare_exact(host(buf), make_input(key + "/pair", partner, n, dt),
                                       f"send/recv {lab} n={n} from {partner}")
             mine = dev(make_input(key + "/ring", rank, n, dt))
             buf = sentinel(n, dt)
-            if rank % 2 == 0:
-                wr = dist.irecv(buf, src=left, tag=100 + si)
-                wsend = dist.isend(mine, dst=right, tag=100 + si)
-            else:
-                wsend = dist.isend(mine, dst=right, tag=100 + si)
-                wr = dist.irecv(buf, src=left, tag=100 + si)
+            wr, wsend = C.ring_post(rank, mine, right, buf, left, 100 + si)
             wr.wait()
             wsend.wait()
             errs += compare_exact(host(buf), make_input(key + "/ring", left, n, dt),

@@ -91,12 +91,7 @@ class Mixed(_Prog):
         dist.all_to_all_single(self.a2a_out, self.a2a_in)
         dist.reduce_scatter_tensor(self.rs_out, self.rs_in)
         if self.partner is not None:
-            if self.rank % 2 == 0:
-                dist.send(self.p_send, dst=self.partner, tag=3)
-                dist.recv(self.p_recv, src=self.partner, tag=3)
-            else:
-                dist.recv(self.p_recv, src=self.partner, tag=3)
-                dist.send(self.p_send, dst=self.partner, tag=3)
+            C.pair_exchange(self.rank, self.partner, self.p_send, self.p_recv, 3)
         dist.broadcast(self.bc, src=self.root)
 
     def check(self, label):
@@ -141,12 +136,7 @@ class AsyncInCapture(_Prog):
 
         w1 = dist.all_reduce(self.x, op=dist.ReduceOp.MAX, async_op=True)
         w2 = dist.reduce_scatter_tensor(self.rs_out, self.rs_in, op=dist.ReduceOp.AVG, async_op=True)
-        if self.rank % 2 == 0:
-            wr = dist.irecv(self.r_recv, src=self.left, tag=5)
-            wsend = dist.isend(self.r_send, dst=self.right, tag=5)
-        else:
-            wsend = dist.isend(self.r_send, dst=self.right, tag=5)
-            wr = dist.irecv(self.r_recv, src=self.left, tag=5)
+        wr, wsend = C.ring_post(self.rank, self.r_send, self.right, self.r_recv, self.left, 5)
         w3 = dist.all_gather_into_tensor(self.ag_out, self.ag_in, async_op=True)
         for w in (w3, wsend, wr, w2, w1):
             w.wait()

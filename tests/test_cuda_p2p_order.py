@@ -186,19 +186,12 @@ def _batch_recv_first(rank, ws):
 
 
 def _collective_between(rank, ws):
-    import torch.distributed as dist
-
     errs, digs = [], {}
     left, right = _ring(rank, ws)
     for si, (lab, dt, ar_async) in enumerate((("8B", "float32", False), ("4KiB", "int64", True),
                                               ("large", "bfloat16", False))):
         m = _Msg(f"cuda/p2po/coll/{lab}", rank, lab, dt)
-        if rank % 2 == 0:
-            wr = dist.irecv(m.buf, src=left, tag=30 + si)
-            wsend = dist.isend(m.src, dst=right, tag=30 + si)
-        else:
-            wsend = dist.isend(m.src, dst=right, tag=30 + si)
-            wr = dist.irecv(m.buf, src=left, tag=30 + si)
+        wr, wsend = C.ring_post(rank, m.src, right, m.buf, left, 30 + si)
         e, d = _all_reduce(rank, ws, f"cuda/p2po/coll/ar/{lab}", ar_async)
         errs += e
         digs.update(d)
@@ -334,19 +327,12 @@ def _mixed_launches(rank, ws):
 
 
 def _ping_pong(rank, ws):
-    import torch.distributed as dist
-
     errs, digs, p = [], {}, rank ^ 1
     for i in range(PING_PONG_ITERS):
         for si, (lab, dt) in enumerate((("8B", "float32"), ("4KiB", "bfloat16"), ("64KiB", "int64"))):
             m = _Msg(f"cuda/p2po/pingpong/{i}/{lab}", rank, lab, dt)
             tag = 100 + 3 * i + si
-            if rank % 2 == 0:
-                dist.send(m.src, dst=p, tag=tag)
-                dist.recv(m.buf, src=p, tag=tag)
-            else:
-                dist.recv(m.buf, src=p, tag=tag)
-                dist.send(m.src, dst=p, tag=tag)
+            C.pair_exchange(rank, p, m.src, m.buf, tag)
             errs += m.check(p)
         e, d = _all_reduce(rank, ws, f"cuda/p2po/pingpong/{i}/ar")
         errs += e
@@ -380,12 +366,7 @@ class _GraphProg:
     def step(self):
         import torch.distributed as dist
 
-        if self.rank % 2 == 0:
-            dist.send(self.pp_send, dst=self.partner, tag=7)
-            dist.recv(self.pp_recv, src=self.partner, tag=7)
-        else:
-            dist.recv(self.pp_recv, src=self.partner, tag=7)
-            dist.send(self.pp_send, dst=self.partner, tag=7)
+        C.pair_exchange(self.rank, self.partner, self.pp_send, self.pp_recv, 7)
         wr = dist.irecv(self.x_recv, src=self.left, tag=8)
         wsend = dist.isend(self.x_send, dst=self.right, tag=8)
         wr.wait()

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <map>
 
 #include "core/error.hpp"
@@ -142,18 +143,21 @@ struct WorkCuda::P2PLaunch {
   void* data;
   size_t bytes;
   int peer;
-  cudaStream_t caller;              // the current stream when the op was called
-  cudaEvent_t ready;                // recorded on `caller` then: the op's inputs are ready
-  unsigned long long capture = 0;   // id of the capture under way on `caller` then (0: none)
-  std::vector<at::Tensor> tensors;  // for the caching allocator, if it runs elsewhere
+  cudaStream_t caller;             // the current stream when the op was called
+  cudaEvent_t ready;               // recorded on `caller` then: the op's inputs are ready
+  unsigned long long capture = 0;  // id of the capture under way on `caller` then (0: none)
+  at::Tensor tensor;               // for the caching allocator, if it runs elsewhere
+  bool lazy;                       // RESIDENT_GPU_P2P_STREAM=auto: ordering with caller streams
 };
 
 namespace {
 
 // The one send/recv of this process not launched yet (every resident call launches the
 // previous one first, so there is never more than one).
+// Written under pending_mu; read without it first, so that ops with nothing pending (every op
+// under the default RESIDENT_GPU_P2P_STREAM=own) take no lock.
 std::mutex pending_mu;
-WorkCuda* pending_work = nullptr;
+std::atomic<WorkCuda*> pending_work{nullptr};
 
 unsigned long long captureIdOf(cudaStream_t s) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -179,11 +183,11 @@ WorkCuda::WorkCuda(std::shared_ptr<GpuCommunicator> gpu, std::shared_ptr<CudaStr
 
 WorkCuda::~WorkCuda() {
   std::unique_ptr<P2PLaunch> spent;  // released after the lock (see launchP2P)
-  {
+  if (pending_work.load(std::memory_order_acquire) == this) {
     std::lock_guard<std::mutex> lock(pending_mu);
     if (p2p_) {
       // Dropped before its wait: it must still run (the peer is matching it).
-      pending_work = nullptr;
+      pending_work.store(nullptr, std::memory_order_release);
       try {
         spent = launchP2P(false);
       } catch (const std::exception& e) {
@@ -222,7 +226,6 @@ std::unique_ptr<WorkCuda::P2PLaunch> WorkCuda::launchP2P(bool on_caller, void* s
 
 void WorkCuda::launchP2PNow(const P2PLaunch& p, bool on_caller, void* stream) {
   c10::cuda::CUDAGuard guard(device_);
-  CudaStreams::P2PTail& tail = streams_->tail(p.peer, p.send);
   auto run = [&](cudaStream_t on) {
     if (p.send)
       gpu_->send(p.data, p.bytes, p.peer, on);
@@ -231,22 +234,24 @@ void WorkCuda::launchP2PNow(const P2PLaunch& p, bool on_caller, void* stream) {
   };
   RLOG_DEBUG("%s %zu bytes with rank %d: launched on %s", p.send ? "send" : "recv", p.bytes, p.peer,
              on_caller ? "the caller's stream" : "its own stream");
-  // The direction's kernels share its round counter: each starts after the previous one,
-  // wherever that ran (both inside one capture, or both outside captures; a flag is cleared
-  // only once a launch has waited for it).
+  // Lazy launches: the direction's kernels share its round counter, so each starts after the
+  // previous one, wherever that ran (both inside one capture, or both outside captures; a flag
+  // is cleared only once a launch has waited for it). Without them every kernel of a
+  // direction is on its own stream, in order.
+  CudaStreams::P2PTail* tail = p.lazy ? &streams_->tail(p.peer, p.send) : nullptr;
   if (on_caller) {
     auto s = static_cast<cudaStream_t>(stream);
-    if (tail.own_unjoined && tail.own_capture == p.capture) {
-      C10_CUDA_CHECK(cudaStreamWaitEvent(s, tail.own_end, 0));
-      tail.own_unjoined = false;
+    if (tail->own_unjoined && tail->own_capture == p.capture) {
+      C10_CUDA_CHECK(cudaStreamWaitEvent(s, tail->own_end, 0));
+      tail->own_unjoined = false;
     }
-    if (tail.caller_unjoined && tail.caller_capture == p.capture && tail.caller_stream != s)
-      C10_CUDA_CHECK(cudaStreamWaitEvent(s, tail.caller_end, 0));
+    if (tail->caller_unjoined && tail->caller_capture == p.capture && tail->caller_stream != s)
+      C10_CUDA_CHECK(cudaStreamWaitEvent(s, tail->caller_end, 0));
     run(s);
-    C10_CUDA_CHECK(cudaEventRecord(tail.caller_end, s));
-    tail.caller_capture = p.capture;
-    tail.caller_stream = s;
-    tail.caller_unjoined = true;
+    C10_CUDA_CHECK(cudaEventRecord(tail->caller_end, s));
+    tail->caller_capture = p.capture;
+    tail->caller_stream = s;
+    tail->caller_unjoined = true;
     return;
   }
   if (p.capture != 0 && captureIdOf(p.caller) != p.capture) {
@@ -255,47 +260,41 @@ void WorkCuda::launchP2PNow(const P2PLaunch& p, bool on_caller, void* stream) {
         " called during a CUDA graph capture must be waited on before that capture ends");
   }
   const c10::cuda::CUDAStream own = streams_->p2p(p.peer, p.send);
-  if (tail.caller_unjoined && tail.caller_capture == p.capture) {
-    C10_CUDA_CHECK(cudaStreamWaitEvent(own.stream(), tail.caller_end, 0));
-    tail.caller_unjoined = false;
+  if (tail != nullptr && tail->caller_unjoined && tail->caller_capture == p.capture) {
+    C10_CUDA_CHECK(cudaStreamWaitEvent(own.stream(), tail->caller_end, 0));
+    tail->caller_unjoined = false;
   }
   C10_CUDA_CHECK(cudaStreamWaitEvent(own.stream(), p.ready, 0));
   run(own.stream());
   cudaEvent_t end = streams_->get();
   C10_CUDA_CHECK(cudaEventRecord(end, own.stream()));
   end_event_ = end;
-  C10_CUDA_CHECK(cudaEventRecord(tail.own_end, own.stream()));
-  tail.own_capture = p.capture;
-  tail.own_unjoined = true;
-  if (p.capture == 0) {
-    // The caching allocator must not hand the tensor out again before this stream passed it.
-    for (const at::Tensor& t : p.tensors)
-      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), own);
+  if (tail != nullptr) {
+    C10_CUDA_CHECK(cudaEventRecord(tail->own_end, own.stream()));
+    tail->own_capture = p.capture;
+    tail->own_unjoined = true;
   }
+  // The caching allocator must not hand the tensor out again before this stream passed it.
+  if (p.capture == 0)
+    c10::cuda::CUDACachingAllocator::recordStream(p.tensor.storage().data_ptr(), own);
 }
 
 // Launches the pending op, if any, on its own stream; the caller holds pending_mu and
 // releases what it returns only after unlocking (see launchP2P).
 std::unique_ptr<WorkCuda::P2PLaunch> WorkCuda::launchPendingLocked() {
-  if (pending_work == nullptr) return nullptr;
-  WorkCuda* w = pending_work;
-  pending_work = nullptr;
-  return w->launchP2P(false);
+  WorkCuda* w = pending_work.exchange(nullptr, std::memory_order_acq_rel);
+  return w == nullptr ? nullptr : w->launchP2P(false);
 }
 
 void flushPendingP2P() {
+  if (pending_work.load(std::memory_order_acquire) == nullptr) return;
   std::unique_ptr<WorkCuda::P2PLaunch> spent;
   std::lock_guard<std::mutex> lock(pending_mu);
   spent = WorkCuda::launchPendingLocked();
 }
 
 bool WorkCuda::isCompleted() {
-  std::unique_ptr<P2PLaunch> spent;
-  {
-    // Polled instead of waited on: what is pending (this op or a later one) has to run.
-    std::lock_guard<std::mutex> lock(pending_mu);
-    spent = launchPendingLocked();
-  }
+  flushPendingP2P();  // polled instead of waited on: what is pending (this op or a later one) runs
   if (!launch_error_.empty()) C10_THROW_ERROR(DistBackendError, launch_error_);
   // Stream-ordered on the caller's stream, or part of a graph: complete from the host's view.
   if (end_event_ == nullptr || captured_) return true;
@@ -320,16 +319,15 @@ std::exception_ptr WorkCuda::exception() const {
 }
 
 void WorkCuda::streamWait() {
-  RLOG_DEBUG("wait on a CUDA work (%s)", p2p_ ? "send/recv not launched yet" : "launched");
   c10::cuda::CUDAGuard guard(device_);
   cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   std::unique_ptr<P2PLaunch> spent_other, spent;
-  {
+  if (pending_work.load(std::memory_order_acquire) != nullptr) {
     std::lock_guard<std::mutex> lock(pending_mu);
     // Another op came first: it runs on its own stream.
     if (pending_work != this) spent_other = launchPendingLocked();
     if (p2p_) {
-      pending_work = nullptr;
+      pending_work.store(nullptr, std::memory_order_release);
       // Waited on right after the call, on the stream it was called on: a blocking
       // send/recv; it runs in that stream's order (where it was going to be waited on).
       const bool blocking = current == p2p_->caller && captureIdOf(current) == p2p_->capture;
@@ -471,22 +469,24 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<Gp
   p->caller = current;
   p->ready = streams->get();
   p->capture = capture;
-  p->tensors = {tensor};
+  p->tensor = tensor;
+  p->lazy = comm.config().gpu_p2p_lazy;
   C10_CUDA_CHECK(cudaEventRecord(p->ready, current));
   std::vector<at::Tensor> outputs;
   if (!send) outputs.push_back(tensor);
   auto work = c10::make_intrusive<WorkCuda>(
       gpu, streams, rank, type, title, std::move(outputs), device, nullptr, capture != 0,
       capture != 0 ? std::vector<at::Tensor>{tensor} : std::vector<at::Tensor>{});
-  std::unique_ptr<WorkCuda::P2PLaunch> spent;
-  std::lock_guard<std::mutex> lock(pending_mu);
-  RLOG_DEBUG("%s %zu bytes with rank %d: called (capture %llu)", send ? "send" : "recv", p->bytes,
-             peer, capture);
+  const bool lazy = p->lazy;
   work->p2p_ = std::move(p);
-  if (comm.config().gpu_p2p_stream == "auto")
-    pending_work = work.get();
-  else
-    spent = work->launchP2P(false);
+  if (!lazy) {
+    work->launchP2P(false);  // no lock: nothing of it is shared with other ops
+    return work;
+  }
+  std::unique_ptr<WorkCuda::P2PLaunch> spent;  // another thread's pending op, launched first
+  std::lock_guard<std::mutex> lock(pending_mu);
+  spent = WorkCuda::launchPendingLocked();
+  pending_work.store(work.get(), std::memory_order_release);
   return work;
 }
 

@@ -70,9 +70,9 @@ class WorkCuda : public c10d::Work {
   std::string launch_error_;  // why launching it failed (then wait() raises it)
   // Launches p2p_ on `stream` when `on_caller` (a blocking send/recv: the stream it was
   // called on; null is the default stream) or else on the stream of its peer and direction,
-  // from the point it was called at. Called with the process's pending-op lock held; returns
-  // the spent launch, which holds the tensor, for release after unlocking (a tensor's last
-  // reference can run Python code that destroys another Work, which takes the lock).
+  // from the point it was called at. A lazy op's launch runs under the process's pending-op
+  // lock; it returns the spent launch, which holds the tensor, for release after unlocking (a
+  // tensor's last reference can run Python code that destroys another Work, which takes it).
   std::unique_ptr<P2PLaunch> launchP2P(bool on_caller, void* stream = nullptr);
   void launchP2PNow(const P2PLaunch& p, bool on_caller, void* stream);
   static std::unique_ptr<P2PLaunch> launchPendingLocked();

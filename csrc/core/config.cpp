@@ -72,7 +72,7 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     if (value != "auto" && value != "own")
       throw InvalidArgument("resident: RESIDENT_GPU_P2P_STREAM must be auto or own, got '" + value +
                             "'");
-    c.gpu_p2p_stream = value;
+    c.gpu_p2p_lazy = value == "auto";
   } else if (key == "gpu_persistent") {
     c.gpu_persistent = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_persistent_blocks") {
@@ -135,7 +135,8 @@ std::string Config::describe() const {
          " gpu_proxy_spin_us=" + std::to_string(gpu_proxy_spin_us) +
          " gpu_pdl=" + (gpu_pdl ? "1" : "0") + " gpu_prefetch=" + (gpu_prefetch ? "1" : "0") +
          " gpu_trigger_fence=" + (gpu_trigger_fence ? "1" : "0") +
-         " gpu_p2p_stream=" + gpu_p2p_stream + " gpu_persistent=" + (gpu_persistent ? "1" : "0") +
+         " gpu_p2p_stream=" + (gpu_p2p_lazy ? "auto" : "own") +
+         " gpu_persistent=" + (gpu_persistent ? "1" : "0") +
          " gpu_persistent_blocks=" + std::to_string(gpu_persistent_blocks) +
          " gpu_persistent_idle_us=" + std::to_string(gpu_persistent_idle_us) +
          " gpu_persistent_slots=" + std::to_string(gpu_persistent_slots);

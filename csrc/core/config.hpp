@@ -36,7 +36,7 @@ struct Config {
   // RESIDENT_GPU_P2P_STREAM=own|auto: where a send/recv on CUDA tensors runs. own: on a stream
   // per peer and direction, launched when called; auto: launched lazily, a blocking one on the
   // caller's stream (c10d/work_cuda.hpp, runCudaP2P).
-  std::string gpu_p2p_stream = "own";
+  bool gpu_p2p_lazy = false;
   // RESIDENT_GPU_PERSISTENT=0|1: decode-size collectives run on a resident kernel per group
   // (handed over by stream memory operations) instead of one kernel per op.
   bool gpu_persistent = false;
