@@ -13,6 +13,10 @@ namespace gpu {
 int residentBlocksPerSm();
 cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream,
                              bool pdl);
+// Loads the send and recv kernels now. Under lazy module loading (CUDA's default) a kernel
+// is loaded at its first launch, which may wait for the context's running kernels: a recv
+// spinning for a peer whose matching send is stuck in that load would never finish.
+cudaError_t loadP2PKernels();
 cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl);
 cudaError_t launchRecv(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl);
 

@@ -162,6 +162,12 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
 
 }  // namespace
 
+cudaError_t loadP2PKernels() {
+  cudaFuncAttributes attr;
+  cudaError_t err = cudaFuncGetAttributes(&attr, sendKernel);
+  return err != cudaSuccess ? err : cudaFuncGetAttributes(&attr, recvKernel);
+}
+
 cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl) {
   return launchKernel(sendKernel, args, blocks, stream, pdl);
 }

@@ -6,7 +6,7 @@
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
-#           persistent-debug p2p-debug p2p-order-probe
+#           persistent-debug p2p-debug p2p-order-suite p2p-order-probe
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
 #   bench:       CPU ladder ($OUT/bench.json, ~1.5 min on the H200 host) and CUDA ladder
@@ -46,6 +46,9 @@
 #                RESIDENT_DEBUG=debug, RESIDENT_GPU_P2P_STREAM=auto unless set) on both paths,
 #                then the send/recv call-order suite at 2 ranks to its first failure
 #                ($OUT/p2p_debug.log).
+#   p2p-order-suite: tests/test_cuda_p2p_order.py at 2 ranks, -x, -k "$RESIDENT_ORDER_K" (default
+#                ws2), bounded by $RESIDENT_GPU_TESTS_LIMIT_S (default 200 s; a job's own bound is
+#                120 s, so a hang still reports) ($OUT/p2p_order_suite.log).
 #   p2p-order-probe: the call-order cases one by one in 2 ranks, each start/end printed
 #                (RESIDENT_GPU_P2P_STREAM=auto unless set)
 #                ($OUT/p2p_order_probe.log; RESIDENT_PROBE_PATH, RESIDENT_PROBE_LIMIT_S).
@@ -161,6 +164,14 @@ if has p2p-debug; then
   RESIDENT_GPU_TESTS_WS=2 timeout -k 10 100 python3 -m pytest -x -q tests/test_cuda_p2p_order.py \
     -p no:cacheprovider -rf >> "$OUT/p2p_debug.log" 2>&1 || status=1
   tail -n 40 "$OUT/p2p_debug.log"; }
+fi
+
+if has p2p-order-suite; then
+  step "send/recv call-order suite, 2 ranks, to the first failure (-k \"${RESIDENT_ORDER_K:-ws2}\")"
+  RESIDENT_GPU_TESTS_WS=2 timeout -k 10 "${RESIDENT_GPU_TESTS_LIMIT_S:-200}" python3 -m pytest -x -q \
+    tests/test_cuda_p2p_order.py -k "${RESIDENT_ORDER_K:-ws2}" -p no:cacheprovider -rf \
+    > "$OUT/p2p_order_suite.log" 2>&1 || status=1
+  tail -n 60 "$OUT/p2p_order_suite.log" | cut -c1-300
 fi
 
 if has p2p-order-probe; then

@@ -115,6 +115,9 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
     // A copy from pageable memory may return before it lands, ordered only on the default
     // stream; the first kernel may run on a non-blocking stream (a send/recv's own stream).
     checkCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize after writing the device state");
+    // Every kernel loaded before the first op (the collective and persistent ones are, by
+    // their occupancy queries): a lazy load may wait for running kernels (collective_launch.hpp).
+    checkCuda(gpu::loadP2PKernels(), "loading the send/recv kernels");
   } catch (...) {
     shutdown();
     throw;
