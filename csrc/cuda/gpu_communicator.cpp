@@ -6,6 +6,8 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <set>
 
 #include "collective_launch.hpp"
 #include "core/error.hpp"
@@ -42,6 +44,34 @@ std::vector<int> parseCpuList(const std::string& text) {
     i = end + 1;
   }
   return cpus;
+}
+
+// Every kernel loaded before a device's first op of the process: under lazy module loading
+// (CUDA's default) a first launch may wait for the context's running kernels, such as a recv
+// spinning for that very launch's peer (collective_launch.hpp). Once per device, before any of
+// our kernels can be running there (the collective and persistent kernels are loaded by
+// their occupancy queries).
+void loadKernelsOnce(int device) {
+  static std::mutex mu;
+  static std::set<int> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  if (loaded.count(device) != 0) return;
+  checkCuda(gpu::loadP2PKernels(), "loading the send/recv kernels");
+  loaded.insert(device);
+}
+
+// The device state's first contents, landed before any stream can read them: a plain
+// cudaMemcpy from pageable memory may return before the copy completes, ordered only on the
+// legacy default stream, while a first op may run on a non-blocking stream (a send/recv's
+// own). A stream of its own, not a device-wide synchronize, which would wait for the kernels
+// of other groups of the process (a resident kernel waiting for a peer, for one).
+void writeDeviceState(gpu::DeviceState* dst, const gpu::DeviceState& src) {
+  cudaStream_t s = nullptr;
+  checkCuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  cudaError_t err = cudaMemcpyAsync(dst, &src, sizeof(src), cudaMemcpyHostToDevice, s);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  checkCuda(err, "writing the device state");
 }
 
 }  // namespace
@@ -110,14 +140,8 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
     }
     checkCuda(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(gpu::DeviceState)),
               "cudaMalloc of the device state");
-    checkCuda(cudaMemcpy(state_, &host_state, sizeof(host_state), cudaMemcpyHostToDevice),
-              "cudaMemcpy of the device state");
-    // A copy from pageable memory may return before it lands, ordered only on the default
-    // stream; the first kernel may run on a non-blocking stream (a send/recv's own stream).
-    checkCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize after writing the device state");
-    // Every kernel loaded before the first op (the collective and persistent ones are, by
-    // their occupancy queries): a lazy load may wait for running kernels (collective_launch.hpp).
-    checkCuda(gpu::loadP2PKernels(), "loading the send/recv kernels");
+    writeDeviceState(state_, host_state);
+    loadKernelsOnce(device);
   } catch (...) {
     shutdown();
     throw;
