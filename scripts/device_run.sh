@@ -9,6 +9,8 @@
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
+#   Test stages append each failure's text to $OUT/test_failures.log as it happens (printed
+#   at the end), so a stage cut off by its time bound still says why.
 #   bench:       CPU ladder ($OUT/bench.json, ~1.5 min on the H200 host) and CUDA ladder
 #                (resident direct + proxy path, eager + graph mode, 2/4/8 ranks on the one
 #                GPU under MPS, ratios to $OUT/floors.json: $OUT/bench_cuda.json, ~2-3 min,
@@ -68,6 +70,9 @@ STAGES=${*:-build floors tests overhead bench}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/device_out}
 mkdir -p "$OUT"
+# Every test stage appends each failure's text here as it happens (tests/conftest.py), so a
+# stage cut off by its time bound still says why.
+export RESIDENT_TESTS_FAIL_LOG=${RESIDENT_TESTS_FAIL_LOG:-$OUT/test_failures.log}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 status=0
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
@@ -342,5 +347,9 @@ fi
 # also goes into $OUT/all.tgz, which sorts first.
 if (( $(find "$OUT" -maxdepth 1 -type f ! -name all.tgz | wc -l) > 8 )); then
   tar czf "$OUT/all.tgz" -C "$OUT" --exclude=all.tgz . && echo "more than 8 files: all in all.tgz"
+fi
+if [[ -s "$RESIDENT_TESTS_FAIL_LOG" ]]; then
+  step "test failures: $(grep -c '^===== ' "$RESIDENT_TESTS_FAIL_LOG") (the first 40 lines; all in $RESIDENT_TESTS_FAIL_LOG)"
+  head -40 "$RESIDENT_TESTS_FAIL_LOG" | cut -c1-300
 fi
 exit $status

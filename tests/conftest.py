@@ -86,3 +86,14 @@ def _require_backend(_backend_importable):
 def shm_snapshot():
     """Names of /dev/shm entries starting with 'resident' before the test."""
     return set(dist_harness.list_shm())
+
+
+def pytest_runtest_logreport(report):
+    """With RESIDENT_TESTS_FAIL_LOG set, each failure's text is appended to that file as it
+    happens, not only in pytest's summary: a run cut off by a time bound (the GPU machine's
+    stages) still shows why its tests failed."""
+    path = os.environ.get("RESIDENT_TESTS_FAIL_LOG")
+    if not path or not report.failed:
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"===== {report.nodeid} ({report.when}) FAILED\n{report.longreprtext}\n\n")
