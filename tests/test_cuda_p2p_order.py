@@ -27,7 +27,11 @@ spawned job per (ws, path), each case its own item, see cuda_harness.GpuJobCache
     waited inside the capture; side-stream warm-up, 5 replays of fresh data, each checked;
 10. one direction's messages launched alternately on the own stream and on caller streams
     (isend, blocking send, isend; blocking send on s1 then isend on s2), so that their
-    shared round order across streams is exercised.
+    shared round order across streams is exercised;
+11. an isend, then the host blocks until the peer has the data (a barrier through the test's
+    store, not through resident), then its wait(); the peer: a blocking recv, a host copy of
+    the data, the barrier. No resident call follows the isend before the barrier, so under
+    ``auto`` only the flusher thread can launch it (as an NCCL isend would just run).
 
 Data: make_input with distinct keys; received data compared bitwise with the peer's input
 regenerated independently; every sent buffer must be unmodified; receive buffers start as
@@ -52,8 +56,8 @@ from dist_harness import compare_exact, compare_reduction, digest, make_input, r
 
 pytestmark = C.module_marks()
 
-# Plus, at 2 ranks, each path with lazily launched send/recv (RESIDENT_GPU_P2P_STREAM=auto).
-ALL_KEYS = [(ws, p) for ws in (2, 4) for p in C.PATHS] + [(2, "direct+auto"), (2, "proxy+auto")]
+# Plus each path with lazily launched send/recv (RESIDENT_GPU_P2P_STREAM=auto).
+ALL_KEYS = [(ws, p) for ws in (2, 4) for p in C.PATHS + ("direct+auto", "proxy+auto")]
 JOB_KEYS = [k for k in ALL_KEYS if k[0] in C.WORLD_SIZES]
 SIZES = ("8B", "4KiB", "large")  # 8 B, 4 KiB, 1 MiB + 3 elements
 POLL_DEADLINE_S = 60.0
@@ -340,6 +344,33 @@ def _ping_pong(rank, ws):
     return errs, digs
 
 
+# ---- 11: the host blocks on the peer between an isend and its wait --------------------
+
+
+def _host_waits_on_peer(rank, ws):
+    import torch.distributed as dist
+
+    errs, p = [], rank ^ 1
+    for si, lab in enumerate(("8B", "large")):
+        for sender in (0, 1):  # parity of the rank that sends
+            m = _Msg(f"cuda/p2po/hostwait/{lab}/{sender}", rank, lab, "int64")
+            tag = 60 + 2 * si + sender
+            if rank % 2 == sender:
+                w = dist.isend(m.src, dst=p, tag=tag)
+                if not C.store_agree(f"p2p_order/hostwait/{lab}/{sender}", rank, ws, True):
+                    errs.append(f"{lab}: a receiver failed before the barrier")
+                w.wait()
+                errs += m.unmodified()
+            else:
+                dist.recv(m.buf, src=p, tag=tag)
+                got = m.received(p, "blocking recv, read by the host before the barrier")
+                errs += got
+                C.store_agree(f"p2p_order/hostwait/{lab}/{sender}", rank, ws, not got)
+            if errs:
+                return errs, {}
+    return errs, {}
+
+
 # ---- 9: the same inside a CUDA graph ------------------------------------------------
 
 
@@ -415,6 +446,7 @@ add("stream_switch_between_issue_and_wait[pair]", _stream_switch)
 add("blocking_ping_pong_with_all_reduce[pair]", _ping_pong, identical=True)
 add("cuda_graph_ping_pong_and_irecv_first[pair-ring]", _graph)
 add("own_and_caller_stream_launches_one_direction[pair]", _mixed_launches)
+add("isend_then_host_waits_on_peer[pair]", _host_waits_on_peer)
 
 
 # ---- the jobs and the per-case tests ------------------------------------------------

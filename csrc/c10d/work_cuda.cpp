@@ -11,6 +11,8 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/pending_flusher.hpp"
+#include "cuda/cuda_guards.hpp"
 
 namespace resident {
 
@@ -127,6 +129,8 @@ class CudaStreams {
   }
   const int device_;
   c10::cuda::CUDAStream side_;
+  // RESIDENT_GPU_P2P_STREAM=auto: the process's flusher thread, held while this group lives.
+  std::shared_ptr<PendingFlusher> flusher_;
   bool has_last_ = false;
   cudaStream_t last_ = nullptr;
 
@@ -158,6 +162,32 @@ namespace {
 // under the default RESIDENT_GPU_P2P_STREAM=own) take no lock.
 std::mutex pending_mu;
 std::atomic<WorkCuda*> pending_work{nullptr};
+// The pending op's number (0: none), for the flusher; numbers are never reused.
+std::atomic<uint64_t> pending_number{0};
+uint64_t last_number = 0;  // under pending_mu
+
+void clearPendingLocked() {
+  pending_work.store(nullptr, std::memory_order_release);
+  pending_number.store(0);
+}
+
+// A lazy op nobody launched within a tick is launched by this thread (one per process,
+// running while a group with RESIDENT_GPU_P2P_STREAM=auto lives).
+constexpr std::chrono::microseconds kFlushTick{200};
+
+std::shared_ptr<PendingFlusher> sharedFlusher() {
+  static std::mutex mu;
+  static std::weak_ptr<PendingFlusher> weak;
+  std::lock_guard<std::mutex> lock(mu);
+  std::shared_ptr<PendingFlusher> f = weak.lock();
+  if (!f) {
+    f = std::make_shared<PendingFlusher>(
+        kFlushTick, [] { return pending_number.load(); },
+        [](uint64_t number) { flushStalePendingP2P(number); });
+    weak = f;
+  }
+  return f;
+}
 
 unsigned long long captureIdOf(cudaStream_t s) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -183,11 +213,11 @@ WorkCuda::WorkCuda(std::shared_ptr<GpuCommunicator> gpu, std::shared_ptr<CudaStr
 
 WorkCuda::~WorkCuda() {
   std::unique_ptr<P2PLaunch> spent;  // released after the lock (see launchP2P)
-  if (pending_work.load(std::memory_order_acquire) == this) {
-    std::lock_guard<std::mutex> lock(pending_mu);
+  if (lazy_p2p_) {
+    std::lock_guard<std::mutex> lock(pending_mu);  // the flusher may be launching it
     if (p2p_) {
       // Dropped before its wait: it must still run (the peer is matching it).
-      pending_work.store(nullptr, std::memory_order_release);
+      clearPendingLocked();
       try {
         spent = launchP2P(false);
       } catch (const std::exception& e) {
@@ -283,6 +313,7 @@ void WorkCuda::launchP2PNow(const P2PLaunch& p, bool on_caller, void* stream) {
 // releases what it returns only after unlocking (see launchP2P).
 std::unique_ptr<WorkCuda::P2PLaunch> WorkCuda::launchPendingLocked() {
   WorkCuda* w = pending_work.exchange(nullptr, std::memory_order_acq_rel);
+  pending_number.store(0);
   return w == nullptr ? nullptr : w->launchP2P(false);
 }
 
@@ -293,8 +324,32 @@ void flushPendingP2P() {
   spent = WorkCuda::launchPendingLocked();
 }
 
+void flushStalePendingP2P(uint64_t number) {
+  std::unique_ptr<WorkCuda::P2PLaunch> spent;
+  try {
+    // This thread's calls must not count as unsafe during another thread's global-mode capture.
+    RelaxedCapture relaxed;
+    std::lock_guard<std::mutex> lock(pending_mu);
+    if (pending_number.load() != number) return;  // launched meanwhile
+    RLOG_DEBUG("a send/recv not waited on within %lld us: launched on its own stream",
+               static_cast<long long>(kFlushTick.count()));
+    spent = WorkCuda::launchPendingLocked();
+  } catch (const std::exception& e) {
+    // Its wait() raises the launch error (launch_error_).
+    RLOG_WARN("resident: launching a pending send/recv from the flusher failed: %s", e.what());
+  }
+}
+
 bool WorkCuda::isCompleted() {
-  flushPendingP2P();  // polled instead of waited on: what is pending (this op or a later one) runs
+  // Polled instead of waited on: what is pending (this op or a later one) runs. A lazy op
+  // takes the lock even with nothing pending: the flusher may be launching it right now.
+  if (lazy_p2p_) {
+    std::unique_ptr<P2PLaunch> spent;
+    std::lock_guard<std::mutex> lock(pending_mu);
+    spent = launchPendingLocked();
+  } else {
+    flushPendingP2P();
+  }
   if (!launch_error_.empty()) C10_THROW_ERROR(DistBackendError, launch_error_);
   // Stream-ordered on the caller's stream, or part of a graph: complete from the host's view.
   if (end_event_ == nullptr || captured_) return true;
@@ -322,12 +377,12 @@ void WorkCuda::streamWait() {
   c10::cuda::CUDAGuard guard(device_);
   cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   std::unique_ptr<P2PLaunch> spent_other, spent;
-  if (pending_work.load(std::memory_order_acquire) != nullptr) {
+  if (lazy_p2p_ || pending_work.load(std::memory_order_acquire) != nullptr) {
     std::lock_guard<std::mutex> lock(pending_mu);
     // Another op came first: it runs on its own stream.
     if (pending_work != this) spent_other = launchPendingLocked();
     if (p2p_) {
-      pending_work.store(nullptr, std::memory_order_release);
+      clearPendingLocked();
       // Waited on right after the call, on the stream it was called on: a blocking
       // send/recv; it runs in that stream's order (where it was going to be waited on).
       const bool blocking = current == p2p_->caller && captureIdOf(current) == p2p_->capture;
@@ -385,6 +440,7 @@ c10::Device cudaPathFor(Communicator& comm, std::shared_ptr<GpuCommunicator>& gp
   if (!gpu) {
     gpu = std::make_shared<GpuCommunicator>(comm, device.index(), timeout_ms);
     streams = std::make_shared<CudaStreams>(device.index(), comm.size());
+    if (comm.config().gpu_p2p_lazy) streams->flusher_ = sharedFlusher();
   } else if (gpu->device() != device.index()) {
     throw InvalidArgument(
         "resident: this group's CUDA path is on cuda:" + std::to_string(gpu->device()) +
@@ -483,10 +539,15 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<Gp
     work->launchP2P(false);  // no lock: nothing of it is shared with other ops
     return work;
   }
-  std::unique_ptr<WorkCuda::P2PLaunch> spent;  // another thread's pending op, launched first
-  std::lock_guard<std::mutex> lock(pending_mu);
-  spent = WorkCuda::launchPendingLocked();
-  pending_work.store(work.get(), std::memory_order_release);
+  work->lazy_p2p_ = true;
+  {
+    std::unique_ptr<WorkCuda::P2PLaunch> spent;  // another thread's pending op, launched first
+    std::lock_guard<std::mutex> lock(pending_mu);
+    spent = WorkCuda::launchPendingLocked();
+    pending_work.store(work.get(), std::memory_order_release);
+    pending_number.store(++last_number);
+  }
+  streams->flusher_->notePending();
   return work;
 }
 

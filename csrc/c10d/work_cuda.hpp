@@ -7,8 +7,9 @@
 // where it gets programmatic dependent launch (2.6x faster one-way at 8 B in graphs on the
 // H200); anything else first (another resident call, another Work's wait, is_completed(),
 // destroying the Work, a stream switch) launches it on its own stream as above, from the point
-// it was called at. A Work that is dropped but still referenced elsewhere delays the launch to
-// the next resident call.
+// it was called at. An op still not launched after a tick (0.2-0.4 ms: its caller blocked the
+// host on something else, say a peer waiting for this message) is launched the second way by
+// a helper thread, so every op starts without the caller's help, as with NCCL.
 // CUDA tensors in the adapter: the Work of an op that runs as a kernel on a stream, and the
 // launch helpers that pick the stream like ProcessGroupNCCL does (async_op=False: the
 // caller's current stream; async_op=True: the group's own stream, which waits for the
@@ -76,7 +77,11 @@ class WorkCuda : public c10d::Work {
   std::unique_ptr<P2PLaunch> launchP2P(bool on_caller, void* stream = nullptr);
   void launchP2PNow(const P2PLaunch& p, bool on_caller, void* stream);
   static std::unique_ptr<P2PLaunch> launchPendingLocked();
+  // Set for a lazily launched send/recv: its wait, is_completed and destruction take the
+  // pending-op lock, since another thread (the flusher) may be launching it.
+  bool lazy_p2p_ = false;
   friend void flushPendingP2P();
+  friend void flushStalePendingP2P(uint64_t number);
   friend c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator&, std::shared_ptr<GpuCommunicator>&,
                                                    std::shared_ptr<CudaStreams>&, uint64_t, int,
                                                    c10d::OpType, const char*, const at::Tensor&,
@@ -110,6 +115,9 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<Gp
 // Launches the send/recv still waiting to be launched, if any (every resident call does this
 // first, in any group: at most one op is pending in the process).
 void flushPendingP2P();
+// The flusher thread's launch (core/pending_flusher.hpp): the pending op, if it is still op
+// `number` (a lazy op nobody launched within a tick, e.g. the host blocked on a peer instead).
+void flushStalePendingP2P(uint64_t number);
 
 // The resident kernel's counters (RESIDENT_GPU_PERSISTENT) as name -> value; "installed" is 0
 // before the group's first CUDA op.
