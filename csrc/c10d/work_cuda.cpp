@@ -574,6 +574,8 @@ void shutdownCuda(std::shared_ptr<GpuCommunicator>& gpu, std::shared_ptr<CudaStr
     RLOG_WARN("resident: launching a pending send/recv at shutdown failed: %s", e.what());
   }
   if (gpu) gpu->shutdown();
+  // The flusher thread ends with the last group that holds it, not with the last Work.
+  if (streams) streams->flusher_.reset();
   streams.reset();
 }
 
