@@ -6,7 +6,7 @@
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
-#           persistent-debug p2p-debug p2p-order-suite p2p-order-probe
+#           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-auto
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
 #   Test stages append each failure's text to $OUT/test_failures.log as it happens (printed
@@ -48,6 +48,9 @@
 #                RESIDENT_DEBUG=debug, RESIDENT_GPU_P2P_STREAM=auto unless set) on both paths,
 #                then the send/recv call-order suite at 2 ranks to its first failure
 #                ($OUT/p2p_debug.log).
+#   gpu-tests-auto: the collectives, call-order and graph suites at 2 and 4 ranks with
+#                RESIDENT_GPU_P2P_STREAM=auto for every job ($OUT/gpu_tests_auto.log; bounded by
+#                $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s; ~3.5 min when all pass).
 #   p2p-order-suite: tests/test_cuda_p2p_order.py at 2 ranks, -x, -k "$RESIDENT_ORDER_K" (default
 #                ws2), bounded by $RESIDENT_GPU_TESTS_LIMIT_S (default 200 s; a job's own bound is
 #                120 s, so a hang still reports) ($OUT/p2p_order_suite.log).
@@ -169,6 +172,16 @@ if has p2p-debug; then
   RESIDENT_GPU_TESTS_WS=2 timeout -k 10 100 python3 -m pytest -x -q tests/test_cuda_p2p_order.py \
     -p no:cacheprovider -rf >> "$OUT/p2p_debug.log" 2>&1 || status=1
   tail -n 40 "$OUT/p2p_debug.log"; }
+fi
+
+# The candidate default for send/recv: the collectives, call-order and graph suites at 2 and
+# 4 ranks with every job's send/recv launched lazily.
+if has gpu-tests-auto; then
+  step "gpu tests, 2 and 4 ranks, RESIDENT_GPU_P2P_STREAM=auto"
+  RESIDENT_GPU_P2P_STREAM=auto RESIDENT_GPU_TESTS_WS=2,4 timeout -k 10 "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
+    python3 -m pytest -q -m gpu tests/test_cuda_collectives.py tests/test_cuda_p2p_order.py \
+    tests/test_cuda_graphs.py -p no:cacheprovider -rf > "$OUT/gpu_tests_auto.log" 2>&1 || status=1
+  tail -5 "$OUT/gpu_tests_auto.log"
 fi
 
 if has p2p-order-suite; then
