@@ -217,12 +217,12 @@ WorkCuda::~WorkCuda() {
     std::lock_guard<std::mutex> lock(pending_mu);  // the flusher may be launching it
     if (p2p_) {
       // Dropped before its wait: it must still run (the peer is matching it).
-      clearPendingLocked();
       try {
         spent = launchP2P(false);
       } catch (const std::exception& e) {
         RLOG_ERROR("resident: launching a send/recv whose Work was dropped failed: %s", e.what());
       }
+      clearPendingLocked();
     }
   }
   if (end_event_ == nullptr) return;
@@ -248,6 +248,9 @@ std::unique_ptr<WorkCuda::P2PLaunch> WorkCuda::launchP2P(bool on_caller, void* s
     launch_error_ = std::string("resident: this ") + (p->send ? "send" : "recv") +
                     " could not be launched: " + e.what();
     release();
+    // Not released here, where the pending-op lock may be held (a tensor's last reference
+    // can take the GIL): it goes with the Work.
+    parked_ = std::move(p);
     throw;
   }
   release();
@@ -312,9 +315,19 @@ void WorkCuda::launchP2PNow(const P2PLaunch& p, bool on_caller, void* stream) {
 // Launches the pending op, if any, on its own stream; the caller holds pending_mu and
 // releases what it returns only after unlocking (see launchP2P).
 std::unique_ptr<WorkCuda::P2PLaunch> WorkCuda::launchPendingLocked() {
-  WorkCuda* w = pending_work.exchange(nullptr, std::memory_order_acq_rel);
-  pending_number.store(0);
-  return w == nullptr ? nullptr : w->launchP2P(false);
+  WorkCuda* w = pending_work.load(std::memory_order_acquire);
+  if (w == nullptr) return nullptr;
+  // Cleared only once launched: meanwhile every other caller sees it pending and waits on the
+  // lock (a shutdown or a collective must not overtake it).
+  std::unique_ptr<P2PLaunch> spent;
+  try {
+    spent = w->launchP2P(false);
+  } catch (...) {
+    clearPendingLocked();
+    throw;
+  }
+  clearPendingLocked();
+  return spent;
 }
 
 void flushPendingP2P() {
@@ -325,18 +338,23 @@ void flushPendingP2P() {
 }
 
 void flushStalePendingP2P(uint64_t number) {
-  std::unique_ptr<WorkCuda::P2PLaunch> spent;
   try {
+    std::lock_guard<std::mutex> lock(pending_mu);
+    WorkCuda* w = pending_work.load(std::memory_order_acquire);
+    if (w == nullptr || pending_number.load() != number) return;  // launched meanwhile
+    c10::cuda::CUDAGuard guard(w->device_);
     // This thread's calls must not count as unsafe during another thread's global-mode capture.
     RelaxedCapture relaxed;
-    std::lock_guard<std::mutex> lock(pending_mu);
-    if (pending_number.load() != number) return;  // launched meanwhile
     RLOG_DEBUG("a send/recv not waited on within %lld us: launched on its own stream",
                static_cast<long long>(kFlushTick.count()));
-    spent = WorkCuda::launchPendingLocked();
+    // The spent launch stays with the Work: this thread never drops a tensor (its last
+    // reference can need the GIL, which a thread joining this one may hold).
+    w->parked_ = WorkCuda::launchPendingLocked();
   } catch (const std::exception& e) {
     // Its wait() raises the launch error (launch_error_).
     RLOG_WARN("resident: launching a pending send/recv from the flusher failed: %s", e.what());
+  } catch (...) {
+    RLOG_WARN("resident: launching a pending send/recv from the flusher failed");
   }
 }
 
@@ -376,19 +394,26 @@ std::exception_ptr WorkCuda::exception() const {
 void WorkCuda::streamWait() {
   c10::cuda::CUDAGuard guard(device_);
   cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+  // Released after the lock (a tensor's last reference can take the GIL).
   std::unique_ptr<P2PLaunch> spent_other, spent;
+  std::vector<at::Tensor> released;
   if (lazy_p2p_ || pending_work.load(std::memory_order_acquire) != nullptr) {
     std::lock_guard<std::mutex> lock(pending_mu);
     // Another op came first: it runs on its own stream.
     if (pending_work != this) spent_other = launchPendingLocked();
     if (p2p_) {
-      clearPendingLocked();
       // Waited on right after the call, on the stream it was called on: a blocking
       // send/recv; it runs in that stream's order (where it was going to be waited on).
       const bool blocking = current == p2p_->caller && captureIdOf(current) == p2p_->capture;
-      spent = launchP2P(blocking, current);
+      try {
+        spent = launchP2P(blocking, current);
+      } catch (...) {
+        clearPendingLocked();
+        throw;
+      }
+      clearPendingLocked();  // only now: until launched, other callers wait on the lock
       if (blocking) {
-        keep_alive_.clear();
+        released.swap(keep_alive_);
         return;
       }
     }
@@ -539,15 +564,17 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<Gp
     work->launchP2P(false);  // no lock: nothing of it is shared with other ops
     return work;
   }
-  work->lazy_p2p_ = true;
   {
     std::unique_ptr<WorkCuda::P2PLaunch> spent;  // another thread's pending op, launched first
     std::lock_guard<std::mutex> lock(pending_mu);
-    spent = WorkCuda::launchPendingLocked();
+    spent = WorkCuda::launchPendingLocked();  // if it throws, this op is dropped unlaunched
+    work->lazy_p2p_ = true;
     pending_work.store(work.get(), std::memory_order_release);
-    pending_number.store(++last_number);
+    // Ops of a capture are not the flusher's: nothing runs before the graph does, so an early
+    // launch would unblock no peer, only change the graph's shape with timing.
+    pending_number.store(capture != 0 ? 0 : ++last_number);
   }
-  streams->flusher_->notePending();
+  if (capture == 0) streams->flusher_->notePending();
   return work;
 }
 

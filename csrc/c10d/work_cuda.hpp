@@ -80,6 +80,9 @@ class WorkCuda : public c10d::Work {
   // Set for a lazily launched send/recv: its wait, is_completed and destruction take the
   // pending-op lock, since another thread (the flusher) may be launching it.
   bool lazy_p2p_ = false;
+  // A launch spent on the flusher's thread, or one that failed: released with the Work, on its
+  // owner's thread.
+  std::unique_ptr<P2PLaunch> parked_;
   friend void flushPendingP2P();
   friend void flushStalePendingP2P(uint64_t number);
   friend c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator&, std::shared_ptr<GpuCommunicator>&,

@@ -20,7 +20,7 @@ class PendingFlusher {
  public:
   // `pending()`: the number of the op held now (0: none). `flush(n)`: launch op n if it is
   // still the one held (numbers are never reused). Both run on the flusher's thread; `flush`
-  // must not throw.
+  // must not throw, nor drop the last reference to this object (it cannot join itself).
   PendingFlusher(std::chrono::microseconds tick, std::function<uint64_t()> pending,
                  std::function<void(uint64_t)> flush);
   ~PendingFlusher();  // stops the thread and joins it
