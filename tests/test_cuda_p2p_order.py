@@ -9,7 +9,7 @@ caller's current stream (programmatic dependent launch), and an op not waited on
 a stream switch before its wait) is launched on its own stream, joined back at ``wait()``.
 Contract for both: ANY call order of isend/irecv completes (no deadlock) with correct data,
 eagerly and in graphs.  The default path jobs run ``own``; ``direct+auto`` and
-``proxy+auto`` (2 ranks) run ``auto``.
+``proxy+auto`` (2 and 4 ranks) run ``auto``.
 
 Cases (pairs (r, r^1) or a ring: recv from r-1, send to r+1; ws 2 and 4; both paths; one
 spawned job per (ws, path), each case its own item, see cuda_harness.GpuJobCache):
