@@ -156,6 +156,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   region_.fifo_mask = GpuLayout::kFifoCapacity - 1;
   region_.fifo_offset = lay.fifoOffset();
   region_.timeout_ns = timeout_ms * 1000000ull;
+  timeout_ns_.store(region_.timeout_ns, std::memory_order_relaxed);
   region_.trigger_fence = comm.config().gpu_trigger_fence ? 1u : 0u;
   unsigned char* gpu_base = comm.segmentBase() + comm.gpuRegionOffset();
   ring_ = TriggerRingView(gpu_base + lay.fifoOffset(),
@@ -283,7 +284,8 @@ std::string GpuCommunicator::deviceError() const {
   std::string msg = std::string("resident: a CUDA ") + opName(op) + " on rank " +
                     std::to_string(rank_) + " gave up waiting for rank " + std::to_string(peer);
   if (code == gpu::ErrorCode::kTimeout)
-    msg += ": timed out on the device after " + std::to_string(region_.timeout_ns / 1000000) +
+    msg += ": timed out on the device after " +
+           std::to_string(timeout_ns_.load(std::memory_order_relaxed) / 1000000) +
            " ms (the peer is dead, stuck, or called a different op)";
   else
     msg += ": the process group was aborted or shut down";
@@ -330,6 +332,7 @@ gpu::CollectiveArgs& GpuCommunicator::begin(OpId op) {
   checkUsable();
   gpu::CollectiveArgs& a = args_;
   a.reg = region_;
+  a.reg.timeout_ns = timeout_ns_.load(std::memory_order_relaxed);
   a.local_in = nullptr;
   a.out = nullptr;
   a.rank = rank_;
@@ -522,6 +525,7 @@ void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t
                           " this rank itself is not supported");
   gpu::P2PArgs a{};
   a.reg = region_;
+  a.reg.timeout_ns = timeout_ns_.load(std::memory_order_relaxed);
   a.send = src;
   a.recv = dst;
   a.bytes = bytes;

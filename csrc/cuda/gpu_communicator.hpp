@@ -48,7 +48,7 @@ class GpuCommunicator : public ProxyHandler {
   void recv(void* buf, size_t bytes, int peer, void* stream);
 
   void setTimeoutMs(uint64_t ms) {
-    region_.timeout_ns = ms * 1000000ull;
+    timeout_ns_.store(ms * 1000000ull, std::memory_order_relaxed);
     if (persistent_) persistent_->setTimeoutMs(ms);
   }
   // The resident kernel (RESIDENT_GPU_PERSISTENT=1), or null.
@@ -98,7 +98,9 @@ class GpuCommunicator : public ProxyHandler {
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;
-  gpu::Region region_{};
+  gpu::Region region_{};  // written only at set-up: launches on other threads copy it
+  // The device-side timeout (region_.timeout_ns of each launch): set by any thread at any time.
+  std::atomic<uint64_t> timeout_ns_{0};
   gpu::DeviceState* state_ = nullptr;
   unsigned char* outbox_host_ = nullptr;
   std::vector<void*> registered_;

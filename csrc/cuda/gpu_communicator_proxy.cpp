@@ -26,7 +26,7 @@ bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
       if (++spins % 1024 != 0) continue;
       if (__atomic_load_n(abort_word, __ATOMIC_ACQUIRE) != 0) return false;
       const uint64_t now = nowNs();
-      if (deadline == 0) deadline = now + region_.timeout_ns;
+      if (deadline == 0) deadline = now + timeout_ns_.load(std::memory_order_relaxed);
       if (now > deadline) return false;
     }
   }
