@@ -381,6 +381,17 @@ class GpuJobCache:
             self.shm_left[key] = H.new_shm_entries(before)
         return self.results[key]
 
+    def shm_left_after(self, key, session, short_ids):
+        """(/dev/shm entries named resident* the job of ``key`` left, whether it failed); the
+        entries are removed. A key not run in this session (the shm test selected alone) gets
+        a short job of ``short_ids``."""
+        if key not in self.results:
+            self.get(key, session, ids=short_ids)
+        left = self.shm_left[key]
+        if left:
+            H.remove_shm(left)
+        return left, self.results[key][1] is not None
+
     def check(self, cid, key, session):
         per_rank, job_err = self.get(key, session)
         if job_err is not None:

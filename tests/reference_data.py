@@ -99,6 +99,24 @@ def digest(t) -> str:
     return hashlib.sha256(bits(t).tobytes()).hexdigest()[:16] + f"/{t.dtype}/{tuple(t.shape)}"
 
 
+# numpy's elementwise function per reduction op (AVG: the sum, divided afterwards).
+_FOLD = {"SUM": "add", "AVG": "add", "PRODUCT": "multiply", "MIN": "minimum", "MAX": "maximum",
+         "BAND": "bitwise_and", "BOR": "bitwise_or", "BXOR": "bitwise_xor"}
+_FLOAT_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
+
+
+def _fold(xs, op, dt):
+    """xs[0] op xs[1] op ... in rank order, in dtype dt (integers wrap)."""
+    import numpy as np
+
+    fn = getattr(np, _FOLD[op])
+    acc = xs[0].copy()
+    with np.errstate(over="ignore"):
+        for x in xs[1:]:
+            acc = fn(acc, x, dtype=dt)
+    return acc
+
+
 def reference_reduce(inputs: list, op: str, dtype_name: str):
     """Independent reference of a reduction of `inputs` (tensors, rank order 0..N-1).
 
@@ -115,18 +133,9 @@ def reference_reduce(inputs: list, op: str, dtype_name: str):
     if is_float_name(dtype_name):
         acc_dt = np.float64 if dtype_name == "float64" else np.float32
         xs = [to_np(t).astype(acc_dt) for t in inputs]
-        acc = xs[0].copy()
-        for x in xs[1:]:
-            if op in ("SUM", "AVG"):
-                acc = (acc + x).astype(acc_dt)
-            elif op == "PRODUCT":
-                acc = (acc * x).astype(acc_dt)
-            elif op == "MIN":
-                acc = np.minimum(acc, x)
-            elif op == "MAX":
-                acc = np.maximum(acc, x)
-            else:
-                raise ValueError(op)
+        if op not in _FLOAT_OPS:
+            raise ValueError(op)
+        acc = _fold(xs, op, acc_dt)
         if op == "AVG":
             acc = (acc / acc_dt(n)).astype(acc_dt)
         return torch.from_numpy(np.ascontiguousarray(acc)).to(tdtype(dtype_name))
@@ -138,26 +147,9 @@ def reference_reduce(inputs: list, op: str, dtype_name: str):
             s = s + x.astype(np.int64)
         q = np.sign(s) * (np.abs(s) // n)  # truncation toward zero
         return torch.from_numpy(q.astype(np_dt))
-    acc = xs[0].copy()
-    with np.errstate(over="ignore"):
-        for x in xs[1:]:
-            if op == "SUM":
-                acc = np.add(acc, x, dtype=np_dt)
-            elif op == "PRODUCT":
-                acc = np.multiply(acc, x, dtype=np_dt)
-            elif op == "MIN":
-                acc = np.minimum(acc, x)
-            elif op == "MAX":
-                acc = np.maximum(acc, x)
-            elif op == "BAND":
-                acc = np.bitwise_and(acc, x)
-            elif op == "BOR":
-                acc = np.bitwise_or(acc, x)
-            elif op == "BXOR":
-                acc = np.bitwise_xor(acc, x)
-            else:
-                raise ValueError(op)
-    return torch.from_numpy(np.ascontiguousarray(acc))
+    if op not in _FOLD:
+        raise ValueError(op)
+    return torch.from_numpy(np.ascontiguousarray(_fold(xs, op, np_dt)))
 
 
 def _ulp(ref, dtype_name: str):

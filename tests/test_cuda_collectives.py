@@ -578,17 +578,11 @@ def test_cuda_collective(cid, ws, path, request):
 def test_no_shm_left_after_cuda_job(ws, path, request):
     """After a normal CUDA job (ranks returned and destroyed their groups), no /dev/shm
     entry named resident* that appeared during the job may remain."""
-    key = (ws, path)
-    if key not in JOBS.results:
-        # not run in this session (this test selected alone): a short job of its own
-        JOBS.get(key, request.session, ids=["sanity[backend-device-and-path]", "all_reduce[SUM-float32]",
-                                            "all_to_all_single[bfloat16]", "send_recv_isend_irecv[int64]"])
-    per_rank, job_err = JOBS.results[key]
-    left = JOBS.shm_left[key]
-    if left:
-        H.remove_shm(left)
+    left, failed = JOBS.shm_left_after((ws, path), request.session,
+                                       ["sanity[backend-device-and-path]", "all_reduce[SUM-float32]",
+                                        "all_to_all_single[bfloat16]", "send_recv_isend_irecv[int64]"])
     assert not left, (f"left in /dev/shm after the ws={ws} path={path} CUDA job "
-                      f"({'failed' if job_err else 'normal exit'}): {sorted(left)}")
+                      f"({'failed' if failed else 'normal exit'}): {sorted(left)}")
 
 
 def test_cuda_case_registry_is_sane():

@@ -488,13 +488,8 @@ def test_cuda_p2p_order(cid, ws, path, request):
 @pytest.mark.parametrize("ws,path", JOB_KEYS, ids=[f"ws{w}-{p}" for w, p in JOB_KEYS])
 def test_no_shm_left_after_p2p_order_job(ws, path, request):
     """After a normal job, no /dev/shm entry named resident* made during it may remain."""
-    key = (ws, path)
-    if key not in JOBS.results:  # selected alone: a short job of its own
-        JOBS.get(key, request.session, ids=["irecv_first_then_isend[pair]",
-                                            "isend_work_dropped_peer_blocking_recv[pair]"])
-    per_rank, job_err = JOBS.results[key]
-    left = JOBS.shm_left[key]
-    if left:
-        H.remove_shm(left)
+    left, failed = JOBS.shm_left_after((ws, path), request.session,
+                                       ["irecv_first_then_isend[pair]",
+                                        "isend_work_dropped_peer_blocking_recv[pair]"])
     assert not left, (f"left in /dev/shm after the ws={ws} path={path} p2p-order job "
-                      f"({'failed' if job_err else 'normal exit'}): {sorted(left)}")
+                      f"({'failed' if failed else 'normal exit'}): {sorted(left)}")

@@ -91,6 +91,14 @@ class CudaStreams {
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(e);
   }
+  // An event done with: back to the pool, or destroyed if it was recorded inside a capture
+  // (not reused after one).
+  void giveBack(cudaEvent_t e, bool captured) {
+    if (captured)
+      cudaEventDestroy(e);
+    else
+      put(e);
+  }
   // The stream of one point-to-point direction with one peer, created on first use (not from
   // torch's pool, whose streams are shared round-robin and could put a send behind a recv).
   c10::cuda::CUDAStream p2p(int peer, bool send) {
@@ -218,42 +226,40 @@ WorkCuda::~WorkCuda() {
     if (p2p_) {
       // Dropped before its wait: it must still run (the peer is matching it).
       try {
-        spent = launchP2P(false);
+        spent = launchHeldP2P(false);
       } catch (const std::exception& e) {
         RLOG_ERROR("resident: launching a send/recv whose Work was dropped failed: %s", e.what());
       }
       clearPendingLocked();
     }
   }
-  if (end_event_ == nullptr) return;
-  if (captured_)
-    cudaEventDestroy(static_cast<cudaEvent_t>(end_event_));  // not reused after a capture
-  else
-    streams_->put(static_cast<cudaEvent_t>(end_event_));
+  if (end_event_ != nullptr) streams_->giveBack(static_cast<cudaEvent_t>(end_event_), captured_);
 }
 
-std::unique_ptr<WorkCuda::P2PLaunch> WorkCuda::launchP2P(bool on_caller, void* stream) {
-  std::unique_ptr<P2PLaunch> p = std::move(p2p_);
-  auto release = [&] {
-    if (p->capture != 0)
-      cudaEventDestroy(p->ready);  // recorded inside a capture: not reused
-    else
-      streams_->put(p->ready);
-  };
+void WorkCuda::launchP2P(const P2PLaunch& p, bool on_caller, void* stream) {
   try {
-    launchP2PNow(*p, on_caller, static_cast<cudaStream_t>(stream));
+    launchP2PNow(p, on_caller, static_cast<cudaStream_t>(stream));
   } catch (const std::exception& e) {
     // This op will not run; its own wait() says so too (the exception itself goes to whoever
     // launched it, which may be another op's call).
-    launch_error_ = std::string("resident: this ") + (p->send ? "send" : "recv") +
+    launch_error_ = std::string("resident: this ") + (p.send ? "send" : "recv") +
                     " could not be launched: " + e.what();
-    release();
-    // Not released here, where the pending-op lock may be held (a tensor's last reference
-    // can take the GIL): it goes with the Work.
+    streams_->giveBack(p.ready, p.capture != 0);
+    throw;
+  }
+  streams_->giveBack(p.ready, p.capture != 0);
+}
+
+std::unique_ptr<WorkCuda::P2PLaunch> WorkCuda::launchHeldP2P(bool on_caller, void* stream) {
+  std::unique_ptr<P2PLaunch> p = std::move(p2p_);
+  try {
+    launchP2P(*p, on_caller, stream);
+  } catch (...) {
+    // Not released here, where the pending-op lock is held (a tensor's last reference can
+    // take the GIL): it goes with the Work.
     parked_ = std::move(p);
     throw;
   }
-  release();
   return p;
 }
 
@@ -321,7 +327,7 @@ std::unique_ptr<WorkCuda::P2PLaunch> WorkCuda::launchPendingLocked() {
   // lock (a shutdown or a collective must not overtake it).
   std::unique_ptr<P2PLaunch> spent;
   try {
-    spent = w->launchP2P(false);
+    spent = w->launchHeldP2P(false);
   } catch (...) {
     clearPendingLocked();
     throw;
@@ -406,7 +412,7 @@ void WorkCuda::streamWait() {
       // send/recv; it runs in that stream's order (where it was going to be waited on).
       const bool blocking = current == p2p_->caller && captureIdOf(current) == p2p_->capture;
       try {
-        spent = launchP2P(blocking, current);
+        spent = launchHeldP2P(blocking, current);
       } catch (...) {
         clearPendingLocked();
         throw;
@@ -542,28 +548,20 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<Gp
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t current = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const unsigned long long capture = captureIdOf(current);
-  auto p = std::make_unique<WorkCuda::P2PLaunch>();
-  p->send = send;
-  p->data = tensor.data_ptr();
-  p->bytes = static_cast<size_t>(tensor.numel()) * tensor.element_size();
-  p->peer = peer;
-  p->caller = current;
-  p->ready = streams->get();
-  p->capture = capture;
-  p->tensor = tensor;
-  p->lazy = comm.config().gpu_p2p_lazy;
-  C10_CUDA_CHECK(cudaEventRecord(p->ready, current));
+  WorkCuda::P2PLaunch p{
+      send,   tensor.data_ptr(),         tensor.nbytes(), peer, current, streams->get(), capture,
+      tensor, comm.config().gpu_p2p_lazy};
+  C10_CUDA_CHECK(cudaEventRecord(p.ready, current));
   std::vector<at::Tensor> outputs;
   if (!send) outputs.push_back(tensor);
   auto work = c10::make_intrusive<WorkCuda>(
       gpu, streams, rank, type, title, std::move(outputs), device, nullptr, capture != 0,
       capture != 0 ? std::vector<at::Tensor>{tensor} : std::vector<at::Tensor>{});
-  const bool lazy = p->lazy;
-  work->p2p_ = std::move(p);
-  if (!lazy) {
-    work->launchP2P(false);  // no lock: nothing of it is shared with other ops
+  if (!p.lazy) {
+    work->launchP2P(p, false);  // at once, from the stack: no lock, no allocation
     return work;
   }
+  work->p2p_ = std::make_unique<WorkCuda::P2PLaunch>(std::move(p));
   {
     std::unique_ptr<WorkCuda::P2PLaunch> spent;  // another thread's pending op, launched first
     std::lock_guard<std::mutex> lock(pending_mu);

@@ -69,12 +69,14 @@ class WorkCuda : public c10d::Work {
   struct P2PLaunch;
   std::unique_ptr<P2PLaunch> p2p_;
   std::string launch_error_;  // why launching it failed (then wait() raises it)
-  // Launches p2p_ on `stream` when `on_caller` (a blocking send/recv: the stream it was
-  // called on; null is the default stream) or else on the stream of its peer and direction,
-  // from the point it was called at. A lazy op's launch runs under the process's pending-op
-  // lock; it returns the spent launch, which holds the tensor, for release after unlocking (a
-  // tensor's last reference can run Python code that destroys another Work, which takes it).
-  std::unique_ptr<P2PLaunch> launchP2P(bool on_caller, void* stream = nullptr);
+  // Launches `p` on `stream` when `on_caller` (a blocking send/recv: the stream it was called
+  // on; null is the default stream) or else on the stream of its peer and direction, from the
+  // point it was called at, and hands its ready event back; a failure is also kept for wait().
+  void launchP2P(const P2PLaunch& p, bool on_caller, void* stream = nullptr);
+  // The same for the held op p2p_ (lazy), under the process's pending-op lock; it returns the
+  // spent launch, which holds the tensor, for release after unlocking (a tensor's last
+  // reference can run Python code that destroys another Work, which takes that lock).
+  std::unique_ptr<P2PLaunch> launchHeldP2P(bool on_caller, void* stream = nullptr);
   void launchP2PNow(const P2PLaunch& p, bool on_caller, void* stream);
   static std::unique_ptr<P2PLaunch> launchPendingLocked();
   // Set for a lazily launched send/recv: its wait, is_completed and destruction take the
