@@ -42,7 +42,8 @@
 #                all_to_all_single, send/recv ($OUT/multi_gpu_tests.log, $OUT/bench_nccl.json,
 #                $OUT/bench_nccl.png). Prints a skip line on a machine with one GPU.
 #   persistent-ab: the persistent suite's 2-rank main jobs: proxy, direct, and direct with
-#                RESIDENT_PROXY_SPIN_US=200000 ($OUT/persistent_ab.log, ~6 min at most).
+#                RESIDENT_PROXY_SPIN_US=200000 ($OUT/persistent_ab.log, ~6 min at most); other runs
+#                with RESIDENT_AB_RUNS="ws2-direct| ws2-direct|VAR=VALUE ...".
 #   persistent-debug: scripts/persistent_probe.py, 2 and 4 ranks, both paths (RESIDENT_DEBUG=debug),
 #                then the persistent suite at 2 ranks to its first failure
 #                ($OUT/persistent_debug.log).
@@ -207,7 +208,8 @@ fi
 # proxy thread kept hot (it alone relaunches an idle-exited resident kernel).
 if has persistent-ab; then
   step "persistent suite, 2 ranks: proxy job, direct job, direct job with a hot proxy thread"
-  for run in "ws2-proxy|" "ws2-direct|" "ws2-direct|RESIDENT_PROXY_SPIN_US=200000"; do
+  # RESIDENT_AB_RUNS: the runs, "KEY|ENV" separated by spaces (ENV may be empty).
+  for run in ${RESIDENT_AB_RUNS:-ws2-proxy| ws2-direct| ws2-direct|RESIDENT_PROXY_SPIN_US=200000}; do
     k=${run%%|*}; e=${run#*|}
     echo "== -k \"test_persistent and $k\" ${e:-(defaults)}" | tee -a "$OUT/persistent_ab.log"
     env $e RESIDENT_GPU_TESTS_WS=2 timeout -k 10 150 python3 -m pytest -q tests/test_cuda_persistent.py \

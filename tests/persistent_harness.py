@@ -356,6 +356,37 @@ def device_sync_problems(what, limit_s):
     return []
 
 
+_progress = {"t": time.monotonic(), "what": "start"}
+
+
+def note_progress(what):
+    """Marks progress (for start_stuck_reporter): what the rank is about to do."""
+    _progress["t"] = time.monotonic()
+    _progress["what"] = what
+
+
+def start_stuck_reporter(after_s=10.0, every_s=5.0):
+    """A daemon thread that, while the rank makes no progress (note_progress) for after_s,
+    prints what it was doing and the resident kernel's status to stderr every every_s, so
+    that a rank killed at its job's timeout shows the hand-off's state in its last lines."""
+    import sys
+    import threading
+
+    def loop():
+        while True:
+            time.sleep(every_s)
+            idle = time.monotonic() - _progress["t"]
+            if idle > after_s:
+                try:
+                    st = pstatus()
+                except Exception as e:  # noqa: BLE001
+                    st = f"pstatus() raised {e!r}"
+                print(f"STUCK {idle:.0f} s in {_progress['what']}: {st}", file=sys.stderr,
+                      flush=True)
+
+    threading.Thread(target=loop, daemon=True, name="stuck-reporter").start()
+
+
 class Report:
     """Per-item errors, digests (compared across ranks by the parent), skips and info."""
 
@@ -366,6 +397,7 @@ class Report:
         """fn(errs, digs); an exception is recorded as an error of the item."""
         errs = self.items.setdefault(name, [])
         digs = self.digests.setdefault(name, {})
+        note_progress(name)
         if name in GPU_ONLY and not C.ON_GPU:
             self.skipped[name] = "checks the resident kernel: needs CUDA (dry run)"
             return None

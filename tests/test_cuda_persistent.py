@@ -66,9 +66,11 @@ from persistent_harness import (
     bounded,
     device_sync_problems,
     expect_served,
+    note_progress,
     pstatus,
     run_checked,
     served,
+    start_stuck_reporter,
     status_problems,
     wait_status,
 )
@@ -166,6 +168,7 @@ def main_job(rank, ws):
         count = 0
         for op, dt, lab, n, red, root in _matrix(rank, ws):
             c = OpCall(op, dt, n, rank, ws, red=red, root=root, key=f"pers/eager/{op}/{red}/{dt}/{lab}")
+            note_progress(f"collectives_eager {op} {red} {dt} {lab}")
             e, d = run_checked([c], lab)
             errs += e
             digs.update(d)
@@ -282,6 +285,8 @@ def main_job(rank, ws):
         if not ok:
             errs.append(f"after torch.cuda.synchronize() the kernel is reported running: {st}")
 
+    if C.ON_GPU:
+        start_stuck_reporter()
     rep.run("status_before_first_op", status_first)
     rep.run("collectives_eager", eager)
     rep.run("served_counts_ops", served_counts)

@@ -589,6 +589,11 @@ std::map<std::string, int64_t> persistentStatusOf(const std::shared_ptr<GpuCommu
   out["graph_slots_used"] = s.graph_slots_used;
   out["slots"] = s.slots;
   out["blocks"] = s.blocks;
+  out["mailbox"] = s.mailbox;
+  out["issued"] = s.issued;
+  out["eager_done"] = s.eager_done;
+  out["polls"] = static_cast<int64_t>(s.polls);
+  out["in_launch"] = s.in_launch ? 1 : 0;
   return out;
 }
 

@@ -149,15 +149,18 @@ void PersistentChannel::launchLocked() {
   a.failed = failed_;
   a.abort_word = abort_word_;
   a.slots = slots_.size();
-  a.generation = launches_ + 1;
+  a.generation = launches_.load() + 1;
   a.idle_ns = idle_ns_;
-  checkCuda(gpu::launchPersistent(a, blocks_, stream(run_stream_)),
-            "launching the resident kernel");
-  ++launches_;
-  RLOG_DEBUG("resident kernel launched (generation %u)", launches_);
+  in_launch_.store(true, std::memory_order_relaxed);
+  const cudaError_t err = gpu::launchPersistent(a, blocks_, stream(run_stream_));
+  in_launch_.store(false, std::memory_order_relaxed);
+  checkCuda(err, "launching the resident kernel");
+  launches_.fetch_add(1);
+  RLOG_DEBUG("resident kernel launched (generation %u)", launches_.load());
 }
 
 bool PersistentChannel::poll() {
+  polls_.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(launch_mu_, std::try_to_lock);
   if (!lock.owns_lock() || stopped_) return false;
   watchLocked();
@@ -339,18 +342,23 @@ void PersistentChannel::release() {
 
 PersistentStatus PersistentChannel::status() const {
   PersistentStatus s;
-  std::lock_guard<std::mutex> lock(launch_mu_);
+  // No launch_mu_: a status read (a stuck op's diagnostics) must not wait for a relaunch.
   s.blocks = blocks_;
+  s.polls = polls_.load(std::memory_order_relaxed);
+  s.in_launch = in_launch_.load(std::memory_order_relaxed);
   s.slots = slots_.size();
+  std::lock_guard<std::mutex> table_lock(table_mu_);
   if (host_ == nullptr) return s;
-  s.launches = launches_;
+  s.launches = launches_.load();
   s.exits = loadHost(&host_->exits);
-  const bool live = s.exits != launches_;
-  const bool began = loadHost(&host_->started) == launches_;
+  const bool live = s.exits != s.launches;
+  const bool began = loadHost(&host_->started) == s.launches;
   s.running = live && began;
   s.queued = live && !began;
   s.served = loadHost(&host_->served);
-  std::lock_guard<std::mutex> table_lock(table_mu_);
+  s.mailbox = loadHost(&host_->mailbox);
+  s.issued = loadHost(&host_->issued);
+  s.eager_done = loadHost(&host_->eager_done);
   s.graph_slots_used = slots_.graphSlotsUsed();
   return s;
 }

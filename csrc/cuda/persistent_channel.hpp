@@ -22,6 +22,12 @@ struct PersistentStatus {
   bool running = false;  // launched, began and not yet left
   bool queued = false;   // launched but not yet begun (waiting behind other GPU work)
   uint32_t launches = 0, exits = 0, served = 0, graph_slots_used = 0, slots = 0, blocks = 0;
+  // Diagnostics of the hand-off (what a stuck op waits for): the mailbox tag (0: no op
+  // waits), the last eager stamp handed to a stream and the last completed one, how often the
+  // proxy thread looked (polls) and whether it is inside a relaunch right now.
+  uint32_t mailbox = 0, issued = 0, eager_done = 0;
+  uint64_t polls = 0;
+  bool in_launch = false;
 };
 
 class PersistentChannel {
@@ -78,7 +84,10 @@ class PersistentChannel {
   // never blocks the proxy's relaunch it may be waiting for.
   mutable std::mutex launch_mu_;
   mutable std::mutex table_mu_;
-  uint32_t launches_ = 0;  // under launch_mu_
+  // Written under launch_mu_; atomic so that status() never waits for a launch in progress.
+  std::atomic<uint32_t> launches_{0};
+  std::atomic<uint64_t> polls_{0};      // poll() calls (diagnostics)
+  std::atomic<bool> in_launch_{false};  // launchLocked() is running (diagnostics)
   // watchLocked(): the served count last seen and since when an op waits without progress.
   uint32_t watch_served_ = 0;
   std::chrono::steady_clock::time_point watch_since_{};
