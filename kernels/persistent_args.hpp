@@ -42,6 +42,10 @@ struct PersistentHostWords {
   alignas(64) uint32_t eager_done;  // stamp of the last completed eager op
   alignas(64) uint32_t issued;      // host: stamp of the last eager op handed to a stream
   alignas(64) uint32_t served;      // ops completed (diagnostics; the kernel only stores)
+  // Generation of an instance about to leave by itself (idle, or the group failed): it
+  // stores this, then looks once more for work (Dekker with the host's `issued`; see
+  // PersistentChannel::ensureInstance), so an eager op never waits for a relaunch.
+  alignas(64) uint32_t leaving;
 };
 
 struct PersistentArgs {

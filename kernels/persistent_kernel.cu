@@ -40,6 +40,11 @@ __device__ __forceinline__ void storeRelease64Gpu(unsigned long long* p, unsigne
 
 constexpr uint64_t kHostCheckNs = 20000;  // how often an idle leader reads the host's quit word
 
+// An eager op was handed to a stream and is not complete yet.
+__device__ __forceinline__ bool pendingEager(const PersistentArgs& pa) {
+  return loadAcquire32(&pa.host->issued) != loadAcquire32(&pa.host->eager_done);
+}
+
 // Leader: the tag of the next op, or kExitCommand (quit, or idle for longer than idle_ns).
 __device__ uint32_t nextTag(const PersistentArgs& pa, uint64_t last_op_ns) {
   uint64_t next_check = 0;
@@ -53,13 +58,20 @@ __device__ uint32_t nextTag(const PersistentArgs& pa, uint64_t last_op_ns) {
     next_check = now + kHostCheckNs;
     if (loadAcquire32(&pa.host->quit) != 0) return kExitCommand;
     // An eager op the host handed to a stream that has not reached its doorbell yet keeps
-    // the instance here: eager ops never depend on a relaunch (only graph replays do).
-    if (loadAcquire32(&pa.host->issued) != loadAcquire32(&pa.host->eager_done)) continue;
+    // the instance here: eager ops never depend on the proxy's relaunch (only graph replays do).
+    if (pendingEager(pa)) continue;
     const uint64_t idle = now - last_op_ns;
-    if (pa.idle_ns != 0 && idle > pa.idle_ns) return kExitCommand;
-    if (idle > kFailedIdleNs && (*reinterpret_cast<const volatile uint32_t*>(pa.failed) != 0 ||
-                                 loadVolatile64(pa.abort_word) != 0))
-      return kExitCommand;
+    const bool leave =
+        (pa.idle_ns != 0 && idle > pa.idle_ns) ||
+        (idle > kFailedIdleNs && (*reinterpret_cast<const volatile uint32_t*>(pa.failed) != 0 ||
+                                  loadVolatile64(pa.abort_word) != 0));
+    if (!leave) continue;
+    // Announce, then look once more: a host that published `issued` before it read `leaving`
+    // either is seen here (stay) or sees `leaving` and launches the next instance itself.
+    storeRelease32(&pa.host->leaving, pa.generation);
+    __threadfence_system();
+    if (loadAcquire32(&pa.host->mailbox) == 0 && !pendingEager(pa)) return kExitCommand;
+    storeRelease32(&pa.host->leaving, 0);
   }
 }
 

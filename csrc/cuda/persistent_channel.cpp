@@ -159,6 +159,22 @@ void PersistentChannel::launchLocked() {
   RLOG_DEBUG("resident kernel launched (generation %u)", launches_.load());
 }
 
+void PersistentChannel::ensureInstance() {
+  // The relaunch must not be left to the proxy thread: with the op's stream already blocked in
+  // its wait, a launch from another thread was seen to block inside cudaLaunchKernelEx (H200,
+  // MPS, 8 hardware queues), and with it the proxy. Launched here, before the doorbell, the
+  // instance is queued ahead of the wait. Dekker with the kernel's `leaving` (nextTag):
+  // `issued` was stored before this fence, `leaving` is read after it.
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  if (stopped_) return;
+  const uint32_t n = launches_.load();
+  if (loadHost(&host_->exits) != n && loadHost(&host_->leaving) != n) return;
+  // None runs, or the one that runs is leaving (if it stays after all, this one queues behind
+  // it on run_stream_ and takes over when it leaves).
+  launchLocked();
+}
+
 bool PersistentChannel::poll() {
   polls_.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(launch_mu_, std::try_to_lock);
@@ -256,6 +272,7 @@ void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, v
     // Before the doorbell is enqueued: the running instance stays until this op is done.
     if (!captured) __atomic_store_n(&host_->issued, stamp, __ATOMIC_RELEASE);
   }
+  if (!captured) ensureInstance();
   const uint32_t tag = pick.slot + 1;
   const MemOp ops[3] = {{MemOp::kWrite, &host_dev_->mailbox, tag},
                         {MemOp::kWaitEq, &host_dev_->mailbox, 0},

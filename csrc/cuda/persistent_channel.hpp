@@ -1,8 +1,9 @@
 // Host side of the resident kernel (RESIDENT_GPU_PERSISTENT=1): owns its device state, the
 // descriptor table and the mapped host words, hands ops over with stream memory operations
 // (persistent_args.hpp describes the protocol), and keeps an instance on the GPU: launched at
-// install, and again by the proxy thread (poll) whenever a stream handed over an op while no
-// instance runs (an idle instance leaves after RESIDENT_GPU_PERSISTENT_IDLE_US). Torch-free,
+// install, by the caller's thread before an eager op's doorbell when none runs, and by the
+// proxy thread (poll) when a graph replay handed over an op while none runs (an idle instance
+// leaves after RESIDENT_GPU_PERSISTENT_IDLE_US). Torch-free,
 // and its header CUDA-free (streams are opaque handles), like gpu_communicator.hpp.
 #pragma once
 
@@ -56,6 +57,9 @@ class PersistentChannel {
 
  private:
   void launchLocked();
+  // Caller's thread, eager op, after `issued` was published and before its doorbell: launches
+  // an instance unless one runs that will see the op (not leaving by itself).
+  void ensureInstance();
   void watchLocked();
   uint32_t loadHost(const uint32_t* word) const;
   void waitEagerDone(uint32_t stamp);
