@@ -26,14 +26,14 @@ CONFIG = [("RESIDENT_DEBUG", "off"), ("RESIDENT_PATH", "auto"), ("RESIDENT_TRANS
           ("RESIDENT_PROXY_SPIN_US", "20000"), ("RESIDENT_PROXY_CPU", "-1"),
           ("RESIDENT_GPU_CHUNK_BYTES", "65536"), ("RESIDENT_GPU_PROXY_SPIN_US", "200000"),
           ("RESIDENT_GPU_PDL", "1"), ("RESIDENT_GPU_PREFETCH", "0"),
-          ("RESIDENT_GPU_TRIGGER_FENCE", "0"), ("RESIDENT_GPU_P2P_STREAM", "own"),
+          ("RESIDENT_GPU_TRIGGER_FENCE", "0"), ("RESIDENT_GPU_P2P_STREAM", "auto"),
           ("RESIDENT_GPU_PERSISTENT", "0"),
           ("RESIDENT_GPU_PERSISTENT_BLOCKS", "4"), ("RESIDENT_GPU_PERSISTENT_IDLE_US", "2000"),
           ("RESIDENT_GPU_PERSISTENT_SLOTS", "1024"), ("RESIDENT_VLLM", "0"),
           ("RESIDENT_VLLM_MAX_BYTES", "65536"), ("RESIDENT_VLLM_TIMEOUT_S", "1800")]
 NOT_RUNTIME = {"RESIDENT_TEST_BACKEND", "RESIDENT_NO_CUDA"}  # read by tests / setup.py only
 CHOICES = {"RESIDENT_PATH": ("auto", "direct", "proxy"), "RESIDENT_TRANSPORT": ("auto", "shm", "tcp", "ib"),
-           "RESIDENT_GPU_P2P_STREAM": ("own", "auto")}
+           "RESIDENT_GPU_P2P_STREAM": ("auto", "own")}
 NEEDS = {"cpu": {"cpu"}, "cuda": {"cpu", "cuda"}, "rdma": {"cpu", "rdma"}}
 ALL = ("cpu", "cuda", "rdma")
 # CUdevice_attribute values, the same numbers as cudaDeviceAttr's

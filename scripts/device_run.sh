@@ -6,7 +6,7 @@
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
-#           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-auto persistent-ab
+#           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
 #   Test stages append each failure's text to $OUT/test_failures.log as it happens (printed
@@ -51,8 +51,8 @@
 #                RESIDENT_DEBUG=debug, RESIDENT_GPU_P2P_STREAM=auto unless set) on both paths,
 #                then the send/recv call-order suite at 2 ranks to its first failure
 #                ($OUT/p2p_debug.log).
-#   gpu-tests-auto: the collectives, call-order and graph suites at 2 and 4 ranks with
-#                RESIDENT_GPU_P2P_STREAM=auto for every job ($OUT/gpu_tests_auto.log; bounded by
+#   gpu-tests-own: the collectives, call-order and graph suites at 2 and 4 ranks with
+#                RESIDENT_GPU_P2P_STREAM=own for every job ($OUT/gpu_tests_own.log; bounded by
 #                $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s; ~3.5 min when all pass).
 #   p2p-order-suite: tests/test_cuda_p2p_order.py at 2 ranks, -x, -k "$RESIDENT_ORDER_K" (default
 #                ws2), bounded by $RESIDENT_GPU_TESTS_LIMIT_S (default 200 s; a job's own bound is
@@ -64,9 +64,9 @@
 #                ($OUT/gpu_tests_ws2.log, ~2.5 min).
 #   bench-small: 2 ranks, graph mode, 8 B / 64 B / 4 KiB, both paths ($OUT/bench_small.json, ~20 s).
 #   bench-p2p:   2 ranks, eager and graph, send/recv (and all_reduce) 8 B..1 MiB, both paths,
-#                each with the default launch of send/recv (RESIDENT_GPU_P2P_STREAM=own: at once,
-#                on a stream of their own) and the lazy one (=auto: a blocking send/recv on the
-#                caller's stream), side by side ($OUT/bench_p2p.json, ~1 min).
+#                each with the default launch of send/recv (RESIDENT_GPU_P2P_STREAM=auto: lazy, a
+#                blocking send/recv on the caller's stream) and =own (at once, on a stream of
+#                their own), side by side ($OUT/bench_p2p.json, ~1 min).
 #   gpu-tests-persistent: only tests/test_cuda_persistent.py, the persistent mode
 #                (RESIDENT_GPU_PERSISTENT=1) at 2 and 4 ranks ($OUT/gpu_tests_persistent.log,
 #                ~2 min; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s).
@@ -177,14 +177,14 @@ if has p2p-debug; then
   tail -n 40 "$OUT/p2p_debug.log"; }
 fi
 
-# The candidate default for send/recv: the collectives, call-order and graph suites at 2 and
-# 4 ranks with every job's send/recv launched lazily.
-if has gpu-tests-auto; then
-  step "gpu tests, 2 and 4 ranks, RESIDENT_GPU_P2P_STREAM=auto"
-  RESIDENT_GPU_P2P_STREAM=auto RESIDENT_GPU_TESTS_WS=2,4 timeout -k 10 "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
+# The other launch policy of send/recv: the collectives, call-order and graph suites at 2 and
+# 4 ranks with every job's send/recv launched at once on their own streams.
+if has gpu-tests-own; then
+  step "gpu tests, 2 and 4 ranks, RESIDENT_GPU_P2P_STREAM=own"
+  RESIDENT_GPU_P2P_STREAM=own RESIDENT_GPU_TESTS_WS=2,4 timeout -k 10 "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
     python3 -m pytest -q -m gpu tests/test_cuda_collectives.py tests/test_cuda_p2p_order.py \
-    tests/test_cuda_graphs.py -p no:cacheprovider -rf > "$OUT/gpu_tests_auto.log" 2>&1 || status=1
-  tail -5 "$OUT/gpu_tests_auto.log"
+    tests/test_cuda_graphs.py -p no:cacheprovider -rf > "$OUT/gpu_tests_own.log" 2>&1 || status=1
+  tail -5 "$OUT/gpu_tests_own.log"
 fi
 
 if has p2p-order-suite; then
@@ -212,7 +212,7 @@ if has persistent-ab; then
   for run in ${RESIDENT_AB_RUNS:-ws2-proxy| ws2-direct| ws2-direct|RESIDENT_PROXY_SPIN_US=200000}; do
     k=${run%%|*}; e=${run#*|}
     echo "== -k \"test_persistent and $k\" ${e:-(defaults)}" | tee -a "$OUT/persistent_ab.log"
-    env $e RESIDENT_GPU_TESTS_WS=2 timeout -k 10 150 python3 -m pytest -q tests/test_cuda_persistent.py \
+    env RESIDENT_GPU_TESTS_WS=2 $e timeout -k 10 150 python3 -m pytest -q tests/test_cuda_persistent.py \
       -k "test_persistent and $k" -p no:cacheprovider -rf >> "$OUT/persistent_ab.log" 2>&1 || status=1
     tail -n 1 "$OUT/persistent_ab.log"
   done
@@ -305,7 +305,7 @@ if has bench-p2p; then
   [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
   python3 -m resident_pg.bench --device cuda --mode eager,graph --world-sizes 2 \
     --ops send_recv,all_reduce --sizes 8,4K,64K,1M \
-    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_P2P_STREAM=auto,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_P2P_STREAM=auto" \
+    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_P2P_STREAM=own,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_P2P_STREAM=own" \
     --floors "$OUT/floors.json" --timeout 30 --time-limit 120 \
     --json "$OUT/bench_p2p.json" > "$OUT/bench_p2p.log" 2>&1 || status=1
   tail -n 40 "$OUT/bench_p2p.log"

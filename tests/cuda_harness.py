@@ -321,7 +321,7 @@ def timeout_phase(rank, ws, tg):
 PATH_KNOBS = {
     "prefetch": {"RESIDENT_GPU_PREFETCH": "1"},
     "fence": {"RESIDENT_GPU_TRIGGER_FENCE": "1"},     # fenced triggers, no proxy-side check
-    "auto": {"RESIDENT_GPU_P2P_STREAM": "auto"},      # lazy send/recv: blocking ones on the caller's stream
+    "own": {"RESIDENT_GPU_P2P_STREAM": "own"},        # send/recv launched at once on their own streams
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
 PATH_VARIANTS = ("direct+prefetch", "proxy+fence")

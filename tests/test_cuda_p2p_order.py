@@ -1,15 +1,15 @@
 """Call orders of send/recv on CUDA tensors: every order completes with the right data.
 
-Two launch policies (RESIDENT_GPU_P2P_STREAM, see csrc/c10d/work_cuda.hpp): ``own`` (the
-default) launches every send/recv at once on a stream of its own per peer and direction;
-``auto`` launches lazily: a *blocking* send/recv (c10d's ``dist.send`` / ``dist.recv``:
+Two launch policies (RESIDENT_GPU_P2P_STREAM, see csrc/c10d/work_cuda.hpp): ``own``
+launches every send/recv at once on a stream of its own per peer and direction; ``auto`` (the
+default) launches lazily: a *blocking* send/recv (c10d's ``dist.send`` / ``dist.recv``:
 isend/irecv whose ``.wait()`` follows at once, on the same stream) runs its kernel on the
 caller's current stream (programmatic dependent launch), and an op not waited on at once
 (another call on the group, another Work's wait, ``is_completed()``, the Work's destruction,
 a stream switch before its wait) is launched on its own stream, joined back at ``wait()``.
 Contract for both: ANY call order of isend/irecv completes (no deadlock) with correct data,
-eagerly and in graphs.  The default path jobs run ``own``; ``direct+auto`` and
-``proxy+auto`` (2 and 4 ranks) run ``auto``.
+eagerly and in graphs.  The default path jobs run ``auto``; ``direct+own`` and
+``proxy+own`` (2 and 4 ranks) run ``own``.
 
 Cases (pairs (r, r^1) or a ring: recv from r-1, send to r+1; ws 2 and 4; both paths; one
 spawned job per (ws, path), each case its own item, see cuda_harness.GpuJobCache):
@@ -57,8 +57,8 @@ from dist_harness import compare_exact, compare_reduction, digest, make_input, r
 
 pytestmark = C.module_marks()
 
-# Plus each path with lazily launched send/recv (RESIDENT_GPU_P2P_STREAM=auto).
-ALL_KEYS = [(ws, p) for ws in (2, 4) for p in C.PATHS + ("direct+auto", "proxy+auto")]
+# Plus each path with send/recv launched at once on their own streams (RESIDENT_GPU_P2P_STREAM=own).
+ALL_KEYS = [(ws, p) for ws in (2, 4) for p in C.PATHS + ("direct+own", "proxy+own")]
 JOB_KEYS = [k for k in ALL_KEYS if k[0] in C.WORLD_SIZES]
 SIZES = ("8B", "4KiB", "large")  # 8 B, 4 KiB, 1 MiB + 3 elements
 POLL_DEADLINE_S = 60.0

@@ -356,6 +356,8 @@ def idle_job(rank, ws):
                          OpCall("reduce_scatter_tensor", "bfloat16", 32768, rank, ws)])
     st = {"last": pstatus() if C.ON_GPU else {}}
     box = {}
+    if C.ON_GPU:
+        start_stuck_reporter()
 
     def warm_and_capture(errs, digs):
         e, d = C.warm_up_on_side_stream(prog)

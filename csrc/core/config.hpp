@@ -33,10 +33,10 @@ struct Config {
   // RESIDENT_GPU_TRIGGER_FENCE=0|1: 1 fences every proxy trigger on the device instead of
   // letting the proxy check the lines' flags.
   bool gpu_trigger_fence = false;
-  // RESIDENT_GPU_P2P_STREAM=own|auto: where a send/recv on CUDA tensors runs. own: on a stream
-  // per peer and direction, launched when called; auto: launched lazily, a blocking one on the
-  // caller's stream (c10d/work_cuda.hpp, runCudaP2P).
-  bool gpu_p2p_lazy = false;
+  // RESIDENT_GPU_P2P_STREAM=auto|own: where a send/recv on CUDA tensors runs. auto (default):
+  // launched lazily, a blocking one on the caller's stream; own: on a stream per peer and
+  // direction, launched when called (c10d/work_cuda.hpp, runCudaP2P).
+  bool gpu_p2p_lazy = true;
   // RESIDENT_GPU_PERSISTENT=0|1: decode-size collectives run on a resident kernel per group
   // (handed over by stream memory operations) instead of one kernel per op.
   bool gpu_persistent = false;

@@ -121,8 +121,11 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
     checkCuda(cudaStreamSynchronize(stream(upload_stream_)),
               "initialising the resident kernel's state");
     addLive(host_);
-    std::lock_guard<std::mutex> lock(launch_mu_);
-    launchLocked();
+    {
+      std::lock_guard<std::timed_mutex> lock(launch_mu_);
+      launchLocked();
+    }
+    launcher_ = std::thread([this] { launcherLoop(); });
   } catch (...) {
     release();
     throw;
@@ -166,7 +169,7 @@ void PersistentChannel::ensureInstance() {
   // instance is queued ahead of the wait. Dekker with the kernel's `leaving` (nextTag):
   // `issued` was stored before this fence, `leaving` is read after it.
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  std::lock_guard<std::mutex> lock(launch_mu_);
+  std::lock_guard<std::timed_mutex> lock(launch_mu_);
   if (stopped_) return;
   const uint32_t n = launches_.load();
   if (loadHost(&host_->exits) != n && loadHost(&host_->leaving) != n) return;
@@ -176,20 +179,45 @@ void PersistentChannel::ensureInstance() {
 }
 
 bool PersistentChannel::poll() {
+  // The proxy is detached before stop() runs, so host_ stays valid here without a lock.
   polls_.fetch_add(1, std::memory_order_relaxed);
-  std::unique_lock<std::mutex> lock(launch_mu_, std::try_to_lock);
-  if (!lock.owns_lock() || stopped_) return false;
-  watchLocked();
+  if (stopped_) return false;
+  watch();
   // Only while no instance is live (an instance writes `exits` as it leaves, after its last
   // look at the mailbox): an op in the mailbox then waits for a launch. Plain loads only; the
-  // proxy thread never waits on a stream.
-  if (loadHost(&host_->exits) != launches_) return false;
+  // proxy thread never waits on a stream, nor on a launch.
+  if (loadHost(&host_->exits) != launches_.load()) return false;
   if (loadHost(&host_->mailbox) == 0) return false;
-  launchLocked();
+  {
+    std::lock_guard<std::mutex> lock(want_mu_);
+    want_launch_ = true;
+  }
+  want_cv_.notify_one();
   return true;
 }
 
-void PersistentChannel::watchLocked() {
+void PersistentChannel::launcherLoop() {
+  std::unique_lock<std::mutex> want(want_mu_);
+  for (;;) {
+    want_cv_.wait(want, [this] { return want_launch_ || launcher_quit_; });
+    if (launcher_quit_) return;
+    want_launch_ = false;
+    want.unlock();
+    try {
+      std::lock_guard<std::timed_mutex> lock(launch_mu_);
+      // Asked for by poll(); still wanted? (a caller's ensureInstance may have launched.)
+      if (!stopped_ && loadHost(&host_->exits) == launches_.load() &&
+          loadHost(&host_->mailbox) != 0)
+        launchLocked();
+    } catch (const std::exception& e) {
+      // The waiting op's stream is released by the watchdog after the timeout.
+      RLOG_ERROR("relaunching the resident kernel on device %d failed: %s", device_, e.what());
+    }
+    want.lock();
+  }
+}
+
+void PersistentChannel::watch() {
   // An op that waits in the mailbox while the kernel completes nothing for longer than the
   // group timeout (+2 s) was never run: an op stuck on a peer fails on the device at the
   // timeout and leaves the mailbox. Without this, its stream would wait forever.
@@ -287,12 +315,26 @@ void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, v
 
 void PersistentChannel::stop() {
   {
+    std::lock_guard<std::mutex> want(want_mu_);
+    launcher_quit_ = true;
+  }
+  want_cv_.notify_one();
+  {
     // Both locks: an enqueue either saw stopped_ or had published `issued` (drained below).
-    std::lock_guard<std::mutex> lock(launch_mu_);
+    // launch_mu_ is held across a launch; one blocked behind a stream that waits for an op no
+    // instance runs ends when that stream is released, so after a grace period the mailbox is
+    // cleared (the op is abandoned, as every op in flight at shutdown: it was aborted first).
+    std::unique_lock<std::timed_mutex> lock(launch_mu_, std::defer_lock);
+    const auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (!lock.try_lock_for(std::chrono::milliseconds(10))) {
+      if (host_ != nullptr && std::chrono::steady_clock::now() > grace)
+        __atomic_store_n(&host_->mailbox, 0u, __ATOMIC_RELEASE);
+    }
     std::lock_guard<std::mutex> table_lock(table_mu_);
     if (stopped_) return;
     stopped_ = true;
   }
+  if (launcher_.joinable()) launcher_.join();
   if (host_ == nullptr) return release();
   __atomic_store_n(&host_->quit, 1u, __ATOMIC_RELEASE);
   // An instance leaves after its current op (which the caller aborted first) and at most

@@ -9,9 +9,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "core/descriptor_slots.hpp"
 #include "cuda/stream_memops.hpp"
@@ -44,7 +46,9 @@ class PersistentChannel {
   // Hands collective `args` (its first `bytes` bytes are meaningful) to the resident kernel on
   // `stream`: the stream continues once the op completed.
   void enqueue(const gpu::CollectiveArgs& args, size_t bytes, void* stream);
-  // Proxy thread: launches an instance if an op waits and none runs. True if it launched.
+  // Proxy thread: the watchdog, and a relaunch request to the launcher thread if an op waits
+  // and no instance runs. Never blocks (the proxy also moves the proxy path's data). True if
+  // it asked for a launch.
   bool poll();
   // Makes the running instance leave (after its current op) and waits for it, bounded by the
   // group timeout; no relaunch afterwards. Idempotent; the destructor calls it.
@@ -57,10 +61,15 @@ class PersistentChannel {
 
  private:
   void launchLocked();
+  // The launcher thread: launches an instance when poll() asks for one (a graph replay's op
+  // waits and none runs). Its own thread, because such a launch was seen blocking inside
+  // cudaLaunchKernelEx while the replay's stream waited (H200, MPS): the proxy and its
+  // watchdog, which releases that stream after the timeout, must keep running meanwhile.
+  void launcherLoop();
   // Caller's thread, eager op, after `issued` was published and before its doorbell: launches
   // an instance unless one runs that will see the op (not leaving by itself).
   void ensureInstance();
-  void watchLocked();
+  void watch();
   uint32_t loadHost(const uint32_t* word) const;
   void waitEagerDone(uint32_t stamp);
   void upload(uint32_t slot, const gpu::CollectiveArgs& args, size_t bytes);
@@ -83,25 +92,32 @@ class PersistentChannel {
   // cudaStream_t (non-blocking): where instances run; descriptor uploads.
   void* run_stream_ = nullptr;
   void* upload_stream_ = nullptr;
-  // launch_mu_: launches and stop (install, proxy thread, shutdown). table_mu_: the slot
-  // table and uploads (callers' threads). Separate, so that a caller waiting for a slot
-  // never blocks the proxy's relaunch it may be waiting for.
-  mutable std::mutex launch_mu_;
+  // launch_mu_: launches and stop (install, callers' threads, launcher thread, shutdown).
+  // table_mu_: the slot table and uploads (callers' threads). Separate, so that a caller
+  // waiting for a slot never blocks the relaunch it may be waiting for. Timed: stop() must not
+  // wait forever on a launch that blocks (see launcherLoop).
+  mutable std::timed_mutex launch_mu_;
   mutable std::mutex table_mu_;
   // Written under launch_mu_; atomic so that status() never waits for a launch in progress.
   std::atomic<uint32_t> launches_{0};
   std::atomic<uint64_t> polls_{0};      // poll() calls (diagnostics)
   std::atomic<bool> in_launch_{false};  // launchLocked() is running (diagnostics)
-  // watchLocked(): the served count last seen and since when an op waits without progress.
+  // watch() (proxy thread only): the served count last seen and since when an op waits
+  // without progress.
   uint32_t watch_served_ = 0;
   std::chrono::steady_clock::time_point watch_since_{};
-  // Written once by watchLocked(), then immutable: readers check stuck_set_ first (every op's
+  // Written once by watch(), then immutable: readers check stuck_set_ first (every op's
   // usability check reads it, so no lock and no copy until it is set).
   std::string stuck_;
   std::atomic<bool> stuck_set_{false};
   uint32_t eager_stamp_ = 0;           // under table_mu_
   void* last_eager_stream_ = nullptr;  // under table_mu_: the stream of the last eager op
   std::atomic<bool> stopped_{false};
+  std::mutex want_mu_;  // guards want_launch_ and launcher_quit_
+  std::condition_variable want_cv_;
+  bool want_launch_ = false;
+  bool launcher_quit_ = false;
+  std::thread launcher_;
 };
 
 }  // namespace resident
