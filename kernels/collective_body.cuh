@@ -113,8 +113,14 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   const auto* src =
       static_cast<const unsigned char*>(pp.send) + static_cast<uint64_t>(r) * reg.chunk;
   const uint32_t t = threadIdx.x;
+  // Proxied: one trigger covers the block's parts as one range, which the proxy may check line
+  // by line (unfenced triggers), so every part but the range's last is written whole (zero
+  // payload past the message) — a partial or credit-only part inside the range would leave
+  // lines unwritten that the proxy waits for (seen with the resident kernel's several parts per
+  // block: a 4-rank uneven all_to_all timed out on the device).
+  const bool whole_parts = sh.remote[p] == nullptr;
   for (uint32_t j = j0; j < j1; ++j) {
-    if (t < linesOf(sb, j)) {
+    if (t < (whole_parts && j + 1 < j1 ? kThreads : linesOf(sb, j))) {
       const uint32_t nb = lineBytes(sb, j, t);
       uint64_t v = 0;
       if (has_pre && r == 0 && j == j0)
