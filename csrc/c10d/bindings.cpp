@@ -50,7 +50,10 @@ PYBIND11_MODULE(_C, m) {
           "The resident kernel (RESIDENT_GPU_PERSISTENT): enabled, installed (after the first "
           "CUDA op), running, queued (launched, not yet begun: behind other GPU work), "
           "launches, exits, served (ops it completed), graph_slots_used, "
-          "slots, blocks.");
+          "slots, blocks; and the hand-off's state (what a stuck op waits for): mailbox (the "
+          "tag of the op handed over, 0: none), issued / eager_done (stamps of the last eager "
+          "op handed to a stream / completed), polls (the proxy thread's looks), in_launch "
+          "(a launch of the kernel is in progress).");
   m.def(
       "transports",
       [] {
