@@ -121,12 +121,13 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
     checkCuda(cudaStreamSynchronize(stream(upload_stream_)),
               "initialising the resident kernel's state");
     addLive(host_);
-    {
-      std::lock_guard<std::timed_mutex> lock(launch_mu_);
-      launchLocked();
-    }
+    // The thread first: once an instance runs, nothing below may fail (release() would free
+    // memory it polls).
     launcher_ = std::thread([this] { launcherLoop(); });
+    std::lock_guard<std::timed_mutex> lock(launch_mu_);
+    launchLocked();
   } catch (...) {
+    stopLauncher();
     release();
     throw;
   }
@@ -313,6 +314,15 @@ void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, v
   checkCuda(err, "handing an op to the resident kernel (cuStreamBatchMemOp)");
 }
 
+void PersistentChannel::stopLauncher() {
+  {
+    std::lock_guard<std::mutex> want(want_mu_);
+    launcher_quit_ = true;
+  }
+  want_cv_.notify_one();
+  if (launcher_.joinable()) launcher_.join();
+}
+
 void PersistentChannel::stop() {
   {
     std::lock_guard<std::mutex> want(want_mu_);
@@ -334,7 +344,7 @@ void PersistentChannel::stop() {
     if (stopped_) return;
     stopped_ = true;
   }
-  if (launcher_.joinable()) launcher_.join();
+  stopLauncher();
   if (host_ == nullptr) return release();
   __atomic_store_n(&host_->quit, 1u, __ATOMIC_RELEASE);
   // An instance leaves after its current op (which the caller aborted first) and at most

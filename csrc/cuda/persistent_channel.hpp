@@ -66,6 +66,7 @@ class PersistentChannel {
   // cudaLaunchKernelEx while the replay's stream waited (H200, MPS): the proxy and its
   // watchdog, which releases that stream after the timeout, must keep running meanwhile.
   void launcherLoop();
+  void stopLauncher();  // asks the launcher thread to leave and joins it
   // Caller's thread, eager op, after `issued` was published and before its doorbell: launches
   // an instance unless one runs that will see the op (not leaving by itself).
   void ensureInstance();
