@@ -322,9 +322,11 @@ PATH_KNOBS = {
     "prefetch": {"RESIDENT_GPU_PREFETCH": "1"},
     "fence": {"RESIDENT_GPU_TRIGGER_FENCE": "1"},     # fenced triggers, no proxy-side check
     "own": {"RESIDENT_GPU_P2P_STREAM": "own"},        # send/recv launched at once on their own streams
+    # one block per op: several 2 KiB parts per block, one trigger over them (proxy path)
+    "blocks1": {"RESIDENT_GPU_MAX_BLOCKS": "1"},
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
-PATH_VARIANTS = ("direct+prefetch", "proxy+fence")
+PATH_VARIANTS = ("direct+prefetch", "proxy+fence", "proxy+blocks1")
 
 
 def path_env(path):

@@ -399,7 +399,8 @@ def _bad_persistent_job(rank, ws):
 @pytest.mark.parametrize("var,value", [("RESIDENT_GPU_PERSISTENT_BLOCKS", "0"),
                                        ("RESIDENT_GPU_PERSISTENT", "yes"),
                                        ("RESIDENT_GPU_PERSISTENT_SLOTS", "8"),
-                                       ("RESIDENT_GPU_TRIGGER_FENCE", "2")])
+                                       ("RESIDENT_GPU_TRIGGER_FENCE", "2"),
+                                       ("RESIDENT_GPU_MAX_BLOCKS", "65")])
 def test_persistent_knobs_are_validated(var, value):
     out = H.run_ranks(_bad_persistent_job, 1, env={var: value}, init=False, timeout_s=60)[0]
     assert "invalid value" in out and var.lower().replace("resident_", "") in out, out

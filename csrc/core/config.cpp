@@ -60,6 +60,8 @@ void apply(Config& c, const std::string& key, const std::string& value) {
   } else if (key == "gpu_chunk_bytes") {
     // A multiple of the 2 KiB part a thread block moves per round.
     c.gpu_chunk_bytes = static_cast<uint32_t>(parseUnsigned(key, value, 2048, 1u << 20)) & ~2047u;
+  } else if (key == "gpu_max_blocks") {
+    c.gpu_max_blocks = static_cast<uint32_t>(parseUnsigned(key, value, 0, 64));
   } else if (key == "gpu_proxy_spin_us") {
     c.gpu_proxy_spin_us = parseUnsigned(key, value, 0, 600000000);
   } else if (key == "gpu_prefetch") {
@@ -99,6 +101,7 @@ const char* kKeys[] = {"path",
                        "proxy_cpu",
                        "transport",
                        "gpu_chunk_bytes",
+                       "gpu_max_blocks",
                        "gpu_proxy_spin_us",
                        "gpu_pdl",
                        "gpu_prefetch",
@@ -132,6 +135,7 @@ std::string Config::describe() const {
          " proxy_cpu=" + std::to_string(proxy_cpu) + " transport=" + transport +
          (tcp_addr.empty() ? "" : " tcp_addr=" + tcp_addr) +
          " gpu_chunk_bytes=" + std::to_string(gpu_chunk_bytes) +
+         " gpu_max_blocks=" + std::to_string(gpu_max_blocks) +
          " gpu_proxy_spin_us=" + std::to_string(gpu_proxy_spin_us) +
          " gpu_pdl=" + (gpu_pdl ? "1" : "0") + " gpu_prefetch=" + (gpu_prefetch ? "1" : "0") +
          " gpu_trigger_fence=" + (gpu_trigger_fence ? "1" : "0") +

@@ -27,6 +27,9 @@ struct Config {
   std::string transport = "auto";        // RESIDENT_TRANSPORT=auto|shm|tcp
   std::string tcp_addr;                  // RESIDENT_TCP_ADDR: IPv4 the tcp transport listens on
   uint32_t gpu_chunk_bytes = 64 * 1024;  // RESIDENT_GPU_CHUNK_BYTES: CUDA payload per round
+  // RESIDENT_GPU_MAX_BLOCKS: thread blocks of a CUDA op at most (0: a fair share of the GPU
+  // among the ranks that use it); fewer leaves more SMs to compute kernels.
+  uint32_t gpu_max_blocks = 0;
   uint64_t gpu_proxy_spin_us = 200000;  // RESIDENT_GPU_PROXY_SPIN_US: proxy hot after a GPU trigger
   bool gpu_pdl = true;                  // RESIDENT_GPU_PDL=0|1: programmatic dependent launch
   bool gpu_prefetch = false;  // RESIDENT_GPU_PREFETCH=0|1: first payload word loaded at start
