@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <map>
 
 #include "core/error.hpp"
@@ -167,12 +168,20 @@ namespace {
 // The one send/recv of this process not launched yet (every resident call launches the
 // previous one first, so there is never more than one).
 // Written under pending_mu; read without it first, so that ops with nothing pending (every op
-// under the default RESIDENT_GPU_P2P_STREAM=own) take no lock.
+// under RESIDENT_GPU_P2P_STREAM=own) take no lock.
 std::mutex pending_mu;
 std::atomic<WorkCuda*> pending_work{nullptr};
 // The pending op's number (0: none), for the flusher; numbers are never reused.
 std::atomic<uint64_t> pending_number{0};
 uint64_t last_number = 0;  // under pending_mu
+// Set at process exit (under pending_mu): the flusher launches nothing more, so an op held at
+// exit (its Work never waited on) is not launched while CUDA tears down.
+bool process_exiting = false;
+
+void stopFlushingAtExit() {
+  std::lock_guard<std::mutex> lock(pending_mu);  // waits for a launch in progress
+  process_exiting = true;
+}
 
 void clearPendingLocked() {
   pending_work.store(nullptr, std::memory_order_release);
@@ -188,6 +197,8 @@ std::shared_ptr<PendingFlusher> sharedFlusher() {
   static std::weak_ptr<PendingFlusher> weak;
   std::lock_guard<std::mutex> lock(mu);
   std::shared_ptr<PendingFlusher> f = weak.lock();
+  static const bool at_exit = std::atexit(stopFlushingAtExit) == 0;
+  (void)at_exit;
   if (!f) {
     f = std::make_shared<PendingFlusher>(
         kFlushTick, [] { return pending_number.load(); },
@@ -348,6 +359,7 @@ void flushStalePendingP2P(uint64_t number) {
     std::lock_guard<std::mutex> lock(pending_mu);
     WorkCuda* w = pending_work.load(std::memory_order_acquire);
     if (w == nullptr || pending_number.load() != number) return;  // launched meanwhile
+    if (process_exiting) return;
     c10::cuda::CUDAGuard guard(w->device_);
     // This thread's calls must not count as unsafe during another thread's global-mode capture.
     RelaxedCapture relaxed;
