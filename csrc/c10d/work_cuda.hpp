@@ -1,15 +1,3 @@
-// A send (`send`) or recv of `tensor` with `peer`. By default (RESIDENT_GPU_P2P_STREAM=own) its
-// kernel is launched at once on a stream of its own per peer and direction, ordered after the
-// caller's stream and joined back on wait(), so that isend/irecv in any order cannot block
-// each other (as ProcessGroupNCCL's p2p streams). With RESIDENT_GPU_P2P_STREAM=auto it is
-// launched lazily: if the next thing this process does with resident is this op's own wait()
-// on the stream it was called on (c10d's blocking send/recv), the kernel runs on that stream,
-// where it gets programmatic dependent launch (2.6x faster one-way at 8 B in graphs on the
-// H200); anything else first (another resident call, another Work's wait, is_completed(),
-// destroying the Work, a stream switch) launches it on its own stream as above, from the point
-// it was called at. An op still not launched after a tick (0.2-0.4 ms: its caller blocked the
-// host on something else, say a peer waiting for this message) is launched the second way by
-// a helper thread, so every op starts without the caller's help, as with NCCL.
 // CUDA tensors in the adapter: the Work of an op that runs as a kernel on a stream, and the
 // launch helpers that pick the stream like ProcessGroupNCCL does (async_op=False: the
 // caller's current stream; async_op=True: the group's own stream, which waits for the
@@ -110,6 +98,9 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
 // is_completed(), dropping the Work, a stream switch) launches it on a stream of its own per
 // peer and direction, ordered after the point it was called at and joined back on wait(), so
 // that isend/irecv in any order cannot block each other (as ProcessGroupNCCL's p2p streams).
+// An op still not launched after a tick (0.2-0.4 ms: its caller blocked the host on something
+// else, say a peer waiting for this message) is launched the second way by the flusher
+// thread, so every op starts without the caller's help, as with NCCL.
 // RESIDENT_GPU_P2P_STREAM=own launches every send/recv the second way at once.
 c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<GpuCommunicator>& gpu,
                                           std::shared_ptr<CudaStreams>& streams,

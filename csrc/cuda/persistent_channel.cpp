@@ -170,25 +170,32 @@ void PersistentChannel::ensureInstance() {
   // instance is queued ahead of the wait. Dekker with the kernel's `leaving` (nextTag):
   // `issued` was stored before this fence, `leaving` is read after it.
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (instanceStays()) return;  // the common case: no lock
   std::lock_guard<std::timed_mutex> lock(launch_mu_);
-  if (stopped_) return;
-  const uint32_t n = launches_.load();
-  if (loadHost(&host_->exits) != n && loadHost(&host_->leaving) != n) return;
   // None runs, or the one that runs is leaving (if it stays after all, this one queues behind
   // it on run_stream_ and takes over when it leaves).
-  launchLocked();
+  if (!stopped_ && !instanceStays()) launchLocked();
+}
+
+bool PersistentChannel::instanceStays() const {
+  const uint32_t n = launches_.load();
+  return loadHost(&host_->exits) != n && loadHost(&host_->leaving) != n;
+}
+
+bool PersistentChannel::opWaitsForLaunch() const {
+  return loadHost(&host_->exits) == launches_.load() && loadHost(&host_->mailbox) != 0;
 }
 
 bool PersistentChannel::poll() {
   // The proxy is detached before stop() runs, so host_ stays valid here without a lock.
-  polls_.fetch_add(1, std::memory_order_relaxed);
+  polls_.store(polls_.load(std::memory_order_relaxed) + 1,
+               std::memory_order_relaxed);  // one writer
   if (stopped_) return false;
   watch();
   // Only while no instance is live (an instance writes `exits` as it leaves, after its last
   // look at the mailbox): an op in the mailbox then waits for a launch. Plain loads only; the
   // proxy thread never waits on a stream, nor on a launch.
-  if (loadHost(&host_->exits) != launches_.load()) return false;
-  if (loadHost(&host_->mailbox) == 0) return false;
+  if (!opWaitsForLaunch()) return false;
   {
     std::lock_guard<std::mutex> lock(want_mu_);
     want_launch_ = true;
@@ -207,9 +214,7 @@ void PersistentChannel::launcherLoop() {
     try {
       std::lock_guard<std::timed_mutex> lock(launch_mu_);
       // Asked for by poll(); still wanted? (a caller's ensureInstance may have launched.)
-      if (!stopped_ && loadHost(&host_->exits) == launches_.load() &&
-          loadHost(&host_->mailbox) != 0)
-        launchLocked();
+      if (!stopped_ && opWaitsForLaunch()) launchLocked();
     } catch (const std::exception& e) {
       // The waiting op's stream is released by the watchdog after the timeout.
       RLOG_ERROR("relaunching the resident kernel on device %d failed: %s", device_, e.what());
@@ -314,21 +319,21 @@ void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, v
   checkCuda(err, "handing an op to the resident kernel (cuStreamBatchMemOp)");
 }
 
-void PersistentChannel::stopLauncher() {
+void PersistentChannel::askLauncherToQuit() {
   {
     std::lock_guard<std::mutex> want(want_mu_);
     launcher_quit_ = true;
   }
   want_cv_.notify_one();
+}
+
+void PersistentChannel::stopLauncher() {
+  askLauncherToQuit();
   if (launcher_.joinable()) launcher_.join();
 }
 
 void PersistentChannel::stop() {
-  {
-    std::lock_guard<std::mutex> want(want_mu_);
-    launcher_quit_ = true;
-  }
-  want_cv_.notify_one();
+  askLauncherToQuit();  // no new launch; joined once launch_mu_ is free
   {
     // Both locks: an enqueue either saw stopped_ or had published `issued` (drained below).
     // launch_mu_ is held across a launch; one blocked behind a stream that waits for an op no

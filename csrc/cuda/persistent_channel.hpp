@@ -66,7 +66,12 @@ class PersistentChannel {
   // cudaLaunchKernelEx while the replay's stream waited (H200, MPS): the proxy and its
   // watchdog, which releases that stream after the timeout, must keep running meanwhile.
   void launcherLoop();
+  void askLauncherToQuit();
   void stopLauncher();  // asks the launcher thread to leave and joins it
+  // An instance runs and is not leaving: it will see an op whose `issued` is published.
+  bool instanceStays() const;
+  // An op waits in the mailbox and no instance runs (a graph replay after an idle exit).
+  bool opWaitsForLaunch() const;
   // Caller's thread, eager op, after `issued` was published and before its doorbell: launches
   // an instance unless one runs that will see the op (not leaving by itself).
   void ensureInstance();
