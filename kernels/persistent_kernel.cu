@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads)
   const bool leader_block = blockIdx.x == 0;
   // No op is in progress when an instance starts (the previous one left between ops), so
   // done_seq is every block's base. The leader publishes nothing before every block has read
-  // it (the launch is cooperative: all blocks are resident together).
+  // it (every block of the instance is resident before any op runs).
   if (threadIdx.x == 0) {
     // Tells the host this instance really runs (a launch can sit queued behind other work).
     if (leader_block) storeRelease32(&pa.host->started, pa.generation);
@@ -158,15 +158,16 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t launchPersistent(const PersistentArgs& args, unsigned blocks, cudaStream_t stream) {
+  // A plain launch, not a cooperative one: a cooperative launch from one thread was seen to
+  // block inside the driver for as long as another thread sat in a pageable D2H copy on a
+  // stream held by a stream wait-value (H200, driver 580, with and without MPS;
+  // scripts/launch_block_probe.cu) -- exactly a graph replay waiting for this relaunch while
+  // the caller reads a result. The few blocks become resident together on any GPU that is not
+  // full of blocks that never finish (the constructor checks they fit).
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(kThreads);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;  // all blocks resident at once, or no launch
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, persistentKernel, args);
 }
 

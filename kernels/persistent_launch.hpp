@@ -8,7 +8,7 @@
 namespace resident {
 namespace gpu {
 
-// Cooperative launch of `blocks` blocks that stay resident until they leave (quit or idle).
+// Launch of `blocks` blocks that stay resident until they leave (quit or idle).
 cudaError_t launchPersistent(const PersistentArgs& args, unsigned blocks, cudaStream_t stream);
 // How many blocks of the resident kernel fit on one SM at once.
 int persistentBlocksPerSm();

@@ -7,6 +7,7 @@
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
+#           launch-probe
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
 #   Test stages append each failure's text to $OUT/test_failures.log as it happens (printed
@@ -44,6 +45,11 @@
 #   persistent-ab: the persistent suite's 2-rank main jobs: proxy, direct, and direct with
 #                RESIDENT_PROXY_SPIN_US=200000 ($OUT/persistent_ab.log, ~6 min at most); other runs
 #                with RESIDENT_AB_RUNS="ws2-direct| ws2-direct|VAR=VALUE ...".
+#   launch-probe: scripts/launch_block_probe.cu (does a launch from one thread block while another
+#                thread waits on a stream held by a stream wait-value?), cooperative and plain
+#                launch x the main thread in a pageable copy / pinned copy / stream synchronize (wait
+#                as a stream op or a graph node),
+#                without and with MPS ($OUT/launch_probe.jsonl, ~1 min at most).
 #   persistent-debug: scripts/persistent_probe.py, 2 and 4 ranks, both paths (RESIDENT_DEBUG=debug),
 #                then the persistent suite at 2 ranks to its first failure
 #                ($OUT/persistent_debug.log).
@@ -117,6 +123,25 @@ export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 nvidia-cuda-mps-control -d && sleep 1
 trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
+
+if has launch-probe; then
+  step "launch probe"
+  if nvcc -std=c++17 -O2 -arch=sm_90 scripts/launch_block_probe.cu -o /tmp/launch_block_probe \
+      > "$OUT/launch_probe_build.log" 2>&1; then
+    for mps in no-mps mps; do
+      pipe=$CUDA_MPS_PIPE_DIRECTORY; [[ $mps == no-mps ]] && { pipe=/tmp/no-mps; mkdir -p "$pipe"; }
+      for launch in coop plain; do
+        for wait in pageable pinned sync graph-pageable; do
+          res=$(CUDA_MPS_PIPE_DIRECTORY=$pipe timeout 20 /tmp/launch_block_probe $launch $wait 2>&1 | tail -1)
+          [[ $res == "{"* ]] || res="{\"error\": \"no result (rc of timeout 124 = stuck): ${res//\"/}\"}"
+          echo "{\"mps\": \"$mps\", \"result\": $res}"
+        done
+      done
+    done | tee "$OUT/launch_probe.jsonl"
+  else
+    status=1; tail -20 "$OUT/launch_probe_build.log"
+  fi
+fi
 
 if has floors; then
   step "floors"

@@ -79,11 +79,8 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
   DeviceGuard guard(device);
   RelaxedCapture relaxed;
   try {
-    int sms = 0, coop = 0;
+    int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device);
-    if (!coop)
-      throw CommError("resident: RESIDENT_GPU_PERSISTENT=1: this GPU has no cooperative launch");
     const int fit = gpu::persistentBlocksPerSm() * sms;
     if (static_cast<int>(blocks) > fit) {
       throw InvalidArgument("resident: RESIDENT_GPU_PERSISTENT_BLOCKS=" + std::to_string(blocks) +
@@ -164,10 +161,11 @@ void PersistentChannel::launchLocked() {
 }
 
 void PersistentChannel::ensureInstance() {
-  // The relaunch must not be left to the proxy thread: with the op's stream already blocked in
-  // its wait, a launch from another thread was seen to block inside cudaLaunchKernelEx (H200,
-  // MPS, 8 hardware queues), and with it the proxy. Launched here, before the doorbell, the
-  // instance is queued ahead of the wait. Dekker with the kernel's `leaving` (nextTag):
+  // An eager op launches the instance it needs itself, before its doorbell, rather than
+  // leaving it to the launcher thread: no hand-off latency, and the instance is queued ahead of
+  // the op's wait. (A cooperative relaunch from another thread once blocked inside the driver
+  // while the op's stream waited; the launch is plain now, see launchPersistent.) Dekker with
+  // the kernel's `leaving` (nextTag):
   // `issued` was stored before this fence, `leaving` is read after it.
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   if (instanceStays()) return;  // the common case: no lock

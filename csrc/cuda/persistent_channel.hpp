@@ -62,9 +62,10 @@ class PersistentChannel {
  private:
   void launchLocked();
   // The launcher thread: launches an instance when poll() asks for one (a graph replay's op
-  // waits and none runs). Its own thread, because such a launch was seen blocking inside
-  // cudaLaunchKernelEx while the replay's stream waited (H200, MPS): the proxy and its
-  // watchdog, which releases that stream after the timeout, must keep running meanwhile.
+  // waits and none runs). Its own thread, so that the proxy and its watchdog (which releases
+  // that stream after the timeout) never wait on a launch: a cooperative launch was seen to
+  // block inside the driver while the replay's stream waited and the caller sat in a pageable
+  // copy (H200; scripts/launch_block_probe.cu); the plain launch used now did not.
   void launcherLoop();
   void askLauncherToQuit();
   void stopLauncher();  // asks the launcher thread to leave and joins it
