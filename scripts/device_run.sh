@@ -48,7 +48,8 @@
 #   launch-probe: scripts/launch_block_probe.cu (does a launch from one thread block while another
 #                thread waits on a stream held by a stream wait-value?), cooperative and plain
 #                launch x the main thread in a pageable copy / pinned copy / stream synchronize (wait
-#                as a stream op or a graph node),
+#                as a stream op or a graph node), then plain launches with 3/7/15 streams created
+#                between the two (8 and 32 hardware queues, MPS),
 #                without and with MPS ($OUT/launch_probe.jsonl, ~1 min at most).
 #   persistent-debug: scripts/persistent_probe.py, 2 and 4 ranks, both paths (RESIDENT_DEBUG=debug),
 #                then the persistent suite at 2 ranks to its first failure
@@ -138,6 +139,18 @@ if has launch-probe; then
         done
       done
     done | tee "$OUT/launch_probe.jsonl"
+    # A plain launch with streams created in between (B may share A's hardware queue), with
+    # the default 8 queues and with 32, under MPS.
+    for conn in 8 32; do
+      for extra in 3 7 15; do
+        for prio in high normal; do
+          res=$(CUDA_DEVICE_MAX_CONNECTIONS=$conn timeout 20 /tmp/launch_block_probe plain pageable \
+            $extra $prio 2>&1 | tail -1)
+          [[ $res == "{"* ]] || res="{\"error\": \"no result: ${res//\"/}\"}"
+          echo "{\"mps\": \"mps\", \"connections\": $conn, \"result\": $res}"
+        done
+      done
+    done | tee -a "$OUT/launch_probe.jsonl"
   else
     status=1; tail -20 "$OUT/launch_probe_build.log"
   fi

@@ -8,7 +8,7 @@
 // blocked. One line of JSON per run.
 //
 //   nvcc -std=c++17 -O2 -arch=sm_90 launch_block_probe.cu -o launch_block_probe
-//   ./launch_block_probe {coop|plain} {pageable|pinned|sync|graph-pageable}
+//   ./launch_block_probe {coop|plain} {pageable|pinned|sync|graph-pageable} [EXTRA [normal]]
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -59,7 +59,14 @@ int main(int argc, char** argv) {
   cudaDeviceGetStreamPriorityRange(&least, &greatest);
   cudaStream_t a = nullptr, b = nullptr;
   check(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), "stream a");
-  check(cudaStreamCreateWithPriority(&b, cudaStreamNonBlocking, greatest), "stream b");
+  // Streams created between A and B: with CUDA_DEVICE_MAX_CONNECTIONS hardware queues handed
+  // out in turn, B may then share A's queue (as in a process with many streams).
+  const int extra = argc > 3 ? std::atoi(argv[3]) : 0;
+  const bool b_high = !(argc > 4 && std::strcmp(argv[4], "normal") == 0);
+  std::vector<cudaStream_t> between(extra);
+  for (auto& st : between) check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "extra");
+  check(cudaStreamCreateWithPriority(&b, cudaStreamNonBlocking, b_high ? greatest : least),
+        "stream b");
   const size_t bytes = 1 << 16;
   void* dbuf = nullptr;
   check(cudaMalloc(&dbuf, bytes), "cudaMalloc");
@@ -149,9 +156,11 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"launch\": \"%s\", \"main_waits_in\": \"%s\", \"launch_returned_s\": %.3f, "
       "\"main_returned_s\": %.3f, \"host_had_to_release\": %s, \"launch_blocked\": %s, "
-      "\"kernel_released_the_wait\": %s, \"launch_error\": %d}\n",
+      "\"kernel_released_the_wait\": %s, \"launch_error\": %d, \"streams_between\": %d, "
+      "\"b_priority\": \"%s\"}\n",
       coop ? "cooperative" : "plain", mode, lr, main_returned,
       host_released.load() ? "true" : "false", host_released.load() && lr > 3.0 ? "true" : "false",
-      host_released.load() ? "false" : "true", launch_err.load());
+      host_released.load() ? "false" : "true", launch_err.load(), extra,
+      b_high ? "greatest" : "least");
   return 0;
 }
