@@ -49,7 +49,9 @@
 #                thread waits on a stream held by a stream wait-value?), cooperative and plain
 #                launch x the main thread in a pageable copy / pinned copy / stream synchronize (wait
 #                as a stream op or a graph node), then plain launches with 3/7/15 streams created
-#                between the two (8 and 32 hardware queues, MPS),
+#                between the two (8 and 32 hardware queues, MPS), and plain launches of a kernel
+#                with a 128 B / 2 KiB / 8 KiB stack frame (RESIDENT_LAUNCH_PROBE_SETS picks among
+#                "basic queues stack"),
 #                without and with MPS ($OUT/launch_probe.jsonl, ~1 min at most).
 #   persistent-debug: scripts/persistent_probe.py, 2 and 4 ranks, both paths (RESIDENT_DEBUG=debug),
 #                then the persistent suite at 2 ranks to its first failure
@@ -127,30 +129,38 @@ trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
 
 if has launch-probe; then
   step "launch probe"
+  # One probe run: MPS(no-mps|mps) QUEUES LAUNCH WAIT STREAMS_BETWEEN PRIORITY STACK_BYTES
+  probe() {
+    local pipe=$CUDA_MPS_PIPE_DIRECTORY res
+    [[ $1 == no-mps ]] && { pipe=/tmp/no-mps; mkdir -p "$pipe"; }
+    res=$(CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_DEVICE_MAX_CONNECTIONS=$2 timeout 20 \
+      /tmp/launch_block_probe "$3" "$4" "$5" "$6" "$7" 2>&1 | tail -1)
+    [[ $res == "{"* ]] || res="{\"error\": \"no result (stuck?): ${res//\"/}\"}"
+    echo "{\"mps\": \"$1\", \"connections\": $2, \"result\": $res}"
+  }
   if nvcc -std=c++17 -O2 -arch=sm_90 scripts/launch_block_probe.cu -o /tmp/launch_block_probe \
       > "$OUT/launch_probe_build.log" 2>&1; then
-    for mps in no-mps mps; do
-      pipe=$CUDA_MPS_PIPE_DIRECTORY; [[ $mps == no-mps ]] && { pipe=/tmp/no-mps; mkdir -p "$pipe"; }
-      for launch in coop plain; do
-        for wait in pageable pinned sync graph-pageable; do
-          res=$(CUDA_MPS_PIPE_DIRECTORY=$pipe timeout 20 /tmp/launch_block_probe $launch $wait 2>&1 | tail -1)
-          [[ $res == "{"* ]] || res="{\"error\": \"no result (rc of timeout 124 = stuck): ${res//\"/}\"}"
-          echo "{\"mps\": \"$mps\", \"result\": $res}"
-        done
-      done
-    done | tee "$OUT/launch_probe.jsonl"
-    # A plain launch with streams created in between (B may share A's hardware queue), with
-    # the default 8 queues and with 32, under MPS.
-    for conn in 8 32; do
-      for extra in 3 7 15; do
-        for prio in high normal; do
-          res=$(CUDA_DEVICE_MAX_CONNECTIONS=$conn timeout 20 /tmp/launch_block_probe plain pageable \
-            $extra $prio 2>&1 | tail -1)
-          [[ $res == "{"* ]] || res="{\"error\": \"no result: ${res//\"/}\"}"
-          echo "{\"mps\": \"mps\", \"connections\": $conn, \"result\": $res}"
-        done
-      done
-    done | tee -a "$OUT/launch_probe.jsonl"
+    sets=${RESIDENT_LAUNCH_PROBE_SETS:-basic queues stack}
+    {
+      # cooperative / plain launch x the main thread's wait, without and with MPS
+      if [[ " $sets " == *" basic "* ]]; then
+        for mps in no-mps mps; do for launch in coop plain; do
+          for wait in pageable pinned sync graph-pageable; do probe $mps 8 $launch $wait 0 high 0; done
+        done; done
+      fi
+      # plain launches with streams created in between (B may share A's hardware queue)
+      if [[ " $sets " == *" queues "* ]]; then
+        for conn in 8 32; do for extra in 3 7 15; do for prio in high normal; do
+          probe mps $conn plain pageable $extra $prio 0
+        done; done; done
+      fi
+      # plain launches of a kernel with a stack frame (local memory) of 128 B / 2 / 8 KiB
+      if [[ " $sets " == *" stack "* ]]; then
+        for mps in no-mps mps; do for stack in 128 2048 8192; do
+          probe $mps 8 plain pageable 0 high $stack
+        done; done
+      fi
+    } | tee "$OUT/launch_probe.jsonl"
   else
     status=1; tail -20 "$OUT/launch_probe_build.log"
   fi

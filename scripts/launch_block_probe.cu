@@ -8,7 +8,8 @@
 // blocked. One line of JSON per run.
 //
 //   nvcc -std=c++17 -O2 -arch=sm_90 launch_block_probe.cu -o launch_block_probe
-//   ./launch_block_probe {coop|plain} {pageable|pinned|sync|graph-pageable} [EXTRA [normal]]
+//   ./launch_block_probe {coop|plain} {pageable|pinned|sync|graph-pageable} [EXTRA [normal|high
+//   [STACK]]]
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -24,6 +25,19 @@ namespace {
 
 __global__ void release(volatile unsigned* word) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
+    __threadfence_system();
+    *word = 1;
+    __threadfence_system();
+  }
+}
+
+// The same with a per-thread stack frame of Bytes (a volatile local array): does a kernel that
+// needs local memory block where one that needs none does not?
+template <int Bytes>
+__global__ void releaseWithStack(volatile unsigned* word, int n) {
+  volatile unsigned char buf[Bytes];
+  for (int i = 0; i < n; ++i) buf[(i * 7) % Bytes] = static_cast<unsigned char>(i);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && buf[n % Bytes] != 0xFFu) {
     __threadfence_system();
     *word = 1;
     __threadfence_system();
@@ -73,8 +87,17 @@ int main(int argc, char** argv) {
   std::vector<char> pageable(bytes);
   void* pinned = nullptr;
   check(cudaHostAlloc(&pinned, bytes, cudaHostAllocDefault), "pinned");
+  const int stack = argc > 5 ? std::atoi(argv[5]) : 0;
+  void (*stack_kernel)(volatile unsigned*, int) = nullptr;
+  if (stack >= 8192)
+    stack_kernel = releaseWithStack<8192>;
+  else if (stack >= 2048)
+    stack_kernel = releaseWithStack<2048>;
+  else if (stack > 0)
+    stack_kernel = releaseWithStack<128>;
   // Warm the kernel (module load) so the probed launch is an ordinary one.
   release<<<1, 32, 0, b>>>(dev_word);
+  if (stack_kernel != nullptr) stack_kernel<<<4, 256, 0, b>>>(dev_word, 300);
   check(cudaStreamSynchronize(b), "warm-up");
   *host_word = 0;
 
@@ -121,8 +144,13 @@ int main(int argc, char** argv) {
     attr[0].val.cooperative = 1;
     cfg.attrs = attr;
     cfg.numAttrs = coop ? 1 : 0;
-    const cudaError_t e =
-        cudaLaunchKernelEx(&cfg, release, static_cast<volatile unsigned*>(dev_word));
+    cudaError_t e;
+    if (stack_kernel != nullptr) {
+      cfg.blockDim = dim3(256);
+      e = cudaLaunchKernelEx(&cfg, stack_kernel, static_cast<volatile unsigned*>(dev_word), 300);
+    } else {
+      e = cudaLaunchKernelEx(&cfg, release, static_cast<volatile unsigned*>(dev_word));
+    }
     launch_err.store(static_cast<int>(e));
     launch_returned.store(secondsSince(t0));
   });
@@ -157,10 +185,10 @@ int main(int argc, char** argv) {
       "{\"launch\": \"%s\", \"main_waits_in\": \"%s\", \"launch_returned_s\": %.3f, "
       "\"main_returned_s\": %.3f, \"host_had_to_release\": %s, \"launch_blocked\": %s, "
       "\"kernel_released_the_wait\": %s, \"launch_error\": %d, \"streams_between\": %d, "
-      "\"b_priority\": \"%s\"}\n",
+      "\"b_priority\": \"%s\", \"stack_bytes\": %d}\n",
       coop ? "cooperative" : "plain", mode, lr, main_returned,
       host_released.load() ? "true" : "false", host_released.load() && lr > 3.0 ? "true" : "false",
       host_released.load() ? "false" : "true", launch_err.load(), extra,
-      b_high ? "greatest" : "least");
+      b_high ? "greatest" : "least", stack);
   return 0;
 }
