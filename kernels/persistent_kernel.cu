@@ -46,7 +46,7 @@ __device__ __forceinline__ bool pendingEager(const PersistentArgs& pa) {
 }
 
 // Leader: the tag of the next op, or kExitCommand (quit, or idle for longer than idle_ns).
-__device__ uint32_t nextTag(const PersistentArgs& pa, uint64_t last_op_ns) {
+__device__ __forceinline__ uint32_t nextTag(const PersistentArgs& pa, uint64_t last_op_ns) {
   uint64_t next_check = 0;
   for (uint32_t spins = 0;;) {
     const uint32_t tag = loadAcquire32(&pa.host->mailbox);

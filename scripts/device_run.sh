@@ -23,13 +23,15 @@
 #                RESIDENT_GPU_PDL=0 and (proxy)
 #                RESIDENT_GPU_TRIGGER_FENCE=1, side by side in one run ($OUT/bench_ab.json, ~1 min).
 #   bench-persistent: the CUDA ladder of resident (a kernel per op),
-#                resident:RESIDENT_GPU_PERSISTENT=1 (the resident kernel, default idle exit) and
-#                the same with a 500 ms idle time (no relaunch between the bench's ops) side by
-#                side, 2, 4 and 8 ranks, all_reduce, all_to_all_single, all_gather at 8 B, 4 KiB,
-#                64 KiB, eager and graph ($OUT/bench_persistent.json, no new group after 240 s,
-#                ~4 min at most; ratios to the floors when a floors stage ran in the same call),
+#                resident:RESIDENT_GPU_PERSISTENT=1 (the resident kernel for eager ops, default
+#                idle exit; graphs get kernel nodes) and the same with a 500 ms idle time and
+#                RESIDENT_GPU_PERSISTENT_GRAPHS=resident (captured ops to the resident kernel too)
+#                side by side, 2, 4 and 8 ranks, all_reduce, all_to_all_single at 8 B, 4 KiB,
+#                64 KiB, eager and graph ($OUT/bench_persistent.json, no new group after
+#                $RESIDENT_BENCH_LIMIT_S, default 240 s; ratios to the floors when a floors stage
+#                ran in the same call),
 #                then the interference benchmark: a bf16 decode GEMM alone and next to all_reduces,
-#                per mode ($OUT/interference.json, ~1 min).
+#                per mode ($OUT/interference.json, ~1 min; $RESIDENT_INTERFERENCE_LIMIT_S).
 #   doctor:      python -m resident_pg.doctor (text and --json).
 #   examples:    the TP and EP decode examples on the GPU (2 ranks under MPS, CUDA graphs,
 #                --check against gloo), batch 1 and 8.
@@ -50,8 +52,9 @@
 #                launch x the main thread in a pageable copy / pinned copy / stream synchronize (wait
 #                as a stream op or a graph node), then plain launches with 3/7/15 streams created
 #                between the two (8 and 32 hardware queues, MPS), and plain launches of a kernel
-#                with a 128 B / 2 KiB / 8 KiB stack frame (RESIDENT_LAUNCH_PROBE_SETS picks among
-#                "basic queues stack"),
+#                with a 128 B / 2 KiB / 8 KiB stack frame, and with the wait and copy on the
+#                legacy default stream (RESIDENT_LAUNCH_PROBE_SETS picks among
+#                "basic queues legacy stack"),
 #                without and with MPS ($OUT/launch_probe.jsonl, ~1 min at most).
 #   persistent-debug: scripts/persistent_probe.py, 2 and 4 ranks, both paths (RESIDENT_DEBUG=debug),
 #                then the persistent suite at 2 ranks to its first failure
@@ -140,7 +143,7 @@ if has launch-probe; then
   }
   if nvcc -std=c++17 -O2 -arch=sm_90 scripts/launch_block_probe.cu -o /tmp/launch_block_probe \
       > "$OUT/launch_probe_build.log" 2>&1; then
-    sets=${RESIDENT_LAUNCH_PROBE_SETS:-basic queues stack}
+    sets=${RESIDENT_LAUNCH_PROBE_SETS:-basic queues legacy stack}
     {
       # cooperative / plain launch x the main thread's wait, without and with MPS
       if [[ " $sets " == *" basic "* ]]; then
@@ -153,6 +156,12 @@ if has launch-probe; then
         for conn in 8 32; do for extra in 3 7 15; do for prio in high normal; do
           probe mps $conn plain pageable $extra $prio 0
         done; done; done
+      fi
+      # the wait and the main thread's copy on the legacy default stream (PyTorch's default)
+      if [[ " $sets " == *" legacy "* ]]; then
+        for launch in plain coop; do for wait in legacy-pageable legacy-pinned legacy-sync; do
+          probe mps 8 $launch $wait 0 high 0
+        done; done
       fi
       # plain launches of a kernel with a stack frame (local memory) of 128 B / 2 / 8 KiB
       if [[ " $sets " == *" stack "* ]]; then
@@ -364,13 +373,13 @@ if has bench-persistent; then
   floors_opt=()
   [[ -s "$OUT/floors.json" ]] && floors_opt=(--floors "$OUT/floors.json")
   python3 -m resident_pg.bench --device cuda --mode eager,graph --world-sizes 2,4,8 \
-    --ops all_reduce,all_to_all_single,all_gather --sizes 8,4K,64K \
-    --backends "resident,resident:RESIDENT_GPU_PERSISTENT=1,resident:RESIDENT_GPU_PERSISTENT=1:RESIDENT_GPU_PERSISTENT_IDLE_US=500000" \
-    ${floors_opt[@]+"${floors_opt[@]}"} --timeout 30 --time-limit 240 \
+    --ops all_reduce,all_to_all_single --sizes 8,4K,64K \
+    --backends "resident,resident:RESIDENT_GPU_PERSISTENT=1,resident:RESIDENT_GPU_PERSISTENT=1:RESIDENT_GPU_PERSISTENT_IDLE_US=500000:RESIDENT_GPU_PERSISTENT_GRAPHS=resident" \
+    ${floors_opt[@]+"${floors_opt[@]}"} --timeout 30 --time-limit ${RESIDENT_BENCH_LIMIT_S:-240} \
     --json "$OUT/bench_persistent.json" > "$OUT/bench_persistent.log" 2>&1 || status=1
   tail -n 60 "$OUT/bench_persistent.log"
   step "bench (interference: GEMM next to the communicator, per mode)"
-  timeout 240 python3 -m resident_pg.bench_interference --ws 2 --time-limit 120 --timeout 60 \
+  timeout 240 python3 -m resident_pg.bench_interference --ws 2 --time-limit ${RESIDENT_INTERFERENCE_LIMIT_S:-120} --timeout 60 \
     --json "$OUT/interference.json" > "$OUT/interference.log" 2>&1 || status=1
   tail -n 30 "$OUT/interference.log"
 fi

@@ -8,7 +8,7 @@
 // blocked. One line of JSON per run.
 //
 //   nvcc -std=c++17 -O2 -arch=sm_90 launch_block_probe.cu -o launch_block_probe
-//   ./launch_block_probe {coop|plain} {pageable|pinned|sync|graph-pageable} [EXTRA [normal|high
+//   ./launch_block_probe {coop|plain} {[graph-|legacy-]pageable|pinned|sync} [EXTRA [normal|high
 //   [STACK]]]
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -116,6 +116,12 @@ int main(int argc, char** argv) {
   // mode's graph replays).
   const bool in_graph = std::strncmp(wait, "graph-", 6) == 0;
   if (in_graph) wait += 6;
+  // legacy-*: the wait and the main thread's copy on the legacy default stream (PyTorch's
+  // default current stream), not on a non-blocking stream.
+  if (std::strncmp(wait, "legacy-", 7) == 0) {
+    wait += 7;
+    a = cudaStreamLegacy;
+  }
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   if (in_graph) check(cudaStreamBeginCapture(a, cudaStreamCaptureModeRelaxed), "begin capture");

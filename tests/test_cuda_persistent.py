@@ -7,7 +7,10 @@ graph_slots_used, slots, blocks).
 
 Jobs (each one spawned job; every check of a job is its own pytest item):
 
-* main, per (world size 2 / 4, RESIDENT_PATH direct / proxy), default knobs:
+* main, per (world size 2 / 4, RESIDENT_PATH direct / proxy), default knobs (graphs: a
+  kernel node per captured collective, RESIDENT_GPU_PERSISTENT_GRAPHS=kernel), and once more
+  at 2 ranks, direct, with RESIDENT_GPU_PERSISTENT_GRAPHS=resident (captured collectives go to
+  the resident kernel too):
   - status_before_first_op: enabled, not installed before the first CUDA op;
   - collectives_eager: all_reduce, reduce_scatter(_tensor), reduce, all_gather(_into_tensor),
     gather, scatter, all_to_all_single (even, uneven), all_to_all, broadcast x float32,
@@ -20,8 +23,10 @@ Jobs (each one spawned job; every check of a job is its own pytest item):
   - async_op_wait: async_op=True ops in flight together, waited in reverse order, then checked;
   - graph_*: two graphs of different collectives (one with async ops waited inside the
     capture), warmed up on a side stream, replayed 5x interleaved with each other and with
-    eager ops, fresh inputs copied into the static inputs before each replay;
-    graph_slots_used grows at capture and not across replays;
+    eager ops, fresh inputs copied into the static inputs before each replay; graphs=kernel:
+    the replays' collectives do not go through the resident kernel (served grows by the eager
+    ones only) and take no graph slot; graphs=resident: they do, and graph_slots_used grows at
+    capture and not across replays;
   - synchronize_returns: torch.cuda.synchronize() returns within SYNC_LIMIT_S (the resident
     kernel idles out) and the kernel is then reported not running;
   - process_exit: every rank tears down (destroy_process_group), its process exits with code 0
@@ -31,8 +36,9 @@ Jobs (each one spawned job; every check of a job is its own pytest item):
   destroy_process_group(), destroy returns, torch.cuda.synchronize() returns right after it
   (destroy stopped the kernel), and the process exits promptly.
 * idle (2 ranks): RESIDENT_GPU_PERSISTENT_IDLE_US=20 ms: after each op the kernel leaves by
-  itself (running becomes False within IDLE_WAIT_S, exits grows); the next eager op or graph
-  replay relaunches it (launches grows) and is correct; a subgroup made with
+  itself (running becomes False within IDLE_WAIT_S, exits grows); the next eager op relaunches
+  it (launches grows) and is correct; a graph replay in between runs its own kernel nodes
+  (correct, nothing relaunched: launches does not grow); a subgroup made with
   pg_options={"gpu_persistent": "0"} is not persistent; the ranks then return WITHOUT
   destroy_process_group and their processes must still exit promptly with code 0.
 * timeout (2 ranks): subgroups with a 3 s timeout on the direct and the proxy path; rank 1
@@ -80,7 +86,8 @@ pytestmark = C.module_marks()
 PERSISTENT = {"RESIDENT_GPU_PERSISTENT": "1",
               # the defaults unless a job sets them (None: removed from the ranks' environment)
               "RESIDENT_GPU_PERSISTENT_IDLE_US": None, "RESIDENT_GPU_PERSISTENT_BLOCKS": None,
-              "RESIDENT_GPU_PERSISTENT_SLOTS": None, "RESIDENT_GPU_CHUNK_BYTES": None}
+              "RESIDENT_GPU_PERSISTENT_SLOTS": None, "RESIDENT_GPU_CHUNK_BYTES": None,
+              "RESIDENT_GPU_PERSISTENT_GRAPHS": None}
 
 SIZES = ("8B", "4KiB", "64KiB")  # all at most 64 KiB per peer: the resident kernel's
 DTYPES = ("float32", "bfloat16", "int64")
@@ -95,7 +102,9 @@ EXIT_LIMIT_S = 10.0 * C.TIME_SCALE     # a rank's process exits within this afte
 GROUP_TIMEOUT_S = 3
 ERROR_SLACK_S = 12.0 * C.TIME_SCALE    # the timeout error surfaces within timeout + this
 
-MAIN_KEYS = [(ws, p) for ws in (2, 4) for p in C.PATHS if ws in C.WORLD_SIZES]
+MAIN_KEYS = [(ws, p, "kernel") for ws in (2, 4) for p in C.PATHS if ws in C.WORLD_SIZES]
+if 2 in C.WORLD_SIZES:
+    MAIN_KEYS.append((2, "direct", "resident"))
 MAIN_ITEMS = ("status_before_first_op", "collectives_eager", "served_counts_ops",
               "large_fallback_interleaved", "async_op_wait", "graph_warm_up_and_capture",
               "graph_replays", "graph_slots_stable", "synchronize_returns", "process_exit")
@@ -154,9 +163,12 @@ def _eager_between(rank, ws, i):
 
 
 def main_job(rank, ws):
+    import os
+
     C.setup_rank(rank, ws)
     rep = Report()
     state = {}
+    graphs_resident = os.environ.get("RESIDENT_GPU_PERSISTENT_GRAPHS", "kernel") == "resident"
 
     def status_first(errs, digs):
         st = pstatus()
@@ -261,8 +273,21 @@ def main_job(rank, ws):
                 errs += e
                 digs.update(d)
         if C.ON_GPU:
-            per = len(a.calls) + len(b.calls) + 2
-            state["slots_replayed"] = expect_served(s0, K_REPLAYS * per, "graph replays", errs)
+            eager_between = 2
+            per = len(a.calls) + len(b.calls) + eager_between
+            if graphs_resident:
+                state["slots_replayed"] = expect_served(s0, K_REPLAYS * per, "graph replays", errs)
+            else:
+                st = expect_served(s0, K_REPLAYS * eager_between, "eager ops between replays",
+                                   errs)
+                time.sleep(0.2)  # a graph op served by the resident kernel would show by now
+                st = pstatus()
+                if served(st) - served(s0) != K_REPLAYS * eager_between:
+                    errs.append(f"with RESIDENT_GPU_PERSISTENT_GRAPHS=kernel, served grew by "
+                                f"{served(st) - served(s0)} across {K_REPLAYS} replays; only the "
+                                f"{K_REPLAYS * eager_between} eager ops between them are the "
+                                f"resident kernel's: {st}")
+                state["slots_replayed"] = st
 
     def graph_slots(errs, digs):
         before, cap = state.get("slots_before"), state.get("slots_captured")
@@ -272,6 +297,11 @@ def main_job(rank, ws):
             return
         used = [s.get("graph_slots_used") for s in (before, cap, after)]
         rep.info["graph_slots_used"] = used
+        if not graphs_resident:
+            if used[1] != used[0] or used[2] != used[0]:
+                errs.append(f"with RESIDENT_GPU_PERSISTENT_GRAPHS=kernel the captures took graph "
+                            f"slots: before / after capture / after replays: {used}")
+            return
         if not (isinstance(used[1], int) and isinstance(used[0], int) and used[1] > used[0]):
             errs.append(f"graph_slots_used before capture / after capture: {used[0]} / {used[1]} "
                         f"(the captured collectives took no graph slot?)")
@@ -374,20 +404,28 @@ def idle_job(rank, ws):
             errs.append("capture failed on some rank: no graph replays")
 
     rep.run("relaunch_results", warm_and_capture)
+    st["launched"] = True  # the warm-up's eager ops ran on an instance
     for i in range(4):
+        # Odd cycles replay the graph, whose collectives are kernel nodes of their own
+        # (RESIDENT_GPU_PERSISTENT_GRAPHS=kernel, the default): nothing to relaunch.
+        graph = i % 2 == 1 and "replay" in box
+
         def idle(errs, digs):
             s, ok = wait_status(lambda s: s.get("running") is False and s.get("queued") is False,
                                 IDLE_WAIT_S)
             if not ok:
                 errs.append(f"cycle {i}: the kernel is still running {IDLE_WAIT_S:.0f}s after the "
                             f"last op with RESIDENT_GPU_PERSISTENT_IDLE_US=20000: {s}")
-            elif s.get("exits", 0) <= st["last"].get("exits", 0):
+            elif st["launched"] and s.get("exits", 0) <= st["last"].get("exits", 0):
                 errs.append(f"cycle {i}: not running, but exits did not grow: before the last ops "
                             f"{st['last']}, now {s}")
+            elif not st["launched"] and s.get("exits", 0) != st["last"].get("exits", 0):
+                errs.append(f"cycle {i}: exits changed across a graph replay, which should not "
+                            f"have run an instance: before {st['last']}, now {s}")
             st["idle"] = s
 
         def ops(errs, digs):
-            if i % 2 == 0 or "replay" not in box:
+            if not graph:
                 calls = [OpCall("all_reduce", "bfloat16", 2048, rank, ws, key=f"pers/idle/{i}/0"),
                          OpCall("all_to_all_single", "float32", 4096, rank, ws, key=f"pers/idle/{i}/1")]
                 e, d = run_checked(calls, f"cycle {i} eager")
@@ -400,16 +438,20 @@ def idle_job(rank, ws):
 
         def relaunched(errs, digs):
             s = pstatus()
-            if s.get("launches", 0) <= st["idle"].get("launches", 0):
+            if graph and s.get("launches", 0) != st["idle"].get("launches", 0):
+                errs.append(f"cycle {i}: a graph replay (kernel nodes of its own) relaunched the "
+                            f"resident kernel: idle {st['idle']}, after {s}")
+            if not graph and s.get("launches", 0) <= st["idle"].get("launches", 0):
                 errs.append(f"cycle {i}: the op after the idle exit completed, but launches did not "
                             f"grow: idle {st['idle']}, after {s}")
 
         rep.run("idle_exit", idle)
         if C.ON_GPU:
-            # the next idle exit must be one more than this: the ops below relaunch the kernel
+            # the next idle exit is one more than this if the ops below relaunch the kernel
             st["last"] = st.get("idle", st["last"])
         rep.run("relaunch_results", ops)
         rep.run("relaunch_counts", relaunched)
+        st["launched"] = not graph
     rep.run("synchronize_returns",
             lambda errs, digs: errs.extend(device_sync_problems("with a 20 ms idle time",
                                                                 SYNC_LIMIT_S)))
@@ -548,19 +590,25 @@ def _exit_problems(job, ranks, destroyed=True):
     return problems
 
 
-def _main(ws, path):
-    return _job("main", main_job, ws, {**PERSISTENT, **C.path_env(path)}, timeout_s=120)
+def _main(ws, path, graphs):
+    env = {**PERSISTENT, **C.path_env(path)}
+    if graphs == "resident":
+        env["RESIDENT_GPU_PERSISTENT_GRAPHS"] = "resident"
+    return _job("main", main_job, ws, env, timeout_s=120)
 
 
-@pytest.mark.parametrize("ws,path", MAIN_KEYS, ids=[f"ws{w}-{p}" for w, p in MAIN_KEYS])
+@pytest.mark.parametrize("ws,path,graphs", MAIN_KEYS,
+                         ids=[f"ws{w}-{p}" + ("" if g == "kernel" else "-rgraphs")
+                              for w, p, g in MAIN_KEYS])
 @pytest.mark.parametrize("item", MAIN_ITEMS)
-def test_persistent(item, ws, path):
-    job = _main(ws, path)
+def test_persistent(item, ws, path, graphs):
+    job = _main(ws, path, graphs)
+    what = f"ws={ws} path={path} graphs={graphs}"
     if item == "process_exit":
         problems = _exit_problems(job, range(ws))
-        assert not problems, f"ws={ws} path={path}:\n" + "\n".join(problems)
+        assert not problems, f"{what}:\n" + "\n".join(problems)
         return
-    _check_item(job, item, f"ws={ws} path={path}")
+    _check_item(job, item, what)
 
 
 def _destroy():

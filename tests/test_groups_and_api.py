@@ -375,11 +375,12 @@ def _persistent_status_job(rank, ws):
 @pytest.mark.resident_only
 def test_persistent_mode_knobs_on_a_cpu_group():
     env = {"RESIDENT_GPU_PERSISTENT": "1", "RESIDENT_GPU_PERSISTENT_BLOCKS": "2",
-           "RESIDENT_GPU_PERSISTENT_IDLE_US": "5000"}
+           "RESIDENT_GPU_PERSISTENT_IDLE_US": "5000", "RESIDENT_GPU_PERSISTENT_GRAPHS": "resident"}
     per_rank = H.run_ranks(_persistent_status_job, 2, env=env, timeout_s=60)
     for r in per_rank:
         assert r["status"] == {"enabled": True, "installed": False}, r
         assert "gpu_persistent=1 gpu_persistent_blocks=2 gpu_persistent_idle_us=5000" in r["config"]
+        assert "gpu_persistent_graphs=resident" in r["config"], r["config"]
         assert r["sum"] == [0, 3, 6, 9, 12]
         assert len(r["warnings"]) == 1 and "experimental" in r["warnings"][0], r["warnings"]
 
@@ -407,12 +408,13 @@ def test_persistent_knobs_are_validated(var, value):
 
 
 @pytest.mark.resident_only
-def test_p2p_stream_knob_is_validated():
-    """RESIDENT_GPU_P2P_STREAM takes own or auto; anything else fails the group's creation
+@pytest.mark.parametrize("var,bad,choices,good", [
+    ("RESIDENT_GPU_P2P_STREAM", "caller", "auto or own", "own"),
+    ("RESIDENT_GPU_PERSISTENT_GRAPHS", "graph", "kernel or resident", "resident")])
+def test_choice_knobs_are_validated(var, bad, choices, good):
+    """A knob with named choices takes only those; anything else fails the group's creation
     with a message that names the variable and the choices."""
-    out = H.run_ranks(_bad_persistent_job, 1, env={"RESIDENT_GPU_P2P_STREAM": "caller"},
-                      init=False, timeout_s=60)[0]
-    assert "RESIDENT_GPU_P2P_STREAM must be auto or own" in out and "caller" in out, out
-    ok = H.run_ranks(_bad_persistent_job, 1, env={"RESIDENT_GPU_P2P_STREAM": "own"},
-                     init=False, timeout_s=60)[0]
+    out = H.run_ranks(_bad_persistent_job, 1, env={var: bad}, init=False, timeout_s=60)[0]
+    assert f"{var} must be {choices}" in out and bad in out, out
+    ok = H.run_ranks(_bad_persistent_job, 1, env={var: good}, init=False, timeout_s=60)[0]
     assert ok == "no error", ok

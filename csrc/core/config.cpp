@@ -81,6 +81,12 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.gpu_persistent_blocks = static_cast<uint32_t>(parseUnsigned(key, value, 1, 64));
   } else if (key == "gpu_persistent_idle_us") {
     c.gpu_persistent_idle_us = parseUnsigned(key, value, 0, 600000000);
+  } else if (key == "gpu_persistent_graphs") {
+    if (value != "kernel" && value != "resident")
+      throw InvalidArgument(
+          "resident: RESIDENT_GPU_PERSISTENT_GRAPHS must be kernel or resident, got '" + value +
+          "'");
+    c.gpu_persistent_graphs_resident = value == "resident";
   } else if (key == "gpu_persistent_slots") {
     c.gpu_persistent_slots = static_cast<uint32_t>(parseUnsigned(key, value, 16, 65536));
   } else if (key == "debug") {
@@ -111,7 +117,8 @@ const char* kKeys[] = {"path",
                        "gpu_persistent",
                        "gpu_persistent_blocks",
                        "gpu_persistent_idle_us",
-                       "gpu_persistent_slots"};
+                       "gpu_persistent_slots",
+                       "gpu_persistent_graphs"};
 
 }  // namespace
 
@@ -143,7 +150,8 @@ std::string Config::describe() const {
          " gpu_persistent=" + (gpu_persistent ? "1" : "0") +
          " gpu_persistent_blocks=" + std::to_string(gpu_persistent_blocks) +
          " gpu_persistent_idle_us=" + std::to_string(gpu_persistent_idle_us) +
-         " gpu_persistent_slots=" + std::to_string(gpu_persistent_slots);
+         " gpu_persistent_slots=" + std::to_string(gpu_persistent_slots) +
+         " gpu_persistent_graphs=" + (gpu_persistent_graphs_resident ? "resident" : "kernel");
 }
 
 const char* pathModeName(PathMode mode) {

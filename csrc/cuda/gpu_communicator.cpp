@@ -21,6 +21,13 @@ namespace {
 static_assert(static_cast<int>(DType::kUInt8) == 6 && static_cast<int>(RedOp::kBXor) == 7,
               "kernels/reduce_device.cuh mirrors the DType and RedOp codes");
 
+bool capturing(void* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  checkCuda(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status),
+            "cudaStreamIsCapturing");
+  return status == cudaStreamCaptureStatusActive;
+}
+
 const char* opName(uint32_t id) {
   static const char* kNames[] = {
       "all_reduce", "reduce_scatter", "reduce",    "all_gather", "gather",
@@ -182,6 +189,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   if (cfg.gpu_max_blocks != 0 && cfg.gpu_max_blocks < max_blocks_) max_blocks_ = cfg.gpu_max_blocks;
   RLOG_INFO("rank %d: %d SMs, %d resident blocks, %d ranks per GPU -> at most %u blocks per op",
             rank_, sms, capacity, per_gpu, max_blocks_);
+  persistent_graphs_ = cfg.gpu_persistent_graphs_resident;
   if (cfg.gpu_persistent) {
     try {
       DeviceGuard guard(device);
@@ -389,8 +397,12 @@ void GpuCommunicator::launchCollective(void* stream) {
   }
   a.rounds_max = rounds_max;
   a.reg.trigger_fence = fenceTriggers(first_round_max);
-  if (persistent_ && rounds_max == 1) {
-    // Decode size (one round with every partner): the resident kernel's blocks run it.
+  if (persistent_ && rounds_max == 1 && (persistent_graphs_ || !capturing(stream))) {
+    // Decode size (one round with every partner): the resident kernel's blocks run it. Not,
+    // by default, when captured: a replay finds no instance after an idle exit, and its
+    // relaunch from another thread was seen to block inside the driver while the caller sat in
+    // a blocking copy behind the replay (H200; cause not established), and a kernel node of
+    // the graph needs no relaunch (and was faster in graphs, benchmarks/RESULTS.md).
     a.parts_per_block = partsFor(first_round_max, persistent_->blocks());
     const size_t bytes =
         offsetof(gpu::CollectiveArgs, peers) + static_cast<size_t>(nranks_) * sizeof(gpu::PeerPlan);

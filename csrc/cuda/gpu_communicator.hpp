@@ -107,6 +107,8 @@ class GpuCommunicator : public ProxyHandler {
   TriggerRingView ring_;
   gpu::CollectiveArgs args_{};  // reused by every collective launch (no allocation per op)
   std::unique_ptr<PersistentChannel> persistent_;
+  // RESIDENT_GPU_PERSISTENT_GRAPHS=resident: captured collectives go to the resident kernel too.
+  bool persistent_graphs_ = false;
   std::atomic<bool> error_logged_{false};
   bool any_proxied_ = false;
   bool shut_down_ = false;
