@@ -6,7 +6,8 @@ one GPU need the MPS daemon).
 
 For each mode (``perop``: RESIDENT_GPU_PERSISTENT=0, one kernel per op; ``persistent``:
 RESIDENT_GPU_PERSISTENT=1 with RESIDENT_GPU_PERSISTENT_IDLE_US=0, the resident kernel never
-idles out) one set of ``--ws`` rank processes is spawned (rendezvous through a TCPStore hosted
+idles out, and RESIDENT_GPU_PERSISTENT_GRAPHS=resident, so that the captured all_reduces are its;
+``persistent500ms``: the same with a 500 ms idle exit) one set of ``--ws`` rank processes is spawned (rendezvous through a TCPStore hosted
 by this process, as resident_pg.bench).  Each rank times a bf16 decode-shaped GEMM
 ``x[batch, K] @ W[K, N]`` (default K=4096, N=14336), ``--gemm-reps`` of them captured into one
 CUDA graph; one sample = one replay timed with CUDA events / gemm-reps; reported: median (p10,
@@ -50,7 +51,13 @@ from typing import Any, Dict, List, Optional, Sequence
 SCHEMA = "resident_pg.bench_interference/1"
 MODES = {
     "perop": {"RESIDENT_GPU_PERSISTENT": "0"},
-    "persistent": {"RESIDENT_GPU_PERSISTENT": "1", "RESIDENT_GPU_PERSISTENT_IDLE_US": "0"},
+    # Captured all_reduces go to the resident kernel (RESIDENT_GPU_PERSISTENT_GRAPHS=resident):
+    # with the default (kernel nodes) the graphs here would not use it at all.
+    "persistent": {"RESIDENT_GPU_PERSISTENT": "1", "RESIDENT_GPU_PERSISTENT_IDLE_US": "0",
+                   "RESIDENT_GPU_PERSISTENT_GRAPHS": "resident"},
+    # The same with a 500 ms idle exit (stays through the timings, leaves between phases).
+    "persistent500ms": {"RESIDENT_GPU_PERSISTENT": "1", "RESIDENT_GPU_PERSISTENT_IDLE_US": "500000",
+                        "RESIDENT_GPU_PERSISTENT_GRAPHS": "resident"},
 }
 DEFAULT_MODES = "perop,persistent"
 DEFAULT_BATCHES = "1,8,64"
@@ -425,8 +432,9 @@ def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> No
         res["gemm"]["alone"] = {str(b): time_gemm(b) for b in cfg["batches"]}
         res["status"]["alone"] = _pstatus()
         if want and res["status"]["alone"].get("running") is False:
-            res["check_errors"].append("RESIDENT_GPU_PERSISTENT_IDLE_US=0, but the resident kernel "
-                                       f"was not running after the alone timing: "
+            res["check_errors"].append("RESIDENT_GPU_PERSISTENT_IDLE_US="
+                                       f"{cfg['env'].get('RESIDENT_GPU_PERSISTENT_IDLE_US')}, but "
+                                       f"the resident kernel was not running after the alone timing: "
                                        f"{res['status']['alone']}")
         progress("alone")
 

@@ -32,6 +32,8 @@
 #                ran in the same call),
 #                then the interference benchmark: a bf16 decode GEMM alone and next to all_reduces,
 #                per mode ($OUT/interference.json, ~1 min; $RESIDENT_INTERFERENCE_LIMIT_S).
+#   interference: only the interference benchmark of bench-persistent (modes
+#                $RESIDENT_INTERFERENCE_MODES, default perop,persistent; also persistent500ms).
 #   doctor:      python -m resident_pg.doctor (text and --json).
 #   examples:    the TP and EP decode examples on the GPU (2 ranks under MPS, CUDA graphs,
 #                --check against gloo), batch 1 and 8.
@@ -378,8 +380,11 @@ if has bench-persistent; then
     ${floors_opt[@]+"${floors_opt[@]}"} --timeout 30 --time-limit ${RESIDENT_BENCH_LIMIT_S:-240} \
     --json "$OUT/bench_persistent.json" > "$OUT/bench_persistent.log" 2>&1 || status=1
   tail -n 60 "$OUT/bench_persistent.log"
+fi
+
+if has bench-persistent || has interference; then
   step "bench (interference: GEMM next to the communicator, per mode)"
-  timeout 240 python3 -m resident_pg.bench_interference --ws 2 --time-limit ${RESIDENT_INTERFERENCE_LIMIT_S:-120} --timeout 60 \
+  timeout 240 python3 -m resident_pg.bench_interference --ws 2 --modes "${RESIDENT_INTERFERENCE_MODES:-perop,persistent}" --time-limit ${RESIDENT_INTERFERENCE_LIMIT_S:-120} --timeout 60 \
     --json "$OUT/interference.json" > "$OUT/interference.log" 2>&1 || status=1
   tail -n 30 "$OUT/interference.log"
 fi
