@@ -158,12 +158,12 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t launchPersistent(const PersistentArgs& args, unsigned blocks, cudaStream_t stream) {
-  // A plain launch, not a cooperative one: a cooperative launch from one thread was seen to
-  // block inside the driver for as long as another thread sat in a pageable D2H copy on a
-  // stream held by a stream wait-value (H200, driver 580, with and without MPS;
-  // scripts/launch_block_probe.cu) -- exactly a graph replay waiting for this relaunch while
-  // the caller reads a result. The few blocks become resident together on any GPU that is not
-  // full of blocks that never finish (the constructor checks they fit).
+  // A plain launch, not a cooperative one. Measured with scripts/launch_block_probe.cu (H200,
+  // driver 580, with and without MPS): while another thread sits in a pageable D2H copy on a
+  // stream held by a stream wait-value, a cooperative launch from this thread blocks inside the
+  // driver until the copy returns; a plain one blocks only if that stream is the legacy
+  // default stream. The few blocks become resident together on any GPU that is not full of
+  // blocks that never finish (the constructor checks they fit).
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(kThreads);

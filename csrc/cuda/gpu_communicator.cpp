@@ -400,9 +400,10 @@ void GpuCommunicator::launchCollective(void* stream) {
   if (persistent_ && rounds_max == 1 && (persistent_graphs_ || !capturing(stream))) {
     // Decode size (one round with every partner): the resident kernel's blocks run it. Not,
     // by default, when captured: a replay finds no instance after an idle exit, and its
-    // relaunch from another thread was seen to block inside the driver while the caller sat in
-    // a blocking copy behind the replay (H200; cause not established), and a kernel node of
-    // the graph needs no relaunch (and was faster in graphs, benchmarks/RESULTS.md).
+    // relaunch from another thread blocks inside the driver while the caller sits in a
+    // pageable copy on the legacy default stream behind the replay (H200,
+    // scripts/launch_block_probe.cu), and a kernel node of the graph needs no relaunch (and
+    // was 1.1-4.5x faster in graphs, benchmarks/RESULTS.md).
     a.parts_per_block = partsFor(first_round_max, persistent_->blocks());
     const size_t bytes =
         offsetof(gpu::CollectiveArgs, peers) + static_cast<size_t>(nranks_) * sizeof(gpu::PeerPlan);

@@ -163,9 +163,9 @@ void PersistentChannel::launchLocked() {
 void PersistentChannel::ensureInstance() {
   // An eager op launches the instance it needs itself, before its doorbell, rather than
   // leaving it to the launcher thread: no hand-off latency, and the instance is queued ahead of
-  // the op's wait. (A cooperative relaunch from another thread once blocked inside the driver
-  // while the op's stream waited; the launch is plain now, see launchPersistent.) Dekker with
-  // the kernel's `leaving` (nextTag):
+  // the op's wait; a launch from another thread blocks inside the driver while the caller sits
+  // in a pageable copy on the legacy default stream behind the op (launchPersistent). Dekker
+  // with the kernel's `leaving` (nextTag):
   // `issued` was stored before this fence, `leaving` is read after it.
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   if (instanceStays()) return;  // the common case: no lock

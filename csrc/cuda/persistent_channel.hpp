@@ -62,10 +62,11 @@ class PersistentChannel {
  private:
   void launchLocked();
   // The launcher thread: launches an instance when poll() asks for one (a graph replay's op
-  // waits and none runs). Its own thread, so that the proxy and its watchdog (which releases
-  // that stream after the timeout) never wait on a launch: a cooperative launch was seen to
-  // block inside the driver while the replay's stream waited and the caller sat in a pageable
-  // copy (H200; scripts/launch_block_probe.cu); the plain launch used now did not.
+  // waits and none runs; only with RESIDENT_GPU_PERSISTENT_GRAPHS=resident). Its own thread,
+  // so that the proxy and its watchdog (which releases that stream after the timeout) never
+  // wait on a launch: such a launch blocks inside the driver for as long as the caller sits in
+  // a pageable copy on the legacy default stream behind the replay (H200,
+  // scripts/launch_block_probe.cu).
   void launcherLoop();
   void askLauncherToQuit();
   void stopLauncher();  // asks the launcher thread to leave and joins it
