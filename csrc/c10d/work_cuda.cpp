@@ -590,9 +590,10 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<Gp
 
 std::map<std::string, int64_t> persistentStatusOf(const std::shared_ptr<GpuCommunicator>& gpu) {
   std::map<std::string, int64_t> out{{"installed", gpu ? 1 : 0}};
-  const PersistentChannel* ch = gpu ? gpu->persistent() : nullptr;
-  if (ch == nullptr) return out;
-  const PersistentStatus s = ch->status();
+  const std::optional<PersistentStatus> status =
+      gpu ? gpu->persistentStatus() : std::optional<PersistentStatus>();
+  if (!status) return out;
+  const PersistentStatus& s = *status;
   out["running"] = s.running ? 1 : 0;
   out["queued"] = s.queued ? 1 : 0;
   out["launches"] = s.launches;

@@ -256,8 +256,13 @@ void GpuCommunicator::shutdown() {
   comm_.setExtraPoller(nullptr);  // waits until the proxy is outside proxyPoll
   if (region_.local != nullptr) {
     // The resident kernel leaves after its current op (aborted above); then the one-op
-    // kernels are waited for below.
-    persistent_.reset();
+    // kernels are waited for below. Stopped outside the lock: stop() may wait.
+    std::unique_ptr<PersistentChannel> stopping;
+    {
+      std::lock_guard<std::mutex> lock(persistent_mu_);
+      stopping = std::move(persistent_);
+    }
+    stopping.reset();
     // Kernels of this communicator exit once they see the abort word; wait for them before
     // the memory they write goes away.
     DeviceGuard guard(device_);
@@ -271,6 +276,12 @@ void GpuCommunicator::shutdown() {
   state_ = nullptr;
 }
 
+std::optional<PersistentStatus> GpuCommunicator::persistentStatus() const {
+  std::lock_guard<std::mutex> lock(persistent_mu_);
+  if (!persistent_) return std::nullopt;
+  return persistent_->status();
+}
+
 void GpuCommunicator::abortKernels() {
   unsigned char* gpu_base = comm_.segmentBase() + comm_.gpuRegionOffset();
   __atomic_store_n(reinterpret_cast<uint64_t*>(gpu_base + GpuLayout::kAbortWord), 1ull,
@@ -279,9 +290,12 @@ void GpuCommunicator::abortKernels() {
 
 std::string GpuCommunicator::deviceError() const {
   if (shut_down_) return final_error_;
-  if (persistent_) {
-    std::string stuck = persistent_->stuckError();
-    if (!stuck.empty()) return stuck;
+  {
+    std::lock_guard<std::mutex> lock(persistent_mu_);
+    if (persistent_) {
+      std::string stuck = persistent_->stuckError();
+      if (!stuck.empty()) return stuck;
+    }
   }
   const unsigned char* gpu_base = comm_.segmentBase() + comm_.gpuRegionOffset();
   const uint64_t word = __atomic_load_n(

@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,10 +51,12 @@ class GpuCommunicator : public ProxyHandler {
 
   void setTimeoutMs(uint64_t ms) {
     timeout_ns_.store(ms * 1000000ull, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(persistent_mu_);
     if (persistent_) persistent_->setTimeoutMs(ms);
   }
-  // The resident kernel (RESIDENT_GPU_PERSISTENT=1), or null.
-  const PersistentChannel* persistent() const { return persistent_.get(); }
+  // The resident kernel's status (RESIDENT_GPU_PERSISTENT=1), or none (mode off, or shut
+  // down). Any thread, also while another one shuts this communicator down.
+  std::optional<PersistentStatus> persistentStatus() const;
   // Empty while no kernel gave up; otherwise why, naming the op and the peer.
   std::string deviceError() const;
   // Makes every kernel of this communicator still waiting give up (shutdown, abort).
@@ -106,7 +110,11 @@ class GpuCommunicator : public ProxyHandler {
   std::vector<void*> registered_;
   TriggerRingView ring_;
   gpu::CollectiveArgs args_{};  // reused by every collective launch (no allocation per op)
+  // Created in the constructor; moved out under persistent_mu_ at shutdown, so that threads
+  // reading the status or the stuck error never see it destroyed under them. Ops (callers'
+  // threads) and the proxy's poll use it without the lock: neither runs during shutdown.
   std::unique_ptr<PersistentChannel> persistent_;
+  mutable std::mutex persistent_mu_;
   // RESIDENT_GPU_PERSISTENT_GRAPHS=resident: captured collectives go to the resident kernel too.
   bool persistent_graphs_ = false;
   std::atomic<bool> error_logged_{false};
