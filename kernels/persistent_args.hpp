@@ -7,8 +7,8 @@
 //   wait  `mailbox` == 0          (the op is complete; its outputs are visible)
 //   write `eager_done` = stamp    (eager ops only: the descriptor slot may be reused)
 // The mailbox is in host memory, not device memory, so that the proxy thread sees a waiting op
-// with a plain load (it relaunches an idle kernel without any stream operation of its own,
-// which could queue behind the very stream that waits), and so that stop() can release a
+// with a plain load (it has an idle kernel relaunched without any stream operation of its
+// own, which could queue behind the very stream that waits), and so that stop() can release a
 // stream whose op no instance will run.
 // The descriptor (the op's CollectiveArgs) sits in a device-memory table, written once per
 // call site (eager, content-addressed cache) or once per captured graph, never per replay.

@@ -8,8 +8,9 @@
 // to finish completes the op (round numbers, mailbox cleared, done_seq). The leader also
 // decides when to leave: on the host's quit word, or after RESIDENT_GPU_PERSISTENT_IDLE_US
 // without an op (and no eager op handed to a stream still to come), so that a device-wide
-// synchronize or a process exit never waits on a kernel that spins forever; the proxy thread
-// launches a new instance when a stream (a graph replay) hands over an op while none runs.
+// synchronize or a process exit never waits on a kernel that spins forever. An eager op whose
+// instance left launches a new one from its own thread; a graph replay's op (only with
+// RESIDENT_GPU_PERSISTENT_GRAPHS=resident) gets one from the channel's launcher thread.
 #include <cuda_runtime.h>
 
 #include "collective_body.cuh"

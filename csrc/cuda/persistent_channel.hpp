@@ -1,9 +1,10 @@
 // Host side of the resident kernel (RESIDENT_GPU_PERSISTENT=1): owns its device state, the
 // descriptor table and the mapped host words, hands ops over with stream memory operations
 // (persistent_args.hpp describes the protocol), and keeps an instance on the GPU: launched at
-// install, by the caller's thread before an eager op's doorbell when none runs, and by the
-// proxy thread (poll) when a graph replay handed over an op while none runs (an idle instance
-// leaves after RESIDENT_GPU_PERSISTENT_IDLE_US). Torch-free,
+// install, by the caller's thread before an eager op's doorbell when none runs, and, with
+// RESIDENT_GPU_PERSISTENT_GRAPHS=resident, by a launcher thread the proxy (poll) wakes when a
+// graph replay handed over an op while none runs (an idle instance leaves after
+// RESIDENT_GPU_PERSISTENT_IDLE_US). Torch-free,
 // and its header CUDA-free (streams are opaque handles), like gpu_communicator.hpp.
 #pragma once
 
