@@ -49,15 +49,14 @@ import traceback
 from typing import Any, Dict, List, Optional, Sequence
 
 SCHEMA = "resident_pg.bench_interference/1"
+# Captured all_reduces go to the resident kernel (RESIDENT_GPU_PERSISTENT_GRAPHS=resident):
+# with the default (kernel nodes) the graphs here would not use it at all.
+_PERSISTENT = {"RESIDENT_GPU_PERSISTENT": "1", "RESIDENT_GPU_PERSISTENT_GRAPHS": "resident"}
 MODES = {
     "perop": {"RESIDENT_GPU_PERSISTENT": "0"},
-    # Captured all_reduces go to the resident kernel (RESIDENT_GPU_PERSISTENT_GRAPHS=resident):
-    # with the default (kernel nodes) the graphs here would not use it at all.
-    "persistent": {"RESIDENT_GPU_PERSISTENT": "1", "RESIDENT_GPU_PERSISTENT_IDLE_US": "0",
-                   "RESIDENT_GPU_PERSISTENT_GRAPHS": "resident"},
-    # The same with a 500 ms idle exit (stays through the timings, leaves between phases).
-    "persistent500ms": {"RESIDENT_GPU_PERSISTENT": "1", "RESIDENT_GPU_PERSISTENT_IDLE_US": "500000",
-                        "RESIDENT_GPU_PERSISTENT_GRAPHS": "resident"},
+    "persistent": {**_PERSISTENT, "RESIDENT_GPU_PERSISTENT_IDLE_US": "0"},
+    # stays through the timings, leaves between phases
+    "persistent500ms": {**_PERSISTENT, "RESIDENT_GPU_PERSISTENT_IDLE_US": "500000"},
 }
 DEFAULT_MODES = "perop,persistent"
 DEFAULT_BATCHES = "1,8,64"

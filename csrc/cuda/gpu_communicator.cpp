@@ -256,13 +256,9 @@ void GpuCommunicator::shutdown() {
   comm_.setExtraPoller(nullptr);  // waits until the proxy is outside proxyPoll
   if (region_.local != nullptr) {
     // The resident kernel leaves after its current op (aborted above); then the one-op
-    // kernels are waited for below. Stopped outside the lock: stop() may wait.
-    std::unique_ptr<PersistentChannel> stopping;
-    {
-      std::lock_guard<std::mutex> lock(persistent_mu_);
-      stopping = std::move(persistent_);
-    }
-    stopping.reset();
+    // kernels are waited for below. Stopped, not destroyed: other threads may still read its
+    // status or stuck error (persistent_ lives as long as this communicator).
+    if (persistent_) persistent_->stop();
     // Kernels of this communicator exit once they see the abort word; wait for them before
     // the memory they write goes away.
     DeviceGuard guard(device_);
@@ -277,7 +273,6 @@ void GpuCommunicator::shutdown() {
 }
 
 std::optional<PersistentStatus> GpuCommunicator::persistentStatus() const {
-  std::lock_guard<std::mutex> lock(persistent_mu_);
   if (!persistent_) return std::nullopt;
   return persistent_->status();
 }
@@ -290,12 +285,9 @@ void GpuCommunicator::abortKernels() {
 
 std::string GpuCommunicator::deviceError() const {
   if (shut_down_) return final_error_;
-  {
-    std::lock_guard<std::mutex> lock(persistent_mu_);
-    if (persistent_) {
-      std::string stuck = persistent_->stuckError();
-      if (!stuck.empty()) return stuck;
-    }
+  if (persistent_) {
+    std::string stuck = persistent_->stuckError();
+    if (!stuck.empty()) return stuck;
   }
   const unsigned char* gpu_base = comm_.segmentBase() + comm_.gpuRegionOffset();
   const uint64_t word = __atomic_load_n(
@@ -411,17 +403,18 @@ void GpuCommunicator::launchCollective(void* stream) {
   }
   a.rounds_max = rounds_max;
   a.reg.trigger_fence = fenceTriggers(first_round_max);
-  if (persistent_ && rounds_max == 1 && (persistent_graphs_ || !capturing(stream))) {
-    // Decode size (one round with every partner): the resident kernel's blocks run it. Not,
-    // by default, when captured: a replay finds no instance after an idle exit, and its
-    // relaunch from another thread blocks inside the driver while the caller sits in a
-    // pageable copy on the legacy default stream behind the replay (H200,
-    // scripts/launch_block_probe.cu), and a kernel node of the graph needs no relaunch (and
-    // was 1.1-4.5x faster in graphs, benchmarks/RESULTS.md).
+  // Decode size (one round with every partner): the resident kernel's blocks run it. Not,
+  // by default, when captured: a replay finds no instance after an idle exit, and its
+  // relaunch from another thread blocks inside the driver while the caller sits in a pageable
+  // copy on the legacy default stream behind the replay (H200, scripts/launch_block_probe.cu);
+  // a kernel node of the graph needs no relaunch (and was 1.1-4.5x faster in graphs,
+  // benchmarks/RESULTS.md).
+  const bool captured = persistent_ && rounds_max == 1 && capturing(stream);
+  if (persistent_ && rounds_max == 1 && (persistent_graphs_ || !captured)) {
     a.parts_per_block = partsFor(first_round_max, persistent_->blocks());
     const size_t bytes =
         offsetof(gpu::CollectiveArgs, peers) + static_cast<size_t>(nranks_) * sizeof(gpu::PeerPlan);
-    persistent_->enqueue(a, bytes, stream);
+    persistent_->enqueue(a, bytes, stream, captured);
     return;
   }
   const uint32_t blocks = blocksFor(first_round_max);

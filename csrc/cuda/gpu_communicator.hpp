@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,7 +50,6 @@ class GpuCommunicator : public ProxyHandler {
 
   void setTimeoutMs(uint64_t ms) {
     timeout_ns_.store(ms * 1000000ull, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> lock(persistent_mu_);
     if (persistent_) persistent_->setTimeoutMs(ms);
   }
   // The resident kernel's status (RESIDENT_GPU_PERSISTENT=1), or none (mode off, or shut
@@ -110,11 +108,10 @@ class GpuCommunicator : public ProxyHandler {
   std::vector<void*> registered_;
   TriggerRingView ring_;
   gpu::CollectiveArgs args_{};  // reused by every collective launch (no allocation per op)
-  // Created in the constructor; moved out under persistent_mu_ at shutdown, so that threads
-  // reading the status or the stuck error never see it destroyed under them. Ops (callers'
-  // threads) and the proxy's poll use it without the lock: neither runs during shutdown.
+  // Created in the constructor, stopped at shutdown and destroyed only with this object, so
+  // that every op's usability check (deviceError) and status readers on other threads use
+  // it without a lock.
   std::unique_ptr<PersistentChannel> persistent_;
-  mutable std::mutex persistent_mu_;
   // RESIDENT_GPU_PERSISTENT_GRAPHS=resident: captured collectives go to the resident kernel too.
   bool persistent_graphs_ = false;
   std::atomic<bool> error_logged_{false};

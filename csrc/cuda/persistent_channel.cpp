@@ -279,10 +279,8 @@ void PersistentChannel::upload(uint32_t slot, const gpu::CollectiveArgs& args, s
             "uploading a descriptor of the resident kernel");
 }
 
-void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, void* on) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  checkCuda(cudaStreamIsCapturing(stream(on), &capture), "cudaStreamIsCapturing");
-  const bool captured = capture == cudaStreamCaptureStatusActive;
+void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, void* on,
+                                bool captured) {
   DescriptorSlots::Pick pick;
   uint32_t stamp = 0;
   {
@@ -398,16 +396,24 @@ void PersistentChannel::stop() {
 
 void PersistentChannel::release() {
   DeviceGuard guard(device_);
-  if (host_ != nullptr) removeLive(host_);
+  gpu::PersistentHostWords* host = nullptr;
+  {
+    // status() reads the host words under table_mu_ (from any thread): they go away under it.
+    std::lock_guard<std::mutex> lock(table_mu_);
+    host = host_;
+    host_ = host_dev_ = nullptr;
+  }
+  if (host != nullptr) {
+    removeLive(host);
+    cudaFreeHost(host);
+  }
   for (void* s : {run_stream_, upload_stream_})
     if (s != nullptr) cudaStreamDestroy(stream(s));
   if (staging_ != nullptr) cudaFreeHost(staging_);
-  if (host_ != nullptr) cudaFreeHost(host_);
   if (table_ != nullptr) cudaFree(table_);
   if (state_ != nullptr) cudaFree(state_);
   run_stream_ = upload_stream_ = nullptr;
   staging_ = nullptr;
-  host_ = host_dev_ = nullptr;
   table_ = nullptr;
   state_ = nullptr;
 }

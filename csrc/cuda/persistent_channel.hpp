@@ -45,14 +45,16 @@ class PersistentChannel {
 
   uint32_t blocks() const { return blocks_; }
   // Hands collective `args` (its first `bytes` bytes are meaningful) to the resident kernel on
-  // `stream`: the stream continues once the op completed.
-  void enqueue(const gpu::CollectiveArgs& args, size_t bytes, void* stream);
+  // `stream`, which is capturing a graph or not (`captured`, the caller asked the stream):
+  // the stream continues once the op completed.
+  void enqueue(const gpu::CollectiveArgs& args, size_t bytes, void* stream, bool captured);
   // Proxy thread: the watchdog, and a relaunch request to the launcher thread if an op waits
   // and no instance runs. Never blocks (the proxy also moves the proxy path's data). True if
   // it asked for a launch.
   bool poll();
   // Makes the running instance leave (after its current op) and waits for it, bounded by the
-  // group timeout; no relaunch afterwards. Idempotent; the destructor calls it.
+  // group timeout; no relaunch afterwards. Idempotent; the destructor calls it. status() and
+  // stuckError() stay valid afterwards.
   void stop();
   PersistentStatus status() const;
   // Non-empty once the watchdog in poll() found an op the resident kernel never ran (the
