@@ -7,7 +7,7 @@
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
-#           launch-probe interference interference-coredump
+#           launch-probe interference interference-coredump fault-probe
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
 #   Test stages append each failure's text to $OUT/test_failures.log as it happens (printed
@@ -34,6 +34,9 @@
 #                per mode ($OUT/interference.json, ~1 min; $RESIDENT_INTERFERENCE_LIMIT_S).
 #   interference: only the interference benchmark of bench-persistent (modes
 #                $RESIDENT_INTERFERENCE_MODES, default perop,persistent; also persistent500ms).
+#   fault-probe: scripts/persistent_fault_probe.py, the interference sequence step by step with a
+#                device check after each step, per variant ($RESIDENT_FAULT_VARIANTS)
+#                ($OUT/fault_probe.log).
 #   interference-coredump: the interference benchmark, short, in modes $RESIDENT_COREDUMP_MODES
 #                (default persistent) with lightweight GPU core dumps on a device fault, each
 #                read by cuda-gdb ($OUT/interference_coredump.log, $OUT/gpucore.txt).
@@ -412,6 +415,14 @@ if has interference-coredump; then
       -ex "info cuda blocks" -ex "bt" -ex "x/8i \$pc" >> "$OUT/gpucore.txt" 2>&1
   done
   [[ -e $OUT/gpucore.txt ]] && head -c 6000 "$OUT/gpucore.txt"
+fi
+
+if has fault-probe; then
+  step "persistent fault probe"
+  timeout 400 python3 scripts/persistent_fault_probe.py \
+    --variants "${RESIDENT_FAULT_VARIANTS:-idle0 idle30s idle500ms idle0-nogemm idle0-kernelgraphs idle0-noeager idle0-blocks1}" \
+    > "$OUT/fault_probe.log" 2>&1 || status=1
+  grep -E "^== |^summary|FAULT" "$OUT/fault_probe.log" | head -40
 fi
 
 if has multi-gpu; then
