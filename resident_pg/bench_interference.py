@@ -6,7 +6,8 @@ one GPU need the MPS daemon).
 
 For each mode (``perop``: RESIDENT_GPU_PERSISTENT=0, one kernel per op; ``persistent``:
 RESIDENT_GPU_PERSISTENT=1 with RESIDENT_GPU_PERSISTENT_IDLE_US=0, the resident kernel never
-idles out, and RESIDENT_GPU_PERSISTENT_GRAPHS=resident, so that the captured all_reduces are its;
+idles out (with CUDA_MODULE_LOADING=EAGER, which that needs), and
+RESIDENT_GPU_PERSISTENT_GRAPHS=resident, so that the captured all_reduces are its;
 ``persistent500ms``: the same with a 500 ms idle exit) one set of ``--ws`` rank processes is spawned (rendezvous through a TCPStore hosted
 by this process, as resident_pg.bench).  Each rank times a bf16 decode-shaped GEMM
 ``x[batch, K] @ W[K, N]`` (default K=4096, N=14336), ``--gemm-reps`` of them captured into one
@@ -54,7 +55,11 @@ SCHEMA = "resident_pg.bench_interference/1"
 _PERSISTENT = {"RESIDENT_GPU_PERSISTENT": "1", "RESIDENT_GPU_PERSISTENT_GRAPHS": "resident"}
 MODES = {
     "perop": {"RESIDENT_GPU_PERSISTENT": "0"},
-    "persistent": {**_PERSISTENT, "RESIDENT_GPU_PERSISTENT_IDLE_US": "0"},
+    # A resident kernel that never leaves needs eager module loading (the backend refuses
+    # IDLE_US=0 under lazy loading, PyTorch's default: a kernel's first launch would wait for it
+    # forever); set before the rank process starts CUDA.
+    "persistent": {**_PERSISTENT, "RESIDENT_GPU_PERSISTENT_IDLE_US": "0",
+                   "CUDA_MODULE_LOADING": "EAGER"},
     # stays through the timings, leaves between phases
     "persistent500ms": {**_PERSISTENT, "RESIDENT_GPU_PERSISTENT_IDLE_US": "500000"},
 }

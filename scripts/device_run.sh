@@ -87,7 +87,7 @@
 #                each with the default launch of send/recv (RESIDENT_GPU_P2P_STREAM=auto: lazy, a
 #                blocking send/recv on the caller's stream) and =own (at once, on a stream of
 #                their own), side by side ($OUT/bench_p2p.json, ~1 min).
-#   gpu-tests-persistent: only tests/test_cuda_persistent.py, the persistent mode
+#   gpu-tests-persistent: only tests/test_cuda_persistent*.py, the persistent mode
 #                (RESIDENT_GPU_PERSISTENT=1) at 2 and 4 ranks ($OUT/gpu_tests_persistent.log,
 #                ~2 min; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s).
 set -uo pipefail
@@ -200,7 +200,8 @@ if has gpu-tests; then
   step "gpu tests"
   # Bounded, so that a hang still leaves the log and the later stages inside the call's limit.
   timeout -k 15 "${RESIDENT_GPU_TESTS_LIMIT_S:-480}" python3 -m pytest -q -m gpu tests \
-    --ignore=tests/test_cuda_persistent.py -p no:cacheprovider -rf --durations=15 \
+    --ignore=tests/test_cuda_persistent.py --ignore=tests/test_cuda_persistent_never_idle.py \
+    -p no:cacheprovider -rf --durations=15 \
     > "$OUT/gpu_tests.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests.log"
 fi
@@ -219,8 +220,8 @@ fi
 if has gpu-tests-persistent; then
   step "gpu tests (persistent mode)"
   RESIDENT_GPU_TESTS_WS=2,4 timeout -k 15 "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
-    python3 -m pytest -q tests/test_cuda_persistent.py -p no:cacheprovider -rf \
-    > "$OUT/gpu_tests_persistent.log" 2>&1 || status=1
+    python3 -m pytest -q tests/test_cuda_persistent.py tests/test_cuda_persistent_never_idle.py \
+    -p no:cacheprovider -rf > "$OUT/gpu_tests_persistent.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests_persistent.log"
 fi
 

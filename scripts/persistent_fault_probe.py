@@ -6,7 +6,9 @@ so the first step after which the context is broken is named.  One launch per va
     python3 scripts/persistent_fault_probe.py [--variants "idle0 idle500ms idle30s idle0-nogemm"]
 
 Variant words (joined by '-'): idle0 / idle500ms / idle30s (RESIDENT_GPU_PERSISTENT_IDLE_US),
-nogemm (no GEMM graph captured before the group), kernelgraphs (captured ops as kernel nodes,
+nogemm (no GEMM graph captured before the group), lazysleep (the first launch of
+torch.cuda._sleep's kernel comes only after the resident kernel runs; the checks launch nothing),
+eagerload (CUDA_MODULE_LOADING=EAGER; torch sets LAZY when unset), kernelgraphs (captured ops as kernel nodes,
 RESIDENT_GPU_PERSISTENT_GRAPHS=kernel; default here: resident), noeager (no eager warm-up of the
 captured op), blocks1 (RESIDENT_GPU_PERSISTENT_BLOCKS=1).
 Prints one line per step and rank, and a summary line per variant.
@@ -31,7 +33,9 @@ def env_of(variant):
             env["RESIDENT_GPU_PERSISTENT_GRAPHS"] = "kernel"
         elif w == "blocks1":
             env["RESIDENT_GPU_PERSISTENT_BLOCKS"] = "1"
-        elif w not in ("nogemm", "noeager"):
+        elif w == "eagerload":
+            env["CUDA_MODULE_LOADING"] = "EAGER"
+        elif w not in ("nogemm", "noeager", "lazysleep"):
             raise ValueError(f"unknown variant word {w!r}")
     return env
 
@@ -52,8 +56,11 @@ def rank_main(rank, ws, port, variant, q):
     def check(name):
         step[0] = name
         time.sleep(0.05)
-        torch.cuda._sleep(1000)
-        torch.cuda.current_stream().synchronize()
+        if "lazysleep" in words:  # no kernel launch of our own: only the synchronize
+            torch.cuda.current_stream().synchronize()
+        else:
+            torch.cuda._sleep(1000)
+            torch.cuda.current_stream().synchronize()
         say(name)
 
     be = None
@@ -116,6 +123,10 @@ def rank_main(rank, ws, port, variant, q):
         check("zeroed")
         time.sleep(0.5)
         check("idle 0.5 s after the graphs")
+        t0 = time.monotonic()
+        torch.cuda._sleep(1000)  # with lazysleep: the first launch of this kernel in the process
+        torch.cuda.current_stream().synchronize()
+        check(f"a sleep kernel launched and done in {time.monotonic() - t0:.3f} s")
         for g in graphs:
             torch.cuda._sleep(2_000_000)
             comm.wait_stream(torch.cuda.current_stream())

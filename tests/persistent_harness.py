@@ -27,9 +27,12 @@ DEFAULT_BLOCKS, DEFAULT_SLOTS = 4, 1024
 OPS = ("all_reduce", "reduce_scatter_tensor", "reduce_scatter", "reduce", "all_gather_into_tensor",
        "all_gather", "gather", "scatter", "broadcast", "all_to_all_single",
        "all_to_all_single_uneven", "all_to_all")
-GPU_ONLY = {"status_before_first_op", "served_counts_ops", "graph_slots_stable",
-            "synchronize_returns", "status_before_destroy", "synchronize_after_destroy",
-            "idle_exit", "relaunch_counts"}
+# Items that check the resident kernel itself: skipped in the dry run (CPU tensors).
+SUITE_GPU_ONLY = {"status_before_first_op", "served_counts_ops", "graph_slots_stable",
+                  "synchronize_returns", "status_before_destroy", "synchronize_after_destroy",
+                  "idle_exit", "relaunch_counts"}  # test_cuda_persistent.py
+NEVER_IDLE_GPU_ONLY = {"first_launch_of_a_kernel", "kernel_never_left"}  # ..._never_idle.py
+GPU_ONLY = SUITE_GPU_ONLY | NEVER_IDLE_GPU_ONLY
 
 # --------------------------------------------------------------------------
 # Inside a rank: one collective on static buffers, checked against references

@@ -46,7 +46,9 @@ Jobs (each one spawned job; every check of a job is its own pytest item):
   rank 1 within the timeout plus ERROR_SLACK_S, and rank 0's process exits promptly.
 
 Helpers (one collective checked against references, status polling, the per-item report):
-tests/persistent_harness.py.
+tests/persistent_harness.py; running a job once and judging its items: tests/persistent_jobs.py.
+The resident kernel that never leaves (IDLE_US=0) and lazy module loading:
+tests/test_cuda_persistent_never_idle.py.
 
 Dry run (RESIDENT_GPU_TESTS_DEVICE=cpu, see cuda_harness): the same jobs on CPU tensors; the
 checks of the resident kernel itself (status, served counts, idle exit, synchronize) are
@@ -64,7 +66,7 @@ import pytest
 import cuda_harness as C
 import dist_harness as H
 from persistent_harness import (
-    GPU_ONLY,
+    SUITE_GPU_ONLY,
     OPS,
     OpCall,
     OpProg,
@@ -80,14 +82,11 @@ from persistent_harness import (
     status_problems,
     wait_status,
 )
+from persistent_jobs import PERSISTENT, describe as _describe, check_item as _check_item
+from persistent_jobs import exit_problems as _exit_problems, run_job as _job
 
 pytestmark = C.module_marks()
 
-PERSISTENT = {"RESIDENT_GPU_PERSISTENT": "1",
-              # the defaults unless a job sets them (None: removed from the ranks' environment)
-              "RESIDENT_GPU_PERSISTENT_IDLE_US": None, "RESIDENT_GPU_PERSISTENT_BLOCKS": None,
-              "RESIDENT_GPU_PERSISTENT_SLOTS": None, "RESIDENT_GPU_CHUNK_BYTES": None,
-              "RESIDENT_GPU_PERSISTENT_GRAPHS": None}
 
 SIZES = ("8B", "4KiB", "64KiB")  # all at most 64 KiB per peer: the resident kernel's
 DTYPES = ("float32", "bfloat16", "int64")
@@ -98,7 +97,6 @@ K_REPLAYS = 5
 SYNC_LIMIT_S = 5.0 * C.TIME_SCALE      # torch.cuda.synchronize() with the mode on
 IDLE_WAIT_S = 5.0                      # an idle kernel (20 ms idle time) must have left by then
 DESTROY_LIMIT_S = 20.0 * C.TIME_SCALE  # destroy_process_group() must return within this
-EXIT_LIMIT_S = 10.0 * C.TIME_SCALE     # a rank's process exits within this after its teardown
 GROUP_TIMEOUT_S = 3
 ERROR_SLACK_S = 12.0 * C.TIME_SCALE    # the timeout error surfaces within timeout + this
 
@@ -517,78 +515,6 @@ def timeout_job(rank, ws):
 # Parent side
 # --------------------------------------------------------------------------
 
-_JOBS: dict = {}
-
-
-def _job(name, fn, ws, env, timeout_s, **kw):
-    key = (name, ws, tuple(sorted(env.items(), key=lambda kv: kv[0])))
-    if key not in _JOBS:
-        before = set(H.list_shm())
-        t0 = time.monotonic()
-        outcomes = H.run_ranks_collect(fn, ws, env=env, init=False, init_timeout_s=20,
-                                       timeout_s=timeout_s * C.TIME_SCALE,
-                                       exit_grace_s=EXIT_LIMIT_S + 2, **kw)
-        left = H.new_shm_entries(before)
-        if left:
-            H.remove_shm(left)
-        _JOBS[key] = {"outcomes": outcomes, "shm_left": left, "wall_s": time.monotonic() - t0}
-    return _JOBS[key]
-
-
-def _describe(outcomes):
-    return "\n".join(o.describe() for o in outcomes)
-
-
-def _check_item(job, item, what):
-    outcomes = job["outcomes"]
-    bad = [o for o in outcomes if o.status != "ok"]
-    if bad:
-        pytest.fail(f"the {what} job failed as a whole:\n{_describe(outcomes)}", pytrace=False)
-    values = [o.value for o in outcomes]
-    if all(item in v["skipped"] for v in values):
-        pytest.skip(values[0]["skipped"][item])
-    problems = []
-    for r, v in enumerate(values):
-        if item not in v["items"]:
-            problems.append(f"rank {r}: did not run")
-        problems += [f"rank {r}: {e}" for e in v["items"].get(item, [])]
-    if not problems:
-        d0 = values[0]["digests"].get(item, {})
-        for r in range(1, len(values)):
-            for k, dg in d0.items():
-                if values[r]["digests"][item].get(k) != dg:
-                    problems.append(f"{k}: rank {r} result {values[r]['digests'][item].get(k)} "
-                                    f"differs from rank 0 result {dg}")
-    if problems:
-        info = {r: v["info"] for r, v in enumerate(values) if v["info"]}
-        pytest.fail(f"{item} ({what}):\n" + "\n".join(problems[:40])
-                    + (f"\ninfo: {info}" if info else ""), pytrace=False)
-
-
-def _exit_problems(job, ranks, destroyed=True):
-    """The ranks' processes tore down (or skipped it) and exited by themselves, code 0, in time."""
-    problems = []
-    want = "ok" if destroyed else "skipped"
-    for o in job["outcomes"]:
-        if o.rank not in ranks:
-            continue
-        if o.status != "ok":
-            problems.append(o.describe())
-            continue
-        if o.destroy_status != want:
-            problems.append(f"rank {o.rank}: teardown {o.destroy_status} (expected {want}) "
-                            f"{o.destroy_message or ''}")
-        if o.exited_at_s is None or o.exitcode != 0:
-            problems.append(f"rank {o.rank}: its process did not exit by itself with code 0 within "
-                            f"{EXIT_LIMIT_S + 2:.0f}s of its teardown (exit code {o.exitcode})")
-        elif o.exit_delay_s > EXIT_LIMIT_S:
-            problems.append(f"rank {o.rank}: its process exited {o.exit_delay_s:.1f}s after its "
-                            f"teardown (limit {EXIT_LIMIT_S:.0f}s)")
-    if job["shm_left"]:
-        problems.append(f"left in /dev/shm: {sorted(job['shm_left'])}")
-    return problems
-
-
 def _main(ws, path, graphs):
     env = {**PERSISTENT, **C.path_env(path)}
     if graphs == "resident":
@@ -700,4 +626,4 @@ def test_persistent_case_tables_are_sane():
     assert len(m) == len(OPS) * len(DTYPES) * len(SIZES) + (4 + 8) * len(SIZES)
     for op, dt, lab, n, red, root in m:
         assert n * H.itemsize(dt) <= 65536, (op, dt, lab, n)
-    assert set(GPU_ONLY) <= set(MAIN_ITEMS) | set(DESTROY_ITEMS) | set(IDLE_ITEMS)
+    assert SUITE_GPU_ONLY <= set(MAIN_ITEMS) | set(DESTROY_ITEMS) | set(IDLE_ITEMS)

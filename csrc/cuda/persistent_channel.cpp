@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "cuda/cuda_guards.hpp"
+#include "cuda/module_loading.hpp"
 #include "persistent_launch.hpp"
 
 namespace resident {
@@ -76,6 +77,7 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
     throw CommError("resident: RESIDENT_GPU_PERSISTENT=1 needs stream memory operations: " +
                     memops_.why() + "; unset RESIDENT_GPU_PERSISTENT");
   }
+  if (idle_us == 0) requireEagerLoading();
   DeviceGuard guard(device);
   RelaxedCapture relaxed;
   try {
@@ -130,6 +132,27 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
   }
   RLOG_INFO("resident kernel on device %d: %u blocks, %u descriptor slots, idle exit after %llu us",
             device, blocks, slots, static_cast<unsigned long long>(idle_us));
+}
+
+void PersistentChannel::requireEagerLoading() {
+  std::string why;
+  const ModuleLoading mode = moduleLoading(&why);
+  if (mode == ModuleLoading::kLazy) {
+    throw InvalidArgument(
+        "resident: RESIDENT_GPU_PERSISTENT_IDLE_US=0 keeps the resident kernel on the GPU for "
+        "the group's lifetime, but this process loads CUDA kernels lazily "
+        "(CUDA_MODULE_LOADING=LAZY, PyTorch's default when unset): the first launch of any "
+        "kernel not loaded yet would wait for the resident kernel forever (under MPS it was seen "
+        "to fail with an illegal memory access instead). Set CUDA_MODULE_LOADING=EAGER in the "
+        "environment before the process starts CUDA, or give RESIDENT_GPU_PERSISTENT_IDLE_US a "
+        "value > 0 (such a launch then waits until the kernel idles out)");
+  }
+  if (mode == ModuleLoading::kUnknown) {
+    RLOG_WARN(
+        "RESIDENT_GPU_PERSISTENT_IDLE_US=0: cannot tell whether CUDA loads kernels lazily "
+        "(%s); if it does, a kernel's first launch waits for the resident kernel forever",
+        why.c_str());
+  }
 }
 
 PersistentChannel::~PersistentChannel() {

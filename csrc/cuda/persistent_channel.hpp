@@ -63,6 +63,8 @@ class PersistentChannel {
   void setTimeoutMs(uint64_t ms) { timeout_ms_ = ms; }
 
  private:
+  // IDLE_US=0 (never leave) needs eager module loading: throws InvalidArgument otherwise.
+  static void requireEagerLoading();
   void launchLocked();
   // The launcher thread: launches an instance when poll() asks for one (a graph replay's op
   // waits and none runs; only with RESIDENT_GPU_PERSISTENT_GRAPHS=resident). Its own thread,
