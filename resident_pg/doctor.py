@@ -425,6 +425,13 @@ def diagnose(env=None, root="/"):
         if cfg[name]["value"].lower() not in choices:
             add(C, name, "WARN", f"{cfg[name]['value']!r} is not one of {', '.join(choices)}: "
                 "group creation will fail", f"unset {name} or set one of {', '.join(choices)}")
+    never_idle = (cfg["RESIDENT_GPU_PERSISTENT"]["value"] == "1"
+                  and cfg["RESIDENT_GPU_PERSISTENT_IDLE_US"]["value"].strip() == "0")
+    if never_idle and env.get("CUDA_MODULE_LOADING", "").upper() != "EAGER":
+        # PyTorch sets LAZY when unset; a lazy kernel load waits for a kernel that never leaves
+        add(C, "RESIDENT_GPU_PERSISTENT_IDLE_US", "WARN", "0 (the resident kernel never leaves) "
+            "needs CUDA_MODULE_LOADING=EAGER: groups refuse it under lazy loading, PyTorch's default",
+            "export CUDA_MODULE_LOADING=EAGER before starting Python, or set an idle time > 0")
     for name in sorted(k for k in env if k.startswith("RESIDENT_")):
         if name not in cfg and name not in NOT_RUNTIME:
             add(C, name, "WARN", "not a resident setting (typo?)", "see README.md, Configuration")
