@@ -12,6 +12,7 @@
 #include "ll_device.cuh"
 #include "reduce_device.cuh"
 #include "rounds_device.cuh"
+#include "simple_device.cuh"
 
 namespace resident {
 namespace gpu {
@@ -22,9 +23,14 @@ __device__ __forceinline__ uint32_t linesOf(uint32_t round_bytes, uint32_t part)
   return n ? n : 1u;
 }
 
+// Bytes of round r in the larger direction with a partner (both sides compute the same).
+__device__ __forceinline__ uint32_t pairRoundBytes(const PeerPlan& pp, uint32_t r, uint32_t chunk) {
+  return max(roundBytes(pp.send_bytes, r, chunk), roundBytes(pp.recv_bytes, r, chunk));
+}
+
 // Parts of round r exchanged with a partner: its larger direction (a credit line at least).
 __device__ __forceinline__ uint32_t partnerParts(const PeerPlan& pp, uint32_t r, uint32_t chunk) {
-  return partsOf(max(roundBytes(pp.send_bytes, r, chunk), roundBytes(pp.recv_bytes, r, chunk)));
+  return partsOf(pairRoundBytes(pp, r, chunk));
 }
 
 struct Shared {
@@ -34,8 +40,34 @@ struct Shared {
   int stop;
 };
 
-// Rank-ordered reduction of the parts [j0, j1) of round r.
-template <typename Acc>
+// Slot of round r's data from peer q in this rank's region (generation g = sh.base[q] + r + 1).
+__device__ __forceinline__ const unsigned char* collSlotFrom(const Region& reg, int q, uint32_t g) {
+  return reg.local + reg.coll_in0 + (static_cast<uint64_t>(q) * 2 + ((g - 1) & 1)) * reg.slot_bytes;
+}
+
+// Simple protocol, reduce mode: waits (threads in parallel) for the flags of parts [j0, jend)
+// from every peer that sends this round simple. Block-uniform (a barrier); false when the op
+// gives up (sh.stop is then set for the whole block).
+__device__ inline bool waitSimpleFlags(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t r,
+                                       uint32_t bytes, uint32_t j0, uint32_t jend) {
+  const Region& reg = a.reg;
+  const uint32_t count = jend > j0 ? jend - j0 : 0u;
+  const uint32_t n = static_cast<uint32_t>(a.nranks);
+  bool ok = true;
+  for (uint32_t i = threadIdx.x; ok && i < count * n; i += blockDim.x) {
+    const int q = static_cast<int>(i % n);
+    if (q == a.rank || !simpleRound(reg, q, bytes)) continue;
+    const uint32_t g = sh.base[q] + r + 1;
+    ok = waitSimpleFlag(w, collSlotFrom(reg, q, g), j0 + i / n, g, q);
+  }
+  if (!ok) sh.stop = 1;
+  __syncthreads();
+  return !sh.stop;
+}
+
+// Rank-ordered reduction of the parts [j0, j1) of round r. Simple: the kernel is built with
+// the simple protocol (RESIDENT_GPU_PROTOCOL=simple; the LL-only build keeps its registers).
+template <bool Simple, typename Acc>
 __device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t r,
                                    uint32_t j0, uint32_t j1) {
   const Region& reg = a.reg;
@@ -45,6 +77,12 @@ __device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& 
   const auto* in = static_cast<const unsigned char*>(a.local_in) + round_off;
   auto* out = static_cast<unsigned char*>(a.out) + round_off;
   const uint32_t t = threadIdx.x;
+  // Uniform: the same for every thread (args and byte counts only). In reduce mode a round
+  // carries `bytes` both ways with every partner, so `bytes` is the pair's larger direction.
+  bool any_simple = false;
+  for (int q = 0; Simple && q < a.nranks; ++q)
+    any_simple |= q != a.rank && simpleRound(reg, q, bytes);
+  if (any_simple && !waitSimpleFlags(a, sh, w, r, bytes, j0, min(j1, nparts))) return;
   for (uint32_t j = j0; j < min(j1, nparts); ++j) {
     const uint32_t nb = lineBytes(bytes, j, t);
     if (nb == 0) continue;
@@ -57,11 +95,11 @@ __device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& 
       uint64_t v = mine;
       if (q != a.rank) {
         const uint32_t g = sh.base[q] + r + 1;
-        const unsigned char* line =
-            reg.local + reg.coll_in0 +
-            (static_cast<uint64_t>(q) * 2 + ((g - 1) & 1)) * reg.slot_bytes +
-            (static_cast<uint64_t>(j) * kThreads + t) * 16;
-        ok = w.line(line, g, v, q);
+        const unsigned char* slot = collSlotFrom(reg, q, g);
+        if (any_simple && simpleRound(reg, q, bytes))
+          v = loadVolatile64(slot + simpleWordOffset(reg, j, t));  // its flag was seen
+        else
+          ok = w.line(slot + (static_cast<uint64_t>(j) * kThreads + t) * 16, g, v, q);
       }
       if (q == 0)
         acc.first(v);
@@ -76,29 +114,31 @@ __device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& 
   }
 }
 
+template <bool Simple>
 __device__ inline void reduceDispatch(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t r,
                                       uint32_t j0, uint32_t j1) {
   switch (a.dtype) {
     case kF32:
-      return reduceRound<AccF32>(a, sh, w, r, j0, j1);
+      return reduceRound<Simple, AccF32>(a, sh, w, r, j0, j1);
     case kF64:
-      return reduceRound<AccF64>(a, sh, w, r, j0, j1);
+      return reduceRound<Simple, AccF64>(a, sh, w, r, j0, j1);
     case kF16:
-      return reduceRound<AccF16>(a, sh, w, r, j0, j1);
+      return reduceRound<Simple, AccF16>(a, sh, w, r, j0, j1);
     case kBF16:
-      return reduceRound<AccBF16>(a, sh, w, r, j0, j1);
+      return reduceRound<Simple, AccBF16>(a, sh, w, r, j0, j1);
     case kI32:
-      return reduceRound<AccI32>(a, sh, w, r, j0, j1);
+      return reduceRound<Simple, AccI32>(a, sh, w, r, j0, j1);
     case kI64:
-      return reduceRound<AccI64>(a, sh, w, r, j0, j1);
+      return reduceRound<Simple, AccI64>(a, sh, w, r, j0, j1);
     default:
-      return reduceRound<AccU8>(a, sh, w, r, j0, j1);
+      return reduceRound<Simple, AccU8>(a, sh, w, r, j0, j1);
   }
 }
 
 // Writes this block's parts of round r to partner p; on the proxy path also hands the range
 // to the proxy. Block-uniform control flow (it contains a barrier).
 // `pre`: this thread's payload word of (round 0, part j0) when `has_pre` (loaded at start).
+template <bool Simple>
 __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w, int p, uint32_t r,
                                  uint32_t j0, uint32_t j1, uint64_t pre, bool has_pre) {
   const Region& reg = a.reg;
@@ -119,6 +159,20 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   // lines unwritten that the proxy waits for (seen with the resident kernel's several parts per
   // block: a 4-rank uneven all_to_all timed out on the device).
   const bool whole_parts = sh.remote[p] == nullptr;
+  if (Simple && simpleRound(reg, p, pairRoundBytes(pp, r, reg.chunk))) {  // payload, flags
+    for (uint32_t j = j0; j < j1; ++j) {
+      const uint32_t nb = lineBytes(sb, j, t);
+      if (nb == 0) continue;
+      const uint64_t v = has_pre && r == 0 && j == j0
+                             ? pre
+                             : loadBytes(src + static_cast<uint64_t>(j) * kPartPayload + t * 8, nb);
+      storeSimpleWord(base + simpleWordOffset(reg, j, t), v);
+    }
+    __threadfence_system();  // this thread's payload stores before any flag of the block
+    __syncthreads();
+    for (uint32_t j = j0 + t; j < j1; j += blockDim.x) storeSimpleFlag(base, j, g);
+    return;
+  }
   for (uint32_t j = j0; j < j1; ++j) {
     if (t < (whole_parts && j + 1 < j1 ? kThreads : linesOf(sb, j))) {
       const uint32_t nb = lineBytes(sb, j, t);
@@ -168,6 +222,29 @@ __device__ inline void recvRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   }
 }
 
+// Simple protocol (simpleRound): waits for partner p's flags of parts [j0, j1) of round r,
+// then copies their payload. Block-uniform (a barrier).
+__device__ inline void recvSimple(const CollectiveArgs& a, Shared& sh, Waiter& w, int p, uint32_t r,
+                                  uint32_t j0, uint32_t j1) {
+  const Region& reg = a.reg;
+  const uint32_t rb = roundBytes(a.peers[p].recv_bytes, r, reg.chunk);
+  const uint32_t g = sh.base[p] + r + 1;
+  const unsigned char* slot = collSlotFrom(reg, p, g);
+  const uint32_t t = threadIdx.x;
+  bool ok = true;
+  for (uint32_t j = j0 + t; ok && j < j1; j += blockDim.x) ok = waitSimpleFlag(w, slot, j, g, p);
+  if (!ok) sh.stop = 1;
+  __syncthreads();
+  if (sh.stop) return;
+  auto* dst = static_cast<unsigned char*>(a.peers[p].recv) + static_cast<uint64_t>(r) * reg.chunk;
+  for (uint32_t j = j0; j < j1; ++j) {
+    const uint32_t nb = lineBytes(rb, j, t);
+    if (nb)
+      storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8,
+                 loadVolatile64(slot + simpleWordOffset(reg, j, t)), nb);
+  }
+}
+
 // Trigger positions for this block's round-0 writes to proxied partners, taken at the start
 // of the op so that the atomic's round trip overlaps the device-state loads. Only round 0:
 // a block pushes all of round 0 before it waits for anything, so a reserved position is
@@ -196,6 +273,7 @@ __device__ inline void loadRoundState(const CollectiveArgs& a, Shared& sh) {
 // round state the caller loaded (loadRoundState); on return (block-uniform, after a barrier)
 // the block is done with the op. The caller advances DeviceState::coll_round (advanceRounds)
 // once every block has loaded it.
+template <bool Simple>
 __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint32_t block) {
   const uint32_t chunk = a.reg.chunk;
   const uint32_t j0 = block * a.parts_per_block;
@@ -221,11 +299,12 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint3
       const PeerPlan& pp = a.peers[p];
       if (p == a.rank || r >= pp.rounds) continue;
       const uint32_t n = partnerParts(pp, r, chunk);
-      if (j0 < n) sendRound(a, sh, w, p, r, j0, min(n, j0 + a.parts_per_block), pre, has_pre);
+      if (j0 < n)
+        sendRound<Simple>(a, sh, w, p, r, j0, min(n, j0 + a.parts_per_block), pre, has_pre);
     }
     const PeerPlan& self = a.peers[a.rank];
     if (a.mode == static_cast<uint8_t>(Mode::kReduce)) {
-      reduceDispatch(a, sh, w, r, j0, j0 + a.parts_per_block);
+      reduceDispatch<Simple>(a, sh, w, r, j0, j0 + a.parts_per_block);
     } else {
       if (r < self.rounds && self.recv != nullptr && self.send_bytes > 0) {
         const uint32_t b = roundBytes(self.send_bytes, r, chunk);
@@ -239,11 +318,27 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint3
                        loadBytes(static_cast<const unsigned char*>(self.send) + o, nb), nb);
         }
       }
-      for (int p = 0; p < a.nranks && !sh.stop; ++p) {
-        const PeerPlan& pp = a.peers[p];
-        if (p == a.rank || r >= pp.rounds) continue;
-        const uint32_t n = partnerParts(pp, r, chunk);
-        if (j0 < n) recvRound(a, sh, w, p, r, j0, min(n, j0 + a.parts_per_block));
+      if constexpr (Simple) {
+        // No early exit on sh.stop: a simple receive holds a barrier, so every thread of the
+        // block must reach the same calls (an LL receive is skipped once the op gave up).
+        for (int p = 0; p < a.nranks; ++p) {
+          const PeerPlan& pp = a.peers[p];
+          if (p == a.rank || r >= pp.rounds) continue;
+          const uint32_t n = partnerParts(pp, r, chunk);
+          if (j0 >= n) continue;
+          const uint32_t j1 = min(n, j0 + a.parts_per_block);
+          if (simpleRound(a.reg, p, pairRoundBytes(pp, r, chunk)))
+            recvSimple(a, sh, w, p, r, j0, j1);
+          else if (!sh.stop)
+            recvRound(a, sh, w, p, r, j0, j1);
+        }
+      } else {
+        for (int p = 0; p < a.nranks && !sh.stop; ++p) {
+          const PeerPlan& pp = a.peers[p];
+          if (p == a.rank || r >= pp.rounds) continue;
+          const uint32_t n = partnerParts(pp, r, chunk);
+          if (j0 < n) recvRound(a, sh, w, p, r, j0, min(n, j0 + a.parts_per_block));
+        }
       }
     }
     __syncthreads();

@@ -9,6 +9,10 @@ namespace resident {
 namespace gpu {
 namespace {
 
+// Simple: built with the simple protocol (RESIDENT_GPU_PROTOCOL=simple, simple_device.cuh), a
+// separate instantiation, so that the LL-only kernel keeps its registers (80 against 112 on
+// sm_90: 3 blocks per SM instead of 2).
+template <bool Simple>
 __global__ void __launch_bounds__(kThreads)
     collectiveKernel(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
@@ -24,20 +28,22 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   pdlEnter();
-  collectiveBody(a, sh, blockIdx.x);
+  collectiveBody<Simple>(a, sh, blockIdx.x);
 }
 
 }  // namespace
 
-int residentBlocksPerSm() {
+int residentBlocksPerSm(bool simple) {
   int coll = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&coll, collectiveKernel, kThreads, 0);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &coll, simple ? collectiveKernel<true> : collectiveKernel<false>, kThreads, 0);
   return coll;
 }
 
 cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream,
                              bool pdl) {
-  return launchKernel(collectiveKernel, args, blocks, stream, pdl);
+  if (args.reg.simple != 0) return launchKernel(collectiveKernel<true>, args, blocks, stream, pdl);
+  return launchKernel(collectiveKernel<false>, args, blocks, stream, pdl);
 }
 
 }  // namespace gpu

@@ -9,8 +9,10 @@
 namespace resident {
 namespace gpu {
 
-// How many blocks of the collective kernel (the heaviest) fit on one SM at once.
-int residentBlocksPerSm();
+// How many blocks of the collective kernel (the heaviest) fit on one SM at once; `simple`:
+// its build with the simple protocol (Region::simple), which launchCollective picks by the
+// args' Region::simple.
+int residentBlocksPerSm(bool simple);
 cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream,
                              bool pdl);
 // Loads the send and recv kernels now. Under lazy module loading (CUDA's default) a kernel

@@ -61,7 +61,9 @@ struct Region {
   // Per op (GpuCommunicator::fenceTriggers): nonzero fences every trigger on the device; zero
   // pushes triggers of LL lines unfenced and the proxy checks the lines' flags.
   uint32_t trigger_fence;
-  uint32_t pad;
+  // RESIDENT_GPU_PROTOCOL=simple: rounds of more than chunk/2 bytes to direct peers carry
+  // payload and one flag per part instead of LL lines (simple_device.cuh).
+  uint32_t simple;
 };
 
 struct CollectiveArgs {

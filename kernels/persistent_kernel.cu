@@ -76,6 +76,7 @@ __device__ __forceinline__ uint32_t nextTag(const PersistentArgs& pa, uint64_t l
   }
 }
 
+template <bool Simple>  // as collectiveKernel: a build with the simple protocol
 __global__ void __launch_bounds__(kThreads)
     persistentKernel(const __grid_constant__ PersistentArgs pa) {
   __shared__ CollectiveArgs a;
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(kThreads)
         dst[i] = __ldcg(src + i);  // L2: the host may have rewritten this slot since
       __syncthreads();
       loadRoundState(a, sh);
-      collectiveBody(a, sh, blockIdx.x);
+      collectiveBody<Simple>(a, sh, blockIdx.x);
     }
     if (threadIdx.x == 0) {
       if (lastOf(&ps->blocks_done, nblocks)) {
@@ -158,7 +159,8 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-cudaError_t launchPersistent(const PersistentArgs& args, unsigned blocks, cudaStream_t stream) {
+cudaError_t launchPersistent(const PersistentArgs& args, unsigned blocks, cudaStream_t stream,
+                             bool simple) {
   // A plain launch, not a cooperative one. Measured with scripts/launch_block_probe.cu (H200,
   // driver 580, with and without MPS): while another thread sits in a pageable D2H copy on a
   // stream held by a stream wait-value, a cooperative launch from this thread blocks inside the
@@ -169,12 +171,14 @@ cudaError_t launchPersistent(const PersistentArgs& args, unsigned blocks, cudaSt
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(kThreads);
   cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, persistentKernel, args);
+  if (simple) return cudaLaunchKernelEx(&cfg, persistentKernel<true>, args);
+  return cudaLaunchKernelEx(&cfg, persistentKernel<false>, args);
 }
 
-int persistentBlocksPerSm() {
+int persistentBlocksPerSm(bool simple) {
   int n = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, persistentKernel, kThreads, 0);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &n, simple ? persistentKernel<true> : persistentKernel<false>, kThreads, 0);
   return n;
 }
 

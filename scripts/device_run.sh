@@ -5,7 +5,7 @@
 #
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
-#           overhead bench bench-cuda bench-ab bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
+#           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
 #           launch-probe interference interference-coredump fault-probe
 #           (default: build floors tests overhead bench)
@@ -83,6 +83,8 @@
 #   gpu-tests-ws2: the collectives, send/recv call-order and graph suites at 2 ranks only
 #                ($OUT/gpu_tests_ws2.log, ~2.5 min).
 #   bench-small: 2 ranks, graph mode, 8 B / 64 B / 4 KiB, both paths ($OUT/bench_small.json, ~20 s).
+#   bench-protocol: RESIDENT_GPU_PROTOCOL=ll vs simple, 2 and 4 ranks, direct path, graph and
+#                eager, 4 KiB..256 KiB ($OUT/bench_protocol.json; $RESIDENT_BENCH_LIMIT_S).
 #   bench-p2p:   2 ranks, eager and graph, send/recv (and all_reduce) 8 B..1 MiB, both paths,
 #                each with the default launch of send/recv (RESIDENT_GPU_P2P_STREAM=auto: lazy, a
 #                blocking send/recv on the caller's stream) and =own (at once, on a stream of
@@ -354,6 +356,20 @@ if has bench-ab; then
     --floors "$OUT/floors.json" --timeout 30 --time-limit 200 \
     --json "$OUT/bench_ab.json" > "$OUT/bench_ab.log" 2>&1 || status=1
   tail -n 70 "$OUT/bench_ab.log"
+fi
+
+if has bench-protocol; then
+  # RESIDENT_GPU_PROTOCOL=ll (default) against simple, side by side: 2 and 4 ranks, direct path,
+  # graph and eager, the sizes around the switch (rounds over 32 KiB go simple).
+  step "bench (cuda, protocol A/B)"
+  [[ -x benchmarks/floors/build/floors ]] || bash benchmarks/floors/build.sh > "$OUT/floors_build.log" 2>&1
+  [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
+  python3 -m resident_pg.bench --device cuda --mode graph,eager --world-sizes 2,4 \
+    --ops all_reduce,all_gather,reduce_scatter,all_to_all_single --sizes 4K,32K,48K,64K,256K \
+    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_PROTOCOL=simple" \
+    --floors "$OUT/floors.json" --timeout 30 --time-limit ${RESIDENT_BENCH_LIMIT_S:-200} \
+    --json "$OUT/bench_protocol.json" > "$OUT/bench_protocol.log" 2>&1 || status=1
+  tail -n 70 "$OUT/bench_protocol.log"
 fi
 
 if has bench-small; then

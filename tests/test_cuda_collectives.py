@@ -58,9 +58,10 @@ FLOAT_OPS = ("SUM", "AVG", "MIN", "MAX", "PRODUCT")
 INT_OPS = FLOAT_OPS + ("BAND", "BOR", "BXOR")
 ALL_KEYS = [(ws, p) for ws in (2, 4, 8) for p in C.PATHS]
 JOB_KEYS = [k for k in ALL_KEYS if k[0] in C.WORLD_SIZES]
-# The knobs' non-default settings (prefetch, fenced triggers, one block per op): 2 ranks, the
-# reduced dtypes.
+# The knobs' non-default settings (prefetch, fenced triggers, one block per op, the simple
+# protocol): 2 ranks (the simple protocol also 4), the reduced dtypes.
 VARIANT_KEYS = [(2, v) for v in C.PATH_VARIANTS if 2 in C.WORLD_SIZES]
+VARIANT_KEYS += [(ws, v) for ws, v in C.WIDE_VARIANTS if ws in C.WORLD_SIZES]
 
 CASES = H.CaseRegistry()
 CASE_DTYPE = {}  # cid -> dtype name (None: dtype-free, runs at every world size)

@@ -27,6 +27,18 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+// What every rank must agree on for the CUDA path's protocol: "ll", or "simple/<path>" (the
+// simple protocol is used per pair only where the pair is direct, both ways).
+std::string gpuProtocolKey(const Config& cfg) {
+  return cfg.gpu_protocol_simple ? std::string("simple/") + pathModeName(cfg.path) : "ll";
+}
+
+std::string describeProtocolKey(const std::string& key) {
+  if (key.rfind("simple/", 0) == 0)
+    return "RESIDENT_GPU_PROTOCOL=simple with RESIDENT_PATH=" + key.substr(7);
+  return "RESIDENT_GPU_PROTOCOL=" + key;
+}
+
 }  // namespace
 
 std::string localHostKey() {
@@ -115,7 +127,7 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
                            std::to_string(segment_bytes) + "|" + std::to_string(cfg.slots) + "|" +
                            std::to_string(cfg.slot_bytes) + "|" + cfg.transport + "|" +
                            (tcp_ ? tcp_->endpoint() : std::string("-")) + "|" +
-                           (ib_local_ ? "ib" : "-");
+                           (ib_local_ ? "ib" : "-") + "|" + gpuProtocolKey(cfg);
   const auto all = allGatherStrings(store, rank, nranks, "resident/desc", desc);
 
   peers_.resize(static_cast<size_t>(nranks));
@@ -126,7 +138,7 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   const std::string key0 = all[0].substr(0, all[0].find('|'));
   for (int p = 0; p < nranks; ++p) {
     const auto f = split(all[static_cast<size_t>(p)], '|');
-    if (f.size() != 9)
+    if (f.size() != 10)
       throw CommError("resident: malformed descriptor from rank " + std::to_string(p));
     PeerInfo& info = peers_[static_cast<size_t>(p)];
     info.host = f[0].substr(0, f[0].find('/'));
@@ -142,6 +154,14 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
     if (f[6] != cfg.transport) {
       throw InvalidArgument("resident: rank " + std::to_string(p) + " uses RESIDENT_TRANSPORT=" +
                             f[6] + " but rank " + std::to_string(rank) + " uses " + cfg.transport +
+                            "; all ranks must agree");
+    }
+    if (f[9] != gpuProtocolKey(cfg)) {
+      // The simple protocol is chosen per pair on the device from its path: both ranks of a
+      // pair must see the same protocol and the same path (kernels/simple_device.cuh).
+      throw InvalidArgument("resident: rank " + std::to_string(p) + " uses " +
+                            describeProtocolKey(f[9]) + " but rank " + std::to_string(rank) +
+                            " uses " + describeProtocolKey(gpuProtocolKey(cfg)) +
                             "; all ranks must agree");
     }
     endpoints[static_cast<size_t>(p)] = f[7];

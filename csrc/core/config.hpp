@@ -40,6 +40,10 @@ struct Config {
   // launched lazily, a blocking one on the caller's stream; own: on a stream per peer and
   // direction, launched when called (c10d/work_cuda.hpp, runCudaP2P).
   bool gpu_p2p_lazy = true;
+  // RESIDENT_GPU_PROTOCOL=ll|simple: how collective rounds reach direct peers. ll (default):
+  // LL lines (8 payload bytes and a flag per 16 bytes); simple: rounds of more than half a
+  // chunk as payload plus one flag per 2 KiB part (kernels/simple_device.cuh). All ranks agree.
+  bool gpu_protocol_simple = false;
   // RESIDENT_GPU_PERSISTENT=0|1: decode-size collectives run on a resident kernel per group
   // (handed over by stream memory operations) instead of one kernel per op.
   bool gpu_persistent = false;

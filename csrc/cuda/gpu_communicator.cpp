@@ -165,6 +165,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   region_.timeout_ns = timeout_ms * 1000000ull;
   timeout_ns_.store(region_.timeout_ns, std::memory_order_relaxed);
   region_.trigger_fence = comm.config().gpu_trigger_fence ? 1u : 0u;
+  region_.simple = comm.config().gpu_protocol_simple ? 1u : 0u;
   unsigned char* gpu_base = comm.segmentBase() + comm.gpuRegionOffset();
   ring_ = TriggerRingView(gpu_base + lay.fifoOffset(),
                           reinterpret_cast<uint64_t*>(gpu_base + GpuLayout::kFifoTailWord),
@@ -179,7 +180,8 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   const Config& cfg = comm.config();
   const int resident_blocks = cfg.gpu_persistent ? static_cast<int>(cfg.gpu_persistent_blocks) : 0;
   // What the resident kernels of the ranks sharing this GPU hold for their lifetime.
-  const int capacity = gpu::residentBlocksPerSm() * sms - resident_blocks * per_gpu;
+  const int capacity =
+      gpu::residentBlocksPerSm(region_.simple != 0) * sms - resident_blocks * per_gpu;
   // Per rank: a collective kernel and its PDL successor (2 x max_blocks_), plus p2p kernels
   // on up to 2(n-1) streams that share another 2 x max_blocks_ (see launchP2P): 4 x
   // max_blocks_ per rank, so every rank sharing the GPU stays resident at once.
@@ -196,7 +198,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       RelaxedCapture relaxed;
       persistent_ = std::make_unique<PersistentChannel>(
           device, cfg.gpu_persistent_blocks, cfg.gpu_persistent_slots, cfg.gpu_persistent_idle_us,
-          timeout_ms, &state_->failed,
+          timeout_ms, region_.simple != 0, &state_->failed,
           reinterpret_cast<const uint64_t*>(region_.local + GpuLayout::kAbortWord));
     } catch (...) {
       shutdown();

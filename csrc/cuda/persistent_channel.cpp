@@ -63,10 +63,11 @@ cudaStream_t stream(void* p) {
 }  // namespace
 
 PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots, uint64_t idle_us,
-                                     uint64_t timeout_ms, const uint32_t* failed,
+                                     uint64_t timeout_ms, bool simple, const uint32_t* failed,
                                      const uint64_t* abort_word)
     : device_(device),
       blocks_(blocks),
+      simple_(simple),
       eager_slots_(slots > 2 * kEagerSlots ? kEagerSlots : slots / 2),
       idle_ns_(idle_us * 1000),
       failed_(failed),
@@ -83,7 +84,7 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
   try {
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    const int fit = gpu::persistentBlocksPerSm() * sms;
+    const int fit = gpu::persistentBlocksPerSm(simple_) * sms;
     if (static_cast<int>(blocks) > fit) {
       throw InvalidArgument("resident: RESIDENT_GPU_PERSISTENT_BLOCKS=" + std::to_string(blocks) +
                             " exceeds the " + std::to_string(fit) +
@@ -176,7 +177,7 @@ void PersistentChannel::launchLocked() {
   a.generation = launches_.load() + 1;
   a.idle_ns = idle_ns_;
   in_launch_.store(true, std::memory_order_relaxed);
-  const cudaError_t err = gpu::launchPersistent(a, blocks_, stream(run_stream_));
+  const cudaError_t err = gpu::launchPersistent(a, blocks_, stream(run_stream_), simple_);
   in_launch_.store(false, std::memory_order_relaxed);
   checkCuda(err, "launching the resident kernel");
   launches_.fetch_add(1);

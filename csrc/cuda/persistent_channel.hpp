@@ -36,9 +36,11 @@ struct PersistentStatus {
 
 class PersistentChannel {
  public:
+  // `simple`: the group's Region::simple (which build of the kernel runs its descriptors);
   // `failed`, `abort_word`: the group's DeviceState::failed and abort word (device pointers).
   PersistentChannel(int device, uint32_t blocks, uint32_t slots, uint64_t idle_us,
-                    uint64_t timeout_ms, const uint32_t* failed, const uint64_t* abort_word);
+                    uint64_t timeout_ms, bool simple, const uint32_t* failed,
+                    const uint64_t* abort_word);
   ~PersistentChannel();
   PersistentChannel(const PersistentChannel&) = delete;
   PersistentChannel& operator=(const PersistentChannel&) = delete;
@@ -90,6 +92,7 @@ class PersistentChannel {
 
   const int device_;
   const uint32_t blocks_;
+  const bool simple_;  // the kernel's build with the simple protocol
   const uint32_t eager_slots_;
   const uint64_t idle_ns_;
   const uint32_t* const failed_;

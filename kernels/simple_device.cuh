@@ -1,0 +1,62 @@
+// Device half of the "simple" protocol (RESIDENT_GPU_PROTOCOL=simple): for a large round to a
+// peer reached by direct stores, the payload is stored as it is (8 bytes per thread and part,
+// the LL cut without the flags), then, after a system-scope fence, one flag line per part. LL
+// lines spend 16 bytes on 8 payload bytes; here the bytes that cross PCIe are halved, for one
+// more dependent load on the reader (flag, then payload).
+//
+// Where it lives in a slot (2 x chunk bytes, see GpuLayout::slotBytes): payload in
+// [chunk, 2 x chunk); flag of part j on the LL line j of [0, chunk), written {0, g, 0, g}. A
+// direct pair with the protocol on exchanges a round as LL lines only when both directions
+// carry at most chunk/2 bytes: its lines, credit lines included (a direction with less to send
+// still sends one line per part of the larger one), then fit in [0, chunk), so LL lines never
+// overlap simple payload — stale payload (any bytes) must never be read as an LL line, whose
+// validity is two words equal to the generation. Flag lines and LL lines share [0, chunk), and
+// both hold only generations in their flag words (older rounds of the slot hold older
+// generations), so neither is mistaken for the other.
+// The decision needs no coordination: both sides of a pair compute it from the round's byte
+// counts in both directions and the pair's path (all ranks agree on RESIDENT_GPU_PROTOCOL and
+// RESIDENT_PATH, checked when the communicator is set up, so a pair is direct both ways).
+#pragma once
+
+#include <cstdint>
+
+#include "exchange_args.hpp"
+#include "ll_device.cuh"
+
+namespace resident {
+namespace gpu {
+
+// A round with `peer` whose larger direction carries `pair_bytes`: simple, or LL lines?
+__device__ __forceinline__ bool simpleRound(const Region& reg, int peer, uint32_t pair_bytes) {
+  return reg.simple != 0 && ((reg.proxied >> peer) & 1ull) == 0 && pair_bytes > reg.chunk / 2;
+}
+
+// Payload word of thread t in part j of a slot starting at `slot`.
+__device__ __forceinline__ uint64_t simpleWordOffset(const Region& reg, uint32_t j, uint32_t t) {
+  return reg.chunk + static_cast<uint64_t>(j) * kPartPayload + t * 8;
+}
+
+__device__ __forceinline__ void storeSimpleWord(unsigned char* p, uint64_t v) {
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// After the block's payload stores of a part (every thread fenced them, then a barrier): the
+// flag line of part j carrying generation g.
+__device__ __forceinline__ void storeSimpleFlag(unsigned char* slot, uint32_t j, uint32_t g) {
+  __threadfence_system();
+  storeLine(slot + static_cast<uint64_t>(j) * 16, 0, g);
+}
+
+// Polls the flag line of part j until it carries g; false when the op gives up. On success the
+// payload stores that preceded the flag are visible to this thread's later loads, and to the
+// block's after a barrier.
+__device__ __forceinline__ bool waitSimpleFlag(Waiter& w, const unsigned char* slot, uint32_t j,
+                                               uint32_t g, int peer) {
+  uint64_t unused;
+  if (!w.line(slot + static_cast<uint64_t>(j) * 16, g, unused, peer)) return false;
+  __threadfence_system();
+  return true;
+}
+
+}  // namespace gpu
+}  // namespace resident
