@@ -168,8 +168,7 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
                              : loadBytes(src + static_cast<uint64_t>(j) * kPartPayload + t * 8, nb);
       storeSimpleWord(base + simpleWordOffset(reg, j, t), v);
     }
-    __threadfence_system();  // this thread's payload stores before any flag of the block
-    __syncthreads();
+    __syncthreads();  // the block's payload stores, then the flags (fenced in storeSimpleFlag)
     for (uint32_t j = j0 + t; j < j1; j += blockDim.x) storeSimpleFlag(base, j, g);
     return;
   }
@@ -206,8 +205,7 @@ __device__ inline void recvRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   const PeerPlan& pp = a.peers[p];
   const uint32_t rb = roundBytes(pp.recv_bytes, r, reg.chunk);
   const uint32_t g = sh.base[p] + r + 1;
-  const unsigned char* base =
-      reg.local + reg.coll_in0 + (static_cast<uint64_t>(p) * 2 + ((g - 1) & 1)) * reg.slot_bytes;
+  const unsigned char* base = collSlotFrom(reg, p, g);
   auto* dst = static_cast<unsigned char*>(pp.recv) + static_cast<uint64_t>(r) * reg.chunk;
   const uint32_t t = threadIdx.x;
   for (uint32_t j = j0; j < j1; ++j) {

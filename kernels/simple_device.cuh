@@ -31,7 +31,7 @@ __device__ __forceinline__ bool simpleRound(const Region& reg, int peer, uint32_
   return reg.simple != 0 && ((reg.proxied >> peer) & 1ull) == 0 && pair_bytes > reg.chunk / 2;
 }
 
-// Payload word of thread t in part j of a slot starting at `slot`.
+// Offset, from the start of a slot, of the payload word of thread t in part j.
 __device__ __forceinline__ uint64_t simpleWordOffset(const Region& reg, uint32_t j, uint32_t t) {
   return reg.chunk + static_cast<uint64_t>(j) * kPartPayload + t * 8;
 }
@@ -40,8 +40,10 @@ __device__ __forceinline__ void storeSimpleWord(unsigned char* p, uint64_t v) {
   asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// After the block's payload stores of a part (every thread fenced them, then a barrier): the
-// flag line of part j carrying generation g.
+// After a barrier behind the block's payload stores: the flag line of part j carrying
+// generation g. The system-scope fence is cumulative: it orders the stores the barrier made
+// this thread observe (every thread's payload) before the flag, for any reader, so the
+// writers need no fence of their own.
 __device__ __forceinline__ void storeSimpleFlag(unsigned char* slot, uint32_t j, uint32_t g) {
   __threadfence_system();
   storeLine(slot + static_cast<uint64_t>(j) * 16, 0, g);

@@ -7,7 +7,7 @@
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
-#           launch-probe interference interference-coredump fault-probe
+#           launch-probe interference fault-probe
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
 #   Test stages append each failure's text to $OUT/test_failures.log as it happens (printed
@@ -37,9 +37,6 @@
 #   fault-probe: scripts/persistent_fault_probe.py, the interference sequence step by step with a
 #                device check after each step, per variant ($RESIDENT_FAULT_VARIANTS)
 #                ($OUT/fault_probe.log).
-#   interference-coredump: the interference benchmark, short, in modes $RESIDENT_COREDUMP_MODES
-#                (default persistent) with lightweight GPU core dumps on a device fault, each
-#                read by cuda-gdb ($OUT/interference_coredump.log, $OUT/gpucore.txt).
 #   doctor:      python -m resident_pg.doctor (text and --json).
 #   examples:    the TP and EP decode examples on the GPU (2 ranks under MPS, CUDA graphs,
 #                --check against gloo), batch 1 and 8.
@@ -410,28 +407,6 @@ if has bench-persistent || has interference; then
   timeout 240 python3 -m resident_pg.bench_interference --ws 2 --modes "${RESIDENT_INTERFERENCE_MODES:-perop,persistent}" --time-limit ${RESIDENT_INTERFERENCE_LIMIT_S:-120} --timeout 60 \
     --json "$OUT/interference.json" > "$OUT/interference.log" 2>&1 || status=1
   tail -n 30 "$OUT/interference.log"
-fi
-
-if has interference-coredump; then
-  step "interference with GPU core dumps (modes ${RESIDENT_COREDUMP_MODES:-persistent})"
-  # A device fault (cudaErrorIllegalAddress) leaves a lightweight GPU core dump per faulting
-  # process (no memory contents); cuda-gdb then names the kernel, block, thread and PC.
-  rm -rf /tmp/gpucore && mkdir -p /tmp/gpucore
-  CUDA_ENABLE_COREDUMP_ON_EXCEPTION=1 CUDA_ENABLE_LIGHTWEIGHT_COREDUMP=1 \
-    CUDA_COREDUMP_GENERATION_FLAGS=skip_global_memory,skip_shared_memory,skip_local_memory \
-    CUDA_COREDUMP_FILE=/tmp/gpucore/core.%p \
-    timeout 240 python3 -m resident_pg.bench_interference --ws 2 --batches 1 --sizes 8 --reps 5 \
-    --modes "${RESIDENT_COREDUMP_MODES:-persistent}" --timeout 60 \
-    --json "$OUT/interference_coredump.json" > "$OUT/interference_coredump.log" 2>&1 || status=1
-  tail -n 20 "$OUT/interference_coredump.log"
-  ls -la /tmp/gpucore | tee -a "$OUT/interference_coredump.log"
-  for core in /tmp/gpucore/core.*; do
-    [[ -e $core ]] || continue
-    echo "== $core" >> "$OUT/gpucore.txt"
-    timeout 120 cuda-gdb -batch -ex "target cudacore $core" -ex "info cuda kernels" \
-      -ex "info cuda blocks" -ex "bt" -ex "x/8i \$pc" >> "$OUT/gpucore.txt" 2>&1
-  done
-  [[ -e $OUT/gpucore.txt ]] && head -c 6000 "$OUT/gpucore.txt"
 fi
 
 if has fault-probe; then

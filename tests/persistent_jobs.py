@@ -93,3 +93,14 @@ def exit_problems(job, ranks, destroyed=True):
     if job["shm_left"]:
         problems.append(f"left in /dev/shm: {sorted(job['shm_left'])}")
     return problems
+
+
+def judge(job, item, what, ranks, exit_item="process_exit", destroyed=True):
+    """One pytest item of a job: `exit_item` checks that the ranks' processes tore down (or
+    skipped it, `destroyed` False) and exited (exit_problems); any other item, the ranks'
+    reports (check_item)."""
+    if item == exit_item:
+        problems = exit_problems(job, ranks, destroyed)
+        assert not problems, f"{what}:\n" + "\n".join(problems)
+        return
+    check_item(job, item, what)

@@ -82,8 +82,8 @@ from persistent_harness import (
     status_problems,
     wait_status,
 )
-from persistent_jobs import PERSISTENT, describe as _describe, check_item as _check_item
-from persistent_jobs import exit_problems as _exit_problems, run_job as _job
+from persistent_jobs import PERSISTENT, describe as _describe, exit_problems as _exit_problems
+from persistent_jobs import judge, run_job as _job
 
 pytestmark = C.module_marks()
 
@@ -527,13 +527,7 @@ def _main(ws, path, graphs):
                               for w, p, g in MAIN_KEYS])
 @pytest.mark.parametrize("item", MAIN_ITEMS)
 def test_persistent(item, ws, path, graphs):
-    job = _main(ws, path, graphs)
-    what = f"ws={ws} path={path} graphs={graphs}"
-    if item == "process_exit":
-        problems = _exit_problems(job, range(ws))
-        assert not problems, f"{what}:\n" + "\n".join(problems)
-        return
-    _check_item(job, item, what)
+    judge(_main(ws, path, graphs), item, f"ws={ws} path={path} graphs={graphs}", range(ws))
 
 
 def _destroy():
@@ -544,12 +538,7 @@ def _destroy():
 
 @pytest.mark.parametrize("item", DESTROY_ITEMS)
 def test_persistent_destroy(item):
-    job = _destroy()
-    if item == "process_exit":
-        problems = _exit_problems(job, range(2))
-        assert not problems, "\n".join(problems)
-        return
-    _check_item(job, item, "destroy (idle 30 s, 2 blocks, 256 slots)")
+    judge(_destroy(), item, "destroy (idle 30 s, 2 blocks, 256 slots)", range(2))
 
 
 def _idle():
@@ -559,12 +548,8 @@ def _idle():
 
 @pytest.mark.parametrize("item", IDLE_ITEMS)
 def test_persistent_idle_exit_and_relaunch(item):
-    job = _idle()
-    if item == "process_exit_without_destroy":
-        problems = _exit_problems(job, range(2), destroyed=False)
-        assert not problems, "\n".join(problems)
-        return
-    _check_item(job, item, "idle (20 ms idle time, no destroy_process_group)")
+    judge(_idle(), item, "idle (20 ms idle time, no destroy_process_group)", range(2),
+          exit_item="process_exit_without_destroy", destroyed=False)
 
 
 def _timeout():

@@ -37,7 +37,7 @@ from persistent_harness import (
     served,
     start_stuck_reporter,
 )
-from persistent_jobs import PERSISTENT, check_item, exit_problems, run_job
+from persistent_jobs import PERSISTENT, judge, run_job
 
 pytestmark = C.module_marks()
 
@@ -196,22 +196,14 @@ def _env(loading):
 @pytest.mark.skipif(C.DRY_RUN, reason="module loading concerns CUDA kernels: needs CUDA")
 @pytest.mark.parametrize("item", LAZY_ITEMS)
 def test_never_idle_refused_under_lazy_loading(item):
-    job = run_job("never-lazy", lazy_job, 2, _env("LAZY"), timeout_s=60)
-    if item == "process_exit":
-        problems = exit_problems(job, range(2))
-        assert not problems, "\n".join(problems)
-        return
-    check_item(job, item, "IDLE_US=0, CUDA_MODULE_LOADING=LAZY")
+    judge(run_job("never-lazy", lazy_job, 2, _env("LAZY"), timeout_s=60), item,
+          "IDLE_US=0, CUDA_MODULE_LOADING=LAZY", range(2))
 
 
 @pytest.mark.parametrize("item", EAGER_ITEMS)
 def test_never_idle_under_eager_loading(item):
-    job = run_job("never-eager", eager_job, 2, _env("EAGER"), timeout_s=120)
-    if item == "process_exit":
-        problems = exit_problems(job, range(2))
-        assert not problems, "\n".join(problems)
-        return
-    check_item(job, item, "IDLE_US=0, CUDA_MODULE_LOADING=EAGER")
+    judge(run_job("never-eager", eager_job, 2, _env("EAGER"), timeout_s=120), item,
+          "IDLE_US=0, CUDA_MODULE_LOADING=EAGER", range(2))
 
 
 def test_never_idle_gpu_only_items_exist():

@@ -5,22 +5,15 @@
 
 #include <cstring>
 
+#include "cuda/driver_entry.hpp"
+
 namespace resident {
 namespace {
 using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
 }  // namespace
 
 StreamMemOps::StreamMemOps() {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t err = cudaGetDriverEntryPointByVersion("cuStreamBatchMemOp", &fn, 12000,
-                                                           cudaEnableDefault, &status);
-  if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || fn == nullptr) {
-    why_ = std::string("the driver has no cuStreamBatchMemOp (") +
-           (err != cudaSuccess ? cudaGetErrorString(err) : "symbol not found") + ")";
-    return;
-  }
-  fn_ = fn;
+  fn_ = driverEntryPoint("cuStreamBatchMemOp", 12000, &why_);  // in the body: why_ exists
 }
 
 int StreamMemOps::enqueue(void* stream, const MemOp* ops, unsigned count) const {
