@@ -27,6 +27,14 @@ __device__ __forceinline__ uint32_t loadAcquire32(const uint32_t* p) {
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ uint32_t loadAcquire32Gpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void storeRelease32Gpu(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 __device__ __forceinline__ unsigned long long loadAcquire64(const unsigned long long* p) {
   unsigned long long v;
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -76,12 +84,46 @@ __device__ __forceinline__ uint32_t nextTag(const PersistentArgs& pa, uint64_t l
   }
 }
 
+// Every thread of the block: the op's descriptor into `a` (shared). From the device table when
+// it holds the tag's generation, else from the host mirror (the host wrote the slot since; see
+// persistent_args.hpp), and then the leader block refreshes the table for the next op of the
+// slot. The other blocks decide for themselves: both copies hold the same bytes.
+__device__ __forceinline__ void loadDescriptor(const PersistentArgs& pa, uint32_t tag,
+                                               bool leader_block, CollectiveArgs& a, bool& fresh) {
+  const uint32_t slot = tagSlot(tag);
+  const uint32_t generation = tagGeneration(tag);
+  if (threadIdx.x == 0) fresh = loadAcquire32Gpu(pa.table_generation + slot) == generation;
+  __syncthreads();
+  auto* dst = reinterpret_cast<unsigned long long*>(&a);
+  const uint32_t words = (pa.args_bytes + 7) / 8;
+  if (fresh) {
+    const auto* src = reinterpret_cast<const unsigned long long*>(pa.table + slot);
+    for (uint32_t i = threadIdx.x; i < words; i += blockDim.x)
+      dst[i] = __ldcg(src + i);  // L2: the leader may have refreshed this slot since
+    __syncthreads();
+    return;
+  }
+  const auto* src = reinterpret_cast<const unsigned long long*>(
+      pa.mirror + static_cast<size_t>(slot) * pa.mirror_stride);
+  for (uint32_t i = threadIdx.x; i < words; i += blockDim.x) dst[i] = loadVolatile64(src + i);
+  __syncthreads();
+  if (!leader_block) return;
+  auto* cache = reinterpret_cast<unsigned long long*>(pa.table + slot);
+  for (uint32_t i = threadIdx.x; i < words; i += blockDim.x) __stcg(cache + i, dst[i]);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // the table's words before its generation
+    storeRelease32Gpu(pa.table_generation + slot, generation);
+  }
+}
+
 template <bool Simple>  // as collectiveKernel: a build with the simple protocol
 __global__ void __launch_bounds__(kThreads)
     persistentKernel(const __grid_constant__ PersistentArgs pa) {
   __shared__ CollectiveArgs a;
   __shared__ Shared sh;
   __shared__ uint32_t tag_sh;
+  __shared__ bool fresh_sh;
   __shared__ uint32_t seq;  // ops (and exits) this block has seen completed
   PersistentState* ps = pa.state;
   const uint32_t nblocks = gridDim.x;
@@ -119,13 +161,9 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     const uint32_t tag = tag_sh;
-    const bool run = tag != kExitCommand && tag - 1 < pa.slots;
+    const bool run = tag != kExitCommand && tagSlot(tag) < pa.slots;
     if (run) {
-      const auto* src = reinterpret_cast<const unsigned long long*>(pa.table + (tag - 1));
-      auto* dst = reinterpret_cast<unsigned long long*>(&a);
-      for (uint32_t i = threadIdx.x; i < sizeof(CollectiveArgs) / 8; i += blockDim.x)
-        dst[i] = __ldcg(src + i);  // L2: the host may have rewritten this slot since
-      __syncthreads();
+      loadDescriptor(pa, tag, leader_block, a, fresh_sh);
       loadRoundState(a, sh);
       collectiveBody<Simple>(a, sh, blockIdx.x);
     }

@@ -198,7 +198,10 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       RelaxedCapture relaxed;
       persistent_ = std::make_unique<PersistentChannel>(
           device, cfg.gpu_persistent_blocks, cfg.gpu_persistent_slots, cfg.gpu_persistent_idle_us,
-          timeout_ms, region_.simple != 0, &state_->failed,
+          timeout_ms, region_.simple != 0,
+          offsetof(gpu::CollectiveArgs, peers) +
+              static_cast<size_t>(nranks_) * sizeof(gpu::PeerPlan),
+          &state_->failed,
           reinterpret_cast<const uint64_t*>(region_.local + GpuLayout::kAbortWord));
     } catch (...) {
       shutdown();

@@ -63,17 +63,22 @@ cudaStream_t stream(void* p) {
 }  // namespace
 
 PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots, uint64_t idle_us,
-                                     uint64_t timeout_ms, bool simple, const uint32_t* failed,
-                                     const uint64_t* abort_word)
+                                     uint64_t timeout_ms, bool simple, size_t args_bytes,
+                                     const uint32_t* failed, const uint64_t* abort_word)
     : device_(device),
       blocks_(blocks),
       simple_(simple),
+      args_bytes_(args_bytes),
+      mirror_stride_((args_bytes + 63) / 64 * 64),
       eager_slots_(slots > 2 * kEagerSlots ? kEagerSlots : slots / 2),
       idle_ns_(idle_us * 1000),
       failed_(failed),
       abort_word_(abort_word),
       timeout_ms_(timeout_ms),
-      slots_(eager_slots_, slots - eager_slots_, sizeof(gpu::CollectiveArgs)) {
+      slots_(eager_slots_, slots - eager_slots_, args_bytes),
+      generations_(slots, 0) {
+  if (slots > (1u << gpu::kTagSlotBits) - 1 || args_bytes > sizeof(gpu::CollectiveArgs))
+    throw InvalidArgument("resident: bad descriptor table shape for the resident kernel");
   if (!memops_.available()) {
     throw CommError("resident: RESIDENT_GPU_PERSISTENT=1 needs stream memory operations: " +
                     memops_.why() + "; unset RESIDENT_GPU_PERSISTENT");
@@ -94,6 +99,8 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
               "cudaMalloc of the resident kernel's state");
     checkCuda(cudaMalloc(reinterpret_cast<void**>(&table_), sizeof(gpu::CollectiveArgs) * slots),
               "cudaMalloc of the descriptor table");
+    checkCuda(cudaMalloc(reinterpret_cast<void**>(&table_generation_), sizeof(uint32_t) * slots),
+              "cudaMalloc of the descriptor table's generations");
     void* host = nullptr;
     checkCuda(cudaHostAlloc(&host, sizeof(gpu::PersistentHostWords),
                             cudaHostAllocMapped | cudaHostAllocPortable),
@@ -103,22 +110,25 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
     void* dev = nullptr;
     checkCuda(cudaHostGetDevicePointer(&dev, host, 0), "cudaHostGetDevicePointer");
     host_dev_ = static_cast<gpu::PersistentHostWords*>(dev);
-    void* staging = nullptr;
-    checkCuda(cudaHostAlloc(&staging, sizeof(gpu::CollectiveArgs), cudaHostAllocDefault),
-              "cudaHostAlloc of the descriptor staging buffer");
-    staging_ = static_cast<gpu::CollectiveArgs*>(staging);
+    void* mirror = nullptr;
+    checkCuda(
+        cudaHostAlloc(&mirror, mirror_stride_ * slots, cudaHostAllocMapped | cudaHostAllocPortable),
+        "cudaHostAlloc of the descriptor mirror");
+    mirror_ = static_cast<unsigned char*>(mirror);
+    checkCuda(cudaHostGetDevicePointer(&dev, mirror, 0), "cudaHostGetDevicePointer");
+    mirror_dev_ = static_cast<const unsigned char*>(dev);
     // Highest priority: a relaunch should not queue behind ordinary work.
     int least = 0, greatest = 0;
     cudaDeviceGetStreamPriorityRange(&least, &greatest);
     checkCuda(cudaStreamCreateWithPriority(asStream(&run_stream_), cudaStreamNonBlocking, greatest),
               "cudaStreamCreate");
-    checkCuda(cudaStreamCreateWithFlags(asStream(&upload_stream_), cudaStreamNonBlocking),
-              "cudaStreamCreate");
-    // On a private stream: a device-wide synchronize would wait for other groups' resident
-    // kernels.
-    checkCuda(cudaMemsetAsync(state_, 0, sizeof(gpu::PersistentState), stream(upload_stream_)),
+    // Zeroed on run_stream_ (the instances run behind it) and waited for on it alone: a
+    // device-wide synchronize would wait for other groups' resident kernels.
+    checkCuda(cudaMemsetAsync(state_, 0, sizeof(gpu::PersistentState), stream(run_stream_)),
               "initialising the resident kernel's state");
-    checkCuda(cudaStreamSynchronize(stream(upload_stream_)),
+    checkCuda(cudaMemsetAsync(table_generation_, 0, sizeof(uint32_t) * slots, stream(run_stream_)),
+              "initialising the resident kernel's state");
+    checkCuda(cudaStreamSynchronize(stream(run_stream_)),
               "initialising the resident kernel's state");
     addLive(host_);
     // The thread first: once an instance runs, nothing below may fail (release() would free
@@ -170,6 +180,10 @@ void PersistentChannel::launchLocked() {
   gpu::PersistentArgs a{};
   a.state = state_;
   a.table = table_;
+  a.table_generation = table_generation_;
+  a.mirror = mirror_dev_;
+  a.mirror_stride = static_cast<uint32_t>(mirror_stride_);
+  a.args_bytes = static_cast<uint32_t>(args_bytes_);
   a.host = host_dev_;
   a.failed = failed_;
   a.abort_word = abort_word_;
@@ -292,21 +306,19 @@ void PersistentChannel::waitEagerDone(uint32_t stamp) {
   }
 }
 
+// Host stores only (see persistent_args.hpp for why no copy to the device); the stream's
+// doorbell write, enqueued after them, publishes them to the kernel.
 void PersistentChannel::upload(uint32_t slot, const gpu::CollectiveArgs& args, size_t bytes) {
-  DeviceGuard guard(device_);
-  RelaxedCapture relaxed;
-  std::memcpy(staging_, &args, bytes);
-  checkCuda(cudaMemcpyAsync(table_ + slot, staging_, bytes, cudaMemcpyHostToDevice,
-                            stream(upload_stream_)),
-            "uploading a descriptor of the resident kernel");
-  checkCuda(cudaStreamSynchronize(stream(upload_stream_)),
-            "uploading a descriptor of the resident kernel");
+  std::memcpy(mirror_ + static_cast<size_t>(slot) * mirror_stride_, &args, bytes);
+  uint16_t& g = generations_[slot];
+  g = static_cast<uint16_t>(g >= gpu::kMaxTagGeneration ? 1 : g + 1);
+  std::atomic_thread_fence(std::memory_order_release);
 }
 
 void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, void* on,
                                 bool captured) {
   DescriptorSlots::Pick pick;
-  uint32_t stamp = 0;
+  uint32_t stamp = 0, tag = 0;
   {
     std::lock_guard<std::mutex> lock(table_mu_);
     if (stopped_) throw CommError("resident: the resident kernel was stopped");
@@ -323,11 +335,11 @@ void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, v
     }
     if (pick.must_wait) waitEagerDone(pick.wait_stamp);
     if (pick.upload) upload(pick.slot, args, bytes);
+    tag = gpu::opTag(pick.slot, generations_[pick.slot]);
     // Before the doorbell is enqueued: the running instance stays until this op is done.
     if (!captured) __atomic_store_n(&host_->issued, stamp, __ATOMIC_RELEASE);
   }
   if (!captured) ensureInstance();
-  const uint32_t tag = pick.slot + 1;
   const MemOp ops[3] = {{MemOp::kWrite, &host_dev_->mailbox, tag},
                         {MemOp::kWaitEq, &host_dev_->mailbox, 0},
                         {MemOp::kWrite, &host_dev_->eager_done, stamp}};
@@ -431,13 +443,15 @@ void PersistentChannel::release() {
     removeLive(host);
     cudaFreeHost(host);
   }
-  for (void* s : {run_stream_, upload_stream_})
-    if (s != nullptr) cudaStreamDestroy(stream(s));
-  if (staging_ != nullptr) cudaFreeHost(staging_);
+  if (run_stream_ != nullptr) cudaStreamDestroy(stream(run_stream_));
+  if (mirror_ != nullptr) cudaFreeHost(mirror_);
+  if (table_generation_ != nullptr) cudaFree(table_generation_);
   if (table_ != nullptr) cudaFree(table_);
   if (state_ != nullptr) cudaFree(state_);
-  run_stream_ = upload_stream_ = nullptr;
-  staging_ = nullptr;
+  run_stream_ = nullptr;
+  mirror_ = nullptr;
+  mirror_dev_ = nullptr;
+  table_generation_ = nullptr;
   table_ = nullptr;
   state_ = nullptr;
 }

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/descriptor_slots.hpp"
 #include "cuda/stream_memops.hpp"
@@ -38,8 +39,9 @@ class PersistentChannel {
  public:
   // `simple`: the group's Region::simple (which build of the kernel runs its descriptors);
   // `failed`, `abort_word`: the group's DeviceState::failed and abort word (device pointers).
+  // `args_bytes`: the meaningful bytes of this group's descriptors (header + its peers).
   PersistentChannel(int device, uint32_t blocks, uint32_t slots, uint64_t idle_us,
-                    uint64_t timeout_ms, bool simple, const uint32_t* failed,
+                    uint64_t timeout_ms, bool simple, size_t args_bytes, const uint32_t* failed,
                     const uint64_t* abort_word);
   ~PersistentChannel();
   PersistentChannel(const PersistentChannel&) = delete;
@@ -93,6 +95,8 @@ class PersistentChannel {
   const int device_;
   const uint32_t blocks_;
   const bool simple_;  // the kernel's build with the simple protocol
+  const size_t args_bytes_;
+  const size_t mirror_stride_;  // args_bytes_ rounded up to a cache line
   const uint32_t eager_slots_;
   const uint64_t idle_ns_;
   const uint32_t* const failed_;
@@ -100,14 +104,15 @@ class PersistentChannel {
   std::atomic<uint64_t> timeout_ms_;
   StreamMemOps memops_;
   DescriptorSlots slots_;
-  gpu::PersistentState* state_ = nullptr;         // device memory
-  gpu::CollectiveArgs* table_ = nullptr;          // device memory
-  gpu::PersistentHostWords* host_ = nullptr;      // mapped host memory (host pointer)
+  std::vector<uint16_t> generations_;          // under table_mu_: per slot, of the mirror's content
+  gpu::PersistentState* state_ = nullptr;      // device memory
+  gpu::CollectiveArgs* table_ = nullptr;       // device memory: the kernel's cache
+  uint32_t* table_generation_ = nullptr;       // device memory, per slot
+  unsigned char* mirror_ = nullptr;            // mapped host memory: the descriptors
+  const unsigned char* mirror_dev_ = nullptr;  // ... its device pointer
+  gpu::PersistentHostWords* host_ = nullptr;   // mapped host memory (host pointer)
   gpu::PersistentHostWords* host_dev_ = nullptr;  // ... its device pointer
-  gpu::CollectiveArgs* staging_ = nullptr;        // pinned, for uploads
-  // cudaStream_t (non-blocking): where instances run; descriptor uploads.
-  void* run_stream_ = nullptr;
-  void* upload_stream_ = nullptr;
+  void* run_stream_ = nullptr;  // cudaStream_t (non-blocking): where instances run
   // launch_mu_: launches and stop (install, callers' threads, launcher thread, shutdown).
   // table_mu_: the slot table and uploads (callers' threads). Separate, so that a caller
   // waiting for a slot never blocks the relaunch it may be waiting for. Timed: stop() must not
