@@ -28,9 +28,11 @@ __device__ __forceinline__ uint32_t pairRoundBytes(const PeerPlan& pp, uint32_t 
   return max(roundBytes(pp.send_bytes, r, chunk), roundBytes(pp.recv_bytes, r, chunk));
 }
 
-// Parts of round r exchanged with a partner: its larger direction (a credit line at least).
+// Parts of round r exchanged with a partner: those of its larger direction (a credit line at
+// least), and never fewer than round r-1's (exchangedParts).
 __device__ __forceinline__ uint32_t partnerParts(const PeerPlan& pp, uint32_t r, uint32_t chunk) {
-  return partsOf(pairRoundBytes(pp, r, chunk));
+  const uint64_t larger = pp.send_bytes > pp.recv_bytes ? pp.send_bytes : pp.recv_bytes;
+  return exchangedParts(larger, r, chunk);
 }
 
 struct Shared {
@@ -46,23 +48,44 @@ __device__ __forceinline__ const unsigned char* collSlotFrom(const Region& reg, 
 }
 
 // Simple protocol, reduce mode: waits (threads in parallel) for the flags of parts [j0, jend)
-// from every peer that sends this round simple. Block-uniform (a barrier); false when the op
-// gives up (sh.stop is then set for the whole block).
+// from every peer that exchanges this op simple (`first`: the op's first round bytes, see
+// simplePair). Block-uniform (a barrier); false when the op gives up (sh.stop is then set for
+// the whole block).
 __device__ inline bool waitSimpleFlags(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t r,
-                                       uint32_t bytes, uint32_t j0, uint32_t jend) {
+                                       uint32_t first, uint32_t j0, uint32_t jend) {
   const Region& reg = a.reg;
   const uint32_t count = jend > j0 ? jend - j0 : 0u;
   const uint32_t n = static_cast<uint32_t>(a.nranks);
   bool ok = true;
   for (uint32_t i = threadIdx.x; ok && i < count * n; i += blockDim.x) {
     const int q = static_cast<int>(i % n);
-    if (q == a.rank || !simpleRound(reg, q, bytes)) continue;
+    if (q == a.rank || !simplePair(reg, q, first)) continue;
     const uint32_t g = sh.base[q] + r + 1;
     ok = waitSimpleFlag(w, collSlotFrom(reg, q, g), j0 + i / n, g, q);
   }
   if (!ok) sh.stop = 1;
   __syncthreads();
   return !sh.stop;
+}
+
+// Reduce mode: waits for the credit lines of parts [j0, jend) of round r (parts past the
+// payload, exchangedParts) from every partner that exchanges LL lines (a simple pair's credits
+// are its flags, waited for by waitSimpleFlags). False when the op gives up.
+__device__ inline bool waitCredits(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t r,
+                                   uint32_t first, uint32_t j0, uint32_t jend) {
+  const uint32_t count = jend > j0 ? jend - j0 : 0u;
+  const uint32_t n = static_cast<uint32_t>(a.nranks);
+  bool ok = true;
+  for (uint32_t i = threadIdx.x; ok && i < count * n; i += blockDim.x) {
+    const int q = static_cast<int>(i % n);
+    if (q == a.rank || simplePair(a.reg, q, first)) continue;
+    const uint32_t g = sh.base[q] + r + 1;
+    uint64_t unused;
+    ok = w.line(collSlotFrom(a.reg, q, g) + static_cast<uint64_t>(j0 + i / n) * kThreads * 16, g,
+                unused, q);
+  }
+  if (!ok) sh.stop = 1;
+  return ok;
 }
 
 // Rank-ordered reduction of the parts [j0, j1) of round r. Simple: the kernel is built with
@@ -73,16 +96,20 @@ __device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& 
   const Region& reg = a.reg;
   const uint32_t bytes = roundBytes(a.peers[a.rank].recv_bytes, r, reg.chunk);
   const uint32_t nparts = partsOf(bytes);
+  // With credit parts past the payload in a short last round (exchangedParts).
+  const uint32_t xparts = exchangedParts(a.peers[a.rank].recv_bytes, r, reg.chunk);
+  const uint32_t first = roundBytes(a.peers[a.rank].recv_bytes, 0, reg.chunk);
   const uint64_t round_off = static_cast<uint64_t>(r) * reg.chunk;
   const auto* in = static_cast<const unsigned char*>(a.local_in) + round_off;
   auto* out = static_cast<unsigned char*>(a.out) + round_off;
   const uint32_t t = threadIdx.x;
-  // Uniform: the same for every thread (args and byte counts only). In reduce mode a round
-  // carries `bytes` both ways with every partner, so `bytes` is the pair's larger direction.
+  // Uniform: the same for every thread (args and byte counts only). In reduce mode every
+  // round carries the same bytes both ways with every partner.
   bool any_simple = false;
   for (int q = 0; Simple && q < a.nranks; ++q)
-    any_simple |= q != a.rank && simpleRound(reg, q, bytes);
-  if (any_simple && !waitSimpleFlags(a, sh, w, r, bytes, j0, min(j1, nparts))) return;
+    any_simple |= q != a.rank && simplePair(reg, q, first);
+  if (any_simple && !waitSimpleFlags(a, sh, w, r, first, j0, min(j1, xparts))) return;
+  if (!waitCredits(a, sh, w, r, first, max(j0, nparts), min(j1, xparts))) return;
   for (uint32_t j = j0; j < min(j1, nparts); ++j) {
     const uint32_t nb = lineBytes(bytes, j, t);
     if (nb == 0) continue;
@@ -96,7 +123,7 @@ __device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& 
       if (q != a.rank) {
         const uint32_t g = sh.base[q] + r + 1;
         const unsigned char* slot = collSlotFrom(reg, q, g);
-        if (any_simple && simpleRound(reg, q, bytes))
+        if (any_simple && simplePair(reg, q, first))
           v = loadVolatile64(slot + simpleWordOffset(reg, j, t));  // its flag was seen
         else
           ok = w.line(slot + (static_cast<uint64_t>(j) * kThreads + t) * 16, g, v, q);
@@ -159,7 +186,7 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   // lines unwritten that the proxy waits for (seen with the resident kernel's several parts per
   // block: a 4-rank uneven all_to_all timed out on the device).
   const bool whole_parts = sh.remote[p] == nullptr;
-  if (Simple && simpleRound(reg, p, pairRoundBytes(pp, r, reg.chunk))) {  // payload, flags
+  if (Simple && simplePair(reg, p, pairRoundBytes(pp, 0, reg.chunk))) {  // payload, flags
     for (uint32_t j = j0; j < j1; ++j) {
       const uint32_t nb = lineBytes(sb, j, t);
       if (nb == 0) continue;
@@ -220,7 +247,7 @@ __device__ inline void recvRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   }
 }
 
-// Simple protocol (simpleRound): waits for partner p's flags of parts [j0, j1) of round r,
+// Simple protocol (simplePair): waits for partner p's flags of parts [j0, j1) of round r,
 // then copies their payload. Block-uniform (a barrier).
 __device__ inline void recvSimple(const CollectiveArgs& a, Shared& sh, Waiter& w, int p, uint32_t r,
                                   uint32_t j0, uint32_t j1) {
@@ -325,7 +352,7 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint3
           const uint32_t n = partnerParts(pp, r, chunk);
           if (j0 >= n) continue;
           const uint32_t j1 = min(n, j0 + a.parts_per_block);
-          if (simpleRound(a.reg, p, pairRoundBytes(pp, r, chunk)))
+          if (simplePair(a.reg, p, pairRoundBytes(pp, 0, chunk)))
             recvSimple(a, sh, w, p, r, j0, j1);
           else if (!sh.stop)
             recvRound(a, sh, w, p, r, j0, j1);

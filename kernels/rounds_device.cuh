@@ -24,6 +24,21 @@ __device__ __forceinline__ uint32_t partsOf(uint32_t bytes) {
   return n ? n : 1u;
 }
 
+// Parts exchanged in round r of a pair whose larger direction carries `total` bytes: the
+// round's own, and at least as many as round r-1's, so a short last round carries a credit
+// line for every part of the round before it. Why: a slot is rewritten two rounds later (by
+// the next op, after a last round) once the writer received the round in between, which the
+// reader sends per part only after it consumed the slot's part; a part missing from the
+// round in between would leave the writer free to overwrite it unread (the likely cause of a
+// failure on the H200 with the simple protocol, session 18: a 1 MiB all_reduce read wrong data,
+// then the next op timed out).
+__device__ __forceinline__ uint32_t exchangedParts(uint64_t total, uint32_t r, uint32_t chunk) {
+  const uint32_t n = partsOf(roundBytes(total, r, chunk));
+  if (r == 0) return n;
+  const uint32_t before = partsOf(roundBytes(total, r - 1, chunk));
+  return n > before ? n : before;
+}
+
 // Payload bytes of part j of a round carrying `round_bytes` (may be <= 0).
 __device__ __forceinline__ int64_t partLen(uint32_t round_bytes, uint32_t part) {
   return static_cast<int64_t>(round_bytes) - static_cast<int64_t>(part) * kPartPayload;

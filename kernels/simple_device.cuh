@@ -6,16 +6,20 @@
 //
 // Where it lives in a slot (2 x chunk bytes, see GpuLayout::slotBytes): payload in
 // [chunk, 2 x chunk); flag of part j on the LL line j of [0, chunk), written {0, g, 0, g}. A
-// direct pair with the protocol on exchanges a round as LL lines only when both directions
-// carry at most chunk/2 bytes: its lines, credit lines included (a direction with less to send
-// still sends one line per part of the larger one), then fit in [0, chunk), so LL lines never
-// overlap simple payload — stale payload (any bytes) must never be read as an LL line, whose
-// validity is two words equal to the generation. Flag lines and LL lines share [0, chunk), and
-// both hold only generations in their flag words (older rounds of the slot hold older
-// generations), so neither is mistaken for the other.
-// The decision needs no coordination: both sides of a pair compute it from the round's byte
-// counts in both directions and the pair's path (all ranks agree on RESIDENT_GPU_PROTOCOL and
-// RESIDENT_PATH, checked when the communicator is set up, so a pair is direct both ways).
+// direct pair with the protocol on exchanges an op as LL lines only when both directions of its
+// first (largest) round carry at most chunk/2 bytes — then the op has one round, whose lines,
+// credit lines included (a direction with less to send still sends one line per part of the
+// larger one), fit in [0, chunk), so LL lines never overlap simple payload: stale payload (any
+// bytes) must never be read as an LL line, whose validity is two words equal to the
+// generation. Flag lines and LL lines share [0, chunk), and both hold only generations in their
+// flag words (older rounds of the slot hold older generations), so neither is mistaken for the
+// other. Per op, not per round: LL lines of part 0 cover the flags of parts 1..255 of the
+// round two before in the same slot, which other blocks may not have read yet (a short LL last
+// round after simple rounds: one of the two likely causes of the H200 failure of session 18);
+// between ops the slot's earlier round was consumed whole (exchangedParts). The decision needs no
+// coordination: both sides of a pair compute it from the op's byte counts in both directions and
+// the pair's path (all ranks agree on RESIDENT_GPU_PROTOCOL and RESIDENT_PATH, checked when the
+// communicator is set up, so a pair is direct both ways).
 #pragma once
 
 #include <cstdint>
@@ -26,9 +30,10 @@
 namespace resident {
 namespace gpu {
 
-// A round with `peer` whose larger direction carries `pair_bytes`: simple, or LL lines?
-__device__ __forceinline__ bool simpleRound(const Region& reg, int peer, uint32_t pair_bytes) {
-  return reg.simple != 0 && ((reg.proxied >> peer) & 1ull) == 0 && pair_bytes > reg.chunk / 2;
+// An op with `peer` whose first round's larger direction carries `first_bytes`: every round
+// simple, or LL lines?
+__device__ __forceinline__ bool simplePair(const Region& reg, int peer, uint32_t first_bytes) {
+  return reg.simple != 0 && ((reg.proxied >> peer) & 1ull) == 0 && first_bytes > reg.chunk / 2;
 }
 
 // Offset, from the start of a slot, of the payload word of thread t in part j.

@@ -41,7 +41,9 @@
 #   examples:    the TP and EP decode examples on the GPU (2 ranks under MPS, CUDA graphs,
 #                --check against gloo), batch 1 and 8.
 #   gpu-tests:   the GPU-marked tests but the persistent mode's (gpu-tests-persistent)
-#                ($OUT/gpu_tests.log; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 480 s);
+#                ($OUT/gpu_tests.log; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 480 s;
+#                only those pytest -k "$RESIDENT_GPU_TESTS_K" selects, when set, here and in
+#                gpu-tests-persistent);
 #                `tests` runs everything.
 #   multi-gpu:   (issue 7; needs >= 2 GPUs, e.g. the nvidia-h200-x2 kind) one rank per GPU, no
 #                MPS: the GPU tests at ws = number of GPUs, then the CUDA ladder of resident
@@ -200,6 +202,7 @@ if has gpu-tests; then
   # Bounded, so that a hang still leaves the log and the later stages inside the call's limit.
   timeout -k 15 "${RESIDENT_GPU_TESTS_LIMIT_S:-480}" python3 -m pytest -q -m gpu tests \
     --ignore=tests/test_cuda_persistent.py --ignore=tests/test_cuda_persistent_never_idle.py \
+    ${RESIDENT_GPU_TESTS_K:+-k "$RESIDENT_GPU_TESTS_K"} \
     -p no:cacheprovider -rf --durations=15 \
     > "$OUT/gpu_tests.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests.log"
@@ -220,6 +223,7 @@ if has gpu-tests-persistent; then
   step "gpu tests (persistent mode)"
   RESIDENT_GPU_TESTS_WS=2,4 timeout -k 15 "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
     python3 -m pytest -q tests/test_cuda_persistent.py tests/test_cuda_persistent_never_idle.py \
+    ${RESIDENT_GPU_TESTS_K:+-k "$RESIDENT_GPU_TESTS_K"} \
     -p no:cacheprovider -rf > "$OUT/gpu_tests_persistent.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests_persistent.log"
 fi

@@ -368,6 +368,29 @@ def note_progress(what):
     _progress["what"] = what
 
 
+def _dump_native_stacks():
+    """The native (C++) stacks of this process's threads, from cuda-gdb attached for a moment
+    (the GPU machine has no gdb; cuda-gdb also debugs host code), to stderr. Where a Python
+    stack cannot say which CUDA or driver call a thread waits in. Does nothing without it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    tool = shutil.which("cuda-gdb")
+    if tool is None:
+        return
+    try:
+        out = subprocess.run(
+            [tool, "-p", str(os.getpid()), "-batch", "-nx", "-ex", "set pagination off",
+             "-ex", "thread apply all bt 25"],
+            capture_output=True, text=True, timeout=60).stdout
+    except Exception as e:  # noqa: BLE001
+        out = f"cuda-gdb failed: {e!r}"
+    frames = [ln for ln in out.splitlines() if ln.startswith(("Thread", "#"))]
+    print("NATIVE STACKS\n" + "\n".join(frames[:160]), file=sys.stderr, flush=True)
+
+
 def start_stuck_reporter(after_s=10.0, every_s=5.0):
     """A daemon thread that, while the rank makes no progress (note_progress) for after_s,
     prints what it was doing and the resident kernel's status to stderr every every_s, so
@@ -376,6 +399,7 @@ def start_stuck_reporter(after_s=10.0, every_s=5.0):
     import threading
 
     def loop():
+        dumped = False
         while True:
             time.sleep(every_s)
             idle = time.monotonic() - _progress["t"]
@@ -386,6 +410,9 @@ def start_stuck_reporter(after_s=10.0, every_s=5.0):
                     st = f"pstatus() raised {e!r}"
                 print(f"STUCK {idle:.0f} s in {_progress['what']}: {st}", file=sys.stderr,
                       flush=True)
+                if not dumped:
+                    dumped = True
+                    _dump_native_stacks()
 
     threading.Thread(target=loop, daemon=True, name="stuck-reporter").start()
 
