@@ -53,6 +53,7 @@ void DescriptorSlots::store(uint32_t slot, uint64_t hash, const void* bytes, siz
   index_.emplace(hash, slot);
   e.hash = hash;
   e.n = n;
+  e.generation = e.generation >= kMaxGeneration ? 1u : e.generation + 1;
   std::memcpy(&copies_[slot * max_bytes_], bytes, n);
 }
 
@@ -63,6 +64,7 @@ DescriptorSlots::Pick DescriptorSlots::eager(const void* bytes, size_t n, uint32
   int s = find(eager_, eager_ + graph_used_, hash, bytes, n);  // immutable: no stamp needed
   if (s >= 0) {
     pick.slot = static_cast<uint32_t>(s);
+    pick.generation = entries_[pick.slot].generation;
     return pick;
   }
   s = find(0, eager_, hash, bytes, n);
@@ -89,6 +91,7 @@ DescriptorSlots::Pick DescriptorSlots::eager(const void* bytes, size_t n, uint32
   e.last_stamp = stamp;
   e.last_use = ++clock_;
   pick.slot = static_cast<uint32_t>(s);
+  pick.generation = e.generation;
   return pick;
 }
 
@@ -99,6 +102,7 @@ DescriptorSlots::Pick DescriptorSlots::graph(const void* bytes, size_t n) {
   const int s = find(eager_, eager_ + graph_used_, hash, bytes, n);
   if (s >= 0) {
     pick.slot = static_cast<uint32_t>(s);
+    pick.generation = entries_[pick.slot].generation;
     return pick;
   }
   if (eager_ + graph_used_ >= size()) {
@@ -109,6 +113,7 @@ DescriptorSlots::Pick DescriptorSlots::graph(const void* bytes, size_t n) {
   }
   pick.slot = eager_ + graph_used_++;
   store(pick.slot, hash, bytes, n);
+  pick.generation = entries_[pick.slot].generation;
   pick.upload = true;
   return pick;
 }

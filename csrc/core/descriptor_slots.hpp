@@ -21,10 +21,17 @@ class DescriptorSlots {
   // are at most `max_bytes` long.
   DescriptorSlots(uint32_t eager, uint32_t graph, size_t max_bytes);
 
+  // A slot's generation goes up (1..kMaxGeneration, wrapping) each time it is written, so
+  // that a reader caching slots (the resident kernel) tells a rewritten slot from the copy it
+  // holds: the op's tag carries it. A slot is rewritten only after its last op completed, so
+  // a cached copy is never exactly kMaxGeneration writes old when it is read.
+  static constexpr uint32_t kMaxGeneration = (1u << 15) - 1;
+
   struct Pick {
     uint32_t slot = 0;
-    bool upload = false;     // the caller must write the descriptor into the slot
-    bool must_wait = false;  // ... after the eager op stamped `wait_stamp` has completed
+    uint32_t generation = 0;  // of the slot's content after this pick (>= 1)
+    bool upload = false;      // the caller must write the descriptor into the slot
+    bool must_wait = false;   // ... after the eager op stamped `wait_stamp` has completed
     uint32_t wait_stamp = 0;
   };
   // An eager op's slot; `stamp` is its issue number (wrapping), recorded as the slot's last
@@ -45,7 +52,8 @@ class DescriptorSlots {
     uint64_t hash = 0;
     size_t n = 0;  // 0: empty
     uint32_t last_stamp = 0;
-    uint64_t last_use = 0;  // LRU clock
+    uint64_t last_use = 0;    // LRU clock
+    uint32_t generation = 0;  // 0: never written
   };
   int find(uint32_t first, uint32_t last, uint64_t hash, const void* bytes, size_t n) const;
   void store(uint32_t slot, uint64_t hash, const void* bytes, size_t n);

@@ -75,8 +75,9 @@ PersistentChannel::PersistentChannel(int device, uint32_t blocks, uint32_t slots
       failed_(failed),
       abort_word_(abort_word),
       timeout_ms_(timeout_ms),
-      slots_(eager_slots_, slots - eager_slots_, args_bytes),
-      generations_(slots, 0) {
+      slots_(eager_slots_, slots - eager_slots_, args_bytes) {
+  static_assert(DescriptorSlots::kMaxGeneration == gpu::kMaxTagGeneration,
+                "a slot's generation must fit the op's tag");
   if (slots > (1u << gpu::kTagSlotBits) - 1 || args_bytes > sizeof(gpu::CollectiveArgs))
     throw InvalidArgument("resident: bad descriptor table shape for the resident kernel");
   if (!memops_.available()) {
@@ -310,8 +311,6 @@ void PersistentChannel::waitEagerDone(uint32_t stamp) {
 // doorbell write, enqueued after them, publishes them to the kernel.
 void PersistentChannel::upload(uint32_t slot, const gpu::CollectiveArgs& args, size_t bytes) {
   std::memcpy(mirror_ + static_cast<size_t>(slot) * mirror_stride_, &args, bytes);
-  uint16_t& g = generations_[slot];
-  g = static_cast<uint16_t>(g >= gpu::kMaxTagGeneration ? 1 : g + 1);
   std::atomic_thread_fence(std::memory_order_release);
 }
 
@@ -335,7 +334,7 @@ void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, v
     }
     if (pick.must_wait) waitEagerDone(pick.wait_stamp);
     if (pick.upload) upload(pick.slot, args, bytes);
-    tag = gpu::opTag(pick.slot, generations_[pick.slot]);
+    tag = gpu::opTag(pick.slot, pick.generation);
     // Before the doorbell is enqueued: the running instance stays until this op is done.
     if (!captured) __atomic_store_n(&host_->issued, stamp, __ATOMIC_RELEASE);
   }

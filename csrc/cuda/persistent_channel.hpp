@@ -15,7 +15,6 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <vector>
 
 #include "core/descriptor_slots.hpp"
 #include "cuda/stream_memops.hpp"
@@ -104,13 +103,12 @@ class PersistentChannel {
   std::atomic<uint64_t> timeout_ms_;
   StreamMemOps memops_;
   DescriptorSlots slots_;
-  std::vector<uint16_t> generations_;          // under table_mu_: per slot, of the mirror's content
-  gpu::PersistentState* state_ = nullptr;      // device memory
-  gpu::CollectiveArgs* table_ = nullptr;       // device memory: the kernel's cache
-  uint32_t* table_generation_ = nullptr;       // device memory, per slot
-  unsigned char* mirror_ = nullptr;            // mapped host memory: the descriptors
-  const unsigned char* mirror_dev_ = nullptr;  // ... its device pointer
-  gpu::PersistentHostWords* host_ = nullptr;   // mapped host memory (host pointer)
+  gpu::PersistentState* state_ = nullptr;         // device memory
+  gpu::CollectiveArgs* table_ = nullptr;          // device memory: the kernel's cache
+  uint32_t* table_generation_ = nullptr;          // device memory, per slot
+  unsigned char* mirror_ = nullptr;               // mapped host memory: the descriptors
+  const unsigned char* mirror_dev_ = nullptr;     // ... its device pointer
+  gpu::PersistentHostWords* host_ = nullptr;      // mapped host memory (host pointer)
   gpu::PersistentHostWords* host_dev_ = nullptr;  // ... its device pointer
   void* run_stream_ = nullptr;  // cudaStream_t (non-blocking): where instances run
   // launch_mu_: launches and stop (install, callers' threads, launcher thread, shutdown).

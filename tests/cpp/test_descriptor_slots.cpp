@@ -71,6 +71,10 @@ int main() {
     DescriptorSlots s(8, 16, kMax);
     std::vector<std::vector<unsigned char>> device(s.size());
     std::vector<uint32_t> last_user(s.size(), 0);
+    // A reader's cache of the slots, refreshed (as the resident kernel's table) only when the
+    // pick's generation differs from the one it holds: it must still see the op's bytes.
+    std::vector<uint32_t> cached_generation(s.size(), 0), generation(s.size(), 0);
+    std::vector<std::vector<unsigned char>> cache(s.size());
     std::mt19937 g(42);
     uint32_t stamp = 0;
     for (int i = 0; i < 20000; ++i) {
@@ -91,10 +95,37 @@ int main() {
         }
         if (p.slot < 8) last_user[p.slot] = stamp;
       }
-      if (p.upload) device[p.slot] = d;
+      if (p.upload) {
+        device[p.slot] = d;
+        generation[p.slot] = generation[p.slot] + 1;
+      }
       CHECK(device[p.slot] == d);
+      CHECK(p.generation == generation[p.slot] && p.generation >= 1);
+      if (cached_generation[p.slot] != p.generation) {
+        cache[p.slot] = device[p.slot];
+        cached_generation[p.slot] = p.generation;
+      }
+      CHECK(cache[p.slot] == d);
     }
     CHECK(s.graphSlotsUsed() <= 14);
+  }
+  {
+    // Generations wrap within 1..kMaxGeneration (the tag's bits), never 0.
+    DescriptorSlots s(1, 1, kMax);
+    const auto a = desc(1, 40), b = desc(2, 40);
+    uint32_t stamp = 0, last = 0;
+    for (uint32_t i = 0; i < DescriptorSlots::kMaxGeneration + 3; ++i) {
+      const auto& d = (i % 2) ? b : a;
+      const auto p = s.eager(d.data(), d.size(), ++stamp);
+      CHECK(p.upload && p.slot == 0);
+      CHECK(p.generation == (last == DescriptorSlots::kMaxGeneration ? 1u : last + 1));
+      last = p.generation;
+      CHECK(!s.eager(d.data(), d.size(), ++stamp).upload);  // same bytes: same generation
+      CHECK(s.eager(d.data(), d.size(), ++stamp).generation == last);
+    }
+    const auto g = s.graph(a.data(), a.size());
+    CHECK(g.upload && g.slot == 1 && g.generation == 1);
+    CHECK(s.graph(a.data(), a.size()).generation == 1 && !s.graph(a.data(), a.size()).upload);
   }
   std::printf("ok\n");
   return 0;
