@@ -31,9 +31,11 @@
 #                $RESIDENT_BENCH_LIMIT_S, default 240 s; ratios to the floors when a floors stage
 #                ran in the same call),
 #                then the interference benchmark: a bf16 decode GEMM alone and next to all_reduces,
-#                per mode ($OUT/interference.json, ~1 min; $RESIDENT_INTERFERENCE_LIMIT_S).
+#                per mode ($OUT/interference_ws<N>.json, ~1 min per world size; $RESIDENT_INTERFERENCE_LIMIT_S).
 #   interference: only the interference benchmark of bench-persistent (modes
-#                $RESIDENT_INTERFERENCE_MODES, default perop,persistent; also persistent500ms).
+#                $RESIDENT_INTERFERENCE_MODES, default perop,persistent; also persistent500ms;
+#                world sizes $RESIDENT_INTERFERENCE_WS, default "2", e.g. "2 4 8";
+#                $OUT/interference_ws<N>.{json,log}).
 #   fault-probe: scripts/persistent_fault_probe.py, the interference sequence step by step with a
 #                device check after each step, per variant ($RESIDENT_FAULT_VARIANTS)
 #                ($OUT/fault_probe.log).
@@ -407,10 +409,15 @@ if has bench-persistent; then
 fi
 
 if has bench-persistent || has interference; then
-  step "bench (interference: GEMM next to the communicator, per mode)"
-  timeout 240 python3 -m resident_pg.bench_interference --ws 2 --modes "${RESIDENT_INTERFERENCE_MODES:-perop,persistent}" --time-limit ${RESIDENT_INTERFERENCE_LIMIT_S:-120} --timeout 60 \
-    --json "$OUT/interference.json" > "$OUT/interference.log" 2>&1 || status=1
-  tail -n 30 "$OUT/interference.log"
+  # One run per world size in $RESIDENT_INTERFERENCE_WS (default 2): interference_ws<N>.*
+  for ws in ${RESIDENT_INTERFERENCE_WS:-2}; do
+    step "bench (interference: GEMM next to the communicator, per mode, $ws ranks)"
+    timeout $(( ${RESIDENT_INTERFERENCE_LIMIT_S:-120} + 120 )) python3 -m resident_pg.bench_interference \
+      --ws "$ws" --modes "${RESIDENT_INTERFERENCE_MODES:-perop,persistent}" \
+      --time-limit ${RESIDENT_INTERFERENCE_LIMIT_S:-120} --timeout 60 \
+      --json "$OUT/interference_ws$ws.json" > "$OUT/interference_ws$ws.log" 2>&1 || status=1
+    tail -n 30 "$OUT/interference_ws$ws.log"
+  done
 fi
 
 if has fault-probe; then
