@@ -12,9 +12,10 @@
 // stream whose op no instance will run.
 // The descriptor (the op's CollectiveArgs) is written by the host into a slot of a mirror in
 // mapped host memory, once per call site (eager, content-addressed cache) or once per captured
-// graph, never per replay, and the slot's generation goes up. No CUDA call: a copy to the
-// device would be queued work, and behind a resident kernel that never leaves
-// (RESIDENT_GPU_PERSISTENT_IDLE_US=0) it was seen to wait forever (H200 under MPS, session 18).
+// graph, never per replay, and the slot's generation goes up. No CUDA call on an op's path: a
+// copy to the device would be queued work, which may wait behind a resident kernel that never
+// leaves (RESIDENT_GPU_PERSISTENT_IDLE_US=0; what was seen to wait forever behind it on the
+// H200 under MPS, session 18, was the creation of a stream).
 // The kernel caches each slot in a device-memory table: an op whose tag carries the
 // generation the table holds reads the table; otherwise it reads the mirror (over PCIe, once)
 // and the leader block refreshes the table.
@@ -23,13 +24,7 @@
 #include <cstdint>
 
 #include "exchange_args.hpp"
-
-// The tag's encoding below is shared by host and device code.
-#ifdef __CUDACC__
-#define RESIDENT_HOST_DEVICE __host__ __device__
-#else
-#define RESIDENT_HOST_DEVICE
-#endif
+#include "host_device.hpp"
 
 namespace resident {
 namespace gpu {

@@ -1,17 +1,19 @@
 // How a message is cut into rounds (one chunk per round and peer), parts (2 KiB per thread
-// block pass) and LL lines (8 payload bytes). Both sides of a channel compute the same cut
-// from the byte counts alone.
+// block pass) and LL lines (8 payload bytes), and which protocol a pair's op uses. Both sides
+// of a channel compute the same from the byte counts alone. Host and device code: the CPU test
+// tests/cpp/test_slot_protocol.cpp checks the slot-reuse rules against a model.
 #pragma once
 
 #include <cstdint>
 
 #include "exchange_args.hpp"
+#include "host_device.hpp"
 
 namespace resident {
 namespace gpu {
 
 // Payload bytes of round r of a message of `total` bytes.
-__device__ __forceinline__ uint32_t roundBytes(uint64_t total, uint32_t r, uint32_t chunk) {
+RESIDENT_HOST_DEVICE_INLINE uint32_t roundBytes(uint64_t total, uint32_t r, uint32_t chunk) {
   const uint64_t off = static_cast<uint64_t>(r) * chunk;
   if (off >= total) return 0u;
   const uint64_t left = total - off;
@@ -19,7 +21,7 @@ __device__ __forceinline__ uint32_t roundBytes(uint64_t total, uint32_t r, uint3
 }
 
 // Parts of a round that carries `bytes` (at least one: an empty exchange still sends a credit).
-__device__ __forceinline__ uint32_t partsOf(uint32_t bytes) {
+RESIDENT_HOST_DEVICE_INLINE uint32_t partsOf(uint32_t bytes) {
   const uint32_t n = (bytes + kPartPayload - 1) / kPartPayload;
   return n ? n : 1u;
 }
@@ -32,20 +34,27 @@ __device__ __forceinline__ uint32_t partsOf(uint32_t bytes) {
 // round in between would leave the writer free to overwrite it unread (the likely cause of a
 // failure on the H200 with the simple protocol, session 18: a 1 MiB all_reduce read wrong data,
 // then the next op timed out).
-__device__ __forceinline__ uint32_t exchangedParts(uint64_t total, uint32_t r, uint32_t chunk) {
+RESIDENT_HOST_DEVICE_INLINE uint32_t exchangedParts(uint64_t total, uint32_t r, uint32_t chunk) {
   const uint32_t n = partsOf(roundBytes(total, r, chunk));
   if (r == 0) return n;
   const uint32_t before = partsOf(roundBytes(total, r - 1, chunk));
   return n > before ? n : before;
 }
 
+// RESIDENT_GPU_PROTOCOL=simple (simple_device.cuh): an op with direct peer `peer` whose first
+// (largest) round's larger direction carries `first_bytes` goes simple in every round, or as
+// LL lines in every round? Per op, not per round: see simple_device.cuh.
+RESIDENT_HOST_DEVICE_INLINE bool simplePair(const Region& reg, int peer, uint32_t first_bytes) {
+  return reg.simple != 0 && ((reg.proxied >> peer) & 1ull) == 0 && first_bytes > reg.chunk / 2;
+}
+
 // Payload bytes of part j of a round carrying `round_bytes` (may be <= 0).
-__device__ __forceinline__ int64_t partLen(uint32_t round_bytes, uint32_t part) {
+RESIDENT_HOST_DEVICE_INLINE int64_t partLen(uint32_t round_bytes, uint32_t part) {
   return static_cast<int64_t>(round_bytes) - static_cast<int64_t>(part) * kPartPayload;
 }
 
 // Payload lines of a part (0 when it carries nothing).
-__device__ __forceinline__ uint32_t payloadLines(uint32_t round_bytes, uint32_t part) {
+RESIDENT_HOST_DEVICE_INLINE uint32_t payloadLines(uint32_t round_bytes, uint32_t part) {
   const int64_t len = partLen(round_bytes, part);
   if (len <= 0) return 0u;
   const int64_t lines = (len + 7) / 8;
@@ -53,7 +62,7 @@ __device__ __forceinline__ uint32_t payloadLines(uint32_t round_bytes, uint32_t 
 }
 
 // Bytes carried by line t of part j (0 for a credit line).
-__device__ __forceinline__ uint32_t lineBytes(uint32_t round_bytes, uint32_t part, uint32_t t) {
+RESIDENT_HOST_DEVICE_INLINE uint32_t lineBytes(uint32_t round_bytes, uint32_t part, uint32_t t) {
   const int64_t len = partLen(round_bytes, part) - static_cast<int64_t>(t) * 8;
   if (len <= 0) return 0u;
   return static_cast<uint32_t>(len < 8 ? len : 8);

@@ -30,12 +30,6 @@
 namespace resident {
 namespace gpu {
 
-// An op with `peer` whose first round's larger direction carries `first_bytes`: every round
-// simple, or LL lines?
-__device__ __forceinline__ bool simplePair(const Region& reg, int peer, uint32_t first_bytes) {
-  return reg.simple != 0 && ((reg.proxied >> peer) & 1ull) == 0 && first_bytes > reg.chunk / 2;
-}
-
 // Offset, from the start of a slot, of the payload word of thread t in part j.
 __device__ __forceinline__ uint64_t simpleWordOffset(const Region& reg, uint32_t j, uint32_t t) {
   return reg.chunk + static_cast<uint64_t>(j) * kPartPayload + t * 8;
