@@ -324,14 +324,15 @@ PATH_KNOBS = {
     "own": {"RESIDENT_GPU_P2P_STREAM": "own"},        # send/recv launched at once on their own streams
     # one block per op: several 2 KiB parts per block, one trigger over them (proxy path)
     "blocks1": {"RESIDENT_GPU_MAX_BLOCKS": "1"},
-    # payload + one flag per part for rounds over half a chunk to direct peers (proxy: no effect)
+    # payload + one flag per part for ops whose first round to a direct peer exceeds half a
+    # chunk (proxied peers: no effect)
     "simple": {"RESIDENT_GPU_PROTOCOL": "simple"},
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
 PATH_VARIANTS = ("direct+prefetch", "proxy+fence", "proxy+blocks1", "direct+simple",
                  "proxy+simple")
 # More ranks for the settings whose device code differs with the number of partners.
-WIDE_VARIANTS = ((4, "direct+simple"),)
+WIDE_VARIANTS = ((4, "direct+simple"), (8, "direct+simple"))
 
 
 def path_env(path):
