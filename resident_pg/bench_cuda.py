@@ -238,9 +238,19 @@ CUDA_TARGETS = [
 ]
 
 
+def default_configuration(row: dict) -> bool:
+    """The backend as a user gets it: no RESIDENT_* setting and no backend option but the path.
+    The targets are judged on these cells only; an A/B run's other variants are compared in
+    the tables, not held to the targets."""
+    return (row.get("backend", "resident") == "resident" and not row.get("env_options")
+            and set(row.get("pg_options") or {}) <= {"path"})
+
+
 def evaluate_targets(rows: List[dict], floors: Optional[Dict[str, Any]],
                      sizes_run: Sequence[int]) -> List[Dict[str, Any]]:
-    """One result per target: verdict (PASS / MISS / N/A), per-path details and a text line."""
+    """One result per target: verdict (PASS / MISS / N/A), per-path details and a text line,
+    on the cells of the default configuration (default_configuration)."""
+    rows = [r for r in rows if default_configuration(r)]
     out = []
     for t in CUDA_TARGETS:
         sizes = ([s for s in sizes_run if s <= DECODE_MAX] if t["sizes"] == "decode"

@@ -184,3 +184,26 @@ def test_cuda_tables_and_targets_from_the_h200_run(capsys):
     results = bc.evaluate_targets(rows, floors, [8, 65536])
     first = results[0]
     assert first["verdict"] == "MISS" and "1.64x" in first["line"], first["line"]
+
+
+def test_cuda_targets_judge_the_default_configuration_only():
+    """An A/B run (session 18: RESIDENT_GPU_PROTOCOL=simple beside the default): the 64 KiB
+    all_reduce target is judged on the default cells (12.67 us = 2.01x), not on the slower
+    variant's (16.83 us = 2.66x), which the tables still show."""
+    import gzip
+
+    import resident_pg.bench_cuda as bc
+    data = os.path.join(REPO, "benchmarks", "data")
+    with gzip.open(os.path.join(data, "bench_protocol_h200_s18_2026-11-30.json.gz"), "rt") as f:
+        doc = json.load(f)
+    floors = bc.load_floors(os.path.join(data, "floors_h200_s18_2026-11-30.json"))
+    rows = [dict(r) for r in doc["results"]]
+    bc.annotate_rows(rows, floors)
+    assert any(r.get("env_options") for r in rows) and any(not r.get("env_options") for r in rows)
+    line = bc.evaluate_targets(rows, floors, [4096, 32768, 49152, 65536])[1]["line"]
+    assert "all_reduce 64 KiB" in line and "12.67 µs = 2.01x" in line, line
+    assert "2.66x" not in line, line
+    assert not bc.default_configuration({"backend": "resident", "pg_options": {"path": "direct"},
+                                         "env_options": {"RESIDENT_GPU_PROTOCOL": "simple"}})
+    assert bc.default_configuration({"backend": "resident", "pg_options": {"path": "proxy"},
+                                     "env_options": {}})
