@@ -71,7 +71,7 @@ from persistent_harness import (
     OpCall,
     OpProg,
     Report,
-    bounded,
+    destroy_items,
     device_sync_problems,
     expect_served,
     note_progress,
@@ -331,8 +331,6 @@ def main_job(rank, ws):
 
 def destroy_job(rank, ws):
     """IDLE_US=30 s, BLOCKS=2, SLOTS=256: the kernel stays on the GPU until destroy."""
-    import torch.distributed as dist
-
     C.setup_rank(rank, ws)
     rep = Report()
 
@@ -356,19 +354,7 @@ def destroy_job(rank, ws):
     rep.run("results", results)
     rep.run("status_before_destroy", before)
     gc.collect()
-    done, box = bounded(dist.destroy_process_group, DESTROY_LIMIT_S)
-
-    def destroyed(errs, digs):
-        if not done:
-            errs.append(f"destroy_process_group() did not return within {DESTROY_LIMIT_S:.0f}s")
-        elif "exc" in box:
-            errs.append(f"destroy_process_group() raised {box['exc']}")
-        rep.info["destroy_s"] = box.get("s")
-
-    rep.run("destroy_returns", destroyed)
-    rep.run("synchronize_after_destroy",
-            lambda errs, digs: errs.extend(device_sync_problems("after destroy_process_group()",
-                                                                SYNC_LIMIT_S)))
+    destroy_items(rep, DESTROY_LIMIT_S, SYNC_LIMIT_S)
     return rep.result()
 
 

@@ -30,7 +30,7 @@ from persistent_harness import (
     OpProg,
     Report,
     bounded,
-    device_sync_problems,
+    destroy_items,
     note_progress,
     pstatus,
     run_checked,
@@ -112,7 +112,6 @@ def lazy_job(rank, ws):
 
 def eager_job(rank, ws):
     import torch
-    import torch.distributed as dist
 
     C.setup_rank(rank, ws)
     rep = Report()
@@ -172,18 +171,7 @@ def eager_job(rank, ws):
     rep.run("graph_replays", graphs)
     rep.run("first_launch_of_a_kernel", first_launch)
     rep.run("kernel_never_left", never_left)
-    done, b = bounded(dist.destroy_process_group, DESTROY_LIMIT_S)
-
-    def destroyed(errs, digs):
-        if not done:
-            errs.append(f"destroy_process_group() did not return within {DESTROY_LIMIT_S:.0f}s")
-        elif "exc" in b:
-            errs.append(f"destroy_process_group() raised {b['exc']}")
-
-    rep.run("destroy_returns", destroyed)
-    rep.run("synchronize_after_destroy",
-            lambda errs, digs: errs.extend(device_sync_problems("after destroy_process_group()",
-                                                                SYNC_LIMIT_S)))
+    destroy_items(rep, DESTROY_LIMIT_S, SYNC_LIMIT_S)
     box.clear()
     return rep.result()
 
