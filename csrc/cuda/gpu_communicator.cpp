@@ -199,6 +199,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       persistent_ = std::make_unique<PersistentChannel>(
           device, cfg.gpu_persistent_blocks, cfg.gpu_persistent_slots, cfg.gpu_persistent_idle_us,
           timeout_ms, region_.simple != 0,
+          // A descriptor's meaningful bytes: the header and this group's peers.
           offsetof(gpu::CollectiveArgs, peers) +
               static_cast<size_t>(nranks_) * sizeof(gpu::PeerPlan),
           &state_->failed,
@@ -414,13 +415,13 @@ void GpuCommunicator::launchCollective(void* stream) {
   // copy on the legacy default stream behind the replay (H200, scripts/launch_block_probe.cu);
   // a kernel node of the graph needs no relaunch (and was 1.1-4.5x faster in graphs,
   // benchmarks/RESULTS.md).
-  const bool captured = persistent_ && rounds_max == 1 && capturing(stream);
-  if (persistent_ && rounds_max == 1 && (persistent_graphs_ || !captured)) {
-    a.parts_per_block = partsFor(first_round_max, persistent_->blocks());
-    const size_t bytes =
-        offsetof(gpu::CollectiveArgs, peers) + static_cast<size_t>(nranks_) * sizeof(gpu::PeerPlan);
-    persistent_->enqueue(a, bytes, stream, captured);
-    return;
+  if (persistent_ && rounds_max == 1) {
+    const bool captured = capturing(stream);
+    if (persistent_graphs_ || !captured) {
+      a.parts_per_block = partsFor(first_round_max, persistent_->blocks());
+      persistent_->enqueue(a, stream, captured);
+      return;
+    }
   }
   const uint32_t blocks = blocksFor(first_round_max);
   a.parts_per_block = partsFor(first_round_max, blocks);

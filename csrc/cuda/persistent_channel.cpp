@@ -309,20 +309,19 @@ void PersistentChannel::waitEagerDone(uint32_t stamp) {
 
 // Host stores only (see persistent_args.hpp for why no copy to the device); the stream's
 // doorbell write, enqueued after them, publishes them to the kernel.
-void PersistentChannel::upload(uint32_t slot, const gpu::CollectiveArgs& args, size_t bytes) {
-  std::memcpy(mirror_ + static_cast<size_t>(slot) * mirror_stride_, &args, bytes);
+void PersistentChannel::upload(uint32_t slot, const gpu::CollectiveArgs& args) {
+  std::memcpy(mirror_ + static_cast<size_t>(slot) * mirror_stride_, &args, args_bytes_);
   std::atomic_thread_fence(std::memory_order_release);
 }
 
-void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, void* on,
-                                bool captured) {
+void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, void* on, bool captured) {
   DescriptorSlots::Pick pick;
   uint32_t stamp = 0, tag = 0;
   {
     std::lock_guard<std::mutex> lock(table_mu_);
     if (stopped_) throw CommError("resident: the resident kernel was stopped");
     if (captured) {
-      pick = slots_.graph(&args, bytes);
+      pick = slots_.graph(&args, args_bytes_);
     } else {
       // Eager ops in flight are on ONE stream at a time, so that they complete in stamp order:
       // `eager_done` (the last completed stamp) then tells when a slot's last user is done,
@@ -330,10 +329,10 @@ void PersistentChannel::enqueue(const gpu::CollectiveArgs& args, size_t bytes, v
       if (last_eager_stream_ != nullptr && last_eager_stream_ != on) waitEagerDone(eager_stamp_);
       last_eager_stream_ = on;
       stamp = ++eager_stamp_;
-      pick = slots_.eager(&args, bytes, stamp);
+      pick = slots_.eager(&args, args_bytes_, stamp);
     }
     if (pick.must_wait) waitEagerDone(pick.wait_stamp);
-    if (pick.upload) upload(pick.slot, args, bytes);
+    if (pick.upload) upload(pick.slot, args);
     tag = gpu::opTag(pick.slot, pick.generation);
     // Before the doorbell is enqueued: the running instance stays until this op is done.
     if (!captured) __atomic_store_n(&host_->issued, stamp, __ATOMIC_RELEASE);

@@ -47,10 +47,10 @@ class PersistentChannel {
   PersistentChannel& operator=(const PersistentChannel&) = delete;
 
   uint32_t blocks() const { return blocks_; }
-  // Hands collective `args` (its first `bytes` bytes are meaningful) to the resident kernel on
+  // Hands collective `args` (its first `args_bytes` bytes are meaningful) to the resident kernel on
   // `stream`, which is capturing a graph or not (`captured`, the caller asked the stream):
   // the stream continues once the op completed.
-  void enqueue(const gpu::CollectiveArgs& args, size_t bytes, void* stream, bool captured);
+  void enqueue(const gpu::CollectiveArgs& args, void* stream, bool captured);
   // Proxy thread: the watchdog, and a relaunch request to the launcher thread if an op waits
   // and no instance runs. Never blocks (the proxy also moves the proxy path's data). True if
   // it asked for a launch.
@@ -88,7 +88,7 @@ class PersistentChannel {
   void watch();
   uint32_t loadHost(const uint32_t* word) const;
   void waitEagerDone(uint32_t stamp);
-  void upload(uint32_t slot, const gpu::CollectiveArgs& args, size_t bytes);
+  void upload(uint32_t slot, const gpu::CollectiveArgs& args);
   void release();
 
   const int device_;
