@@ -16,8 +16,9 @@ p90) over ``--reps`` replays, max over the ranks that time the GEMM (``--gemm-ra
 ranks start each replay together (a barrier through the store).  Conditions, in this order:
 
 * ``baseline``: before the process group exists (no CUDA path, no resident kernel);
-* ``alone``: the group exists and its CUDA path is installed (one warm-up all_reduce), no
-  communication during the timing; in mode persistent the resident kernel is spinning;
+* ``alone``: the group exists and its CUDA path is installed (one eager all_reduce before each
+  batch, not timed), no communication during the timing; in the persistent modes the resident
+  kernel is spinning (checked after each batch);
 * ``concurrent SIZE``: a second stream on every rank replays graphs of ``--comm-ops``
   back-to-back all_reduces (SUM, float32, SIZE bytes) over the whole GEMM replay (the replay
   count is planned from the alone timings so that the communication covers the GEMM window;
@@ -433,13 +434,24 @@ def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> No
         progress("all_reduce alone")
 
         phase = "alone"
-        res["gemm"]["alone"] = {str(b): time_gemm(b) for b in cfg["batches"]}
-        res["status"]["alone"] = _pstatus()
-        if want and res["status"]["alone"].get("running") is False:
-            res["check_errors"].append("RESIDENT_GPU_PERSISTENT_IDLE_US="
-                                       f"{cfg['env'].get('RESIDENT_GPU_PERSISTENT_IDLE_US')}, but "
-                                       f"the resident kernel was not running after the alone timing: "
-                                       f"{res['status']['alone']}")
+        res["gemm"]["alone"] = {}
+        for b in cfg["batches"]:
+            # One eager all_reduce before each batch (not timed): it relaunches a resident
+            # kernel that idled out, so that an idle time shorter than the whole phase (8 ranks
+            # on one GPU take > 500 ms) still leaves it spinning through the batch's timing.
+            warm.fill_(float(rank + 1))
+            dist.all_reduce(warm)
+            got = warm.cpu()
+            counts["issued"] += 1
+            if not bool((got == ws * (ws + 1) / 2).all()):
+                res["check_errors"].append(f"all_reduce before alone batch {b}: got {got.tolist()}")
+            res["gemm"]["alone"][str(b)] = time_gemm(b)
+            st = res["status"][f"alone batch {b}"] = _pstatus()
+            if want and st.get("running") is False:
+                res["check_errors"].append("RESIDENT_GPU_PERSISTENT_IDLE_US="
+                                           f"{cfg['env'].get('RESIDENT_GPU_PERSISTENT_IDLE_US')}, but "
+                                           f"the resident kernel was not running after the alone "
+                                           f"timing of batch {b}: {st}")
         progress("alone")
 
         for s, g in comm_graphs.items():

@@ -52,7 +52,9 @@
 #                (direct, proxy) beside NCCL (default; NCCL_P2P_DISABLE=1; NCCL_P2P_DISABLE=1
 #                NCCL_SHM_DISABLE=1, its socket path), eager and graph, 8 B..1 MiB, all_reduce,
 #                all_to_all_single, send/recv ($OUT/multi_gpu_tests.log, $OUT/bench_nccl.json,
-#                $OUT/bench_nccl.png). Prints a skip line on a machine with one GPU.
+#                $OUT/bench_nccl.png; tests bounded by $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s,
+#                the ladder by $RESIDENT_BENCH_LIMIT_S, default 420 s). Prints a skip line on a
+#                machine with one GPU.
 #   persistent-ab: the persistent suite's 2-rank main jobs: proxy, direct, and direct with
 #                RESIDENT_PROXY_SPIN_US=200000 ($OUT/persistent_ab.log, ~6 min at most); other runs
 #                with RESIDENT_AB_RUNS="ws2-direct| ws2-direct|VAR=VALUE ...".
@@ -436,7 +438,8 @@ if has multi-gpu; then
   else
     # An empty pipe directory: the ranks do not find the MPS daemon and own their GPU.
     mkdir -p /tmp/no-mps
-    CUDA_MPS_PIPE_DIRECTORY=/tmp/no-mps RESIDENT_GPU_TESTS_WS=$ngpu all_gpus python3 -m pytest -q -m gpu \
+    CUDA_MPS_PIPE_DIRECTORY=/tmp/no-mps RESIDENT_GPU_TESTS_WS=$ngpu all_gpus \
+      timeout -k 15 "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" python3 -m pytest -q -m gpu \
       tests/test_cuda_collectives.py tests/test_cuda_graphs.py -p no:cacheprovider \
       > "$OUT/multi_gpu_tests.log" 2>&1 || status=1
     tail -5 "$OUT/multi_gpu_tests.log"
@@ -447,7 +450,7 @@ if has multi-gpu; then
       --mode eager,graph --world-sizes "$ws_list" --ops all_reduce,all_to_all_single,send_recv \
       --sizes 8,64,512,4K,16K,64K,256K,1M \
       --backends "resident:path=direct,resident:path=proxy,nccl,nccl:NCCL_P2P_DISABLE=1,nccl:NCCL_P2P_DISABLE=1:NCCL_SHM_DISABLE=1" \
-      ${floors_opt[@]+"${floors_opt[@]}"} --timeout 60 --time-limit 420 \
+      ${floors_opt[@]+"${floors_opt[@]}"} --timeout 60 --time-limit ${RESIDENT_BENCH_LIMIT_S:-420} \
       --json "$OUT/bench_nccl.json" > "$OUT/bench_nccl.log" 2>&1 || status=1
     tail -n 80 "$OUT/bench_nccl.log"
     python3 benchmarks/plot_latency.py "$OUT/bench_nccl.json" -o "$OUT/bench_nccl.png" \
@@ -478,7 +481,9 @@ fi
 # The device tool brings back at most 8 files of $OUT, the first by name: past that, everything
 # also goes into $OUT/all.tgz, which sorts first.
 if (( $(find "$OUT" -maxdepth 1 -type f ! -name all.tgz | wc -l) > 8 )); then
-  tar czf "$OUT/all.tgz" -C "$OUT" --exclude=all.tgz . && echo "more than 8 files: all in all.tgz"
+  # written beside $OUT and moved in: tar reading the folder it writes into warns and fails
+  tar czf /tmp/resident_all.tgz -C "$OUT" --exclude=all.tgz . && mv /tmp/resident_all.tgz "$OUT/all.tgz" \
+    && echo "more than 8 files: all in all.tgz"
 fi
 if [[ -s "$RESIDENT_TESTS_FAIL_LOG" ]]; then
   step "test failures: $(grep -c '^===== ' "$RESIDENT_TESTS_FAIL_LOG") (the first 40 lines; all in $RESIDENT_TESTS_FAIL_LOG)"
