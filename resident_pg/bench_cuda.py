@@ -248,8 +248,8 @@ def default_configuration(row: dict) -> bool:
 
 def evaluate_targets(rows: List[dict], floors: Optional[Dict[str, Any]],
                      sizes_run: Sequence[int]) -> List[Dict[str, Any]]:
-    """One result per target: verdict (PASS / MISS / N/A), per-path details and a text line,
-    on the cells of the default configuration (default_configuration)."""
+    """One result per target: verdict (PASS / MISS / INCOMPLETE / N/A), per-path details and a
+    text line, on the cells of the default configuration (default_configuration)."""
     rows = [r for r in rows if default_configuration(r)]
     out = []
     for t in CUDA_TARGETS:
@@ -282,7 +282,9 @@ def evaluate_targets(rows: List[dict], floors: Optional[Dict[str, Any]],
             timed = [r for r in cells if "median_us" in r]
             ratios = [(r["median_us"] / floor_for(floors, r["size_bytes"])[0], r) for r in timed]
             over = [(x, r) for x, r in ratios if x > t["max_ratio"]]
-            v = "PASS" if not over and not bad and not missing else "MISS"
+            # MISS: a cell over the limit or one that failed; INCOMPLETE: the measured cells are
+            # within it, but some of the target's (op, size) cells were not in this run.
+            v = "MISS" if over or bad else ("INCOMPLETE" if missing else "PASS")
             if wrong:
                 v += " but INVALID: wrong results"
             verdicts.append(v)
@@ -312,8 +314,10 @@ def evaluate_targets(rows: List[dict], floors: Optional[Dict[str, Any]],
             overall = "PASS"
         elif all(v == "N/A" for v in verdicts):
             overall = "N/A"
-        else:
+        elif any(v.startswith("MISS") or "INVALID" in v for v in verdicts):
             overall = "MISS"
+        else:  # no path missed, but a path or some cells were not run
+            overall = "INCOMPLETE"
         res.update(verdict=overall, line=f"{what}: {overall}  [{'; '.join(parts)}]")
         out.append(res)
     return out

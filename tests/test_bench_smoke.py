@@ -207,3 +207,35 @@ def test_cuda_targets_judge_the_default_configuration_only():
                                          "env_options": {"RESIDENT_GPU_PROTOCOL": "simple"}})
     assert bc.default_configuration({"backend": "resident", "pg_options": {"path": "proxy"},
                                      "env_options": {}})
+
+
+def test_cuda_target_verdicts_incomplete_vs_miss():
+    """A target whose measured cells are all within the limit but which lacks cells (an op not
+    in the run, or a path not run) is INCOMPLETE, not MISS; one cell over the limit is a MISS
+    whatever else is missing. Synthetic cells on a synthetic floor (2 us flat)."""
+    import resident_pg.bench_cuda as bc
+    floors = {"cross_process_flag_us": 2.0, "data_floor_sm_us": {"8": 2.0, "65536": 2.0}}
+
+    def cell(op, path, us, size=8):
+        return {"world_size": 2, "mode": "graph", "path": path, "op": op, "size_bytes": size,
+                "median_us": us, "check": "ok", "backend": "resident"}
+
+    def verdict(rows, index):
+        return bc.evaluate_targets(rows, floors, [8])[index]
+
+    # all_to_all only (the decode target also names the gathers and send/recv), both paths fine
+    rows = [cell("all_to_all_single", "direct", 3.0), cell("all_to_all_single", "proxy", 3.5)]
+    r = verdict(rows, 2)
+    assert r["verdict"] == "INCOMPLETE", r["line"]
+    assert r["paths_result"]["direct"]["verdict"] == "INCOMPLETE"
+    # one path within, the other not run
+    r = verdict([cell("all_reduce", "direct", 2.9)], 0)
+    assert r["verdict"] == "INCOMPLETE" and "proxy: N/A" in r["line"], r["line"]
+    # both paths within
+    r = verdict([cell("all_reduce", "direct", 2.9), cell("all_reduce", "proxy", 2.95)], 0)
+    assert r["verdict"] == "PASS", r["line"]
+    # one cell over the limit: MISS, also with cells missing
+    rows.append(cell("send_recv", "direct", 4.5))
+    r = verdict(rows, 2)
+    assert r["verdict"] == "MISS" and r["paths_result"]["direct"]["verdict"] == "MISS", r["line"]
+    assert r["paths_result"]["proxy"]["verdict"] == "INCOMPLETE"
