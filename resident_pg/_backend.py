@@ -53,7 +53,7 @@ def create_backend(dist_backend_opts, backend_options):
 
 
 PERSISTENT_WARNING = (
-    "resident: RESIDENT_GPU_PERSISTENT=1 (the resident kernel) is experimental: on an H200 its "
-    "eager ops were 1.1-2.3x slower than a kernel per op, and in CUDA graphs it gains nothing "
-    "(captured ops get kernel nodes; handed to the resident kernel they were 1.1-4.5x slower) "
-    "(benchmarks/RESULTS.md); use the default (0) for real work")
+    "resident: RESIDENT_GPU_PERSISTENT=1 (the resident kernel) is slower for decode: on an H200 "
+    "(2/4/8 ranks) its eager ops were 1.1-2.1x slower than a kernel per op at 4 and 8 ranks and "
+    "at 64 KiB, and in CUDA graphs it gains nothing (captured ops get kernel nodes; handed to the "
+    "resident kernel they were 1.1-4.5x slower) (benchmarks/RESULTS.md); use the default (0)")
