@@ -7,7 +7,7 @@ graph_slots_used, slots, blocks).
 
 Jobs (each one spawned job; every check of a job is its own pytest item):
 
-* main, per (world size 2 / 4, RESIDENT_PATH direct / proxy), default knobs (graphs: a
+* main, per (world size 2 / 4 / 8, RESIDENT_PATH direct / proxy), default knobs (graphs: a
   kernel node per captured collective, RESIDENT_GPU_PERSISTENT_GRAPHS=kernel), and once more
   at 2 ranks, direct, with RESIDENT_GPU_PERSISTENT_GRAPHS=resident (captured collectives go to
   the resident kernel too):
@@ -100,7 +100,7 @@ DESTROY_LIMIT_S = 20.0 * C.TIME_SCALE  # destroy_process_group() must return wit
 GROUP_TIMEOUT_S = 3
 ERROR_SLACK_S = 12.0 * C.TIME_SCALE    # the timeout error surfaces within timeout + this
 
-MAIN_KEYS = [(ws, p, "kernel") for ws in (2, 4) for p in C.PATHS if ws in C.WORLD_SIZES]
+MAIN_KEYS = [(ws, p, "kernel") for ws in (2, 4, 8) for p in C.PATHS if ws in C.WORLD_SIZES]
 if 2 in C.WORLD_SIZES:
     MAIN_KEYS.append((2, "direct", "resident"))
 MAIN_ITEMS = ("status_before_first_op", "collectives_eager", "served_counts_ops",
