@@ -94,8 +94,9 @@
 #                their own), side by side ($OUT/bench_p2p.json, ~1 min). Other variants:
 #                RESIDENT_P2P_BACKENDS (bench --backends), RESIDENT_P2P_SIZES (bench --sizes).
 #   gpu-tests-persistent: only tests/test_cuda_persistent*.py, the persistent mode
-#                (RESIDENT_GPU_PERSISTENT=1) at 2 and 4 ranks ($OUT/gpu_tests_persistent.log,
-#                ~2 min; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s).
+#                (RESIDENT_GPU_PERSISTENT=1) at 2, 4 and 8 ranks (RESIDENT_GPU_TESTS_WS picks
+#                others; $OUT/gpu_tests_persistent.log, ~1.5 min; stopped after
+#                $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGES=${*:-build floors tests overhead bench}
@@ -226,7 +227,7 @@ fi
 
 if has gpu-tests-persistent; then
   step "gpu tests (persistent mode)"
-  RESIDENT_GPU_TESTS_WS=2,4 timeout -k 15 "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
+  RESIDENT_GPU_TESTS_WS=${RESIDENT_GPU_TESTS_WS:-2,4,8} timeout -k 15 "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
     python3 -m pytest -q tests/test_cuda_persistent.py tests/test_cuda_persistent_never_idle.py \
     ${RESIDENT_GPU_TESTS_K:+-k "$RESIDENT_GPU_TESTS_K"} \
     -p no:cacheprovider -rf > "$OUT/gpu_tests_persistent.log" 2>&1 || status=1
