@@ -5,6 +5,8 @@
   there before the test.  Segments visible while the job runs must be mode 0600.
 * The number of OS threads (/proc/self/task) after destroy_process_group returns
   to the number before init_process_group.
+* torch.distributed's _abort_process_group (a subgroup, then the world) releases threads and
+  /dev/shm entries as destroy does, and the process can initialise again.
 """
 
 from __future__ import annotations
@@ -261,3 +263,85 @@ def test_no_shm_leftover_after_sigkill_during_init(shm_snapshot, late_rank_joins
         H.remove_shm(new)
     assert not problems, "\n".join(problems) + "\n" + "\n".join(
         f"rank {o.rank}: {o.value!r}" for o in outcomes if o.value is not None)
+
+
+# --------------------------------------------------------------------------
+# abort (torch.distributed.distributed_c10d._abort_process_group)
+# --------------------------------------------------------------------------
+
+
+def _abort_job(rank, ws):
+    """A subgroup aborted while the world group lives on and the subgroup object is still
+    referenced (its threads go at once: abort(), not garbage collection, released them; ops on
+    it then fail with a clear error; the world still works), then the whole world aborted:
+    threads and /dev/shm entries return to where they were before init, and a new world can be
+    initialised afterwards."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _abort_process_group
+
+    x = make_input("warm", rank, 1000, "float32")
+    (x + x).sum().item()
+    H.connect_store()
+    out = {"errors": [], "cycles": []}
+    for c in range(2):
+        before = _our_task_count()
+        H.init_pg(prefix=f"abort{c}/")
+        out["errors"] += _exercise(rank, ws, f"abort{c}")
+        before_sub = _our_task_count()
+        sub = dist.new_group(list(range(ws)))
+        t = make_input(f"abort/sub{c}", rank, 257, "int64")
+        dist.all_reduce(t, group=sub)
+        with_sub = _our_task_count()
+        _abort_process_group(sub)  # `sub` stays referenced: only abort() can release it
+        deadline = time.monotonic() + 5
+        after_sub = _our_task_count()
+        while after_sub > before_sub and time.monotonic() < deadline:
+            time.sleep(0.05)
+            after_sub = _our_task_count()
+        if after_sub > before_sub:
+            out["errors"].append(f"cycle {c}: {before_sub} threads before the subgroup, {with_sub} "
+                                 f"with it, {after_sub} 5 s after its _abort_process_group()")
+        out.setdefault("sub_threads", []).append((before_sub, with_sub, after_sub))
+        try:
+            dist.all_reduce(make_input("abort/after", rank, 8, "float32"), group=sub)
+            out["errors"].append(f"cycle {c}: all_reduce on an aborted subgroup did not raise")
+        except Exception as e:  # noqa: BLE001
+            out.setdefault("after_abort", f"{type(e).__name__}: {e}")
+        t = make_input(f"abort/world{c}", rank, 4099, "float32")
+        dist.all_reduce(t)  # the world group is not aborted
+        inputs = [make_input(f"abort/world{c}", r, 4099, "float32") for r in range(ws)]
+        out["errors"] += compare_reduction(t, reference_reduce(inputs, "SUM", "float32"), inputs,
+                                           "SUM", "float32", f"cycle {c}: world after sub abort")
+        dist.barrier()  # nobody aborts the world while a peer still uses it
+        _abort_process_group()
+        deadline = time.monotonic() + 5
+        after = _our_task_count()
+        while after > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+            after = _our_task_count()
+        out["cycles"].append({"before": before, "after": after,
+                              "initialized": dist.is_initialized()})
+    return out
+
+
+def test_abort_process_group_releases_everything(shm_snapshot):
+    results = H.run_ranks(_abort_job, 2, init=False, destroy=False, timeout_s=120)
+    problems = []
+    for r, res in enumerate(results):
+        problems += [f"rank {r}: {e}" for e in res["errors"]]
+        if "after_abort" not in res:
+            problems.append(f"rank {r}: no error from an op on the aborted subgroup")
+        for c, cyc in enumerate(res["cycles"]):
+            if cyc["after"] > cyc["before"]:
+                problems.append(f"rank {r} cycle {c}: {cyc['before']} threads before init, "
+                                f"{cyc['after']} 5 s after _abort_process_group()")
+            if cyc["initialized"]:
+                problems.append(f"rank {r} cycle {c}: still initialised after the world's abort")
+    new = H.new_shm_entries(shm_snapshot)
+    if new:
+        problems.append(f"left in /dev/shm after _abort_process_group(): {sorted(new)}")
+        H.remove_shm(new)
+    assert not problems, "\n".join(problems)
+    # the error names the problem (printed for the log; its text is the backend's)
+    print("op on an aborted subgroup:", results[0]["after_abort"])
+    print("threads before the subgroup / with it / after its abort:", results[0]["sub_threads"])
