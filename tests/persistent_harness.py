@@ -359,26 +359,28 @@ def device_sync_problems(what, limit_s):
     return []
 
 
-def destroy_items(rep, destroy_limit_s, sync_limit_s):
-    """destroy_process_group(), bounded by destroy_limit_s, then two items of `rep`:
-    "destroy_returns" (it returned without raising; its duration goes to rep.info) and
-    "synchronize_after_destroy" (the device synchronizes within sync_limit_s afterwards: no
-    resident kernel left spinning)."""
+def destroy_items(rep, destroy_limit_s, sync_limit_s, abort=False):
+    """destroy_process_group() (abort: torch.distributed's _abort_process_group() of the
+    world), bounded by destroy_limit_s, then two items of `rep`: "destroy_returns" (it returned
+    without raising; its duration goes to rep.info) and "synchronize_after_destroy" (the device
+    synchronizes within sync_limit_s afterwards: no resident kernel left spinning)."""
     import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _abort_process_group
 
-    done, box = bounded(dist.destroy_process_group, destroy_limit_s)
+    teardown = _abort_process_group if abort else dist.destroy_process_group
+    name = f"{teardown.__name__}()"
+    done, box = bounded(teardown, destroy_limit_s)
 
     def destroyed(errs, digs):
         if not done:
-            errs.append(f"destroy_process_group() did not return within {destroy_limit_s:.0f}s")
+            errs.append(f"{name} did not return within {destroy_limit_s:.0f}s")
         elif "exc" in box:
-            errs.append(f"destroy_process_group() raised {box['exc']}")
+            errs.append(f"{name} raised {box['exc']}")
         rep.info["destroy_s"] = box.get("s")
 
     rep.run("destroy_returns", destroyed)
     rep.run("synchronize_after_destroy",
-            lambda errs, digs: errs.extend(device_sync_problems("after destroy_process_group()",
-                                                                sync_limit_s)))
+            lambda errs, digs: errs.extend(device_sync_problems(f"after {name}", sync_limit_s)))
 
 
 _progress = {"t": time.monotonic(), "what": "start"}

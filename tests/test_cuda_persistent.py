@@ -34,7 +34,8 @@ Jobs (each one spawned job; every check of a job is its own pytest item):
 * destroy (2 ranks): RESIDENT_GPU_PERSISTENT_IDLE_US=30 s (the kernel stays), _BLOCKS=2,
   _SLOTS=256: the knobs show in the status, the kernel is running before
   destroy_process_group(), destroy returns, torch.cuda.synchronize() returns right after it
-  (destroy stopped the kernel), and the process exits promptly.
+  (destroy stopped the kernel), and the process exits promptly; the same again with
+  torch.distributed's _abort_process_group() in place of destroy_process_group().
 * idle (2 ranks): RESIDENT_GPU_PERSISTENT_IDLE_US=20 ms: after each op the kernel leaves by
   itself (running becomes False within IDLE_WAIT_S, exits grows); the next eager op relaunches
   it (launches grows) and is correct; a graph replay in between runs its own kernel nodes
@@ -329,8 +330,9 @@ def main_job(rank, ws):
     return rep.result()  # the harness destroys the group; the parent checks the exit
 
 
-def destroy_job(rank, ws):
-    """IDLE_US=30 s, BLOCKS=2, SLOTS=256: the kernel stays on the GPU until destroy."""
+def destroy_job(rank, ws, how="destroy"):
+    """IDLE_US=30 s, BLOCKS=2, SLOTS=256: the kernel stays on the GPU until destroy (how
+    "destroy": destroy_process_group; "abort": _abort_process_group)."""
     C.setup_rank(rank, ws)
     rep = Report()
 
@@ -354,7 +356,7 @@ def destroy_job(rank, ws):
     rep.run("results", results)
     rep.run("status_before_destroy", before)
     gc.collect()
-    destroy_items(rep, DESTROY_LIMIT_S, SYNC_LIMIT_S)
+    destroy_items(rep, DESTROY_LIMIT_S, SYNC_LIMIT_S, abort=how == "abort")
     return rep.result()
 
 
@@ -516,15 +518,16 @@ def test_persistent(item, ws, path, graphs):
     judge(_main(ws, path, graphs), item, f"ws={ws} path={path} graphs={graphs}", range(ws))
 
 
-def _destroy():
+def _destroy(how):
     env = {**PERSISTENT, **C.path_env("direct"), "RESIDENT_GPU_PERSISTENT_IDLE_US": "30000000",
            "RESIDENT_GPU_PERSISTENT_BLOCKS": "2", "RESIDENT_GPU_PERSISTENT_SLOTS": "256"}
-    return _job("destroy", destroy_job, 2, env, timeout_s=90)
+    return _job(f"destroy-{how}", destroy_job, 2, env, timeout_s=90, args=(how,))
 
 
+@pytest.mark.parametrize("how", ("destroy", "abort"))
 @pytest.mark.parametrize("item", DESTROY_ITEMS)
-def test_persistent_destroy(item):
-    judge(_destroy(), item, "destroy (idle 30 s, 2 blocks, 256 slots)", range(2))
+def test_persistent_destroy(item, how):
+    judge(_destroy(how), item, f"{how} (idle 30 s, 2 blocks, 256 slots)", range(2))
 
 
 def _idle():
