@@ -89,9 +89,9 @@
 #   bench-protocol: RESIDENT_GPU_PROTOCOL=ll vs simple, 2 and 4 ranks, direct path, graph and
 #                eager, 4 KiB..256 KiB ($OUT/bench_protocol.json; $RESIDENT_BENCH_LIMIT_S).
 #   bench-p2p:   2 ranks, eager and graph, send/recv (and all_reduce) 8 B..1 MiB, both paths,
-#                each with the default launch of send/recv (RESIDENT_GPU_P2P_STREAM=auto: lazy, a
-#                blocking send/recv on the caller's stream) and =own (at once, on a stream of
-#                their own), side by side ($OUT/bench_p2p.json, ~1 min). Other variants:
+#                each by default and with RESIDENT_GPU_P2P_POLL=warp (one polling lane per warp
+#                in the recv kernel), direct also with RESIDENT_GPU_P2P_STREAM=own (at once, on a
+#                stream of their own), side by side ($OUT/bench_p2p.json, ~1 min). Other variants:
 #                RESIDENT_P2P_BACKENDS (bench --backends), RESIDENT_P2P_SIZES (bench --sizes).
 #   gpu-tests-persistent: only tests/test_cuda_persistent*.py, the persistent mode
 #                (RESIDENT_GPU_PERSISTENT=1) at 2, 4 and 8 ranks (RESIDENT_GPU_TESTS_WS picks
@@ -394,7 +394,7 @@ if has bench-p2p; then
   [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
   python3 -m resident_pg.bench --device cuda --mode eager,graph --world-sizes 2 \
     --ops send_recv,all_reduce --sizes "${RESIDENT_P2P_SIZES:-8,4K,64K,1M}" \
-    --backends "${RESIDENT_P2P_BACKENDS:-resident:path=direct,resident:path=direct:RESIDENT_GPU_P2P_STREAM=own,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_P2P_STREAM=own}" \
+    --backends "${RESIDENT_P2P_BACKENDS:-resident:path=direct,resident:path=direct:RESIDENT_GPU_P2P_POLL=warp,resident:path=direct:RESIDENT_GPU_P2P_STREAM=own,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_P2P_POLL=warp}" \
     --floors "$OUT/floors.json" --timeout 30 --time-limit 120 \
     --json "$OUT/bench_p2p.json" > "$OUT/bench_p2p.log" 2>&1 || status=1
   tail -n 40 "$OUT/bench_p2p.log"

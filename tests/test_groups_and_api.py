@@ -382,7 +382,7 @@ def test_persistent_mode_knobs_on_a_cpu_group():
         assert "gpu_persistent=1 gpu_persistent_blocks=2 gpu_persistent_idle_us=5000" in r["config"]
         assert "gpu_persistent_graphs=resident" in r["config"], r["config"]
         assert r["sum"] == [0, 3, 6, 9, 12]
-        assert len(r["warnings"]) == 1 and "experimental" in r["warnings"][0], r["warnings"]
+        assert len(r["warnings"]) == 1 and "slower for decode" in r["warnings"][0], r["warnings"]
 
 
 def _bad_persistent_job(rank, ws):
@@ -410,6 +410,7 @@ def test_persistent_knobs_are_validated(var, value):
 @pytest.mark.resident_only
 @pytest.mark.parametrize("var,bad,choices,good", [
     ("RESIDENT_GPU_P2P_STREAM", "caller", "auto or own", "own"),
+    ("RESIDENT_GPU_P2P_POLL", "block", "thread or warp", "warp"),
     ("RESIDENT_GPU_PROTOCOL", "ll128", "ll or simple", "simple"),
     ("RESIDENT_GPU_PERSISTENT_GRAPHS", "graph", "kernel or resident", "resident")])
 def test_choice_knobs_are_validated(var, bad, choices, good):
