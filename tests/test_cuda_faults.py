@@ -18,8 +18,13 @@ cannot affect the next): CUDA and CPU tensors mixed in one call, and non-contigu
 tensors, must raise ValueError naming the problem on every rank; the world group still
 works afterwards.
 
-Dry run (RESIDENT_GPU_TESTS_DEVICE=cpu): the timeout job runs on CPU tensors (no device
-checks) and the device-mix cases are skipped.
+Abort (2 ranks, one job): checked eager and graph-replayed CUDA all_reduces on the world
+group (direct) and a proxy-path subgroup, then torch.distributed's _abort_process_group(); it
+returns in time, the device drains, nothing is left in /dev/shm, and a second world in the same
+process works.
+
+Dry run (RESIDENT_GPU_TESTS_DEVICE=cpu): the timeout and abort jobs run on CPU tensors (no
+device checks) and the device-mix cases are skipped.
 """
 
 from __future__ import annotations
@@ -237,4 +242,76 @@ def test_world_group_works_after_rejected_calls():
             problems.append(o.describe())
         elif o.value["world_group_still_works"] is not None:
             problems.append(f"rank {o.rank}: {o.value['world_group_still_works']}")
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------
+# abort
+# --------------------------------------------------------------------------
+
+ABORT_LIMIT_S = 20.0 * C.TIME_SCALE  # _abort_process_group() must return within this
+
+
+def _abort_job(rank, ws):
+    """Two cycles: a world group (direct path) and a subgroup on the proxy path, each with
+    checked eager CUDA all_reduces and a captured one replayed with fresh data, then
+    torch.distributed's _abort_process_group() of the world. Abort must return in time, the
+    device must drain (no kernel left waiting on a peer), and the second cycle — a new world in
+    the same process, its CUDA path installed again — must work."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _abort_process_group
+
+    C.setup_rank(rank, ws, init=False)
+    H.connect_store()
+    out = {"errors": [], "abort_s": [], "drain_s": []}
+    for c in range(2):
+        H.init_pg(prefix=f"cuda_abort{c}/")
+        sub = dist.new_group(list(range(ws)), backend="resident", pg_options={"path": "proxy"})
+        try:
+            for name, g in (("world", None), ("proxy subgroup", sub)):
+                C.check_all_reduce(rank, ws, f"cuda/abort/{c}/{name}", g)
+            static = C.dev(make_input("cuda/abort/static", rank, 2053, "int64"))
+            replay = C.capture_replay(lambda: dist.all_reduce(static, group=sub))
+            for k in range(3):
+                ins = [make_input(f"cuda/abort/{c}/graph{k}", r, 2053, "int64") for r in range(ws)]
+                static.copy_(C.dev(ins[rank]))
+                replay()
+                out["errors"] += H.compare_exact(C.host(static), sum(ins[1:], ins[0].clone()),
+                                                 f"cycle {c} graph replay {k}")
+        except AssertionError as e:
+            out["errors"].append(f"cycle {c}: {e}")
+        dist.barrier()  # nobody aborts while a peer still needs it
+        t0 = time.monotonic()
+        _abort_process_group()
+        out["abort_s"].append(time.monotonic() - t0)
+        if C.ON_GPU:
+            drained = C.wait_device(time.monotonic(), ABORT_LIMIT_S)
+            out["drain_s"].append(drained)
+            if drained is None:
+                out["errors"].append(f"cycle {c}: the device did not drain within "
+                                     f"{ABORT_LIMIT_S:.0f}s of _abort_process_group()")
+            else:
+                torch.cuda.synchronize()
+        if dist.is_initialized():
+            out["errors"].append(f"cycle {c}: still initialised after _abort_process_group()")
+    return out
+
+
+def test_abort_process_group_with_cuda_ops(shm_snapshot):
+    outcomes = H.run_ranks_collect(_abort_job, 2, env=C.path_env("direct"), init=False,
+                                   init_timeout_s=30, timeout_s=120 * C.TIME_SCALE)
+    problems = []
+    for o in outcomes:
+        if o.status != "ok":
+            problems.append(o.describe())
+            continue
+        problems += [f"rank {o.rank}: {e}" for e in o.value["errors"]]
+        slow = [s for s in o.value["abort_s"] if s > ABORT_LIMIT_S]
+        if slow:
+            problems.append(f"rank {o.rank}: _abort_process_group() took {slow} s")
+    new = H.new_shm_entries(shm_snapshot)
+    if new:
+        problems.append(f"left in /dev/shm after _abort_process_group(): {sorted(new)}")
+        H.remove_shm(new)
     assert not problems, "\n".join(problems)
