@@ -387,10 +387,15 @@ def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> No
         dist.init_process_group("resident", store=dist.PrefixStore("pg", store), rank=rank,
                                 world_size=ws, timeout=datetime.timedelta(seconds=cfg["timeout"]))
         phase = "first all_reduce"
-        dist.all_reduce(warm)  # installs the CUDA path (and launches the resident kernel)
-        got = warm.cpu()  # synchronizes the current stream only
-        if not bool((got == ws * (ws + 1) / 2).all()):
-            res["check_errors"].append(f"warm-up all_reduce: got {got.tolist()}")
+        def eager_all_reduce(what: str) -> None:
+            """One checked eager all_reduce of `warm` (rank + 1 everywhere)."""
+            warm.fill_(float(rank + 1))
+            dist.all_reduce(warm)
+            got = warm.cpu()  # synchronizes the current stream only
+            if not bool((got == ws * (ws + 1) / 2).all()):
+                res["check_errors"].append(f"{what}: got {got.tolist()}")
+
+        eager_all_reduce("warm-up all_reduce")  # installs the CUDA path (and the resident kernel)
         res["status"]["installed"] = _pstatus()
         want = cfg["env"].get("RESIDENT_GPU_PERSISTENT") == "1"
         enabled = res["status"]["installed"].get("enabled")
@@ -439,12 +444,8 @@ def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> No
             # One eager all_reduce before each batch (not timed): it relaunches a resident
             # kernel that idled out, so that an idle time shorter than the whole phase (8 ranks
             # on one GPU take > 500 ms) still leaves it spinning through the batch's timing.
-            warm.fill_(float(rank + 1))
-            dist.all_reduce(warm)
-            got = warm.cpu()
+            eager_all_reduce(f"all_reduce before alone batch {b}")
             counts["issued"] += 1
-            if not bool((got == ws * (ws + 1) / 2).all()):
-                res["check_errors"].append(f"all_reduce before alone batch {b}: got {got.tolist()}")
             res["gemm"]["alone"][str(b)] = time_gemm(b)
             st = res["status"][f"alone batch {b}"] = _pstatus()
             if want and st.get("running") is False:

@@ -185,6 +185,16 @@ def new_shm_entries(before, settle_s: float = 3.0) -> dict:
         time.sleep(0.1)
 
 
+def shm_left_problems(before, when: str) -> list:
+    """["left in /dev/shm <when>: [...]"] for the resident* entries not in `before` (removed, so
+    that later runs start clean), or []."""
+    new = new_shm_entries(before)
+    if not new:
+        return []
+    remove_shm(new)
+    return [f"left in /dev/shm {when}: {sorted(new)}"]
+
+
 def remove_shm(names) -> None:
     """Remove what a failing test left behind, so later runs start clean."""
     for name in names:

@@ -310,8 +310,5 @@ def test_abort_process_group_with_cuda_ops(shm_snapshot):
         slow = [s for s in o.value["abort_s"] if s > ABORT_LIMIT_S]
         if slow:
             problems.append(f"rank {o.rank}: _abort_process_group() took {slow} s")
-    new = H.new_shm_entries(shm_snapshot)
-    if new:
-        problems.append(f"left in /dev/shm after _abort_process_group(): {sorted(new)}")
-        H.remove_shm(new)
+    problems += H.shm_left_problems(shm_snapshot, "after _abort_process_group()")
     assert not problems, "\n".join(problems)

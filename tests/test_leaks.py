@@ -87,10 +87,7 @@ def test_no_shm_leftover_after_normal_exit(shm_snapshot):
     results = H.run_ranks(_shm_normal_job, 3, timeout_s=120)
     problems = [f"rank {r}: {e}" for r, res in enumerate(results) for e in res["errors"]]
     problems += _check_modes(results)
-    new = H.new_shm_entries(shm_snapshot)
-    if new:
-        problems.append(f"left in /dev/shm after a normal exit: {sorted(new)}")
-        H.remove_shm(new)
+    problems += H.shm_left_problems(shm_snapshot, "after a normal exit")
     assert not problems, "\n".join(problems)
 
 
@@ -118,7 +115,6 @@ def test_no_shm_leftover_after_sigkill(shm_snapshot):
     outcomes = H.run_ranks_collect(_shm_kill_job, ws, init_timeout_s=5, timeout_s=90,
                                    stop_when_done=list(range(ws - 1)), destroy_grace_s=15)
     # every process is gone by now (the harness joined or killed them)
-    new = H.new_shm_entries(shm_snapshot)
     problems = []
     if outcomes[ws - 1].status != "killed":
         problems.append(f"rank {ws - 1} was not killed: {outcomes[ws - 1].describe()}")
@@ -132,9 +128,7 @@ def test_no_shm_leftover_after_sigkill(shm_snapshot):
         if o.value["raised"] is None:
             problems.append(f"rank {o.rank}: no error although rank {ws - 1} was SIGKILLed")
     problems += _check_modes(survivors)
-    if new:
-        problems.append(f"left in /dev/shm after rank {ws - 1} was SIGKILLed: {sorted(new)}")
-        H.remove_shm(new)
+    problems += H.shm_left_problems(shm_snapshot, f"after rank {ws - 1} was SIGKILLed")
     assert not problems, "\n".join(problems)
 
 
@@ -158,6 +152,16 @@ def _our_task_count():
     return n
 
 
+def _task_count_down_to(target, limit_s=5.0):
+    """_our_task_count(), polled until it is at most `target` or `limit_s` passed."""
+    deadline = time.monotonic() + limit_s
+    n = _our_task_count()
+    while n > target and time.monotonic() < deadline:
+        time.sleep(0.05)
+        n = _our_task_count()
+    return n
+
+
 def _threads_job(rank, ws, cycles):
     import torch.distributed as dist
 
@@ -172,11 +176,7 @@ def _threads_job(rank, ws, cycles):
         errs = _exercise(rank, ws, f"thr{c}")
         during = _our_task_count()
         dist.destroy_process_group()
-        deadline = time.monotonic() + 5
-        after = _our_task_count()
-        while after > before and time.monotonic() < deadline:
-            time.sleep(0.05)
-            after = _our_task_count()
+        after = _task_count_down_to(before)
         names = []
         if after > before:
             for tid in os.listdir("/proc/self/task"):
@@ -246,7 +246,6 @@ def test_no_shm_leftover_after_sigkill_during_init(shm_snapshot, late_rank_joins
                                    init=False, init_timeout_s=init_timeout_s, timeout_s=120,
                                    store_timeout_s=init_timeout_s + 5,
                                    stop_when_done=[1, 2], destroy_grace_s=15)
-    new = H.new_shm_entries(shm_snapshot)
     problems = []
     if outcomes[0].status != "killed":
         problems.append(f"rank 0 was not killed: {outcomes[0].describe()}")
@@ -258,9 +257,7 @@ def test_no_shm_leftover_after_sigkill_during_init(shm_snapshot, late_rank_joins
     late = outcomes[ws - 1].value if outcomes[ws - 1].status == "ok" else None
     if late is not None:
         problems += _check_modes([late])
-    if new:
-        problems.append(f"left in /dev/shm after rank 0 was SIGKILLed inside init: {sorted(new)}")
-        H.remove_shm(new)
+    problems += H.shm_left_problems(shm_snapshot, "after rank 0 was SIGKILLed inside init")
     assert not problems, "\n".join(problems) + "\n" + "\n".join(
         f"rank {o.rank}: {o.value!r}" for o in outcomes if o.value is not None)
 
@@ -293,11 +290,7 @@ def _abort_job(rank, ws):
         dist.all_reduce(t, group=sub)
         with_sub = _our_task_count()
         _abort_process_group(sub)  # `sub` stays referenced: only abort() can release it
-        deadline = time.monotonic() + 5
-        after_sub = _our_task_count()
-        while after_sub > before_sub and time.monotonic() < deadline:
-            time.sleep(0.05)
-            after_sub = _our_task_count()
+        after_sub = _task_count_down_to(before_sub)
         if after_sub > before_sub:
             out["errors"].append(f"cycle {c}: {before_sub} threads before the subgroup, {with_sub} "
                                  f"with it, {after_sub} 5 s after its _abort_process_group()")
@@ -314,11 +307,7 @@ def _abort_job(rank, ws):
                                            "SUM", "float32", f"cycle {c}: world after sub abort")
         dist.barrier()  # nobody aborts the world while a peer still uses it
         _abort_process_group()
-        deadline = time.monotonic() + 5
-        after = _our_task_count()
-        while after > before and time.monotonic() < deadline:
-            time.sleep(0.05)
-            after = _our_task_count()
+        after = _task_count_down_to(before)
         out["cycles"].append({"before": before, "after": after,
                               "initialized": dist.is_initialized()})
     return out
@@ -337,10 +326,7 @@ def test_abort_process_group_releases_everything(shm_snapshot):
                                 f"{cyc['after']} 5 s after _abort_process_group()")
             if cyc["initialized"]:
                 problems.append(f"rank {r} cycle {c}: still initialised after the world's abort")
-    new = H.new_shm_entries(shm_snapshot)
-    if new:
-        problems.append(f"left in /dev/shm after _abort_process_group(): {sorted(new)}")
-        H.remove_shm(new)
+    problems += H.shm_left_problems(shm_snapshot, "after _abort_process_group()")
     assert not problems, "\n".join(problems)
     # the error names the problem (printed for the log; its text is the backend's)
     print("op on an aborted subgroup:", results[0]["after_abort"])
