@@ -7,7 +7,7 @@
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
-#           launch-probe interference fault-probe
+#           launch-probe interference fault-probe poll-probe
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
 #   Test stages append each failure's text to $OUT/test_failures.log as it happens (printed
@@ -36,6 +36,9 @@
 #                $RESIDENT_INTERFERENCE_MODES, default perop,persistent; also persistent500ms;
 #                world sizes $RESIDENT_INTERFERENCE_WS, default "2", e.g. "2 4 8";
 #                $OUT/interference_ws<N>.{json,log}).
+#   poll-probe:  scripts/ll_poll_probe.cu: LL lines through mapped host memory, writer and
+#                reader kernels in one process, serial and with the reader polling first, per
+#                poll mode and block count ($OUT/poll_probe.jsonl, ~10 s).
 #   fault-probe: scripts/persistent_fault_probe.py, the interference sequence step by step with a
 #                device check after each step, per variant ($RESIDENT_FAULT_VARIANTS)
 #                ($OUT/fault_probe.log).
@@ -422,6 +425,16 @@ if has bench-persistent || has interference; then
       --json "$OUT/interference_ws$ws.json" > "$OUT/interference_ws$ws.log" 2>&1 || status=1
     tail -n 30 "$OUT/interference_ws$ws.log"
   done
+fi
+
+if has poll-probe; then
+  step "LL poll probe"
+  if nvcc -std=c++17 -O2 -arch=sm_90 scripts/ll_poll_probe.cu -o /tmp/ll_poll_probe \
+      > "$OUT/poll_probe_build.log" 2>&1; then
+    timeout 120 /tmp/ll_poll_probe "${RESIDENT_POLL_PROBE_ITERS:-50}" | tee "$OUT/poll_probe.jsonl" || status=1
+  else
+    status=1; tail -20 "$OUT/poll_probe_build.log"
+  fi
 fi
 
 if has fault-probe; then

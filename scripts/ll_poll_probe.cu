@@ -1,0 +1,190 @@
+// Why does a one-way send/recv of 64 KiB cost ~30 us when the data floor moves 64 KiB through
+// host memory in ~6.5 us (benchmarks/RESULTS.md, session 19)? Mirrors the p2p kernels' data
+// movement in one process: a writer kernel stores LL lines (8 payload bytes and two copies of
+// the flag in 16 bytes) into mapped pinned host memory (MAP_SHARED + cudaHostRegister, as the
+// communicator's segments), part by part (2 KiB of payload per 256-thread pass); a reader
+// kernel polls the lines and copies the payload to device memory. Each run is measured with
+// %globaltimer stamps in both kernels:
+//   serial:     writer, stream synchronize, then the reader (no line is polled before it lands)
+//   concurrent: the reader first (polling), then the writer on another stream, as a receiver
+//               that waits for a sender
+// Reader poll modes: thread (every thread polls its line, as the recv kernel), warp (one lane
+// per warp polls the warp's last line, RESIDENT_GPU_P2P_POLL=warp), block (thread 0 polls the
+// last line of the block's last part with a 100 ns sleep between polls, then every thread reads
+// its lines), sleep (every thread polls, sleeping 200 ns after a miss). One line of JSON per
+// configuration: medians over the iterations, in microseconds.
+//
+//   nvcc -std=c++17 -O2 -arch=sm_90 ll_poll_probe.cu -o ll_poll_probe && ./ll_poll_probe [ITERS]
+#include <cuda_runtime.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+constexpr uint32_t kThreads = 256;
+constexpr uint32_t kPartPayload = kThreads * 8;
+
+struct Stamps {
+  unsigned long long w_start, w_end, r_start, r_end;
+};
+
+__device__ __forceinline__ unsigned long long now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void storeLine(uint4* p, uint64_t v, uint32_t flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p),
+               "r"(static_cast<uint32_t>(v)), "r"(flag), "r"(static_cast<uint32_t>(v >> 32)),
+               "r"(flag)
+               : "memory");
+}
+
+__device__ __forceinline__ bool loadLine(const uint4* p, uint32_t flag, uint64_t& v) {
+  uint32_t d0, f0, d1, f1;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+               : "l"(p)
+               : "memory");
+  v = static_cast<uint64_t>(d0) | (static_cast<uint64_t>(d1) << 32);
+  return f0 == flag && f1 == flag;
+}
+
+__device__ __forceinline__ uint64_t pollLine(const uint4* p, uint32_t flag, uint32_t sleep_ns) {
+  uint64_t v;
+  while (!loadLine(p, flag, v))
+    if (sleep_ns) __nanosleep(sleep_ns);
+  return v;
+}
+
+__global__ void writer(uint4* lines, const uint64_t* src, uint32_t parts, uint32_t ppb,
+                       uint32_t flag, Stamps* s) {
+  const uint32_t t = threadIdx.x;
+  if (t == 0) atomicMin(&s->w_start, now());
+  const uint32_t j0 = blockIdx.x * ppb, j1 = min(parts, j0 + ppb);
+  for (uint32_t j = j0; j < j1; ++j) {
+    const uint64_t i = static_cast<uint64_t>(j) * kThreads + t;
+    storeLine(lines + i, __ldcg(reinterpret_cast<const unsigned long long*>(src) + i), flag);
+  }
+  __syncthreads();
+  if (t == 0) atomicMax(&s->w_end, now());
+}
+
+enum Mode : int { kThread = 0, kWarp = 1, kBlock = 2, kSleep = 3 };
+
+__global__ void reader(const uint4* lines, uint64_t* dst, uint32_t parts, uint32_t ppb,
+                       uint32_t flag, int mode, Stamps* s) {
+  const uint32_t t = threadIdx.x, lane = t & 31u;
+  if (t == 0) atomicMin(&s->r_start, now());
+  const uint32_t j0 = blockIdx.x * ppb, j1 = min(parts, j0 + ppb);
+  if (mode == kBlock && j1 > j0) {
+    if (t == 0) pollLine(lines + static_cast<uint64_t>(j1) * kThreads - 1, flag, 100);
+    __syncthreads();
+  }
+  for (uint32_t j = j0; j < j1; ++j) {
+    const uint64_t i = static_cast<uint64_t>(j) * kThreads + t;
+    uint64_t v;
+    if (mode == kWarp) {
+      if (lane == 31) pollLine(lines + i, flag, 0);
+      __syncwarp();
+      v = pollLine(lines + i, flag, 0);
+    } else {
+      v = pollLine(lines + i, flag, mode == kSleep ? 200 : 0);
+    }
+    dst[i] = v;
+  }
+  __syncthreads();
+  if (t == 0) atomicMax(&s->r_end, now());
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::printf("{\"error\": \"%s: %s\"}\n", what, cudaGetErrorString(e));
+    std::exit(2);
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+void spinUs(double us) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() <
+         us) {
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 50;
+  const uint32_t max_bytes = 256 * 1024;
+  const size_t line_bytes = static_cast<size_t>(max_bytes) * 2;
+  void* host = mmap(nullptr, line_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (host == MAP_FAILED) return 2;
+  check(cudaHostRegister(host, line_bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
+        "cudaHostRegister");
+  uint4* lines = nullptr;
+  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&lines), host, 0), "device pointer");
+  uint64_t *src = nullptr, *dst = nullptr;
+  Stamps* stamps = nullptr;
+  check(cudaMalloc(&src, max_bytes), "cudaMalloc");
+  check(cudaMalloc(&dst, max_bytes), "cudaMalloc");
+  check(cudaMallocManaged(&stamps, sizeof(Stamps)), "cudaMallocManaged");
+  check(cudaMemset(src, 0x5a, max_bytes), "cudaMemset");
+  cudaStream_t sw, sr;
+  check(cudaStreamCreateWithFlags(&sw, cudaStreamNonBlocking), "stream");
+  check(cudaStreamCreateWithFlags(&sr, cudaStreamNonBlocking), "stream");
+  const char* mode_names[] = {"thread", "warp", "block", "sleep"};
+  uint32_t flag = 0;
+  for (uint32_t bytes : {4096u, 16384u, 65536u, 262144u}) {
+    const uint32_t parts = bytes / kPartPayload;
+    for (uint32_t blocks : {2u, 12u, 32u}) {
+      if (blocks > parts) continue;
+      const uint32_t ppb = (parts + blocks - 1) / blocks;
+      for (int mode = 0; mode < 4; ++mode) {
+        for (int concurrent = 0; concurrent < 2; ++concurrent) {
+          std::vector<double> write_us, read_us, total_us;
+          for (int it = 0; it < iters + 3; ++it) {
+            ++flag;
+            *stamps = Stamps{~0ull, 0ull, ~0ull, 0ull};
+            if (concurrent) {
+              reader<<<blocks, kThreads, 0, sr>>>(lines, dst, parts, ppb, flag, mode, stamps);
+              spinUs(30);  // the reader polls before the first line is written
+              writer<<<blocks, kThreads, 0, sw>>>(lines, src, parts, ppb, flag, stamps);
+            } else {
+              writer<<<blocks, kThreads, 0, sw>>>(lines, src, parts, ppb, flag, stamps);
+              check(cudaStreamSynchronize(sw), "writer");
+              reader<<<blocks, kThreads, 0, sr>>>(lines, dst, parts, ppb, flag, mode, stamps);
+            }
+            check(cudaStreamSynchronize(sw), "writer");
+            check(cudaStreamSynchronize(sr), "reader");
+            if (it < 3) continue;  // warm-up
+            const Stamps s = *stamps;
+            write_us.push_back((s.w_end - s.w_start) / 1e3);
+            // serial: the reader's own time; concurrent: first store to last line copied
+            read_us.push_back(concurrent ? (s.r_end - s.w_end) / 1e3 : (s.r_end - s.r_start) / 1e3);
+            total_us.push_back(concurrent ? (s.r_end - s.w_start) / 1e3
+                                          : (s.w_end - s.w_start + s.r_end - s.r_start) / 1e3);
+          }
+          std::printf(
+              "{\"bytes\": %u, \"blocks\": %u, \"parts_per_block\": %u, \"mode\": \"%s\", "
+              "\"scenario\": \"%s\", \"write_us\": %.2f, \"read_us\": %.2f, \"total_us\": %.2f}\n",
+              bytes, blocks, ppb, mode_names[mode], concurrent ? "concurrent" : "serial",
+              median(write_us), median(read_us), median(total_us));
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  return 0;
+}
