@@ -429,9 +429,13 @@ fi
 
 if has poll-probe; then
   step "LL poll probe"
+  { for f in /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/shmem_enabled \
+      /proc/sys/vm/nr_hugepages /proc/cmdline; do echo "$f: $(cat $f 2>&1)"; done
+    grep -i huge /proc/meminfo; echo "iommu: $(ls /sys/class/iommu 2>&1 | tr '\n' ' ')"; } \
+    | tee "$OUT/poll_probe_host.txt"
   if nvcc -std=c++17 -O2 -arch=sm_90 scripts/ll_poll_probe.cu -o /tmp/ll_poll_probe \
       > "$OUT/poll_probe_build.log" 2>&1; then
-    timeout 120 /tmp/ll_poll_probe "${RESIDENT_POLL_PROBE_ITERS:-50}" | tee "$OUT/poll_probe.jsonl" || status=1
+    timeout 120 /tmp/ll_poll_probe "${RESIDENT_POLL_PROBE_ITERS:-50}" ${RESIDENT_POLL_PROBE_ALLOCS:-} | tee "$OUT/poll_probe.jsonl" || status=1
   else
     status=1; tail -20 "$OUT/poll_probe_build.log"
   fi

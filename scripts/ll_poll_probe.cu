@@ -14,7 +14,11 @@
 // its lines), sleep (every thread polls, sleeping 200 ns after a miss). One line of JSON per
 // configuration: medians over the iterations, in microseconds.
 //
-//   nvcc -std=c++17 -O2 -arch=sm_90 ll_poll_probe.cu -o ll_poll_probe && ./ll_poll_probe [ITERS]
+// Allocations compared (ALLOCS, comma-separated): shared (MAP_SHARED anonymous + cudaHostRegister,
+// as the segments), cudaHostAlloc (as the floor benchmark), shared-thp / private-thp (the same
+// with madvise(MADV_HUGEPAGE)), shared-hugetlb (MAP_HUGETLB); each line says the pages it got.
+//
+//   nvcc -std=c++17 -O2 -arch=sm_90 ll_poll_probe.cu -o ll_poll_probe && ./ll_poll_probe [ITERS [ALLOCS]]
 #include <cuda_runtime.h>
 #include <sys/mman.h>
 
@@ -23,6 +27,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <cerrno>
+#include <fstream>
+#include <string>
 #include <vector>
 
 namespace {
@@ -123,18 +131,63 @@ void spinUs(double us) {
   }
 }
 
+// Host memory for the lines, by one of the ways a process can get mapped pinned memory.
+// Returns nullptr (and says why) where the way is not available here.
+void* allocLines(const std::string& how, size_t bytes) {
+  void* p = nullptr;
+  if (how == "cudaHostAlloc") {
+    check(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
+    return p;
+  }
+  int flags = MAP_ANONYMOUS | (how == "private-thp" ? MAP_PRIVATE : MAP_SHARED);
+  if (how == "shared-hugetlb") flags |= MAP_HUGETLB;
+  // 2 MiB alignment so that a huge page can back the whole range.
+  const size_t align = 2u << 20;
+  void* raw = mmap(nullptr, bytes + align, PROT_READ | PROT_WRITE, flags, -1, 0);
+  if (raw == MAP_FAILED) {
+    std::printf("{\"alloc\": \"%s\", \"error\": \"mmap failed (errno %d)\"}\n", how.c_str(), errno);
+    return nullptr;
+  }
+  p = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(raw) + align - 1) & ~(align - 1));
+  if (how == "shared-thp" || how == "private-thp") madvise(p, bytes, MADV_HUGEPAGE);
+  std::memset(p, 0, bytes);  // fault the pages in (huge ones where the kernel gives them)
+  if (cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable) != cudaSuccess) {
+    cudaGetLastError();
+    std::printf("{\"alloc\": \"%s\", \"error\": \"cudaHostRegister failed\"}\n", how.c_str());
+    return nullptr;
+  }
+  return p;
+}
+
+// The kernel page size and huge-page counters of the mapping holding p (from /proc/self/smaps).
+std::string pageInfo(const void* p) {
+  std::ifstream f("/proc/self/smaps");
+  std::string line, out;
+  bool in = false;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(f, line)) {
+    unsigned long lo, hi;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > 8) {
+      in = a >= lo && a < hi;
+      continue;
+    }
+    if (in && (line.rfind("KernelPageSize", 0) == 0 || line.rfind("AnonHugePages", 0) == 0 ||
+               line.rfind("ShmemPmdMapped", 0) == 0 || line.rfind("FilePmdMapped", 0) == 0)) {
+      std::string k = line.substr(0, line.find(':')), v = line.substr(line.find(':') + 1);
+      v.erase(0, v.find_first_not_of(' '));
+      out += (out.empty() ? "" : ", ") + k + "=" + v;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 50;
+  const std::string allocs = argc > 2 ? argv[2] : "shared,cudaHostAlloc,shared-thp,private-thp,shared-hugetlb";
   const uint32_t max_bytes = 256 * 1024;
   const size_t line_bytes = static_cast<size_t>(max_bytes) * 2;
-  void* host = mmap(nullptr, line_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (host == MAP_FAILED) return 2;
-  check(cudaHostRegister(host, line_bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
-        "cudaHostRegister");
-  uint4* lines = nullptr;
-  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&lines), host, 0), "device pointer");
   uint64_t *src = nullptr, *dst = nullptr;
   Stamps* stamps = nullptr;
   check(cudaMalloc(&src, max_bytes), "cudaMalloc");
@@ -146,44 +199,62 @@ int main(int argc, char** argv) {
   check(cudaStreamCreateWithFlags(&sr, cudaStreamNonBlocking), "stream");
   const char* mode_names[] = {"thread", "warp", "block", "sleep"};
   uint32_t flag = 0;
-  for (uint32_t bytes : {4096u, 16384u, 65536u, 262144u}) {
-    const uint32_t parts = bytes / kPartPayload;
-    for (uint32_t blocks : {2u, 12u, 32u}) {
-      if (blocks > parts) continue;
-      const uint32_t ppb = (parts + blocks - 1) / blocks;
-      for (int mode = 0; mode < 4; ++mode) {
-        for (int concurrent = 0; concurrent < 2; ++concurrent) {
-          std::vector<double> write_us, read_us, total_us;
-          for (int it = 0; it < iters + 3; ++it) {
-            ++flag;
-            *stamps = Stamps{~0ull, 0ull, ~0ull, 0ull};
-            if (concurrent) {
-              reader<<<blocks, kThreads, 0, sr>>>(lines, dst, parts, ppb, flag, mode, stamps);
-              spinUs(30);  // the reader polls before the first line is written
-              writer<<<blocks, kThreads, 0, sw>>>(lines, src, parts, ppb, flag, stamps);
-            } else {
-              writer<<<blocks, kThreads, 0, sw>>>(lines, src, parts, ppb, flag, stamps);
+  size_t from = 0;
+  while (from <= allocs.size()) {
+    const size_t comma = std::min(allocs.find(',', from), allocs.size());
+    const std::string how = allocs.substr(from, comma - from);
+    from = comma + 1;
+    void* host = allocLines(how, line_bytes);
+    if (!host) continue;
+    std::printf("{\"alloc\": \"%s\", \"pages\": \"%s\"}\n", how.c_str(), pageInfo(host).c_str());
+    uint4* lines = nullptr;
+    check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&lines), host, 0), "device pointer");
+    for (uint32_t bytes : {4096u, 65536u, 262144u}) {
+      const uint32_t parts = bytes / kPartPayload;
+      for (uint32_t blocks : {2u, 12u, 32u}) {
+        if (blocks > parts) continue;
+        const uint32_t ppb = (parts + blocks - 1) / blocks;
+        for (int mode = 0; mode < 4; mode += 2) {  // thread, block
+          for (int concurrent = 0; concurrent < 2; ++concurrent) {
+            std::vector<double> write_us, read_us, total_us;
+            for (int it = 0; it < iters + 3; ++it) {
+              ++flag;
+              *stamps = Stamps{~0ull, 0ull, ~0ull, 0ull};
+              if (concurrent) {
+                reader<<<blocks, kThreads, 0, sr>>>(lines, dst, parts, ppb, flag, mode, stamps);
+                spinUs(30);  // the reader polls before the first line is written
+                writer<<<blocks, kThreads, 0, sw>>>(lines, src, parts, ppb, flag, stamps);
+              } else {
+                writer<<<blocks, kThreads, 0, sw>>>(lines, src, parts, ppb, flag, stamps);
+                check(cudaStreamSynchronize(sw), "writer");
+                reader<<<blocks, kThreads, 0, sr>>>(lines, dst, parts, ppb, flag, mode, stamps);
+              }
               check(cudaStreamSynchronize(sw), "writer");
-              reader<<<blocks, kThreads, 0, sr>>>(lines, dst, parts, ppb, flag, mode, stamps);
+              check(cudaStreamSynchronize(sr), "reader");
+              if (it < 3) continue;  // warm-up
+              const Stamps s = *stamps;
+              write_us.push_back((s.w_end - s.w_start) / 1e3);
+              // serial: the reader's own time; concurrent: last line written to last line copied
+              read_us.push_back(concurrent ? (s.r_end - s.w_end) / 1e3 : (s.r_end - s.r_start) / 1e3);
+              total_us.push_back(concurrent ? (s.r_end - s.w_start) / 1e3
+                                            : (s.w_end - s.w_start + s.r_end - s.r_start) / 1e3);
             }
-            check(cudaStreamSynchronize(sw), "writer");
-            check(cudaStreamSynchronize(sr), "reader");
-            if (it < 3) continue;  // warm-up
-            const Stamps s = *stamps;
-            write_us.push_back((s.w_end - s.w_start) / 1e3);
-            // serial: the reader's own time; concurrent: first store to last line copied
-            read_us.push_back(concurrent ? (s.r_end - s.w_end) / 1e3 : (s.r_end - s.r_start) / 1e3);
-            total_us.push_back(concurrent ? (s.r_end - s.w_start) / 1e3
-                                          : (s.w_end - s.w_start + s.r_end - s.r_start) / 1e3);
+            std::printf(
+                "{\"alloc\": \"%s\", \"bytes\": %u, \"blocks\": %u, \"parts_per_block\": %u, "
+                "\"mode\": \"%s\", \"scenario\": \"%s\", \"write_us\": %.2f, \"read_us\": %.2f, "
+                "\"total_us\": %.2f}\n",
+                how.c_str(), bytes, blocks, ppb, mode_names[mode],
+                concurrent ? "concurrent" : "serial", median(write_us), median(read_us),
+                median(total_us));
+            std::fflush(stdout);
           }
-          std::printf(
-              "{\"bytes\": %u, \"blocks\": %u, \"parts_per_block\": %u, \"mode\": \"%s\", "
-              "\"scenario\": \"%s\", \"write_us\": %.2f, \"read_us\": %.2f, \"total_us\": %.2f}\n",
-              bytes, blocks, ppb, mode_names[mode], concurrent ? "concurrent" : "serial",
-              median(write_us), median(read_us), median(total_us));
-          std::fflush(stdout);
         }
       }
+    }
+    if (how == "cudaHostAlloc") {
+      check(cudaFreeHost(host), "cudaFreeHost");
+    } else {
+      check(cudaHostUnregister(host), "cudaHostUnregister");
     }
   }
   return 0;
