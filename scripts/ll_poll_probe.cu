@@ -11,7 +11,8 @@
 // Reader poll modes: thread (every thread polls its line, as the recv kernel), warp (one lane
 // per warp polls the warp's last line, RESIDENT_GPU_P2P_POLL=warp), block (thread 0 polls the
 // last line of the block's last part with a 100 ns sleep between polls, then every thread reads
-// its lines), sleep (every thread polls, sleeping 200 ns after a miss). One line of JSON per
+// its lines), sleep (every thread polls, sleeping 200 ns after a miss), relaxed (thread, with
+// ld.relaxed.sys), cached (thread, with ld.global.cg; serial only). One line of JSON per
 // configuration: medians over the iterations, in microseconds.
 //
 // Allocations compared (ALLOCS, comma-separated): shared (MAP_SHARED anonymous + cudaHostRegister,
@@ -65,9 +66,30 @@ __device__ __forceinline__ bool loadLine(const uint4* p, uint32_t flag, uint64_t
   return f0 == flag && f1 == flag;
 }
 
-__device__ __forceinline__ uint64_t pollLine(const uint4* p, uint32_t flag, uint32_t sleep_ns) {
+// The same load as ld.relaxed.sys (the memory model's way to poll) or ld.global.cg (cached in
+// L2: not a valid way to poll, measured in the serial scenario only, where every line is there).
+__device__ __forceinline__ bool loadLineAs(int how, const uint4* p, uint32_t flag, uint64_t& v) {
+  if (how == 0) return loadLine(p, flag, v);
+  uint32_t d0, f0, d1, f1;
+  if (how == 1) {
+    asm volatile("ld.relaxed.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                 : "l"(p)
+                 : "memory");
+  } else {
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                 : "l"(p)
+                 : "memory");
+  }
+  v = static_cast<uint64_t>(d0) | (static_cast<uint64_t>(d1) << 32);
+  return f0 == flag && f1 == flag;
+}
+
+__device__ __forceinline__ uint64_t pollLine(const uint4* p, uint32_t flag, uint32_t sleep_ns,
+                                             int how = 0) {
   uint64_t v;
-  while (!loadLine(p, flag, v))
+  while (!loadLineAs(how, p, flag, v))
     if (sleep_ns) __nanosleep(sleep_ns);
   return v;
 }
@@ -85,7 +107,7 @@ __global__ void writer(uint4* lines, const uint64_t* src, uint32_t parts, uint32
   if (t == 0) atomicMax(&s->w_end, now());
 }
 
-enum Mode : int { kThread = 0, kWarp = 1, kBlock = 2, kSleep = 3 };
+enum Mode : int { kThread = 0, kWarp = 1, kBlock = 2, kSleep = 3, kRelaxed = 4, kCached = 5 };
 
 __global__ void reader(const uint4* lines, uint64_t* dst, uint32_t parts, uint32_t ppb,
                        uint32_t flag, int mode, Stamps* s) {
@@ -104,7 +126,8 @@ __global__ void reader(const uint4* lines, uint64_t* dst, uint32_t parts, uint32
       __syncwarp();
       v = pollLine(lines + i, flag, 0);
     } else {
-      v = pollLine(lines + i, flag, mode == kSleep ? 200 : 0);
+      v = pollLine(lines + i, flag, mode == kSleep ? 200 : 0,
+                   mode == kRelaxed ? 1 : mode == kCached ? 2 : 0);
     }
     dst[i] = v;
   }
@@ -185,19 +208,19 @@ std::string pageInfo(const void* p) {
 
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 50;
-  const std::string allocs = argc > 2 ? argv[2] : "shared,cudaHostAlloc,shared-thp,private-thp,shared-hugetlb";
+  const std::string allocs = argc > 2 ? argv[2] : "shared";
   const uint32_t max_bytes = 256 * 1024;
   const size_t line_bytes = static_cast<size_t>(max_bytes) * 2;
   uint64_t *src = nullptr, *dst = nullptr;
   Stamps* stamps = nullptr;
   check(cudaMalloc(&src, max_bytes), "cudaMalloc");
   check(cudaMalloc(&dst, max_bytes), "cudaMalloc");
-  check(cudaMallocManaged(&stamps, sizeof(Stamps)), "cudaMallocManaged");
+  check(cudaMalloc(&stamps, sizeof(Stamps)), "cudaMalloc");
   check(cudaMemset(src, 0x5a, max_bytes), "cudaMemset");
   cudaStream_t sw, sr;
   check(cudaStreamCreateWithFlags(&sw, cudaStreamNonBlocking), "stream");
   check(cudaStreamCreateWithFlags(&sr, cudaStreamNonBlocking), "stream");
-  const char* mode_names[] = {"thread", "warp", "block", "sleep"};
+  const char* mode_names[] = {"thread", "warp", "block", "sleep", "relaxed", "cached"};
   uint32_t flag = 0;
   size_t from = 0;
   while (from <= allocs.size()) {
@@ -209,17 +232,18 @@ int main(int argc, char** argv) {
     std::printf("{\"alloc\": \"%s\", \"pages\": \"%s\"}\n", how.c_str(), pageInfo(host).c_str());
     uint4* lines = nullptr;
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&lines), host, 0), "device pointer");
-    for (uint32_t bytes : {4096u, 65536u, 262144u}) {
+    for (uint32_t bytes : {4096u, 16384u, 65536u, 262144u}) {
       const uint32_t parts = bytes / kPartPayload;
-      for (uint32_t blocks : {2u, 12u, 32u}) {
+      for (uint32_t blocks : {1u, 2u, 4u, 8u, 16u, 32u}) {
         if (blocks > parts) continue;
         const uint32_t ppb = (parts + blocks - 1) / blocks;
-        for (int mode = 0; mode < 4; mode += 2) {  // thread, block
-          for (int concurrent = 0; concurrent < 2; ++concurrent) {
+        for (int mode : {int(kThread), int(kRelaxed), int(kBlock), int(kCached)}) {
+          for (int concurrent = 0; concurrent < (mode == kCached ? 1 : 2); ++concurrent) {
             std::vector<double> write_us, read_us, total_us;
             for (int it = 0; it < iters + 3; ++it) {
               ++flag;
-              *stamps = Stamps{~0ull, 0ull, ~0ull, 0ull};
+              const Stamps reset{~0ull, 0ull, ~0ull, 0ull};
+              check(cudaMemcpy(stamps, &reset, sizeof reset, cudaMemcpyHostToDevice), "reset");
               if (concurrent) {
                 reader<<<blocks, kThreads, 0, sr>>>(lines, dst, parts, ppb, flag, mode, stamps);
                 spinUs(30);  // the reader polls before the first line is written
@@ -232,7 +256,8 @@ int main(int argc, char** argv) {
               check(cudaStreamSynchronize(sw), "writer");
               check(cudaStreamSynchronize(sr), "reader");
               if (it < 3) continue;  // warm-up
-              const Stamps s = *stamps;
+              Stamps s;
+              check(cudaMemcpy(&s, stamps, sizeof s, cudaMemcpyDeviceToHost), "stamps");
               write_us.push_back((s.w_end - s.w_start) / 1e3);
               // serial: the reader's own time; concurrent: last line written to last line copied
               read_us.push_back(concurrent ? (s.r_end - s.w_end) / 1e3 : (s.r_end - s.r_start) / 1e3);
