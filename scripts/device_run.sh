@@ -8,6 +8,7 @@
 #           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
 #           launch-probe interference fault-probe poll-probe
+#           p2p-timeline
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
 #   Test stages append each failure's text to $OUT/test_failures.log as it happens (printed
@@ -39,6 +40,9 @@
 #   poll-probe:  scripts/ll_poll_probe.cu: LL lines through mapped host memory, writer and
 #                reader kernels in one process, serial and with the reader polling first, per
 #                poll mode and block count ($OUT/poll_probe.jsonl, ~10 s).
+#   p2p-timeline: scripts/p2p_timeline.py: eager 2-rank ping-pong with CUDA events between the
+#                ops, per size (paths $RESIDENT_PROBE_PATHS, default direct; extra environment
+#                $RESIDENT_TIMELINE_ENV) ($OUT/p2p_timeline.log).
 #   fault-probe: scripts/persistent_fault_probe.py, the interference sequence step by step with a
 #                device check after each step, per variant ($RESIDENT_FAULT_VARIANTS)
 #                ($OUT/fault_probe.log).
@@ -439,6 +443,16 @@ if has poll-probe; then
   else
     status=1; tail -20 "$OUT/poll_probe_build.log"
   fi
+fi
+
+if has p2p-timeline; then
+  step "send/recv timeline (CUDA events, eager ping-pong)"
+  for path in ${RESIDENT_PROBE_PATHS:-direct}; do
+    echo "== path=$path ${RESIDENT_TIMELINE_ENV:-}" | tee -a "$OUT/p2p_timeline.log"
+    env RESIDENT_PATH=$path ${RESIDENT_TIMELINE_ENV:-} timeout 120 python3 scripts/p2p_timeline.py 2>&1 \
+      | tee -a "$OUT/p2p_timeline.log" | grep -E "^rank|rror" || status=1
+  done
+  { which nsys ncu; ls /usr/local/cuda/bin 2>&1 | head -40; } > "$OUT/cuda_tools.txt" 2>&1
 fi
 
 if has fault-probe; then
