@@ -36,6 +36,44 @@ __device__ inline uint32_t advanceEarly(uint32_t* round, uint32_t* blocks_read, 
   return base;
 }
 
+// Flow control before round g: the receiver must have consumed round g - 2 (same slot). Only
+// block 0 reads the credit word in host memory and publishes it in device memory, where the
+// other blocks poll: uncached reads of one host address from many blocks at once are served one
+// after another (~1.5 us each on the H200 host, scripts/ll_poll_probe.cu), so a 64 KiB send
+// over 16 blocks spent ~20 us here. Block 0 takes part in every round (part 0 always has a
+// line), so the others never wait on a block that has left. Thread 0 of a block only.
+__device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, uint32_t g) {
+  const Region& reg = w.reg;
+  uint32_t* cached = &reg.state->p2p_credit[a.peer][slot];
+  auto enough = [&] {
+    return static_cast<int32_t>(*reinterpret_cast<volatile uint32_t*>(cached) - (g - 2)) >= 0;
+  };
+  if (blockIdx.x != 0) {
+    for (uint32_t spins = 0; !enough();)
+      if (++spins == 4096) {
+        spins = 0;
+        if (w.shouldStop(a.peer)) return false;
+      }
+    return true;
+  }
+  const unsigned char* word = reg.local + reg.credit_in0 + 64ull * a.peer + 8ull * slot;
+  for (uint32_t spins = 0; !enough();) {
+    // Monotonic (wrap-aware): a concurrent kernel of the same channel may publish too.
+    const uint32_t v = static_cast<uint32_t>(loadVolatile64(word));
+    for (uint32_t old = *reinterpret_cast<volatile uint32_t*>(cached);
+         static_cast<int32_t>(v - old) > 0;) {
+      const uint32_t seen = atomicCAS(cached, old, v);
+      if (seen == old) break;
+      old = seen;
+    }
+    if (++spins == 64) {
+      spins = 0;
+      if (w.shouldStop(a.peer)) return false;
+    }
+  }
+  return true;
+}
+
 __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P2PArgs a) {
   __shared__ int stop;
   const Region& reg = a.reg;
@@ -54,20 +92,7 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
   for (uint32_t r = 0; r < a.rounds; ++r) {
     const uint32_t g = base + r + 1;
     const uint32_t slot = (g - 1) & 1;
-    if (t == 0 && !stop) {  // flow control: the receiver must have consumed round g - 2 (same slot)
-      volatile uint32_t* cached = &st->p2p_credit[a.peer][slot];
-      const unsigned char* word = reg.local + reg.credit_in0 + 64ull * a.peer + 8ull * slot;
-      for (uint32_t spins = 0; static_cast<int32_t>(*cached - (g - 2)) < 0;) {
-        *cached = static_cast<uint32_t>(loadVolatile64(word));
-        if (++spins == 64) {
-          spins = 0;
-          if (w.shouldStop(a.peer)) {
-            stop = 1;
-            break;
-          }
-        }
-      }
-    }
+    if (t == 0 && !stop && !waitCredit(w, a, slot, g)) stop = 1;
     __syncthreads();
     if (stop) break;
     const uint32_t bytes = roundBytes(a.bytes, r, reg.chunk);

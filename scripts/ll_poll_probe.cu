@@ -19,17 +19,18 @@
 // as the segments), cudaHostAlloc (as the floor benchmark), shared-thp / private-thp (the same
 // with madvise(MADV_HUGEPAGE)), shared-hugetlb (MAP_HUGETLB); each line says the pages it got.
 //
-//   nvcc -std=c++17 -O2 -arch=sm_90 ll_poll_probe.cu -o ll_poll_probe && ./ll_poll_probe [ITERS [ALLOCS]]
+//   nvcc -std=c++17 -O2 -arch=sm_90 ll_poll_probe.cu -o ll_poll_probe && ./ll_poll_probe [ITERS
+//   [ALLOCS]]
 #include <cuda_runtime.h>
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cerrno>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -94,10 +95,28 @@ __device__ __forceinline__ uint64_t pollLine(const uint4* p, uint32_t flag, uint
   return v;
 }
 
+// Credit modes of the writer (the send kernel's flow control before a round): 0 none; 1 thread
+// 0 of every block polls the one host word until it carries `flag` (as the send kernel);
+// 2 block 0's thread 0 polls the host word and publishes it in device memory, where the other
+// blocks' thread 0 polls.
 __global__ void writer(uint4* lines, const uint64_t* src, uint32_t parts, uint32_t ppb,
-                       uint32_t flag, Stamps* s) {
+                       uint32_t flag, Stamps* s, const unsigned* host_credit = nullptr,
+                       unsigned* dev_credit = nullptr, int credit_mode = 0) {
   const uint32_t t = threadIdx.x;
   if (t == 0) atomicMin(&s->w_start, now());
+  if (credit_mode != 0) {
+    if (t == 0) {
+      const bool from_host = credit_mode == 1 || blockIdx.x == 0;
+      const volatile unsigned* word = from_host ? host_credit : dev_credit;
+      while (*word != flag) {
+      }
+      if (credit_mode == 2 && blockIdx.x == 0) {
+        *reinterpret_cast<volatile unsigned*>(dev_credit) = flag;
+        __threadfence();
+      }
+    }
+    __syncthreads();
+  }
   const uint32_t j0 = blockIdx.x * ppb, j1 = min(parts, j0 + ppb);
   for (uint32_t j = j0; j < j1; ++j) {
     const uint64_t i = static_cast<uint64_t>(j) * kThreads + t;
@@ -127,7 +146,9 @@ __global__ void reader(const uint4* lines, uint64_t* dst, uint32_t parts, uint32
       v = pollLine(lines + i, flag, 0);
     } else {
       v = pollLine(lines + i, flag, mode == kSleep ? 200 : 0,
-                   mode == kRelaxed ? 1 : mode == kCached ? 2 : 0);
+                   mode == kRelaxed  ? 1
+                   : mode == kCached ? 2
+                                     : 0);
     }
     dst[i] = v;
   }
@@ -174,7 +195,8 @@ void* allocLines(const std::string& how, size_t bytes) {
   p = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(raw) + align - 1) & ~(align - 1));
   if (how == "shared-thp" || how == "private-thp") madvise(p, bytes, MADV_HUGEPAGE);
   std::memset(p, 0, bytes);  // fault the pages in (huge ones where the kernel gives them)
-  if (cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable) != cudaSuccess) {
+  if (cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable) !=
+      cudaSuccess) {
     cudaGetLastError();
     std::printf("{\"alloc\": \"%s\", \"error\": \"cudaHostRegister failed\"}\n", how.c_str());
     return nullptr;
@@ -260,7 +282,8 @@ int main(int argc, char** argv) {
               check(cudaMemcpy(&s, stamps, sizeof s, cudaMemcpyDeviceToHost), "stamps");
               write_us.push_back((s.w_end - s.w_start) / 1e3);
               // serial: the reader's own time; concurrent: last line written to last line copied
-              read_us.push_back(concurrent ? (s.r_end - s.w_end) / 1e3 : (s.r_end - s.r_start) / 1e3);
+              read_us.push_back(concurrent ? (s.r_end - s.w_end) / 1e3
+                                           : (s.r_end - s.r_start) / 1e3);
               total_us.push_back(concurrent ? (s.r_end - s.w_start) / 1e3
                                             : (s.w_end - s.w_start + s.r_end - s.r_start) / 1e3);
             }
@@ -275,6 +298,43 @@ int main(int argc, char** argv) {
           }
         }
       }
+    }
+    // The send kernel's credit wait, per block count: every block's thread 0 polls one host
+    // word, or block 0 polls it and the others a device word (writer alone, 64 KiB).
+    {
+      unsigned* host_credit =
+          reinterpret_cast<unsigned*>(static_cast<char*>(host) + line_bytes - 64);
+      unsigned *host_credit_d = nullptr, *dev_credit = nullptr;
+      check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_credit_d), host_credit, 0),
+            "ptr");
+      check(cudaMalloc(&dev_credit, 64), "cudaMalloc");
+      const uint32_t bytes = 65536, parts = bytes / kPartPayload;
+      for (uint32_t blocks : {1u, 2u, 4u, 8u, 16u, 32u}) {
+        const uint32_t ppb = (parts + blocks - 1) / blocks;
+        for (int credit = 0; credit < 3; ++credit) {
+          std::vector<double> write_us;
+          for (int it = 0; it < iters + 3; ++it) {
+            ++flag;
+            const Stamps reset{~0ull, 0ull, ~0ull, 0ull};
+            check(cudaMemcpy(stamps, &reset, sizeof reset, cudaMemcpyHostToDevice), "reset");
+            *reinterpret_cast<volatile unsigned*>(host_credit) = flag;
+            writer<<<blocks, kThreads, 0, sw>>>(lines, src, parts, ppb, flag, stamps, host_credit_d,
+                                                dev_credit, credit);
+            check(cudaStreamSynchronize(sw), "writer");
+            if (it < 3) continue;
+            Stamps st;
+            check(cudaMemcpy(&st, stamps, sizeof st, cudaMemcpyDeviceToHost), "stamps");
+            write_us.push_back((st.w_end - st.w_start) / 1e3);
+          }
+          const char* names[] = {"none", "every-block-host", "block0-host-others-device"};
+          std::printf(
+              "{\"alloc\": \"%s\", \"bytes\": %u, \"blocks\": %u, \"credit\": \"%s\", "
+              "\"write_us\": %.2f}\n",
+              how.c_str(), bytes, blocks, names[credit], median(write_us));
+          std::fflush(stdout);
+        }
+      }
+      check(cudaFree(dev_credit), "cudaFree");
     }
     if (how == "cudaHostAlloc") {
       check(cudaFreeHost(host), "cudaFreeHost");
