@@ -57,21 +57,22 @@ __device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, ui
     return true;
   }
   const unsigned char* word = reg.local + reg.credit_in0 + 64ull * a.peer + 8ull * slot;
-  for (uint32_t spins = 0; !enough();) {
-    // Monotonic (wrap-aware): a concurrent kernel of the same channel may publish too.
+  // Block 0 is the cache's only writer while the channel's kernel runs (a channel's kernels run
+  // one after another, see advanceEarly), so a plain store, and block 0 decides on the value it
+  // read: an atomic or a re-read would put an L2 round trip on the path of every send (with an
+  // atomicCAS here the 8 B send/recv read 4.76 us, session 20; 4.05 us before).
+  uint32_t known = *reinterpret_cast<volatile uint32_t*>(cached);
+  if (static_cast<int32_t>(known - (g - 2)) >= 0) return true;
+  for (uint32_t spins = 0;;) {
     const uint32_t v = static_cast<uint32_t>(loadVolatile64(word));
-    for (uint32_t old = *reinterpret_cast<volatile uint32_t*>(cached);
-         static_cast<int32_t>(v - old) > 0;) {
-      const uint32_t seen = atomicCAS(cached, old, v);
-      if (seen == old) break;
-      old = seen;
-    }
+    if (static_cast<int32_t>(v - known) > 0)
+      *reinterpret_cast<volatile uint32_t*>(cached) = known = v;
+    if (static_cast<int32_t>(v - (g - 2)) >= 0) return true;
     if (++spins == 64) {
       spins = 0;
       if (w.shouldStop(a.peer)) return false;
     }
   }
-  return true;
 }
 
 __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P2PArgs a) {
