@@ -39,7 +39,8 @@
 #                $OUT/interference_ws<N>.{json,log}).
 #   poll-probe:  scripts/ll_poll_probe.cu: LL lines through mapped host memory, writer and
 #                reader kernels in one process, serial and with the reader polling first, per
-#                poll mode and block count ($OUT/poll_probe.jsonl, ~10 s).
+#                poll mode and block count, the credit wait, a late sender with abort-word
+#                reads ($RESIDENT_POLL_PROBE_SECTIONS: sweep,credit,abort) ($OUT/poll_probe.jsonl, ~10 s).
 #   p2p-timeline: scripts/p2p_timeline.py: eager 2-rank ping-pong with CUDA events between the
 #                ops, per size (paths $RESIDENT_PROBE_PATHS, default direct; extra environment
 #                $RESIDENT_TIMELINE_ENV) ($OUT/p2p_timeline.log).
@@ -439,7 +440,7 @@ if has poll-probe; then
     | tee "$OUT/poll_probe_host.txt"
   if nvcc -std=c++17 -O2 -arch=sm_90 scripts/ll_poll_probe.cu -o /tmp/ll_poll_probe \
       > "$OUT/poll_probe_build.log" 2>&1; then
-    timeout 120 /tmp/ll_poll_probe "${RESIDENT_POLL_PROBE_ITERS:-50}" ${RESIDENT_POLL_PROBE_ALLOCS:-} | tee "$OUT/poll_probe.jsonl" || status=1
+    timeout 120 /tmp/ll_poll_probe "${RESIDENT_POLL_PROBE_ITERS:-50}" "${RESIDENT_POLL_PROBE_ALLOCS:-shared}" "${RESIDENT_POLL_PROBE_SECTIONS:-sweep,credit,abort}" | tee "$OUT/poll_probe.jsonl" || status=1
   else
     status=1; tail -20 "$OUT/poll_probe_build.log"
   fi

@@ -126,10 +126,36 @@ __global__ void writer(uint4* lines, const uint64_t* src, uint32_t parts, uint32
   if (t == 0) atomicMax(&s->w_end, now());
 }
 
-enum Mode : int { kThread = 0, kWarp = 1, kBlock = 2, kSleep = 3, kRelaxed = 4, kCached = 5 };
+enum Mode : int {
+  kThread = 0,
+  kWarp = 1,
+  kBlock = 2,
+  kSleep = 3,
+  kRelaxed = 4,
+  kCached = 5,
+  kAbortCheck = 6,  // thread, and every 128 misses a read of one shared host word (as Waiter)
+};
+
+// Polls as Waiter::line does: every 128 misses the thread also reads the abort word, one host
+// address shared by every thread of the grid.
+__device__ __forceinline__ uint64_t pollLineCheckingAbort(const uint4* p, uint32_t flag,
+                                                          const unsigned long long* abort_word,
+                                                          unsigned long long* sink) {
+  uint64_t v;
+  for (uint32_t spins = 0; !loadLine(p, flag, v);) {
+    if (++spins == 128) {
+      spins = 0;
+      unsigned long long a;
+      asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(a) : "l"(abort_word) : "memory");
+      if (a == 1ull) *sink = a;  // never true: keeps the load
+    }
+  }
+  return v;
+}
 
 __global__ void reader(const uint4* lines, uint64_t* dst, uint32_t parts, uint32_t ppb,
-                       uint32_t flag, int mode, Stamps* s) {
+                       uint32_t flag, int mode, Stamps* s,
+                       const unsigned long long* abort_word = nullptr) {
   const uint32_t t = threadIdx.x, lane = t & 31u;
   if (t == 0) atomicMin(&s->r_start, now());
   const uint32_t j0 = blockIdx.x * ppb, j1 = min(parts, j0 + ppb);
@@ -140,7 +166,9 @@ __global__ void reader(const uint4* lines, uint64_t* dst, uint32_t parts, uint32
   for (uint32_t j = j0; j < j1; ++j) {
     const uint64_t i = static_cast<uint64_t>(j) * kThreads + t;
     uint64_t v;
-    if (mode == kWarp) {
+    if (mode == kAbortCheck) {
+      v = pollLineCheckingAbort(lines + i, flag, abort_word, &s->w_start);
+    } else if (mode == kWarp) {
       if (lane == 31) pollLine(lines + i, flag, 0);
       __syncwarp();
       v = pollLine(lines + i, flag, 0);
@@ -231,6 +259,8 @@ std::string pageInfo(const void* p) {
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 50;
   const std::string allocs = argc > 2 ? argv[2] : "shared";
+  const std::string sections = argc > 3 ? argv[3] : "sweep,credit,abort";
+  auto has = [&](const char* name) { return sections.find(name) != std::string::npos; };
   const uint32_t max_bytes = 256 * 1024;
   const size_t line_bytes = static_cast<size_t>(max_bytes) * 2;
   uint64_t *src = nullptr, *dst = nullptr;
@@ -255,6 +285,7 @@ int main(int argc, char** argv) {
     uint4* lines = nullptr;
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&lines), host, 0), "device pointer");
     for (uint32_t bytes : {4096u, 16384u, 65536u, 262144u}) {
+      if (!has("sweep")) break;
       const uint32_t parts = bytes / kPartPayload;
       for (uint32_t blocks : {1u, 2u, 4u, 8u, 16u, 32u}) {
         if (blocks > parts) continue;
@@ -296,6 +327,44 @@ int main(int argc, char** argv) {
                 median(total_us));
             std::fflush(stdout);
           }
+        }
+      }
+    }
+    // The receiver's periodic abort-word read (Waiter::shouldStop every 128 misses) while it
+    // waits for a late sender: 64 KiB over 16 blocks, the writer launched DELAY us after the
+    // reader; read_us = last line written to last line read.
+    if (has("abort")) {
+      unsigned long long* abort_host =
+          reinterpret_cast<unsigned long long*>(static_cast<char*>(host) + line_bytes - 128);
+      *abort_host = 0;
+      unsigned long long* abort_d = nullptr;
+      check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&abort_d), abort_host, 0), "ptr");
+      const uint32_t bytes = 65536, parts = bytes / kPartPayload, blocks = 16;
+      const uint32_t ppb = (parts + blocks - 1) / blocks;
+      for (double delay_us : {0.0, 200.0, 1000.0}) {
+        for (int mode : {int(kThread), int(kAbortCheck)}) {
+          std::vector<double> read_us;
+          for (int it = 0; it < iters + 3; ++it) {
+            ++flag;
+            const Stamps reset{~0ull, 0ull, ~0ull, 0ull};
+            check(cudaMemcpy(stamps, &reset, sizeof reset, cudaMemcpyHostToDevice), "reset");
+            reader<<<blocks, kThreads, 0, sr>>>(lines, dst, parts, ppb, flag, mode, stamps,
+                                                abort_d);
+            spinUs(30 + delay_us);
+            writer<<<blocks, kThreads, 0, sw>>>(lines, src, parts, ppb, flag, stamps);
+            check(cudaStreamSynchronize(sw), "writer");
+            check(cudaStreamSynchronize(sr), "reader");
+            if (it < 3) continue;
+            Stamps st;
+            check(cudaMemcpy(&st, stamps, sizeof st, cudaMemcpyDeviceToHost), "stamps");
+            read_us.push_back((st.r_end - st.w_end) / 1e3);
+          }
+          std::printf(
+              "{\"alloc\": \"%s\", \"bytes\": %u, \"blocks\": %u, \"late_sender_us\": %.0f, "
+              "\"mode\": \"%s\", \"read_after_last_write_us\": %.2f}\n",
+              how.c_str(), bytes, blocks, delay_us,
+              mode == kThread ? "thread" : "thread+abort-word-every-128", median(read_us));
+          std::fflush(stdout);
         }
       }
     }
