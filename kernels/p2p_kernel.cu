@@ -39,9 +39,10 @@ __device__ inline uint32_t advanceEarly(uint32_t* round, uint32_t* blocks_read, 
 // Flow control before round g: the receiver must have consumed round g - 2 (same slot). Only
 // block 0 reads the credit word in host memory and publishes it in device memory, where the
 // other blocks poll: uncached reads of one host address from many blocks at once are served one
-// after another (~1.5 us each on the H200 host, scripts/ll_poll_probe.cu), so a 64 KiB send
-// over 16 blocks spent ~20 us here. Block 0 takes part in every round (part 0 always has a
-// line), so the others never wait on a block that has left. Thread 0 of a block only.
+// after another (~1 us each on the H200 host: 30.7 us for 32 blocks, scripts/ll_poll_probe.cu),
+// so a 64 KiB send over 16 blocks spent ~15 us here (31 -> 12.7 us one-way, session 20). Block 0
+// takes part in every round (part 0 always has a line), so the others never wait on a block that
+// has left. Thread 0 of a block only.
 __device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, uint32_t g) {
   const Region& reg = w.reg;
   uint32_t* cached = &reg.state->p2p_credit[a.peer][slot];

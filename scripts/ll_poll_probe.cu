@@ -282,6 +282,7 @@ int main(int argc, char** argv) {
     void* host = allocLines(how, line_bytes);
     if (!host) continue;
     std::printf("{\"alloc\": \"%s\", \"pages\": \"%s\"}\n", how.c_str(), pageInfo(host).c_str());
+    std::fflush(stdout);
     uint4* lines = nullptr;
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&lines), host, 0), "device pointer");
     for (uint32_t bytes : {4096u, 16384u, 65536u, 262144u}) {
