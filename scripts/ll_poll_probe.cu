@@ -190,6 +190,17 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
+void resetStamps(Stamps* stamps) {
+  const Stamps reset{~0ull, 0ull, ~0ull, 0ull};
+  check(cudaMemcpy(stamps, &reset, sizeof reset, cudaMemcpyHostToDevice), "reset");
+}
+
+Stamps readStamps(const Stamps* stamps) {
+  Stamps s;
+  check(cudaMemcpy(&s, stamps, sizeof s, cudaMemcpyDeviceToHost), "stamps");
+  return s;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -303,8 +314,7 @@ int main(int argc, char** argv) {
             std::vector<double> write_us, read_us, total_us;
             for (int it = 0; it < iters + 3; ++it) {
               ++flag;
-              const Stamps reset{~0ull, 0ull, ~0ull, 0ull};
-              check(cudaMemcpy(stamps, &reset, sizeof reset, cudaMemcpyHostToDevice), "reset");
+              resetStamps(stamps);
               if (concurrent) {
                 reader<<<blocks, kThreads, 0, sr>>>(lines, dst, parts, ppb, flag, mode, stamps);
                 spinUs(30);  // the reader polls before the first line is written
@@ -317,8 +327,7 @@ int main(int argc, char** argv) {
               check(cudaStreamSynchronize(sw), "writer");
               check(cudaStreamSynchronize(sr), "reader");
               if (it < 3) continue;  // warm-up
-              Stamps s;
-              check(cudaMemcpy(&s, stamps, sizeof s, cudaMemcpyDeviceToHost), "stamps");
+              const Stamps s = readStamps(stamps);
               write_us.push_back((s.w_end - s.w_start) / 1e3);
               // serial: the reader's own time; concurrent: last line written to last line copied
               read_us.push_back(concurrent ? (s.r_end - s.w_end) / 1e3
@@ -354,8 +363,7 @@ int main(int argc, char** argv) {
           std::vector<double> read_us;
           for (int it = 0; it < iters + 3; ++it) {
             ++flag;
-            const Stamps reset{~0ull, 0ull, ~0ull, 0ull};
-            check(cudaMemcpy(stamps, &reset, sizeof reset, cudaMemcpyHostToDevice), "reset");
+            resetStamps(stamps);
             reader<<<blocks, kThreads, 0, sr>>>(lines, dst, parts, ppb, flag, mode, stamps,
                                                 abort_d);
             spinUs(30 + delay_us);
@@ -363,8 +371,7 @@ int main(int argc, char** argv) {
             check(cudaStreamSynchronize(sw), "writer");
             check(cudaStreamSynchronize(sr), "reader");
             if (it < 3) continue;
-            Stamps st;
-            check(cudaMemcpy(&st, stamps, sizeof st, cudaMemcpyDeviceToHost), "stamps");
+            const Stamps st = readStamps(stamps);
             read_us.push_back((st.r_end - st.w_end) / 1e3);
           }
           std::printf(
@@ -392,15 +399,13 @@ int main(int argc, char** argv) {
           std::vector<double> write_us;
           for (int it = 0; it < iters + 3; ++it) {
             ++flag;
-            const Stamps reset{~0ull, 0ull, ~0ull, 0ull};
-            check(cudaMemcpy(stamps, &reset, sizeof reset, cudaMemcpyHostToDevice), "reset");
+            resetStamps(stamps);
             *reinterpret_cast<volatile unsigned*>(host_credit) = flag;
             writer<<<blocks, kThreads, 0, sw>>>(lines, src, parts, ppb, flag, stamps, host_credit_d,
                                                 dev_credit, credit);
             check(cudaStreamSynchronize(sw), "writer");
             if (it < 3) continue;
-            Stamps st;
-            check(cudaMemcpy(&st, stamps, sizeof st, cudaMemcpyDeviceToHost), "stamps");
+            const Stamps st = readStamps(stamps);
             write_us.push_back((st.w_end - st.w_start) / 1e3);
           }
           const char* names[] = {"none", "every-block-host", "block0-host-others-device"};
