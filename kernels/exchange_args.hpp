@@ -91,8 +91,6 @@ struct P2PArgs {
   uint32_t rounds;
   uint32_t parts_per_block;
   uint8_t op_id;
-  // recv, RESIDENT_GPU_P2P_POLL=warp: one lane per warp polls (see recvKernel)
-  uint8_t warp_poll;
 };
 
 }  // namespace gpu

@@ -151,34 +151,16 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
     const unsigned char* src =
         reg.local + reg.p2p_in0 + (static_cast<uint64_t>(a.peer) * 2 + slot) * reg.slot_bytes;
     auto* dst = static_cast<unsigned char*>(a.recv) + static_cast<uint64_t>(r) * reg.chunk;
-    // Every thread polls its own line (warp_poll: see below); no block barrier inside the loop,
-    // so a thread that gives up leaves it alone and the block agrees at the __syncthreads_or.
+    // Every thread polls its own line; no barrier inside the loop, so a thread that gives up
+    // leaves it alone and the block agrees at the __syncthreads_or below.
     for (uint32_t j = j0; j < j0 + a.parts_per_block && !fail; ++j) {
       const uint32_t lines = linesOf(bytes, j);
       if (lines == 0) break;
-      const unsigned char* part = src + static_cast<uint64_t>(j) * kThreads * 16;
-      uint64_t v = 0;
-      if (a.warp_poll) {
-        // The lane owning the warp's last line polls it; the others read theirs once it came
-        // (the sender's warp stores them together), so a part waiting for the sender costs one
-        // PCIe read stream per warp instead of 32. Warp-uniform: `lines` and `fail` are the
-        // same in every lane, so all lanes reach the shuffle and the vote.
-        const uint32_t lane = t & 31u, first = t - lane;
-        if (first >= lines) continue;
-        const uint32_t last = min(first + 31u, lines - 1u);
-        bool ok = true;
-        if (t == last) ok = w.line(part + t * 16ull, g, v, a.peer);
-        ok = __shfl_sync(0xffffffffu, ok, last - first);
-        if (ok && t < last) ok = w.line(part + t * 16ull, g, v, a.peer);
-        fail = __any_sync(0xffffffffu, !ok);
-        if (fail) break;
-        if (t > last) continue;
-      } else {
-        if (t >= lines) continue;
-        if (!w.line(part + t * 16ull, g, v, a.peer)) {
-          fail = true;
-          break;
-        }
+      if (t >= lines) continue;
+      uint64_t v;
+      if (!w.line(src + (static_cast<uint64_t>(j) * kThreads + t) * 16, g, v, a.peer)) {
+        fail = true;
+        break;
       }
       const uint32_t nb = lineBytes(bytes, j, t);
       if (nb) storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8, v, nb);

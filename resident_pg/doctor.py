@@ -28,7 +28,6 @@ CONFIG = [("RESIDENT_DEBUG", "off"), ("RESIDENT_PATH", "auto"), ("RESIDENT_TRANS
           ("RESIDENT_GPU_PROXY_SPIN_US", "200000"),
           ("RESIDENT_GPU_PDL", "1"), ("RESIDENT_GPU_PREFETCH", "0"),
           ("RESIDENT_GPU_TRIGGER_FENCE", "0"), ("RESIDENT_GPU_P2P_STREAM", "auto"),
-          ("RESIDENT_GPU_P2P_POLL", "thread"),
           ("RESIDENT_GPU_PROTOCOL", "ll"), ("RESIDENT_GPU_PERSISTENT", "0"),
           ("RESIDENT_GPU_PERSISTENT_BLOCKS", "4"), ("RESIDENT_GPU_PERSISTENT_IDLE_US", "2000"),
           ("RESIDENT_GPU_PERSISTENT_GRAPHS", "kernel"), ("RESIDENT_GPU_PERSISTENT_SLOTS", "1024"),
@@ -37,7 +36,7 @@ CONFIG = [("RESIDENT_DEBUG", "off"), ("RESIDENT_PATH", "auto"), ("RESIDENT_TRANS
 NOT_RUNTIME = {"RESIDENT_TEST_BACKEND", "RESIDENT_NO_CUDA"}  # read by tests / setup.py only
 CHOICES = {"RESIDENT_PATH": ("auto", "direct", "proxy"), "RESIDENT_TRANSPORT": ("auto", "shm", "tcp", "ib"),
            "RESIDENT_GPU_P2P_STREAM": ("auto", "own"),
-           "RESIDENT_GPU_P2P_POLL": ("thread", "warp"), "RESIDENT_GPU_PROTOCOL": ("ll", "simple"),
+           "RESIDENT_GPU_PROTOCOL": ("ll", "simple"),
            "RESIDENT_GPU_PERSISTENT_GRAPHS": ("kernel", "resident")}
 NEEDS = {"cpu": {"cpu"}, "cuda": {"cpu", "cuda"}, "rdma": {"cpu", "rdma"}}
 ALL = ("cpu", "cuda", "rdma")

@@ -97,8 +97,7 @@
 #   bench-protocol: RESIDENT_GPU_PROTOCOL=ll vs simple, 2 and 4 ranks, direct path, graph and
 #                eager, 4 KiB..256 KiB ($OUT/bench_protocol.json; $RESIDENT_BENCH_LIMIT_S).
 #   bench-p2p:   2 ranks, eager and graph, send/recv (and all_reduce) 8 B..1 MiB, both paths,
-#                each by default and with RESIDENT_GPU_P2P_POLL=warp (one polling lane per warp
-#                in the recv kernel), direct also with RESIDENT_GPU_P2P_STREAM=own (at once, on a
+#                each by default, direct also with RESIDENT_GPU_P2P_STREAM=own (at once, on a
 #                stream of their own), side by side ($OUT/bench_p2p.json, ~1 min). Other variants:
 #                RESIDENT_P2P_BACKENDS (bench --backends), RESIDENT_P2P_SIZES (bench --sizes).
 #   gpu-tests-persistent: only tests/test_cuda_persistent*.py, the persistent mode
@@ -402,7 +401,7 @@ if has bench-p2p; then
   [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
   python3 -m resident_pg.bench --device cuda --mode eager,graph --world-sizes 2 \
     --ops send_recv,all_reduce --sizes "${RESIDENT_P2P_SIZES:-8,4K,64K,1M}" \
-    --backends "${RESIDENT_P2P_BACKENDS:-resident:path=direct,resident:path=direct:RESIDENT_GPU_P2P_POLL=warp,resident:path=direct:RESIDENT_GPU_P2P_STREAM=own,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_P2P_POLL=warp}" \
+    --backends "${RESIDENT_P2P_BACKENDS:-resident:path=direct,resident:path=direct:RESIDENT_GPU_P2P_STREAM=own,resident:path=proxy}" \
     --floors "$OUT/floors.json" --timeout 30 --time-limit 120 \
     --json "$OUT/bench_p2p.json" > "$OUT/bench_p2p.log" 2>&1 || status=1
   tail -n 40 "$OUT/bench_p2p.log"
@@ -438,7 +437,7 @@ if has poll-probe; then
       /proc/sys/vm/nr_hugepages /proc/cmdline; do echo "$f: $(cat $f 2>&1)"; done
     grep -i huge /proc/meminfo; echo "iommu: $(ls /sys/class/iommu 2>&1 | tr '\n' ' ')"; } \
     | tee "$OUT/poll_probe_host.txt"
-  if nvcc -std=c++17 -O2 -arch=sm_90 scripts/ll_poll_probe.cu -o /tmp/ll_poll_probe \
+  if nvcc -std=c++17 -O2 -arch=sm_90 -Ikernels -Icsrc scripts/ll_poll_probe.cu -o /tmp/ll_poll_probe \
       > "$OUT/poll_probe_build.log" 2>&1; then
     timeout 120 /tmp/ll_poll_probe "${RESIDENT_POLL_PROBE_ITERS:-50}" "${RESIDENT_POLL_PROBE_ALLOCS:-shared}" "${RESIDENT_POLL_PROBE_SECTIONS:-sweep,credit,abort}" | tee "$OUT/poll_probe.jsonl" || status=1
   else

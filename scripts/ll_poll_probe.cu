@@ -8,19 +8,23 @@
 //   serial:     writer, stream synchronize, then the reader (no line is polled before it lands)
 //   concurrent: the reader first (polling), then the writer on another stream, as a receiver
 //               that waits for a sender
-// Reader poll modes: thread (every thread polls its line, as the recv kernel), warp (one lane
-// per warp polls the warp's last line, RESIDENT_GPU_P2P_POLL=warp), block (thread 0 polls the
-// last line of the block's last part with a 100 ns sleep between polls, then every thread reads
-// its lines), sleep (every thread polls, sleeping 200 ns after a miss), relaxed (thread, with
-// ld.relaxed.sys), cached (thread, with ld.global.cg; serial only). One line of JSON per
-// configuration: medians over the iterations, in microseconds.
+// Reader poll modes: thread (every thread polls its line, as the recv kernel), block (thread 0
+// polls the last line of the block's last part with a 100 ns sleep between polls, then every
+// thread reads its lines), relaxed (thread, with ld.relaxed.sys), cached (thread, with
+// ld.global.cg; serial only). One line of JSON
+// per configuration: medians over the iterations, in microseconds.
 //
 // Allocations compared (ALLOCS, comma-separated): shared (MAP_SHARED anonymous + cudaHostRegister,
 // as the segments), cudaHostAlloc (as the floor benchmark), shared-thp / private-thp (the same
 // with madvise(MADV_HUGEPAGE)), shared-hugetlb (MAP_HUGETLB); each line says the pages it got.
 //
-//   nvcc -std=c++17 -O2 -arch=sm_90 ll_poll_probe.cu -o ll_poll_probe && ./ll_poll_probe [ITERS
-//   [ALLOCS]]
+// Sections (SECTIONS, comma-separated, default all): sweep (the above), credit (the send
+// kernel's credit wait per block count), abort (a receiver reading one shared host word every
+// 128 misses while it waits for a late sender). The LL store and load are the kernels' own
+// (kernels/ll_device.cuh). From the repository root:
+//
+//   nvcc -std=c++17 -O2 -arch=sm_90 -Ikernels -Icsrc scripts/ll_poll_probe.cu -o ll_poll_probe
+//   ./ll_poll_probe [ITERS [ALLOCS [SECTIONS]]]
 #include <cuda_runtime.h>
 #include <sys/mman.h>
 
@@ -35,39 +39,33 @@
 #include <string>
 #include <vector>
 
+#include "ll_device.cuh"
+
 namespace {
 
-constexpr uint32_t kThreads = 256;
-constexpr uint32_t kPartPayload = kThreads * 8;
+using resident::gpu::kPartPayload;
+using resident::gpu::kThreads;
 
 struct Stamps {
   unsigned long long w_start, w_end, r_start, r_end;
 };
 
 __device__ __forceinline__ unsigned long long now() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
+  return resident::gpu::globalTimerNs();
 }
 
+// The kernels' own LL store (kernels/ll_device.cuh).
 __device__ __forceinline__ void storeLine(uint4* p, uint64_t v, uint32_t flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p),
-               "r"(static_cast<uint32_t>(v)), "r"(flag), "r"(static_cast<uint32_t>(v >> 32)),
-               "r"(flag)
-               : "memory");
+  resident::gpu::storeLine(reinterpret_cast<unsigned char*>(p), v, flag);
 }
 
-// One LL line: ld.volatile (how 0, as the kernels), ld.relaxed.sys (1, the memory model's way to
+// One LL line: the kernels' ld.volatile (how 0), ld.relaxed.sys (1, the memory model's way to
 // poll) or ld.global.cg (2, cached in L2: not a valid way to poll, measured in the serial
 // scenario only, where every line is there). True when both flag words carry `flag`.
 __device__ __forceinline__ bool loadLineAs(int how, const uint4* p, uint32_t flag, uint64_t& v) {
+  if (how == 0) return resident::gpu::loadLine(reinterpret_cast<const unsigned char*>(p), flag, v);
   uint32_t d0, f0, d1, f1;
-  if (how == 0) {
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
-                 : "l"(p)
-                 : "memory");
-  } else if (how == 1) {
+  if (how == 1) {
     asm volatile("ld.relaxed.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
                  : "l"(p)
@@ -127,12 +125,10 @@ __global__ void writer(uint4* lines, const uint64_t* src, uint32_t parts, uint32
 
 enum Mode : int {
   kThread = 0,
-  kWarp = 1,
-  kBlock = 2,
-  kSleep = 3,
-  kRelaxed = 4,
-  kCached = 5,
-  kAbortCheck = 6,  // thread, and every 128 misses a read of one shared host word (as Waiter)
+  kBlock = 1,
+  kRelaxed = 2,
+  kCached = 3,
+  kAbortCheck = 4,  // thread, and every 128 misses a read of one shared host word (as Waiter)
 };
 
 // Polls as Waiter::line does: every 128 misses the thread also reads the abort word, one host
@@ -155,7 +151,7 @@ __device__ __forceinline__ uint64_t pollLineCheckingAbort(const uint4* p, uint32
 __global__ void reader(const uint4* lines, uint64_t* dst, uint32_t parts, uint32_t ppb,
                        uint32_t flag, int mode, Stamps* s,
                        const unsigned long long* abort_word = nullptr) {
-  const uint32_t t = threadIdx.x, lane = t & 31u;
+  const uint32_t t = threadIdx.x;
   if (t == 0) atomicMin(&s->r_start, now());
   const uint32_t j0 = blockIdx.x * ppb, j1 = min(parts, j0 + ppb);
   if (mode == kBlock && j1 > j0) {
@@ -167,15 +163,8 @@ __global__ void reader(const uint4* lines, uint64_t* dst, uint32_t parts, uint32
     uint64_t v;
     if (mode == kAbortCheck) {
       v = pollLineCheckingAbort(lines + i, flag, abort_word, &s->w_start);
-    } else if (mode == kWarp) {
-      if (lane == 31) pollLine(lines + i, flag, 0);
-      __syncwarp();
-      v = pollLine(lines + i, flag, 0);
     } else {
-      v = pollLine(lines + i, flag, mode == kSleep ? 200 : 0,
-                   mode == kRelaxed  ? 1
-                   : mode == kCached ? 2
-                                     : 0);
+      v = pollLine(lines + i, flag, 0, mode == kRelaxed ? 1 : mode == kCached ? 2 : 0);
     }
     dst[i] = v;
   }
@@ -282,7 +271,7 @@ int main(int argc, char** argv) {
   cudaStream_t sw, sr;
   check(cudaStreamCreateWithFlags(&sw, cudaStreamNonBlocking), "stream");
   check(cudaStreamCreateWithFlags(&sr, cudaStreamNonBlocking), "stream");
-  const char* mode_names[] = {"thread", "warp", "block", "sleep", "relaxed", "cached"};
+  const char* mode_names[] = {"thread", "block", "relaxed", "cached"};
   uint32_t flag = 0;
   size_t from = 0;
   while (from <= allocs.size()) {

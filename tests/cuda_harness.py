@@ -327,12 +327,10 @@ PATH_KNOBS = {
     # payload + one flag per part for ops whose first round to a direct peer exceeds half a
     # chunk (proxied peers: no effect)
     "simple": {"RESIDENT_GPU_PROTOCOL": "simple"},
-    # recv: one polling lane per warp (send/recv cases of the suite)
-    "warppoll": {"RESIDENT_GPU_P2P_POLL": "warp"},
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
 PATH_VARIANTS = ("direct+prefetch", "proxy+fence", "proxy+blocks1", "direct+simple",
-                 "proxy+simple", "direct+warppoll", "proxy+warppoll")
+                 "proxy+simple")
 # More ranks for the settings whose device code differs with the number of partners.
 WIDE_VARIANTS = ((4, "direct+simple"), (8, "direct+simple"))
 

@@ -410,7 +410,6 @@ def test_persistent_knobs_are_validated(var, value):
 @pytest.mark.resident_only
 @pytest.mark.parametrize("var,bad,choices,good", [
     ("RESIDENT_GPU_P2P_STREAM", "caller", "auto or own", "own"),
-    ("RESIDENT_GPU_P2P_POLL", "block", "thread or warp", "warp"),
     ("RESIDENT_GPU_PROTOCOL", "ll128", "ll or simple", "simple"),
     ("RESIDENT_GPU_PERSISTENT_GRAPHS", "graph", "kernel or resident", "resident")])
 def test_choice_knobs_are_validated(var, bad, choices, good):

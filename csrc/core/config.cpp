@@ -75,11 +75,6 @@ void apply(Config& c, const std::string& key, const std::string& value) {
       throw InvalidArgument("resident: RESIDENT_GPU_P2P_STREAM must be auto or own, got '" + value +
                             "'");
     c.gpu_p2p_lazy = value == "auto";
-  } else if (key == "gpu_p2p_poll") {
-    if (value != "thread" && value != "warp")
-      throw InvalidArgument("resident: RESIDENT_GPU_P2P_POLL must be thread or warp, got '" +
-                            value + "'");
-    c.gpu_p2p_poll_warp = value == "warp";
   } else if (key == "gpu_protocol") {
     if (value != "ll" && value != "simple")
       throw InvalidArgument("resident: RESIDENT_GPU_PROTOCOL must be ll or simple, got '" + value +
@@ -123,7 +118,6 @@ const char* kKeys[] = {"path",
                        "gpu_prefetch",
                        "gpu_trigger_fence",
                        "gpu_p2p_stream",
-                       "gpu_p2p_poll",
                        "gpu_protocol",
                        "tcp_addr",
                        "gpu_persistent",
@@ -159,7 +153,6 @@ std::string Config::describe() const {
          " gpu_pdl=" + (gpu_pdl ? "1" : "0") + " gpu_prefetch=" + (gpu_prefetch ? "1" : "0") +
          " gpu_trigger_fence=" + (gpu_trigger_fence ? "1" : "0") +
          " gpu_p2p_stream=" + (gpu_p2p_lazy ? "auto" : "own") +
-         " gpu_p2p_poll=" + (gpu_p2p_poll_warp ? "warp" : "thread") +
          " gpu_protocol=" + (gpu_protocol_simple ? "simple" : "ll") +
          " gpu_persistent=" + (gpu_persistent ? "1" : "0") +
          " gpu_persistent_blocks=" + std::to_string(gpu_persistent_blocks) +

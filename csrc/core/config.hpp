@@ -40,10 +40,6 @@ struct Config {
   // launched lazily, a blocking one on the caller's stream; own: on a stream per peer and
   // direction, launched when called (c10d/work_cuda.hpp, runCudaP2P).
   bool gpu_p2p_lazy = true;
-  // RESIDENT_GPU_P2P_POLL=thread|warp: how a CUDA recv waits for its lines. thread (default):
-  // every thread polls its own line; warp: one lane per warp polls the warp's last line, the
-  // others read theirs once it has arrived (32x fewer PCIe reads while the sender writes).
-  bool gpu_p2p_poll_warp = false;
   // RESIDENT_GPU_PROTOCOL=ll|simple: how collective rounds reach direct peers. ll (default):
   // LL lines (8 payload bytes and a flag per 16 bytes); simple: rounds of more than half a
   // chunk as payload plus one flag per 2 KiB part (kernels/simple_device.cuh). All ranks agree.

@@ -89,8 +89,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       nranks_(comm.size()),
       device_(device),
       pdl_(comm.config().gpu_pdl),
-      prefetch_(comm.config().gpu_prefetch),
-      p2p_poll_warp_(comm.config().gpu_p2p_poll_warp) {
+      prefetch_(comm.config().gpu_prefetch) {
   if (nranks_ > gpu::kMaxRanks) {
     throw InvalidArgument("resident: CUDA tensors are supported in groups of at most " +
                           std::to_string(gpu::kMaxRanks) + " ranks; this group has " +
@@ -561,7 +560,6 @@ void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t
   a.peer = peer;
   a.rounds = roundsFor(bytes);
   a.op_id = is_send ? kSend : kRecv;
-  a.warp_poll = p2p_poll_warp_ ? 1 : 0;
   const size_t first = bytes < region_.chunk ? bytes : region_.chunk;
   a.reg.trigger_fence = fenceTriggers(first);
   // p2p kernels of every peer and direction may be resident at once (each direction has its
