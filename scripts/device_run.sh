@@ -7,7 +7,7 @@
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
-#           launch-probe interference fault-probe poll-probe
+#           launch-probe interference fault-probe poll-probe replica-probe
 #           p2p-timeline
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
@@ -41,6 +41,9 @@
 #                reader kernels in one process, serial and with the reader polling first, per
 #                poll mode and block count, the credit wait, a late sender with abort-word
 #                reads ($RESIDENT_POLL_PROBE_SECTIONS: sweep,credit,abort) ($OUT/poll_probe.jsonl, ~10 s).
+#   replica-probe: scripts/replica_poll_probe.cu: two blocks ping-pong an LL line through mapped
+#                host memory, the line stored as K copies at a stride and polled by K staggered
+#                warps; and one uncached host read's round trip ($OUT/replica_probe.jsonl, ~10 s).
 #   p2p-timeline: scripts/p2p_timeline.py: eager 2-rank ping-pong with CUDA events between the
 #                ops, per size (paths $RESIDENT_PROBE_PATHS, default direct; extra environment
 #                $RESIDENT_TIMELINE_ENV) ($OUT/p2p_timeline.log).
@@ -442,6 +445,17 @@ if has poll-probe; then
     timeout 120 /tmp/ll_poll_probe "${RESIDENT_POLL_PROBE_ITERS:-50}" "${RESIDENT_POLL_PROBE_ALLOCS:-shared}" "${RESIDENT_POLL_PROBE_SECTIONS:-sweep,credit,abort}" | tee "$OUT/poll_probe.jsonl" || status=1
   else
     status=1; tail -20 "$OUT/poll_probe_build.log"
+  fi
+fi
+
+if has replica-probe; then
+  step "replica poll probe"
+  if nvcc -std=c++17 -O2 -arch=sm_90 -Ikernels -Icsrc scripts/replica_poll_probe.cu \
+      -o /tmp/replica_poll_probe > "$OUT/replica_probe_build.log" 2>&1; then
+    timeout 120 /tmp/replica_poll_probe "${RESIDENT_REPLICA_PROBE_ITERS:-2000}" 7 \
+      | tee "$OUT/replica_probe.jsonl" || status=1
+  else
+    status=1; tail -20 "$OUT/replica_probe_build.log"
   fi
 fi
 
