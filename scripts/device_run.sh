@@ -7,7 +7,7 @@
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
-#           launch-probe interference fault-probe poll-probe replica-probe
+#           launch-probe interference fault-probe poll-probe replica-probe pdl-probe
 #           p2p-timeline
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
@@ -44,6 +44,9 @@
 #   replica-probe: scripts/replica_poll_probe.cu: two blocks ping-pong an LL line through mapped
 #                host memory, the line stored as K copies at a stride and polled by K staggered
 #                warps; and one uncached host read's round trip ($OUT/replica_probe.jsonl, ~10 s).
+#   pdl-probe:   scripts/pdl_chain_probe.cu: per-node time of a graph of back-to-back kernels:
+#                plain, PDL with griddepcontrol.wait, PDL with a device-word spin instead; with
+#                and without one host read per kernel ($OUT/pdl_probe.jsonl, ~10 s).
 #   p2p-timeline: scripts/p2p_timeline.py: eager 2-rank ping-pong with CUDA events between the
 #                ops, per size (paths $RESIDENT_PROBE_PATHS, default direct; extra environment
 #                $RESIDENT_TIMELINE_ENV) ($OUT/p2p_timeline.log).
@@ -456,6 +459,16 @@ if has replica-probe; then
       | tee "$OUT/replica_probe.jsonl" || status=1
   else
     status=1; tail -20 "$OUT/replica_probe_build.log"
+  fi
+fi
+
+if has pdl-probe; then
+  step "PDL chain probe"
+  if nvcc -std=c++17 -O2 -arch=sm_90 scripts/pdl_chain_probe.cu -o /tmp/pdl_chain_probe \
+      > "$OUT/pdl_probe_build.log" 2>&1; then
+    timeout 120 /tmp/pdl_chain_probe 200 51 | tee "$OUT/pdl_probe.jsonl" || status=1
+  else
+    status=1; tail -20 "$OUT/pdl_probe_build.log"
   fi
 fi
 

@@ -78,11 +78,35 @@ __device__ __forceinline__ uint64_t LdAcquireSys(const uint64_t* p) {
   return v;
 }
 
+// How a flag is published and polled. kAcqRel: an 8-byte st.release.sys / ld.acquire.sys (what
+// a flag that guards other data needs). kLl: the kernels' LL line (kernels/ll_device.cuh): one
+// 16-byte st.volatile carrying the value and two copies of it as flag, polled by ld.volatile,
+// no fence — how the library signals a small message, whose data travels in the flag's line.
+enum FlagKind : int { kAcqRel = 0, kLl = 1 };
+
+__device__ __forceinline__ void Publish(uint64_t* p, uint64_t v, int kind) {
+  if (kind == kAcqRel) return StReleaseSys(p, v);
+  const uint32_t lo = uint32_t(v), hi = uint32_t(v >> 32);
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(lo), "r"(lo),
+               "r"(hi), "r"(lo)
+               : "memory");
+}
+// The value, or 0 while an LL line is not whole (its flag copies differ from its value).
+__device__ __forceinline__ uint64_t Poll(const uint64_t* p, int kind) {
+  if (kind == kAcqRel) return LdAcquireSys(p);
+  uint32_t d0, f0, d1, f1;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+               : "l"(p)
+               : "memory");
+  return f0 == d0 && f1 == d0 ? (uint64_t(d1) << 32 | d0) : 0;
+}
+
 // Every device spin is bounded by %globaltimer (wall clock, keeps running while descheduled).
-__device__ int WaitEq(const uint64_t* p, uint64_t want) {
+__device__ int WaitEq(const uint64_t* p, uint64_t want, int kind = kAcqRel) {
   const uint64_t t0 = GlobalTimer();
   for (;;) {
-    const uint64_t v = LdAcquireSys(p);
+    const uint64_t v = Poll(p, kind);
     if (v == want) return kOk;
     if (v == kAbort) return kPeerAbort;
     if (GlobalTimer() - t0 > kSpinTimeoutNs) return kTimeout;
@@ -91,16 +115,16 @@ __device__ int WaitEq(const uint64_t* p, uint64_t want) {
 
 // One thread: publish seq on `out`, wait for the echo on `in`; a timestamp every kBatch round
 // trips. Timestamps go to shared memory: a global store before each st.release.sys would add
-// its drain to the measured path.
-__global__ void Pinger(Mailbox* m, uint64_t n, uint64_t* ts) {
+// its drain to the measured path. Sequence numbers run from base + 1 to base + n.
+__global__ void Pinger(Mailbox* m, uint64_t n, uint64_t* ts, uint64_t base, int kind) {
   uint64_t *out = &m->ping, *in = &m->pong;
   extern __shared__ uint64_t sts[];
   sts[0] = GlobalTimer();
   uint64_t done = 0;
   int err = kOk;
   while (done < n) {
-    StReleaseSys(out, done + 1);
-    if ((err = WaitEq(in, done + 1)) != kOk) break;
+    Publish(out, base + done + 1, kind);
+    if ((err = WaitEq(in, base + done + 1, kind)) != kOk) break;
     if (++done % kBatch == 0) {
       const uint64_t t = sts[done / kBatch] = GlobalTimer();
       if (t - sts[0] > kBudgetNs && done < n) {
@@ -109,23 +133,24 @@ __global__ void Pinger(Mailbox* m, uint64_t n, uint64_t* ts) {
       }
     }
   }
-  if (err == kTimeout || err == kBudget) StReleaseSys(out, kAbort);
+  if (err == kTimeout || err == kBudget) Publish(out, kAbort, kind);
   for (uint64_t b = 0; b <= done / kBatch; ++b) ts[b] = sts[b];
   m->ping_done = done;
   m->ping_err = err;
 }
 
-// The other process's half: echo each seq it sees.
-__global__ void Ponger(Mailbox* m, uint64_t n) {
+// The other process's half: echo each seq it sees. Adds its round trips to pong_done and keeps
+// the first error in pong_err (one launch per flag kind).
+__global__ void Ponger(Mailbox* m, uint64_t n, uint64_t base, int kind) {
   uint64_t *out = &m->pong, *in = &m->ping, done = 0;
   int err = kOk;
   while (done < n) {
-    if ((err = WaitEq(in, done + 1)) != kOk) break;
-    StReleaseSys(out, ++done);
+    if ((err = WaitEq(in, base + done + 1, kind)) != kOk) break;
+    Publish(out, base + ++done, kind);
   }
-  if (err == kTimeout) StReleaseSys(out, kAbort);
-  m->pong_done = done;
-  m->pong_err = err;
+  if (err == kTimeout) Publish(out, kAbort, kind);
+  m->pong_done += done;
+  if (m->pong_err == kOk) m->pong_err = err;
 }
 
 // Holds the stream until the host has queued a whole batch, so the batch is timed back-to-back
@@ -184,14 +209,14 @@ double NowUs() {
 // kernel's status and per-batch timestamps.
 template <class F>
 PingStatus RunPinger(cudaStream_t s, Mailbox* h, Mailbox* d, uint64_t n, std::vector<uint64_t>* ts,
-                     F respond) {
+                     F respond, uint64_t base = 0, int kind = kAcqRel) {
   ts->resize(n / kBatch + 1);
   const size_t smem = ts->size() * sizeof(uint64_t);
   uint64_t* ts_d;
   CK(cudaMalloc(&ts_d, smem));
   h->ping_err = -1;  // stays -1 if the kernel never ran
   CK(cudaFuncSetAttribute(Pinger, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  Pinger<<<1, 1, smem, s>>>(d, n, ts_d);
+  Pinger<<<1, 1, smem, s>>>(d, n, ts_d, base, kind);
   CK(cudaGetLastError());
   respond();
   CK(cudaStreamSynchronize(s));
@@ -258,7 +283,11 @@ int ChildMain(int fd, uint64_t n, pid_t parent) {
   for (uint64_t g; (g = __atomic_load_n(&h->go, __ATOMIC_ACQUIRE)) != 1; usleep(100)) {
     if (g == 2 || getppid() != parent) return 3;
   }
-  Ponger<<<1, 1>>>(d, n);
+  h->pong_done = 0;
+  h->pong_err = kOk;
+  // Both flag kinds, in the parent's order: sequence numbers 1..n, then n+1..2n.
+  Ponger<<<1, 1>>>(d, n, 0, kAcqRel);
+  Ponger<<<1, 1>>>(d, n, n, kLl);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   __atomic_store_n(&h->child_done, 1, __ATOMIC_RELEASE);
@@ -266,11 +295,12 @@ int ChildMain(int fd, uint64_t n, pid_t parent) {
   return 0;
 }
 
-// 2. Kernel in this process <-> kernel in the forked child, through the registered shm page.
-Result CrossProcessFlag(cudaStream_t s, int fd, pid_t child, uint64_t n) {
+// 2. Kernel in this process <-> kernel in the forked child, through the registered shm page:
+// with acquire/release flags (variant "") and with LL lines (variant "ll"), one after the other.
+void CrossProcessFlag(cudaStream_t s, int fd, pid_t child, uint64_t n, std::vector<Result>& out) {
   Mailbox *d, *h = MapShm(fd, &d);
-  PingStatus st{0, -1};
-  std::vector<uint64_t> ts;
+  PingStatus st{0, -1}, st_ll{0, -1};
+  std::vector<uint64_t> ts, ts_ll;
   std::string note;
   bool reaped = false, child_ok = false;
   int wstatus = 0;
@@ -288,13 +318,15 @@ Result CrossProcessFlag(cudaStream_t s, int fd, pid_t child, uint64_t n) {
   } else {
     __atomic_store_n(&h->go, uint64_t(1), __ATOMIC_RELEASE);
     st = RunPinger(s, h, d, n, &ts, [] {});
+    st_ll = RunPinger(s, h, d, n, &ts_ll, [] {}, n, kLl);
     if (!wait_flag(&h->child_done, 30)) {
       note = " child=no_report";
     } else {
       note = std::string(" child=") + ErrName(h->pong_err) +
              " child_round_trips=" + std::to_string(h->pong_done);
       // The child sees peer_abort when we cut a time-sliced run short; that is not a fault.
-      child_ok = h->pong_err == kOk || (st.err == kBudget && h->pong_err == kPeerAbort);
+      const bool budget = st.err == kBudget || st_ll.err == kBudget;
+      child_ok = h->pong_err == kOk || (budget && h->pong_err == kPeerAbort);
     }
   }
   // Every wait in the child is bounded, so it exits soon; kill it (by pid) only if it does not.
@@ -311,9 +343,13 @@ Result CrossProcessFlag(cudaStream_t s, int fd, pid_t child, uint64_t n) {
   }
   CK(cudaHostUnregister(h));
   PCK(munmap(h, kShmBytes) == 0);
-  Result r = FlagResult("cross_process_flag", ts, st, n, note);
-  r.ok = r.ok && child_ok && reaped;
-  return r;
+  for (int kind : {kAcqRel, kLl}) {
+    Result r = FlagResult("cross_process_flag", kind == kLl ? ts_ll : ts,
+                          kind == kLl ? st_ll : st, n, note);
+    r.variant = kind == kLl ? "ll" : "";
+    r.ok = r.ok && child_ok && reaped;
+    out.push_back(r);
+  }
 }
 
 // Time `reps` back-to-back calls of `enqueue` with events, the stream held by Blocker meanwhile.
@@ -540,7 +576,7 @@ int main(int argc, char** argv) {
   std::vector<Result> res;
   if (o.Start("gpu_cpu_gpu_flag")) res.push_back(GpuCpuGpuFlag(s, n_rt));
   if (o.Start("cross_process_flag")) {
-    res.push_back(CrossProcessFlag(s, fd, child, n_rt));
+    CrossProcessFlag(s, fd, child, n_rt, res);
     close(fd);
   }
   if (o.Start("data_floor_sm")) DataFloor(s, o.iters, res);

@@ -1,0 +1,149 @@
+// What does the kernel boundary cost between back-to-back ops in a captured graph, and how much
+// of it is griddepcontrol.wait (programmatic dependent launch: the dependent kernel is resident
+// early, then waits for its predecessor's completion and memory flush)? A graph of NODES kernel
+// nodes of BLOCKS x 256 threads, per-node time over many replays, per variant:
+//   plain:    no PDL attribute; each kernel stores one device word.
+//   pdl:      the PDL attribute; griddepcontrol.wait, then launch_dependents (as the library's
+//             pdlEnter), then the store.
+//   pdl-flag: the PDL attribute; launch_dependents is issued once the predecessor's word is
+//             seen (a spin on device memory instead of griddepcontrol.wait), then the store.
+// Each also with one uncached read of mapped host memory per kernel (+hostread), the round trip
+// every op pays to see its peer's line. One JSON line per variant, microseconds per node.
+//
+//   nvcc -std=c++17 -O2 -arch=sm_90 scripts/pdl_chain_probe.cu -o probe && ./probe
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+constexpr int kThreads = 256;
+
+struct Chain {
+  unsigned* counter;       // device: blocks done so far (all nodes of all replays)
+  const uint64_t* host;    // mapped host memory, read once per kernel in +hostread variants
+  unsigned long long* sink;
+};
+
+__device__ __forceinline__ unsigned loadAcquireGpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+template <int Variant, bool HostRead>
+__global__ void node(Chain c, unsigned base) {
+  // base: blocks the predecessors completed before this node (node index * gridDim.x, plus the
+  // replays before); the predecessor is done when the counter reaches it.
+  if (Variant == 1) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  } else if (Variant == 2) {
+    if (threadIdx.x == 0) {
+      const unsigned want = base;
+      while (static_cast<int>(loadAcquireGpu(c.counter) - want) < 0) {
+      }
+    }
+    __syncthreads();
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+  if (HostRead && threadIdx.x == 0) {
+    uint64_t v;
+    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(c.host) : "memory");
+    if (v == 0x5a5a5a5a5a5a5a5aull) *c.sink = v;  // never: keeps the load
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(c.counter, 1u);
+  }
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::printf("{\"error\": \"%s: %s\"}\n", what, cudaGetErrorString(e));
+    std::exit(2);
+  }
+}
+
+template <int Variant, bool HostRead>
+void run(const char* name, Chain c, int nodes, int blocks, int replays, cudaStream_t s) {
+  // The counter advances by nodes * blocks per replay; node i of replay r waits for
+  // (r * nodes + i) * blocks. Replays are captured with base values for replay 0 and a reset of
+  // the counter before each replay (a memset node), so every replay is the same.
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+  check(cudaMemsetAsync(c.counter, 0, sizeof(unsigned), s), "memset");
+  for (int i = 0; i < nodes; ++i) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = Variant == 0 ? 0 : 1;
+    check(cudaLaunchKernelEx(&cfg, node<Variant, HostRead>, c,
+                             static_cast<unsigned>(i * blocks)),
+          "launch");
+  }
+  check(cudaStreamEndCapture(s, &g), "end capture");
+  check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  std::vector<double> per_node;
+  for (int r = 0; r < replays + 3; ++r) {
+    check(cudaEventRecord(e0, s), "record");
+    check(cudaGraphLaunch(ge, s), "graph launch");
+    check(cudaEventRecord(e1, s), "record");
+    check(cudaEventSynchronize(e1), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+    if (r >= 3) per_node.push_back(1000.0 * ms / nodes);
+  }
+  std::sort(per_node.begin(), per_node.end());
+  std::printf("{\"variant\": \"%s\", \"host_read\": %s, \"blocks\": %d, \"nodes\": %d, "
+              "\"us_per_node\": %.3f, \"p10\": %.3f, \"p90\": %.3f}\n",
+              name, HostRead ? "true" : "false", blocks, nodes, per_node[per_node.size() / 2],
+              per_node[per_node.size() / 10], per_node[per_node.size() * 9 / 10]);
+  std::fflush(stdout);
+  check(cudaGraphExecDestroy(ge), "destroy");
+  check(cudaGraphDestroy(g), "destroy");
+  check(cudaEventDestroy(e0), "event");
+  check(cudaEventDestroy(e1), "event");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int nodes = argc > 1 ? std::atoi(argv[1]) : 200;
+  const int replays = argc > 2 ? std::atoi(argv[2]) : 51;
+  Chain c{};
+  check(cudaMalloc(&c.counter, 64), "cudaMalloc");
+  check(cudaMalloc(&c.sink, 64), "cudaMalloc");
+  uint64_t* host = nullptr;
+  check(cudaHostAlloc(&host, 4096, cudaHostAllocMapped), "cudaHostAlloc");
+  host[0] = 1;
+  uint64_t* host_d = nullptr;
+  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_d), host, 0), "pointer");
+  c.host = host_d;
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  for (int blocks : {1, 16}) {
+    run<0, false>("plain", c, nodes, blocks, replays, s);
+    run<1, false>("pdl", c, nodes, blocks, replays, s);
+    run<2, false>("pdl-flag", c, nodes, blocks, replays, s);
+    run<0, true>("plain", c, nodes, blocks, replays, s);
+    run<1, true>("pdl", c, nodes, blocks, replays, s);
+    run<2, true>("pdl-flag", c, nodes, blocks, replays, s);
+  }
+  check(cudaFreeHost(host), "free");
+  return 0;
+}
