@@ -7,7 +7,7 @@
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
-#           launch-probe interference fault-probe poll-probe replica-probe pdl-probe
+#           launch-probe interference fault-probe poll-probe replica-probe pdl-probe proxy-copy-probe
 #           p2p-timeline
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
@@ -47,6 +47,9 @@
 #   pdl-probe:   scripts/pdl_chain_probe.cu: per-node time of a graph of back-to-back kernels:
 #                plain, PDL with griddepcontrol.wait, PDL with a device-word spin instead; with
 #                and without one host read per kernel ($OUT/pdl_probe.jsonl, ~10 s).
+#   proxy-copy-probe: scripts/proxy_copy_probe.cu: the proxy's line check and copy on this host
+#                (check+memcpy, fused, fused with non-temporal stores) and the peer kernel's read
+#                of the result, per size ($OUT/proxy_copy_probe.jsonl, ~10 s).
 #   p2p-timeline: scripts/p2p_timeline.py: eager 2-rank ping-pong with CUDA events between the
 #                ops, per size (paths $RESIDENT_PROBE_PATHS, default direct; extra environment
 #                $RESIDENT_TIMELINE_ENV) ($OUT/p2p_timeline.log).
@@ -469,6 +472,17 @@ if has pdl-probe; then
     timeout 120 /tmp/pdl_chain_probe 200 51 | tee "$OUT/pdl_probe.jsonl" || status=1
   else
     status=1; tail -20 "$OUT/pdl_probe_build.log"
+  fi
+fi
+
+if has proxy-copy-probe; then
+  step "proxy copy probe"
+  lscpu | grep -E "Model name|Socket|NUMA node|L3" | tee "$OUT/proxy_copy_probe_cpu.txt"
+  if nvcc -std=c++17 -O2 -arch=sm_90 -Xcompiler -msse4.1 -Ikernels -Icsrc \
+      scripts/proxy_copy_probe.cu -o /tmp/proxy_copy_probe > "$OUT/proxy_copy_probe_build.log" 2>&1; then
+    timeout 120 /tmp/proxy_copy_probe 50 | tee "$OUT/proxy_copy_probe.jsonl" || status=1
+  else
+    status=1; tail -20 "$OUT/proxy_copy_probe_build.log"
   fi
 fi
 
