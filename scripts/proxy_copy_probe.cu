@@ -16,7 +16,7 @@
 //   nvcc -std=c++17 -O2 -arch=sm_90 -Xcompiler -msse4.1 -Ikernels -Icsrc \
 //     scripts/proxy_copy_probe.cu -o probe
 #include <cuda_runtime.h>
-#include <emmintrin.h>
+#include <smmintrin.h>
 #include <sys/mman.h>
 
 #include <algorithm>
