@@ -24,8 +24,8 @@ namespace {
 constexpr int kThreads = 256;
 
 struct Chain {
-  unsigned* counter;       // device: blocks done so far (all nodes of all replays)
-  const uint64_t* host;    // mapped host memory, read once per kernel in +hostread variants
+  unsigned* counter;     // device: blocks done so far (all nodes of all replays)
+  const uint64_t* host;  // mapped host memory, read once per kernel in +hostread variants
   unsigned long long* sink;
 };
 
@@ -89,8 +89,7 @@ void run(const char* name, Chain c, int nodes, int blocks, int replays, cudaStre
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = Variant == 0 ? 0 : 1;
-    check(cudaLaunchKernelEx(&cfg, node<Variant, HostRead>, c,
-                             static_cast<unsigned>(i * blocks)),
+    check(cudaLaunchKernelEx(&cfg, node<Variant, HostRead>, c, static_cast<unsigned>(i * blocks)),
           "launch");
   }
   check(cudaStreamEndCapture(s, &g), "end capture");
@@ -109,10 +108,11 @@ void run(const char* name, Chain c, int nodes, int blocks, int replays, cudaStre
     if (r >= 3) per_node.push_back(1000.0 * ms / nodes);
   }
   std::sort(per_node.begin(), per_node.end());
-  std::printf("{\"variant\": \"%s\", \"host_read\": %s, \"blocks\": %d, \"nodes\": %d, "
-              "\"us_per_node\": %.3f, \"p10\": %.3f, \"p90\": %.3f}\n",
-              name, HostRead ? "true" : "false", blocks, nodes, per_node[per_node.size() / 2],
-              per_node[per_node.size() / 10], per_node[per_node.size() * 9 / 10]);
+  std::printf(
+      "{\"variant\": \"%s\", \"host_read\": %s, \"blocks\": %d, \"nodes\": %d, "
+      "\"us_per_node\": %.3f, \"p10\": %.3f, \"p90\": %.3f}\n",
+      name, HostRead ? "true" : "false", blocks, nodes, per_node[per_node.size() / 2],
+      per_node[per_node.size() / 10], per_node[per_node.size() * 9 / 10]);
   std::fflush(stdout);
   check(cudaGraphExecDestroy(ge), "destroy");
   check(cudaGraphDestroy(g), "destroy");

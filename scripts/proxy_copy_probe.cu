@@ -153,8 +153,7 @@ int main(int argc, char** argv) {
         check(cudaStreamSynchronize(s), "writer sync");
         const Stamps reset{~0ull, 0ull};
         check(cudaMemcpy(stamps, &reset, sizeof reset, cudaMemcpyHostToDevice), "reset");
-        reader<<<blocks, kThreads, 0, s>>>(method == 3 ? a_dev : b_dev, dst, nlines, flag,
-                                           stamps);
+        reader<<<blocks, kThreads, 0, s>>>(method == 3 ? a_dev : b_dev, dst, nlines, flag, stamps);
         check(cudaStreamSynchronize(s), "reader");
         Stamps st;
         check(cudaMemcpy(&st, stamps, sizeof st, cudaMemcpyDeviceToHost), "stamps");

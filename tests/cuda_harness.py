@@ -321,6 +321,7 @@ def timeout_phase(rank, ws, tg):
 PATH_KNOBS = {
     "prefetch": {"RESIDENT_GPU_PREFETCH": "1"},
     "fence": {"RESIDENT_GPU_TRIGGER_FENCE": "1"},     # fenced triggers, no proxy-side check
+    "memcpy": {"RESIDENT_GPU_PROXY_STREAMING": "0"},  # the proxy copies with memcpy
     "own": {"RESIDENT_GPU_P2P_STREAM": "own"},        # send/recv launched at once on their own streams
     # one block per op: several 2 KiB parts per block, one trigger over them (proxy path)
     "blocks1": {"RESIDENT_GPU_MAX_BLOCKS": "1"},
@@ -329,8 +330,8 @@ PATH_KNOBS = {
     "simple": {"RESIDENT_GPU_PROTOCOL": "simple"},
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
-PATH_VARIANTS = ("direct+prefetch", "proxy+fence", "proxy+blocks1", "direct+simple",
-                 "proxy+simple")
+PATH_VARIANTS = ("direct+prefetch", "proxy+fence", "proxy+memcpy", "proxy+blocks1",
+                 "direct+simple", "proxy+simple")
 # More ranks for the settings whose device code differs with the number of partners.
 WIDE_VARIANTS = ((4, "direct+simple"), (8, "direct+simple"))
 

@@ -209,6 +209,20 @@ def test_cuda_targets_judge_the_default_configuration_only():
                                      "env_options": {}})
 
 
+def test_cross_process_floor_is_the_lowest_flag_kind():
+    """The floors JSON of session 21 has the cross-process flag measured two ways (acquire/release
+    2.149 us, LL line 2.003 us): the 8 B floor is the lower, and a file with only the
+    acquire/release row (earlier runs) still gives that row."""
+    import resident_pg.bench_cuda as bc
+    data = os.path.join(REPO, "benchmarks", "data")
+    floors = bc.load_floors(os.path.join(data, "floors_h200_s21_call3_2026-11-30.json"))
+    assert abs(floors["cross_process_flag_us"] - 2.0032) < 1e-9
+    assert bc.floor_for(floors, 8) == (floors["cross_process_flag_us"], bc.XP_FLOOR)
+    older = bc.load_floors(os.path.join(data, "floors_h200_s18_2026-11-30.json"))
+    rows = [r for r in older["contents"]["results"] if r["name"] == bc.XP_FLOOR]
+    assert len(rows) == 1 and older["cross_process_flag_us"] == float(rows[0]["median_us"])
+
+
 def test_cuda_target_verdicts_incomplete_vs_miss():
     """A target whose measured cells are all within the limit but which lacks cells (an op not
     in the run, or a path not run) is INCOMPLETE, not MISS; one cell over the limit is a MISS

@@ -318,7 +318,8 @@ void CrossProcessFlag(cudaStream_t s, int fd, pid_t child, uint64_t n, std::vect
   } else {
     __atomic_store_n(&h->go, uint64_t(1), __ATOMIC_RELEASE);
     st = RunPinger(s, h, d, n, &ts, [] {});
-    st_ll = RunPinger(s, h, d, n, &ts_ll, [] {}, n, kLl);
+    st_ll = RunPinger(
+        s, h, d, n, &ts_ll, [] {}, n, kLl);
     if (!wait_flag(&h->child_done, 30)) {
       note = " child=no_report";
     } else {
@@ -344,8 +345,8 @@ void CrossProcessFlag(cudaStream_t s, int fd, pid_t child, uint64_t n, std::vect
   CK(cudaHostUnregister(h));
   PCK(munmap(h, kShmBytes) == 0);
   for (int kind : {kAcqRel, kLl}) {
-    Result r = FlagResult("cross_process_flag", kind == kLl ? ts_ll : ts,
-                          kind == kLl ? st_ll : st, n, note);
+    Result r = FlagResult("cross_process_flag", kind == kLl ? ts_ll : ts, kind == kLl ? st_ll : st,
+                          n, note);
     r.variant = kind == kLl ? "ll" : "";
     r.ok = r.ok && child_ok && reaped;
     out.push_back(r);

@@ -68,6 +68,8 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.gpu_prefetch = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_trigger_fence") {
     c.gpu_trigger_fence = parseUnsigned(key, value, 0, 1) == 1;
+  } else if (key == "gpu_proxy_streaming") {
+    c.gpu_proxy_streaming = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_pdl") {
     c.gpu_pdl = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_p2p_stream") {
@@ -117,6 +119,7 @@ const char* kKeys[] = {"path",
                        "gpu_pdl",
                        "gpu_prefetch",
                        "gpu_trigger_fence",
+                       "gpu_proxy_streaming",
                        "gpu_p2p_stream",
                        "gpu_protocol",
                        "tcp_addr",
@@ -152,6 +155,7 @@ std::string Config::describe() const {
          " gpu_proxy_spin_us=" + std::to_string(gpu_proxy_spin_us) +
          " gpu_pdl=" + (gpu_pdl ? "1" : "0") + " gpu_prefetch=" + (gpu_prefetch ? "1" : "0") +
          " gpu_trigger_fence=" + (gpu_trigger_fence ? "1" : "0") +
+         " gpu_proxy_streaming=" + (gpu_proxy_streaming ? "1" : "0") +
          " gpu_p2p_stream=" + (gpu_p2p_lazy ? "auto" : "own") +
          " gpu_protocol=" + (gpu_protocol_simple ? "simple" : "ll") +
          " gpu_persistent=" + (gpu_persistent ? "1" : "0") +

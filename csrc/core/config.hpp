@@ -36,6 +36,9 @@ struct Config {
   // RESIDENT_GPU_TRIGGER_FENCE=0|1: 1 fences every proxy trigger on the device instead of
   // letting the proxy check the lines' flags.
   bool gpu_trigger_fence = false;
+  // RESIDENT_GPU_PROXY_STREAMING=0|1: the proxy posts the CUDA path's lines with
+  // Transport::writeForDevice (shm: non-temporal stores) instead of write (memcpy).
+  bool gpu_proxy_streaming = true;
   // RESIDENT_GPU_P2P_STREAM=auto|own: where a send/recv on CUDA tensors runs. auto (default):
   // launched lazily, a blocking one on the caller's stream; own: on a stream per peer and
   // direction, launched when called (c10d/work_cuda.hpp, runCudaP2P).

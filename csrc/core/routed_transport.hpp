@@ -19,6 +19,9 @@ class RoutedTransport : public Transport {
   void write(int peer, size_t offset, const void* src, size_t bytes) override {
     by_peer_[static_cast<size_t>(peer)]->write(peer, offset, src, bytes);
   }
+  void writeForDevice(int peer, size_t offset, const void* src, size_t bytes) override {
+    by_peer_[static_cast<size_t>(peer)]->writeForDevice(peer, offset, src, bytes);
+  }
   void signal(int peer, size_t offset, uint64_t value) override {
     by_peer_[static_cast<size_t>(peer)]->signal(peer, offset, value);
   }

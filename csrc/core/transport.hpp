@@ -15,6 +15,11 @@ class Transport {
   virtual const char* name() const = 0;
   // Plain bytes into `peer`'s inbox at `offset`.
   virtual void write(int peer, size_t offset, const void* src, size_t bytes) = 0;
+  // The same for bytes a GPU will read (the CUDA path's lines): a transport may write them so
+  // that they do not linger in this CPU's caches, where a GPU read over PCIe must snoop them.
+  virtual void writeForDevice(int peer, size_t offset, const void* src, size_t bytes) {
+    write(peer, offset, src, bytes);
+  }
   // Release-store `value` into the 8-byte word at `offset` of `peer`'s inbox.
   virtual void signal(int peer, size_t offset, uint64_t value) = 0;
   // True when writes may be issued by any thread without a system call (shm); otherwise

@@ -89,7 +89,8 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       nranks_(comm.size()),
       device_(device),
       pdl_(comm.config().gpu_pdl),
-      prefetch_(comm.config().gpu_prefetch) {
+      prefetch_(comm.config().gpu_prefetch),
+      proxy_streaming_(comm.config().gpu_proxy_streaming) {
   if (nranks_ > gpu::kMaxRanks) {
     throw InvalidArgument("resident: CUDA tensors are supported in groups of at most " +
                           std::to_string(gpu::kMaxRanks) + " ranks; this group has " +

@@ -85,8 +85,10 @@ class GpuCommunicator : public ProxyHandler {
   void checkUsable() const;
   uint32_t roundsFor(size_t bytes) const;
   void pinProxyNearDevice();
-  // Proxy side of a checked trigger: waits until every LL line of the range carries `flag`
-  // (the kernel did not fence them before the trigger). False after the group's timeout.
+  // Proxy side of a checked trigger (the kernel did not fence the lines before it): the bytes
+  // of the range's leading lines that carry `flag`, without waiting.
+  static uint64_t linesLanded(const unsigned char* lines, uint64_t bytes, uint32_t flag);
+  // Waits until every LL line of the range carries `flag`. False after the group's timeout.
   bool linesArrived(const unsigned char* lines, uint64_t bytes, uint32_t flag) const;
   // Region::trigger_fence for an op whose largest round to one peer has this many bytes.
   uint32_t fenceTriggers(uint64_t first_round_bytes) const;
@@ -97,6 +99,7 @@ class GpuCommunicator : public ProxyHandler {
   int device_ = -1;
   const bool pdl_;
   const bool prefetch_;
+  const bool proxy_streaming_;  // RESIDENT_GPU_PROXY_STREAMING: Transport::writeForDevice
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;

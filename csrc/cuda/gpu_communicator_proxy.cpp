@@ -11,6 +11,17 @@
 
 namespace resident {
 
+uint64_t GpuCommunicator::linesLanded(const unsigned char* lines, uint64_t bytes, uint32_t flag) {
+  uint64_t off = 0;
+  for (; off + 16 <= bytes; off += 16) {
+    const auto* words = reinterpret_cast<const uint32_t*>(lines + off);
+    if (__atomic_load_n(words + 1, __ATOMIC_RELAXED) != flag ||
+        __atomic_load_n(words + 3, __ATOMIC_RELAXED) != flag)
+      break;
+  }
+  return off;
+}
+
 bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
                                    uint32_t flag) const {
   // The kernel issued the lines before the trigger, so they are at most a PCIe trip behind;
@@ -19,10 +30,10 @@ bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
   const auto* abort_word = reinterpret_cast<const uint64_t*>(
       comm_.segmentBase() + comm_.gpuRegionOffset() + GpuLayout::kAbortWord);
   uint64_t deadline = 0;
-  for (uint64_t off = 0; off + 16 <= bytes; off += 16) {
-    const auto* words = reinterpret_cast<const uint32_t*>(lines + off);
-    for (uint32_t spins = 0; __atomic_load_n(words + 1, __ATOMIC_RELAXED) != flag ||
-                             __atomic_load_n(words + 3, __ATOMIC_RELAXED) != flag;) {
+  for (uint64_t off = 0; off < bytes;) {
+    off += linesLanded(lines + off, bytes - off, flag);
+    if (off >= bytes) break;
+    for (uint32_t spins = 0; linesLanded(lines + off, 16, flag) == 0;) {
       if (++spins % 1024 != 0) continue;
       if (__atomic_load_n(abort_word, __ATOMIC_ACQUIRE) != 0) return false;
       const uint64_t now = nowNs();
@@ -44,10 +55,16 @@ bool GpuCommunicator::proxyPoll() {
   };
   Write batch[64];
   int n = 0;
+  Transport& transport = comm_.transport();
   auto flush = [&] {
-    for (int i = 0; i < n; ++i)
-      comm_.transport().write(batch[i].peer, comm_.gpuRegionOffset() + batch[i].remote,
-                              outbox_host_ + batch[i].local, batch[i].bytes);
+    for (int i = 0; i < n; ++i) {
+      const size_t remote = comm_.gpuRegionOffset() + batch[i].remote;
+      if (proxy_streaming_)
+        transport.writeForDevice(batch[i].peer, remote, outbox_host_ + batch[i].local,
+                                 batch[i].bytes);
+      else
+        transport.write(batch[i].peer, remote, outbox_host_ + batch[i].local, batch[i].bytes);
+    }
     n = 0;
   };
   int popped = 0;
@@ -57,12 +74,20 @@ bool GpuCommunicator::proxyPoll() {
     const GpuWriteRequest r = decodeWrite(t.fst, t.snd);
     if (r.kind == TriggerKind::kValue) {
       flush();  // in FIFO order behind the writes before it
-      comm_.transport().signal(static_cast<int>(r.peer), comm_.gpuRegionOffset() + r.remote_offset,
-                               r.value);
+      transport.signal(static_cast<int>(r.peer), comm_.gpuRegionOffset() + r.remote_offset,
+                       r.value);
       continue;
     }
-    if (r.kind == TriggerKind::kLines &&
-        !linesArrived(outbox_host_ + r.local_offset, r.bytes, r.value)) {
+    // Unfenced lines still in flight: post the writes already checked before waiting for them
+    // (the peer can start on those), then wait.
+    const unsigned char* lines = outbox_host_ + r.local_offset;
+    const bool landed =
+        r.kind != TriggerKind::kLines || linesLanded(lines, r.bytes, r.value) >= r.bytes;
+    if (!landed) flush();
+    if (landed) {
+      // The payload words are read (by the transport) after the flags that vouch for them.
+      __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    } else if (!linesArrived(lines, r.bytes, r.value)) {
       const std::string err = "resident: rank " + std::to_string(rank_) +
                               ": the proxy gave up on lines a kernel announced (to rank " +
                               std::to_string(r.peer) +

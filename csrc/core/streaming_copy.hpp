@@ -1,0 +1,36 @@
+// A copy whose stores bypass this CPU's caches (non-temporal), for bytes that a device reads
+// next over PCIe: a GPU read of a line still dirty in a CPU cache is served by a snoop, slower
+// than one from memory (scripts/proxy_copy_probe.cu). Where the CPU has no such stores (not
+// x86-64), a plain memcpy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace resident {
+
+// Every store is visible to other agents when it returns (sfence), so a release store after
+// it is ordered after the whole copy, as after memcpy.
+inline void streamingCopy(void* dst, const void* src, size_t bytes) {
+#if defined(__SSE2__)
+  const auto d = reinterpret_cast<uintptr_t>(dst);
+  const auto s = reinterpret_cast<uintptr_t>(src);
+  if (((d | s) & 15u) == 0 && bytes >= 16) {
+    const size_t vectors = bytes / 16;
+    auto* out = reinterpret_cast<__m128i*>(dst);
+    const auto* in = reinterpret_cast<const __m128i*>(src);
+    for (size_t i = 0; i < vectors; ++i) _mm_stream_si128(out + i, _mm_load_si128(in + i));
+    std::memcpy(out + vectors, in + vectors, bytes - vectors * 16);
+    _mm_sfence();
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
+}  // namespace resident
