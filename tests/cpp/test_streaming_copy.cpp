@@ -51,7 +51,11 @@ int main() {
     uint64_t flag;
     std::memcpy(&flag, inbox1.data(), 8);
     CHECK(flag == 0x1234);
-    for (unsigned char b : inbox0) CHECK(b == 0);
+    // A short write (below the streaming threshold: a plain copy) to the other inbox.
+    t.writeForDevice(0, 4000, lines + 16, 16);
+    CHECK(std::memcmp(inbox0.data() + 4000, lines + 16, 16) == 0);
+    for (size_t i = 0; i < inbox0.size(); ++i)
+      if (i < 4000 || i >= 4016) CHECK(inbox0[i] == 0);
   }
   std::puts("ok");
   return 0;
