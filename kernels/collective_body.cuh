@@ -302,7 +302,8 @@ template <bool Simple>
 __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint32_t block) {
   const uint32_t chunk = a.reg.chunk;
   const uint32_t j0 = block * a.parts_per_block;
-  // Optional: the first payload word, loaded before (not after) the device-state loads.
+  // Optional (RESIDENT_GPU_PREFETCH): the first payload word, loaded before the trigger
+  // reservation and the barrier rather than after them.
   uint64_t pre = 0;
   if (a.common_send != nullptr) {
     const uint32_t nb = lineBytes(roundBytes(a.common_send_bytes, 0, chunk), j0, threadIdx.x);

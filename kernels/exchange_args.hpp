@@ -75,8 +75,9 @@ struct CollectiveArgs {
   uint32_t rounds_max;
   uint32_t parts_per_block;
   // Non-null when every partner is sent the same bytes (all_reduce, all_gather, broadcast) and
-  // RESIDENT_GPU_PREFETCH is on: each thread loads its first payload word at kernel start,
-  // concurrently with the device-state loads, instead of after them.
+  // RESIDENT_GPU_PREFETCH is on (the default): each thread loads its first payload word first
+  // thing in the op's body, so that the load overlaps the trigger reservation and the first
+  // barrier instead of following them.
   const void* common_send;
   uint64_t common_send_bytes;
   PeerPlan peers[kMaxRanks];

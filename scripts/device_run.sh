@@ -20,7 +20,7 @@
 #                floors stage in the same call the floors are measured first (~10 s).
 #   bench-quick: the same, short (~1 min in all).
 #   bench-cuda:  only the CUDA ladder (as in `bench`).
-#   bench-ab:    2 ranks, graph mode, both paths: the defaults beside RESIDENT_GPU_PREFETCH=1 and
+#   bench-ab:    2 ranks, graph mode, both paths: the defaults beside RESIDENT_GPU_PREFETCH=0 and
 #                (proxy) RESIDENT_GPU_PROXY_STREAMING=0 and RESIDENT_GPU_TRIGGER_FENCE=1, side by
 #                side in one run ($OUT/bench_ab.json, ~1 min; $RESIDENT_AB_BACKENDS, $RESIDENT_AB_SIZES).
 #   bench-persistent: the CUDA ladder of resident (a kernel per op),
@@ -376,7 +376,7 @@ if has bench-ab; then
   [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
   python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 2 \
     --ops all_reduce,all_gather,reduce_scatter,all_to_all_single,send_recv --sizes "${RESIDENT_AB_SIZES:-8,4K,16K,64K}" \
-    --backends "${RESIDENT_AB_BACKENDS:-resident:path=direct,resident:path=direct:RESIDENT_GPU_PREFETCH=1,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_PROXY_STREAMING=0,resident:path=proxy:RESIDENT_GPU_TRIGGER_FENCE=1}" \
+    --backends "${RESIDENT_AB_BACKENDS:-resident:path=direct,resident:path=direct:RESIDENT_GPU_PREFETCH=0,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_PROXY_STREAMING=0,resident:path=proxy:RESIDENT_GPU_TRIGGER_FENCE=1}" \
     --floors "$OUT/floors.json" --timeout 30 --time-limit 200 \
     --json "$OUT/bench_ab.json" > "$OUT/bench_ab.log" 2>&1 || status=1
   tail -n 70 "$OUT/bench_ab.log"

@@ -215,7 +215,7 @@ def test_cross_process_floor_is_the_lowest_flag_kind():
     acquire/release row (earlier runs) still gives that row."""
     import resident_pg.bench_cuda as bc
     data = os.path.join(REPO, "benchmarks", "data")
-    floors = bc.load_floors(os.path.join(data, "floors_h200_s21_call3_2026-11-30.json"))
+    floors = bc.load_floors(os.path.join(data, "floors_call3_h200_s21_2026-11-30.json"))
     assert abs(floors["cross_process_flag_us"] - 2.0032) < 1e-9
     assert bc.floor_for(floors, 8) == (floors["cross_process_flag_us"], bc.XP_FLOOR)
     older = bc.load_floors(os.path.join(data, "floors_h200_s18_2026-11-30.json"))
