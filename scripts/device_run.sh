@@ -468,7 +468,7 @@ fi
 
 if has pdl-probe; then
   step "PDL chain probe"
-  if nvcc -std=c++17 -O2 -arch=sm_90 scripts/pdl_chain_probe.cu -o /tmp/pdl_chain_probe \
+  if nvcc -std=c++17 -O2 -arch=sm_90 -Ikernels -Icsrc scripts/pdl_chain_probe.cu -o /tmp/pdl_chain_probe \
       > "$OUT/pdl_probe_build.log" 2>&1; then
     timeout 120 /tmp/pdl_chain_probe 200 51 | tee "$OUT/pdl_probe.jsonl" || status=1
   else

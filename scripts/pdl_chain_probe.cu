@@ -10,7 +10,7 @@
 // Each also with one uncached read of mapped host memory per kernel (+hostread), the round trip
 // every op pays to see its peer's line. One JSON line per variant, microseconds per node.
 //
-//   nvcc -std=c++17 -O2 -arch=sm_90 scripts/pdl_chain_probe.cu -o probe && ./probe
+//   nvcc -std=c++17 -O2 -arch=sm_90 -Ikernels -Icsrc scripts/pdl_chain_probe.cu -o probe && ./probe
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,9 +19,11 @@
 #include <cstdlib>
 #include <vector>
 
+#include "launch_device.cuh"
+
 namespace {
 
-constexpr int kThreads = 256;
+using resident::gpu::kThreads;
 
 struct Chain {
   unsigned* counter;     // device: blocks done so far (all nodes of all replays)
@@ -35,8 +37,15 @@ __device__ __forceinline__ unsigned loadAcquireGpu(const unsigned* p) {
   return v;
 }
 
+struct NodeArgs {
+  Chain c;
+  unsigned base;
+};
+
 template <int Variant, bool HostRead>
-__global__ void node(Chain c, unsigned base) {
+__global__ void node(NodeArgs a) {
+  const Chain& c = a.c;
+  const unsigned base = a.base;
   // base: blocks the predecessors completed before this node (node index * gridDim.x, plus the
   // replays before); the predecessor is done when the counter reaches it.
   if (Variant == 1) {
@@ -80,16 +89,10 @@ void run(const char* name, Chain c, int nodes, int blocks, int replays, cudaStre
   check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
   check(cudaMemsetAsync(c.counter, 0, sizeof(unsigned), s), "memset");
   for (int i = 0; i < nodes; ++i) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(kThreads);
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = Variant == 0 ? 0 : 1;
-    check(cudaLaunchKernelEx(&cfg, node<Variant, HostRead>, c, static_cast<unsigned>(i * blocks)),
+    // The library's own launch (kernels/launch_device.cuh), with or without the PDL attribute.
+    check(resident::gpu::launchKernel(node<Variant, HostRead>,
+                                      NodeArgs{c, static_cast<unsigned>(i * blocks)},
+                                      static_cast<unsigned>(blocks), s, Variant != 0),
           "launch");
   }
   check(cudaStreamEndCapture(s, &g), "end capture");
