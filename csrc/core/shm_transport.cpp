@@ -15,7 +15,7 @@ void ShmTransport::write(int peer, size_t offset, const void* src, size_t bytes)
 void ShmTransport::writeForDevice(int peer, size_t offset, const void* src, size_t bytes) {
   // Below 1 KiB a cached copy is the faster one (H200, session 21: an 8 B all_reduce's 16-byte
   // line took ~0.3 us longer end to end with non-temporal stores and their fence; from 4 KiB
-  // payloads on they win, 13-21% at 64-256 KiB).
+  // payloads on they win, 7-24% at 64-256 KiB).
   constexpr size_t kStreamingMinBytes = 1024;
   if (bytes >= kStreamingMinBytes)
     streamingCopy(inboxes_[peer] + offset, src, bytes);

@@ -30,9 +30,11 @@ bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
   const auto* abort_word = reinterpret_cast<const uint64_t*>(
       comm_.segmentBase() + comm_.gpuRegionOffset() + GpuLayout::kAbortWord);
   uint64_t deadline = 0;
-  for (uint64_t off = 0; off < bytes;) {
-    off += linesLanded(lines + off, bytes - off, flag);
-    if (off >= bytes) break;
+  // Whole lines only (a range of lines always is; a stray tail is not waited for).
+  const uint64_t whole = bytes & ~uint64_t{15};
+  for (uint64_t off = 0; off < whole;) {
+    off += linesLanded(lines + off, whole - off, flag);
+    if (off >= whole) break;
     for (uint32_t spins = 0; linesLanded(lines + off, 16, flag) == 0;) {
       if (++spins % 1024 != 0) continue;
       if (__atomic_load_n(abort_word, __ATOMIC_ACQUIRE) != 0) return false;
@@ -81,8 +83,8 @@ bool GpuCommunicator::proxyPoll() {
     // Unfenced lines still in flight: post the writes already checked before waiting for them
     // (the peer can start on those), then wait.
     const unsigned char* lines = outbox_host_ + r.local_offset;
-    const bool landed =
-        r.kind != TriggerKind::kLines || linesLanded(lines, r.bytes, r.value) >= r.bytes;
+    const bool landed = r.kind != TriggerKind::kLines ||
+                        linesLanded(lines, r.bytes, r.value) >= (r.bytes & ~uint64_t{15});
     if (!landed) flush();
     if (landed) {
       // The payload words are read (by the transport) after the flags that vouch for them.
