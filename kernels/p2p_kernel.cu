@@ -45,12 +45,13 @@ __device__ inline uint32_t advanceEarly(uint32_t* round, uint32_t* blocks_read, 
 // has left. Thread 0 of a block only.
 __device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, uint32_t g) {
   const Region& reg = w.reg;
-  uint32_t* cached = &reg.state->p2p_credit[a.peer][slot];
-  auto enough = [&] {
-    return static_cast<int32_t>(*reinterpret_cast<volatile uint32_t*>(cached) - (g - 2)) >= 0;
+  volatile uint32_t* cached = &reg.state->p2p_credit[a.peer][slot];
+  // Round numbers wrap: `done` is at or past `want` when the difference is non-negative.
+  auto reached = [](uint32_t done, uint32_t want) {
+    return static_cast<int32_t>(done - want) >= 0;
   };
   if (blockIdx.x != 0) {
-    for (uint32_t spins = 0; !enough();)
+    for (uint32_t spins = 0; !reached(*cached, g - 2);)
       if (++spins == 4096) {
         spins = 0;
         if (w.shouldStop(a.peer)) return false;
@@ -62,13 +63,12 @@ __device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, ui
   // one after another, see advanceEarly), so a plain store, and block 0 decides on the value it
   // read: an atomic or a re-read would put an L2 round trip on the path of every send (with an
   // atomicCAS here the 8 B send/recv read 4.76 us, session 20; 4.05 us before).
-  uint32_t known = *reinterpret_cast<volatile uint32_t*>(cached);
-  if (static_cast<int32_t>(known - (g - 2)) >= 0) return true;
+  uint32_t known = *cached;
+  if (reached(known, g - 2)) return true;
   for (uint32_t spins = 0;;) {
     const uint32_t v = static_cast<uint32_t>(loadVolatile64(word));
-    if (static_cast<int32_t>(v - known) > 0)
-      *reinterpret_cast<volatile uint32_t*>(cached) = known = v;
-    if (static_cast<int32_t>(v - (g - 2)) >= 0) return true;
+    if (static_cast<int32_t>(v - known) > 0) *cached = known = v;  // v is newer
+    if (reached(v, g - 2)) return true;
     if (++spins == 64) {
       spins = 0;
       if (w.shouldStop(a.peer)) return false;

@@ -21,7 +21,11 @@
 #include <thread>
 #include <vector>
 
+#include "probe_util.hpp"
+
 namespace {
+
+using probe::check;
 
 __global__ void release(volatile unsigned* word) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -46,13 +50,6 @@ __global__ void releaseWithStack(volatile unsigned* word, int n) {
 
 double secondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::printf("{\"error\": \"%s: %s\"}\n", what, cudaGetErrorString(e));
-    std::exit(2);
-  }
 }
 
 }  // namespace

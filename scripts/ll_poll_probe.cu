@@ -40,8 +40,12 @@
 #include <vector>
 
 #include "ll_device.cuh"
+#include "probe_util.hpp"
 
 namespace {
+
+using probe::check;
+using probe::median;
 
 using resident::gpu::kPartPayload;
 using resident::gpu::kThreads;
@@ -172,13 +176,6 @@ __global__ void reader(const uint4* lines, uint64_t* dst, uint32_t parts, uint32
   if (t == 0) atomicMax(&s->r_end, now());
 }
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::printf("{\"error\": \"%s: %s\"}\n", what, cudaGetErrorString(e));
-    std::exit(2);
-  }
-}
-
 void resetStamps(Stamps* stamps) {
   const Stamps reset{~0ull, 0ull, ~0ull, 0ull};
   check(cudaMemcpy(stamps, &reset, sizeof reset, cudaMemcpyHostToDevice), "reset");
@@ -188,11 +185,6 @@ Stamps readStamps(const Stamps* stamps) {
   Stamps s;
   check(cudaMemcpy(&s, stamps, sizeof s, cudaMemcpyDeviceToHost), "stamps");
   return s;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 void spinUs(double us) {

@@ -20,8 +20,11 @@
 #include <vector>
 
 #include "launch_device.cuh"
+#include "probe_util.hpp"
 
 namespace {
+
+using probe::check;
 
 using resident::gpu::kThreads;
 
@@ -69,13 +72,6 @@ __global__ void node(NodeArgs a) {
   if (threadIdx.x == 0) {
     __threadfence();
     atomicAdd(c.counter, 1u);
-  }
-}
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::printf("{\"error\": \"%s: %s\"}\n", what, cudaGetErrorString(e));
-    std::exit(2);
   }
 }
 

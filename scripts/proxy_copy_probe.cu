@@ -28,8 +28,12 @@
 #include <vector>
 
 #include "ll_device.cuh"
+#include "probe_util.hpp"
 
 namespace {
+
+using probe::check;
+using probe::median;
 
 using resident::gpu::kThreads;
 
@@ -56,13 +60,6 @@ __global__ void reader(const unsigned char* lines, uint64_t* dst, uint32_t nline
   if (threadIdx.x == 0) atomicMax(&s->end, resident::gpu::globalTimerNs());
 }
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::printf("{\"error\": \"%s: %s\"}\n", what, cudaGetErrorString(e));
-    std::exit(2);
-  }
-}
-
 double nowUs() {
   return std::chrono::duration<double, std::micro>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -82,11 +79,6 @@ unsigned char* hostBuffer(size_t bytes, unsigned char** dev) {
   check(cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable), "register");
   check(cudaHostGetDevicePointer(reinterpret_cast<void**>(dev), p, 0), "pointer");
   return static_cast<unsigned char*>(p);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 }  // namespace

@@ -26,8 +26,12 @@
 #include <vector>
 
 #include "ll_device.cuh"
+#include "probe_util.hpp"
 
 namespace {
+
+using probe::check;
+using probe::median;
 
 using resident::gpu::globalTimerNs;
 
@@ -110,18 +114,6 @@ __global__ void pingPong(unsigned char* ping, unsigned char* pong, int iters, in
     out->t0 = t0;
     out->t1 = t1;
   }
-}
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::printf("{\"error\": \"%s: %s\"}\n", what, cudaGetErrorString(e));
-    std::exit(2);
-  }
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 }  // namespace

@@ -17,10 +17,8 @@ void ShmTransport::writeForDevice(int peer, size_t offset, const void* src, size
   // line took ~0.3 us longer end to end with non-temporal stores and their fence; from 4 KiB
   // payloads on they win, 7-24% at 64-256 KiB).
   constexpr size_t kStreamingMinBytes = 1024;
-  if (bytes >= kStreamingMinBytes)
-    streamingCopy(inboxes_[peer] + offset, src, bytes);
-  else if (bytes != 0)
-    std::memcpy(inboxes_[peer] + offset, src, bytes);
+  if (bytes < kStreamingMinBytes) return write(peer, offset, src, bytes);
+  streamingCopy(inboxes_[peer] + offset, src, bytes);
 }
 
 void ShmTransport::signal(int peer, size_t offset, uint64_t value) {

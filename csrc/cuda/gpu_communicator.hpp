@@ -88,7 +88,8 @@ class GpuCommunicator : public ProxyHandler {
   // Proxy side of a checked trigger (the kernel did not fence the lines before it): the bytes
   // of the range's leading lines that carry `flag`, without waiting.
   static uint64_t linesLanded(const unsigned char* lines, uint64_t bytes, uint32_t flag);
-  // Waits until every LL line of the range carries `flag`. False after the group's timeout.
+  // Waits until every LL line of the range carries `flag` (the caller fences before the payload
+  // is read). False on abort or after the group's timeout.
   bool linesArrived(const unsigned char* lines, uint64_t bytes, uint32_t flag) const;
   // Region::trigger_fence for an op whose largest round to one peer has this many bytes.
   uint32_t fenceTriggers(uint64_t first_round_bytes) const;

@@ -30,11 +30,10 @@ bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
   const auto* abort_word = reinterpret_cast<const uint64_t*>(
       comm_.segmentBase() + comm_.gpuRegionOffset() + GpuLayout::kAbortWord);
   uint64_t deadline = 0;
-  // Whole lines only (a range of lines always is; a stray tail is not waited for).
-  const uint64_t whole = bytes & ~uint64_t{15};
-  for (uint64_t off = 0; off < whole;) {
-    off += linesLanded(lines + off, whole - off, flag);
-    if (off >= whole) break;
+  // Whole lines only (a range of lines always is; a stray tail is not waited for). Each pass
+  // skips the lines that landed, then waits for the first one that has not.
+  for (uint64_t off = linesLanded(lines, bytes, flag); off + 16 <= bytes;
+       off += linesLanded(lines + off, bytes - off, flag)) {
     for (uint32_t spins = 0; linesLanded(lines + off, 16, flag) == 0;) {
       if (++spins % 1024 != 0) continue;
       if (__atomic_load_n(abort_word, __ATOMIC_ACQUIRE) != 0) return false;
@@ -43,8 +42,6 @@ bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
       if (now > deadline) return false;
     }
   }
-  // The payload words are read (by the transport) after the flags that vouch for them.
-  __atomic_thread_fence(__ATOMIC_ACQUIRE);
   return true;
 }
 
@@ -80,16 +77,20 @@ bool GpuCommunicator::proxyPoll() {
                        r.value);
       continue;
     }
-    // Unfenced lines still in flight: post the writes already checked before waiting for them
-    // (the peer can start on those), then wait.
-    const unsigned char* lines = outbox_host_ + r.local_offset;
-    const bool landed = r.kind != TriggerKind::kLines ||
-                        linesLanded(lines, r.bytes, r.value) >= (r.bytes & ~uint64_t{15});
-    if (!landed) flush();
-    if (landed) {
+    bool arrived = true;
+    if (r.kind == TriggerKind::kLines) {
+      const unsigned char* lines = outbox_host_ + r.local_offset;
+      const uint64_t landed = linesLanded(lines, r.bytes, r.value);
+      // Lines still in flight: post the writes already checked (the peer can start on those),
+      // then wait for the rest.
+      if (landed + 16 <= r.bytes) {
+        flush();
+        arrived = linesArrived(lines + landed, r.bytes - landed, r.value);
+      }
       // The payload words are read (by the transport) after the flags that vouch for them.
       __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    } else if (!linesArrived(lines, r.bytes, r.value)) {
+    }
+    if (!arrived) {
       const std::string err = "resident: rank " + std::to_string(rank_) +
                               ": the proxy gave up on lines a kernel announced (to rank " +
                               std::to_string(r.peer) +
