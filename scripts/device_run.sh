@@ -7,7 +7,7 @@
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
-#           launch-probe interference fault-probe poll-probe replica-probe pdl-probe proxy-copy-probe
+#           launch-probe interference fault-probe poll-probe replica-probe pdl-probe ar8-probe proxy-copy-probe
 #           p2p-timeline
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
@@ -47,6 +47,9 @@
 #   pdl-probe:   scripts/pdl_chain_probe.cu: per-node time of a graph of back-to-back kernels:
 #                plain, PDL with griddepcontrol.wait, PDL with a device-word spin instead; with
 #                and without one host read per kernel ($OUT/pdl_probe.jsonl, ~10 s).
+#   ar8-probe:   scripts/ar8_probe.cu: the 2-rank 8 B all_reduce in a replayed graph, two
+#                processes under MPS: the library's collective kernel beside the least kernel of
+#                the design and variants between the two ($OUT/ar8_probe.jsonl, ~10 s).
 #   proxy-copy-probe: scripts/proxy_copy_probe.cu: the proxy's line check and copy on this host
 #                (check+memcpy, fused, fused with non-temporal stores) and the peer kernel's read
 #                of the result, per size ($OUT/proxy_copy_probe.jsonl, ~10 s).
@@ -473,6 +476,17 @@ if has pdl-probe; then
     timeout 120 /tmp/pdl_chain_probe 200 51 | tee "$OUT/pdl_probe.jsonl" || status=1
   else
     status=1; tail -20 "$OUT/pdl_probe_build.log"
+  fi
+fi
+
+if has ar8-probe; then
+  step "8 B all_reduce probe"
+  if nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Icsrc scripts/ar8_probe.cu kernels/collective_kernel.cu \
+      -o /tmp/ar8_probe > "$OUT/ar8_probe_build.log" 2>&1; then
+    timeout 120 /tmp/ar8_probe "${RESIDENT_AR8_PROBE_NODES:-200}" "${RESIDENT_AR8_PROBE_REPLAYS:-31}" \
+      | tee "$OUT/ar8_probe.jsonl" || status=1
+  else
+    status=1; tail -20 "$OUT/ar8_probe_build.log"
   fi
 fi
 

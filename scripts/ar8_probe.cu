@@ -1,0 +1,290 @@
+// How close is the library's 8-byte all_reduce kernel to the least any kernel of this design can
+// do? Two ranks as two processes on one GPU (under MPS, as the benchmark), sharing mapped host
+// memory; each captures a graph of NODES back-to-back all_reduces (in place, int64 SUM, PDL as
+// the library) and replays it; per-op time = replay time / NODES, median over replays, per rank.
+// Variants, side by side in one run:
+//   lib:          the library's collective kernel (kernels/collective_kernel.cu) with the
+//                 arguments GpuCommunicator builds for this op (direct path, prefetch on)
+//   lib-noprefetch: the same with RESIDENT_GPU_PREFETCH=0's arguments
+//   min:          the least kernel: its round number from device memory and advanced before
+//                 griddepcontrol.wait (as the library), then one thread loads the input, stores
+//                 one LL line to the peer, polls its own, stores the sum. 256 or 32 threads.
+//   min-noload:   min without the input load (the line carries a constant): the load's share
+// Every variant checks the result after the last replay (2^(ops-1) * (a + b) mod 2^64).
+//
+//   nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Icsrc scripts/ar8_probe.cu \
+//        kernels/collective_kernel.cu -o ar8_probe && ./ar8_probe [NODES [REPLAYS]]
+#include <cuda_runtime.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "collective_body.cuh"
+#include "collective_launch.hpp"
+#include "launch_device.cuh"
+#include "ll_device.cuh"
+#include "probe_util.hpp"
+
+namespace {
+
+using probe::check;
+using resident::gpu::CollectiveArgs;
+using resident::gpu::DeviceState;
+
+constexpr int kVariants = 10;
+constexpr uint64_t kSlotBytes = 4096;  // one part of LL lines
+constexpr uint64_t kCollIn0 = 4096;    // error / abort / FIFO-tail words before the slots
+constexpr uint64_t kSegBytes = kCollIn0 + 2 * 2 * kSlotBytes;  // 2 ranks x 2 slots
+constexpr uint64_t kTimeoutNs = 2000000000ull;
+
+struct Control {  // first page of the shared mapping
+  volatile uint64_t arrive[2];
+  volatile int failed;
+};
+
+struct MinArgs {
+  uint32_t* seq;          // device: ops done
+  uint64_t* data;         // device: in and out (in place)
+  unsigned char* mine;    // this rank's LL slots (mapped host memory)
+  unsigned char* theirs;  // the peer's
+  int* error;             // device: a wait timed out
+};
+
+template <bool Load>
+__global__ void __launch_bounds__(256) minAllReduce(const __grid_constant__ MinArgs a) {
+  __shared__ uint32_t base;
+  if (threadIdx.x == 0) {
+    base = *reinterpret_cast<volatile uint32_t*>(a.seq);
+    *reinterpret_cast<volatile uint32_t*>(a.seq) = base + 1;
+    __threadfence();
+  }
+  __syncthreads();
+  resident::gpu::pdlEnter();
+  if (threadIdx.x != 0) return;
+  const uint32_t g = base + 1;
+  const uint64_t v = Load ? __ldcg(reinterpret_cast<const unsigned long long*>(a.data)) : g;
+  resident::gpu::storeLine(a.theirs + (g & 1) * 16, v, g);
+  uint64_t peer = 0;
+  const uint64_t deadline = resident::gpu::globalTimerNs() + kTimeoutNs;
+  for (uint32_t spins = 0; !resident::gpu::loadLine(a.mine + (g & 1) * 16, g, peer);) {
+    if (++spins == 128) {
+      spins = 0;
+      if (resident::gpu::globalTimerNs() > deadline) {
+        *a.error = 1;
+        return;
+      }
+    }
+  }
+  *a.data = v + peer;
+}
+
+// A copy of the library's collective kernel (kernels/collective_kernel.cu), launchable with any
+// block size; Warm: before griddepcontrol.wait the block reads one word of every 64-byte line of
+// the arguments it will use, so that their first reads after the wait hit the constant cache.
+template <bool Warm>
+__global__ void __launch_bounds__(256) libCopy(const __grid_constant__ CollectiveArgs a) {
+  using namespace resident::gpu;
+  __shared__ Shared sh;
+  __shared__ uint32_t sink;
+  if (Warm) {
+    const auto* words = reinterpret_cast<const uint32_t*>(&a);
+    const uint32_t used = static_cast<uint32_t>(offsetof(CollectiveArgs, peers) +
+                                                sizeof(PeerPlan) * static_cast<uint32_t>(a.nranks));
+    uint32_t x = 0;
+    for (uint32_t i = threadIdx.x; i * 64 < used; i += blockDim.x) x ^= words[i * 16];
+    *reinterpret_cast<volatile uint32_t*>(&sink) = x;  // keeps the loads
+  }
+  loadRoundState(a, sh);
+  __syncthreads();
+  if (threadIdx.x == 0 && lastBlockOf(&a.reg.state->coll_blocks_done)) {
+    advanceRounds(a, sh);
+    __threadfence();
+  }
+  __syncthreads();
+  pdlEnter();
+  collectiveBody<false>(a, sh, blockIdx.x);
+}
+
+double nowUs() {
+  using Us = std::chrono::duration<double, std::micro>;
+  return Us(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Both ranks reach step k; false when the peer does not come within 30 s or failed.
+bool barrier(Control* c, int rank, uint64_t k) {
+  c->arrive[rank] = k;
+  const double deadline = nowUs() + 30e6;
+  while (c->arrive[1 - rank] < k) {
+    if (c->failed || nowUs() > deadline) return false;
+  }
+  return true;
+}
+
+struct Variant {
+  const char* name;
+  int kind;  // 0 lib, 1 min+load, 2 min no load, 3 lib copy, 4 lib copy warm
+  bool prefetch;
+  unsigned threads;
+};
+
+int runRank(int rank, unsigned char* shared, int nodes, int replays) {
+  check(cudaSetDevice(0), "device");
+  auto* ctl = reinterpret_cast<Control*>(shared);
+  const size_t bytes = 4096 + kVariants * 2 * kSegBytes;
+  check(cudaHostRegister(shared, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
+        "register");
+  unsigned char* shared_d = nullptr;
+  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_d), shared, 0), "pointer");
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  const Variant variants[kVariants] = {
+      {"lib", 0, true, 256},     {"lib-noprefetch", 0, false, 256}, {"lib-copy", 3, true, 256},
+      {"lib-copy", 3, true, 32}, {"lib-copy-warm", 4, true, 256},   {"min", 1, true, 256},
+      {"min", 1, true, 32},      {"min-noload", 2, true, 256},      {"lib-copy-warm", 4, true, 256},
+      {"lib", 0, true, 256}};
+  const uint64_t mine_init[2] = {0x1234567890abcdefull, 0x0fedcba987654321ull};
+  uint64_t step = 1;
+  int status = 0;
+  for (int vi = 0; vi < kVariants; ++vi) {
+    const Variant& v = variants[vi];
+    auto seg = [&](int r) { return shared_d + 4096 + (vi * 2 + r) * kSegBytes; };
+    uint64_t* data = nullptr;
+    check(cudaMalloc(&data, 64), "malloc");
+    check(cudaMemcpy(data, &mine_init[rank], 8, cudaMemcpyHostToDevice), "copy");
+    DeviceState* state = nullptr;
+    check(cudaMalloc(&state, sizeof(DeviceState)), "malloc");
+    check(cudaMemset(state, 0, sizeof(DeviceState)), "memset");
+    unsigned char* peer_seg = seg(1 - rank);
+    check(cudaMemcpy(&state->remote[1 - rank], &peer_seg, sizeof(peer_seg), cudaMemcpyHostToDevice),
+          "copy");
+    int* error = nullptr;
+    check(cudaMalloc(&error, 64), "malloc");
+    check(cudaMemset(error, 0, 64), "memset");
+    CollectiveArgs a{};
+    a.reg.state = state;
+    a.reg.local = seg(rank);
+    a.reg.slot_bytes = kSlotBytes;
+    a.reg.coll_in0 = kCollIn0;
+    a.reg.chunk = 2048;
+    a.reg.timeout_ns = kTimeoutNs;
+    a.local_in = data;
+    a.out = data;
+    a.rank = rank;
+    a.nranks = 2;
+    a.mode = static_cast<uint8_t>(resident::gpu::Mode::kReduce);
+    a.dtype = 5;  // int64 (kernels/reduce_device.cuh kI64)
+    a.redop = 0;  // sum
+    a.rounds_max = 1;
+    a.parts_per_block = 1;
+    a.common_send = v.prefetch ? data : nullptr;
+    a.common_send_bytes = v.prefetch ? 8 : 0;
+    for (int p = 0; p < 2; ++p) a.peers[p] = {data, p == rank ? data : nullptr, 8, 8, 1, 0};
+    MinArgs m{reinterpret_cast<uint32_t*>(state), data, seg(rank) + kCollIn0, peer_seg + kCollIn0,
+              error};
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+    for (int i = 0; i < nodes; ++i) {
+      if (v.kind == 0) {
+        check(resident::gpu::launchCollective(a, 1, s, true), "launch");
+      } else {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(1);
+        cfg.blockDim = dim3(v.threads);
+        cfg.stream = s;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        if (v.kind >= 3)
+          check(cudaLaunchKernelEx(&cfg, v.kind == 3 ? libCopy<false> : libCopy<true>, a),
+                "launch");
+        else
+          check(cudaLaunchKernelEx(&cfg, v.kind == 1 ? minAllReduce<true> : minAllReduce<false>, m),
+                "launch");
+      }
+    }
+    check(cudaStreamEndCapture(s, &g), "end capture");
+    check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+    cudaEvent_t e0, e1;
+    check(cudaEventCreate(&e0), "event");
+    check(cudaEventCreate(&e1), "event");
+    std::vector<double> per_op;
+    bool ok = true;
+    for (int r = 0; r < replays + 3 && ok; ++r) {
+      if (!barrier(ctl, rank, step++)) {
+        ok = false;
+        break;
+      }
+      check(cudaEventRecord(e0, s), "record");
+      check(cudaGraphLaunch(ge, s), "graph launch");
+      check(cudaEventRecord(e1, s), "record");
+      check(cudaEventSynchronize(e1), "sync");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+      if (r >= 3) per_op.push_back(1000.0 * ms / nodes);
+    }
+    // The result: every op doubles the common sum after the first (uint64 arithmetic).
+    uint64_t got = 0, want = mine_init[0] + mine_init[1];
+    int err = 0;
+    check(cudaMemcpy(&got, data, 8, cudaMemcpyDeviceToHost), "copy");
+    check(cudaMemcpy(&err, error, 4, cudaMemcpyDeviceToHost), "copy");
+    const uint64_t ops = static_cast<uint64_t>(nodes) * static_cast<uint64_t>(replays + 3);
+    for (uint64_t i = 1; i < ops; ++i) want *= 2;
+    const bool correct = ok && err == 0 && got == want;
+    if (!correct) {
+      status = 1;
+      ctl->failed = 1;
+    }
+    std::sort(per_op.begin(), per_op.end());
+    const auto at = [&](double q) {
+      return per_op.empty() ? 0.0 : per_op[size_t(q * (per_op.size() - 1))];
+    };
+    std::printf(
+        "{\"rank\": %d, \"variant\": \"%s\", \"threads\": %u, \"nodes\": %d, \"correct\": %s, "
+        "\"us_per_op\": %.3f, \"p10\": %.3f, \"p90\": %.3f}\n",
+        rank, v.name, v.threads, nodes, correct ? "true" : "false", at(0.5), at(0.1), at(0.9));
+    std::fflush(stdout);
+    check(cudaGraphExecDestroy(ge), "destroy");
+    check(cudaGraphDestroy(g), "destroy");
+    check(cudaEventDestroy(e0), "event");
+    check(cudaEventDestroy(e1), "event");
+    check(cudaFree(data), "free");
+    check(cudaFree(state), "free");
+    check(cudaFree(error), "free");
+    if (!correct) break;
+  }
+  check(cudaHostUnregister(shared), "unregister");
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int nodes = argc > 1 ? std::atoi(argv[1]) : 200;
+  const int replays = argc > 2 ? std::atoi(argv[2]) : 31;
+  const size_t bytes = 4096 + kVariants * 2 * kSegBytes;
+  // Shared before fork, and fork before any CUDA call (a child must not inherit a context).
+  void* shared = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) {
+    std::printf("{\"error\": \"mmap\"}\n");
+    return 2;
+  }
+  std::memset(shared, 0, bytes);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const pid_t child = fork();
+  if (child == 0) std::_Exit(runRank(1, static_cast<unsigned char*>(shared), nodes, replays));
+  const int status = runRank(0, static_cast<unsigned char*>(shared), nodes, replays);
+  int child_status = 0;
+  waitpid(child, &child_status, 0);
+  return status != 0 || !WIFEXITED(child_status) || WEXITSTATUS(child_status) != 0 ? 1 : 0;
+}
