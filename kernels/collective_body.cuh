@@ -9,6 +9,7 @@
 // what makes a captured graph replayable.
 #pragma once
 
+#include "launch_device.cuh"
 #include "ll_device.cuh"
 #include "reduce_device.cuh"
 #include "rounds_device.cuh"
@@ -383,6 +384,22 @@ __device__ inline void advanceRounds(const CollectiveArgs& a, const Shared& sh) 
     // volatile: the resident kernel's blocks take turns at this, on different SMs.
     *reinterpret_cast<volatile uint32_t*>(&st->coll_round[p]) = sh.base[p] + a.peers[p].rounds;
   }
+}
+
+// A collective kernel's start: this op's round numbers, which the previous op advanced before
+// it let this kernel launch, and then this op's own advance (by the last block to have read
+// them), before this kernel lets the next one launch; then the wait for the previous kernel of
+// the stream (pdlEnter). So the device-state loads overlap the previous kernel instead of
+// following it.
+__device__ __forceinline__ void enterCollective(const CollectiveArgs& a, Shared& sh) {
+  loadRoundState(a, sh);
+  __syncthreads();
+  if (threadIdx.x == 0 && lastBlockOf(&a.reg.state->coll_blocks_done)) {
+    advanceRounds(a, sh);
+    __threadfence();
+  }
+  __syncthreads();
+  pdlEnter();
 }
 
 }  // namespace gpu

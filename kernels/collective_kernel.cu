@@ -16,18 +16,7 @@ template <bool Simple>
 __global__ void __launch_bounds__(kThreads)
     collectiveKernel(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
-  // Before waiting for the previous kernel of the stream: this op's round numbers, which the
-  // previous op advanced before it let this kernel launch, and then this op's own advance
-  // (by the last block to have read them), before this kernel lets the next one launch. So
-  // the device-state loads overlap the previous kernel instead of following it.
-  loadRoundState(a, sh);
-  __syncthreads();
-  if (threadIdx.x == 0 && lastBlockOf(&a.reg.state->coll_blocks_done)) {
-    advanceRounds(a, sh);
-    __threadfence();
-  }
-  __syncthreads();
-  pdlEnter();
+  enterCollective(a, sh);
   collectiveBody<Simple>(a, sh, blockIdx.x);
 }
 

@@ -35,10 +35,10 @@ __device__ __forceinline__ bool lastBlockOf(uint32_t* counter) {
 
 template <typename Args>
 cudaError_t launchKernel(void (*kernel)(Args), const Args& args, unsigned blocks,
-                         cudaStream_t stream, bool pdl) {
+                         cudaStream_t stream, bool pdl, unsigned threads = kThreads) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(threads);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

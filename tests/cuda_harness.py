@@ -320,6 +320,7 @@ def timeout_phase(rank, ws, tg):
 # Variants of a path: "PATH+knob+knob" runs PATH with these settings of the CUDA path's knobs.
 PATH_KNOBS = {
     "noprefetch": {"RESIDENT_GPU_PREFETCH": "0"},  # the first payload word loaded where used
+    "general": {"RESIDENT_GPU_SINGLE_PART": "0"},  # the general kernel for ops of one part too
     "fence": {"RESIDENT_GPU_TRIGGER_FENCE": "1"},     # fenced triggers, no proxy-side check
     "memcpy": {"RESIDENT_GPU_PROXY_STREAMING": "0"},  # the proxy copies with memcpy
     "own": {"RESIDENT_GPU_P2P_STREAM": "own"},        # send/recv launched at once on their own streams
@@ -330,7 +331,7 @@ PATH_KNOBS = {
     "simple": {"RESIDENT_GPU_PROTOCOL": "simple"},
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
-PATH_VARIANTS = ("direct+noprefetch", "proxy+fence", "proxy+memcpy", "proxy+blocks1",
+PATH_VARIANTS = ("direct+noprefetch", "direct+general", "proxy+fence", "proxy+memcpy", "proxy+blocks1",
                  "direct+simple", "proxy+simple")
 # More ranks for the settings whose device code differs with the number of partners.
 WIDE_VARIANTS = ((4, "direct+simple"), (8, "direct+simple"))
