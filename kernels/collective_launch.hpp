@@ -15,10 +15,10 @@ namespace gpu {
 int residentBlocksPerSm(bool simple);
 cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream,
                              bool pdl);
-// An op whose every exchange is one part of one round with direct peers (single_part_kernel.cu):
-// one block of `threads` (a multiple of 32, at most kThreads: one per LL line of the op).
-cudaError_t launchSinglePart(const CollectiveArgs& args, unsigned threads, cudaStream_t stream,
-                             bool pdl);
+// An op of one round with every partner (one_round_kernel.cu): a block per 2 KiB part of the
+// largest exchange, `threads` per block (a multiple of 32, at most kThreads: one per LL line).
+cudaError_t launchOneRound(const CollectiveArgs& args, unsigned blocks, unsigned threads,
+                           cudaStream_t stream, bool pdl);
 // Loads the send and recv kernels now. Under lazy module loading (CUDA's default) a kernel
 // is loaded at its first launch, which may wait for the context's running kernels: a recv
 // spinning for a peer whose matching send is stuck in that load would never finish.

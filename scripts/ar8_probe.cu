@@ -6,7 +6,7 @@
 //   lib:          the library's collective kernel (kernels/collective_kernel.cu) with the
 //                 arguments GpuCommunicator builds for this op (direct path, prefetch on)
 //   lib-noprefetch: the same with RESIDENT_GPU_PREFETCH=0's arguments
-//   lib-single-part: the library's single-part kernel (kernels/single_part_kernel.cu), 32 threads
+//   lib-one-round: the library's one-round kernel (kernels/one_round_kernel.cu), 32 threads
 //                 as GpuCommunicator launches it for 8 B
 //   lib-copy(-warm): a copy of the general kernel built here, launchable with any block size;
 //                 -warm reads every 64-byte line of its arguments before griddepcontrol.wait
@@ -17,7 +17,7 @@
 // Every variant checks the result after the last replay (2^(ops-1) * (a + b) mod 2^64).
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Icsrc scripts/ar8_probe.cu \
-//        kernels/collective_kernel.cu kernels/single_part_kernel.cu -o ar8_probe && ./ar8_probe
+//        kernels/collective_kernel.cu kernels/one_round_kernel.cu -o ar8_probe && ./ar8_probe
 //        [NODES [REPLAYS]]
 #include <cuda_runtime.h>
 #include <sys/mman.h>
@@ -128,7 +128,7 @@ bool barrier(Control* c, int rank, uint64_t k) {
 
 struct Variant {
   const char* name;
-  int kind;  // 0 lib, 1 min+load, 2 min no load, 3 lib copy, 4 lib copy warm, 5 single part
+  int kind;  // 0 lib, 1 min+load, 2 min no load, 3 lib copy, 4 lib copy warm, 5 one-round kernel
   bool prefetch;
   unsigned threads;
 };
@@ -144,11 +144,11 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
   cudaStream_t s;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   const Variant variants[kVariants] = {
-      {"lib", 0, true, 256},       {"lib-single-part", 5, true, 32},
+      {"lib", 0, true, 256},       {"lib-one-round", 5, true, 32},
       {"lib-copy", 3, true, 256},  {"lib-copy-warm", 4, true, 256},
       {"min", 1, true, 256},       {"min", 1, true, 32},
       {"min-noload", 2, true, 32}, {"lib-noprefetch", 0, false, 256},
-      {"lib", 0, true, 256},       {"lib-single-part", 5, true, 32}};
+      {"lib", 0, true, 256},       {"lib-one-round", 5, true, 32}};
   const uint64_t mine_init[2] = {0x1234567890abcdefull, 0x0fedcba987654321ull};
   uint64_t step = 1;
   int status = 0;
@@ -195,7 +195,7 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
       if (v.kind == 0) {
         check(resident::gpu::launchCollective(a, 1, s, true), "launch");
       } else if (v.kind == 5) {
-        check(resident::gpu::launchSinglePart(a, v.threads, s, true), "launch");
+        check(resident::gpu::launchOneRound(a, 1, v.threads, s, true), "launch");
       } else {
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(1);

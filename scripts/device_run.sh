@@ -481,7 +481,7 @@ fi
 
 if has ar8-probe; then
   step "8 B all_reduce probe"
-  if nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Icsrc scripts/ar8_probe.cu kernels/collective_kernel.cu kernels/single_part_kernel.cu \
+  if nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Icsrc scripts/ar8_probe.cu kernels/collective_kernel.cu kernels/one_round_kernel.cu \
       -o /tmp/ar8_probe > "$OUT/ar8_probe_build.log" 2>&1; then
     timeout 120 /tmp/ar8_probe "${RESIDENT_AR8_PROBE_NODES:-200}" "${RESIDENT_AR8_PROBE_REPLAYS:-31}" \
       | tee "$OUT/ar8_probe.jsonl" || status=1

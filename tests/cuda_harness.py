@@ -320,7 +320,7 @@ def timeout_phase(rank, ws, tg):
 # Variants of a path: "PATH+knob+knob" runs PATH with these settings of the CUDA path's knobs.
 PATH_KNOBS = {
     "noprefetch": {"RESIDENT_GPU_PREFETCH": "0"},  # the first payload word loaded where used
-    "general": {"RESIDENT_GPU_SINGLE_PART": "0"},  # the general kernel for ops of one part too
+    "general": {"RESIDENT_GPU_ONE_ROUND": "0"},  # the general kernel for ops of one part too
     "fence": {"RESIDENT_GPU_TRIGGER_FENCE": "1"},     # fenced triggers, no proxy-side check
     "memcpy": {"RESIDENT_GPU_PROXY_STREAMING": "0"},  # the proxy copies with memcpy
     "own": {"RESIDENT_GPU_P2P_STREAM": "own"},        # send/recv launched at once on their own streams

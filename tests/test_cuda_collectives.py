@@ -476,35 +476,44 @@ def _async_in_flight(rank, ws):
     return errs, {}
 
 
-def _single_part_boundary(rank, ws):
-    """Sizes around the single-part kernel's limit (2 KiB per peer, kernels/single_part_kernel.cu),
-    issued back to back without a wait, so that ops of the single-part and the general kernel
-    take turns on the same slots; odd byte counts and unaligned tails included."""
+def _one_round_boundary(rank, ws):
+    """Sizes around the one-round kernel's limits (kernels/one_round_kernel.cu: one 2 KiB part
+    per block, one round of 64 KiB per peer), issued back to back without a wait, so that ops of
+    the one-round and the general kernel take turns on the same slots; odd byte counts,
+    unaligned tails and uneven all_to_all (credit lines) included."""
     import torch
     import torch.distributed as dist
 
     errs, pending = [], []
-    # (dtype, elements): 1 element, odd bytes, just under / at / just over 2 KiB.
+    # (dtype, elements): 1 element, odd bytes, just under / at / just over 2 KiB (one part),
+    # several parts, just under / at / just over one 64 KiB round.
     reduce_sizes = [("int64", 1), ("float16", 3), ("float16", 1023), ("int64", 256),
                     ("float16", 1025), ("int64", 257), ("uint8", 2047), ("uint8", 2049),
-                    ("bfloat16", 5), ("int32", 512), ("int32", 513)]
+                    ("bfloat16", 5), ("int32", 512), ("int32", 513), ("float32", 4097),
+                    ("int64", 8191), ("int64", 8192), ("int64", 8193)]
     for i, (dt, n) in enumerate(reduce_sizes):
         op = "SUM" if dt != "uint8" else "MAX"
-        inputs = inputs_for(f"cuda/spb/ar/{i}", ws, n, dt, kind_for(op, dt))
+        inputs = inputs_for(f"cuda/orb/ar/{i}", ws, n, dt, kind_for(op, dt))
         t = dev(inputs[rank])
         pending.append((dist.all_reduce(t, op=reduce_op(op), async_op=True), "reduce", t, inputs, op,
                         dt, f"all_reduce {op} {dt} n={n}"))
-    # Per peer: 255 / 256 / 257 int64 (2040 / 2048 / 2056 B), gathers and all_to_all.
-    for n in (255, 256, 257):
-        inputs = inputs_for(f"cuda/spb/ag/{n}", ws, n, "int64")
+    # Per peer: 255 / 256 / 257 / 1500 int64 (2040 / 2048 / 2056 / 12000 B).
+    for n in (255, 256, 257, 1500):
+        inputs = inputs_for(f"cuda/orb/ag/{n}", ws, n, "int64")
         out = sentinel(ws * n, "int64")
         pending.append((dist.all_gather_into_tensor(out, dev(inputs[rank]), async_op=True), "exact",
                         out, torch.cat(inputs), None, None, f"all_gather n={n}"))
-        a2a_in = [make_input(f"cuda/spb/a2a/{n}", s, ws * n, "int64") for s in range(ws)]
-        out2 = sentinel(ws * n, "int64")
-        pending.append((dist.all_to_all_single(out2, dev(a2a_in[rank]), async_op=True), "exact", out2,
-                        torch.cat([x[rank * n:(rank + 1) * n] for x in a2a_in]), None, None,
-                        f"all_to_all_single n={n}"))
+        for variant in ("even", "uneven"):
+            splits = [[a2a_split(s, d, n, variant) for d in range(ws)] for s in range(ws)]
+            a2a_in = [make_input(f"cuda/orb/a2a/{variant}/{n}", s, sum(splits[s]), "int64")
+                      for s in range(ws)]
+            out2 = sentinel(sum(splits[s][rank] for s in range(ws)), "int64")
+            ref = torch.cat([a2a_in[s][sum(splits[s][:rank]):sum(splits[s][:rank + 1])]
+                             for s in range(ws)])
+            work = dist.all_to_all_single(out2, dev(a2a_in[rank]),
+                                          output_split_sizes=[splits[s][rank] for s in range(ws)],
+                                          input_split_sizes=splits[rank], async_op=True)
+            pending.append((work, "exact", out2, ref, None, None, f"all_to_all_single {variant} n={n}"))
     for work, kind, got, ref, op, dt, label in pending:
         work.wait()
         if kind == "reduce":
@@ -582,7 +591,7 @@ def _funcol(rank, ws):
 add("barrier", _barrier)
 add("async_ops_in_flight", _async_in_flight)
 add("async_op_polled_is_completed", _polled_async)
-add("single_part_boundary", _single_part_boundary)
+add("one_round_boundary", _one_round_boundary)
 add("functional_collectives", _funcol, identical=True)
 
 

@@ -66,8 +66,8 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.gpu_proxy_spin_us = parseUnsigned(key, value, 0, 600000000);
   } else if (key == "gpu_prefetch") {
     c.gpu_prefetch = parseUnsigned(key, value, 0, 1) == 1;
-  } else if (key == "gpu_single_part") {
-    c.gpu_single_part = parseUnsigned(key, value, 0, 1) == 1;
+  } else if (key == "gpu_one_round") {
+    c.gpu_one_round = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_trigger_fence") {
     c.gpu_trigger_fence = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_proxy_streaming") {
@@ -120,7 +120,7 @@ const char* kKeys[] = {"path",
                        "gpu_proxy_spin_us",
                        "gpu_pdl",
                        "gpu_prefetch",
-                       "gpu_single_part",
+                       "gpu_one_round",
                        "gpu_trigger_fence",
                        "gpu_proxy_streaming",
                        "gpu_p2p_stream",
@@ -157,7 +157,7 @@ std::string Config::describe() const {
          " gpu_max_blocks=" + std::to_string(gpu_max_blocks) +
          " gpu_proxy_spin_us=" + std::to_string(gpu_proxy_spin_us) +
          " gpu_pdl=" + (gpu_pdl ? "1" : "0") + " gpu_prefetch=" + (gpu_prefetch ? "1" : "0") +
-         " gpu_single_part=" + (gpu_single_part ? "1" : "0") +
+         " gpu_one_round=" + (gpu_one_round ? "1" : "0") +
          " gpu_trigger_fence=" + (gpu_trigger_fence ? "1" : "0") +
          " gpu_proxy_streaming=" + (gpu_proxy_streaming ? "1" : "0") +
          " gpu_p2p_stream=" + (gpu_p2p_lazy ? "auto" : "own") +

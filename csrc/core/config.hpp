@@ -33,9 +33,9 @@ struct Config {
   uint64_t gpu_proxy_spin_us = 200000;  // RESIDENT_GPU_PROXY_SPIN_US: proxy hot after a GPU trigger
   bool gpu_pdl = true;                  // RESIDENT_GPU_PDL=0|1: programmatic dependent launch
   bool gpu_prefetch = true;  // RESIDENT_GPU_PREFETCH=0|1: first payload word loaded at start
-  // RESIDENT_GPU_SINGLE_PART=0|1: collectives of at most one 2 KiB part per peer (direct peers)
-  // run the single-part kernel (kernels/single_part_kernel.cu); 0: the general kernel.
-  bool gpu_single_part = true;
+  // RESIDENT_GPU_ONE_ROUND=0|1: collectives of one round with every partner run the one-round
+  // kernel (kernels/one_round_kernel.cu); 0: the general kernel for every op.
+  bool gpu_one_round = true;
   // RESIDENT_GPU_TRIGGER_FENCE=0|1: 1 fences every proxy trigger on the device instead of
   // letting the proxy check the lines' flags.
   bool gpu_trigger_fence = false;

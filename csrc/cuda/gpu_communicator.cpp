@@ -90,7 +90,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       device_(device),
       pdl_(comm.config().gpu_pdl),
       prefetch_(comm.config().gpu_prefetch),
-      single_part_(comm.config().gpu_single_part),
+      one_round_(comm.config().gpu_one_round),
       proxy_streaming_(comm.config().gpu_proxy_streaming) {
   if (nranks_ > gpu::kMaxRanks) {
     throw InvalidArgument("resident: CUDA tensors are supported in groups of at most " +
@@ -425,14 +425,17 @@ void GpuCommunicator::launchCollective(void* stream) {
       return;
     }
   }
-  // Decode size with direct peers only: the single-part kernel, a thread per line of the op.
-  if (single_part_ && rounds_max == 1 && first_round_max <= gpu::kPartPayload &&
-      a.reg.proxied == 0 && !(a.reg.simple != 0 && first_round_max > a.reg.chunk / 2)) {
+  // One round with every partner, a block per 2 KiB part within the block budget: the
+  // one-round kernel, a thread per line (fewer threads for an op of one part).
+  const uint32_t parts = partsOf(first_round_max);
+  if (one_round_ && rounds_max == 1 && parts <= max_blocks_ &&
+      !(a.reg.simple != 0 && first_round_max > a.reg.chunk / 2)) {
     const uint64_t lines = first_round_max ? (first_round_max + 7) / 8 : 1;
+    const unsigned threads =
+        parts > 1 ? gpu::kThreads : static_cast<unsigned>((lines + 31) / 32 * 32);
     a.parts_per_block = 1;
-    checkCuda(gpu::launchSinglePart(a, static_cast<unsigned>((lines + 31) / 32 * 32),
-                                    static_cast<cudaStream_t>(stream), pdl_),
-              "launching the single-part collective kernel");
+    checkCuda(gpu::launchOneRound(a, parts, threads, static_cast<cudaStream_t>(stream), pdl_),
+              "launching the one-round collective kernel");
     return;
   }
   const uint32_t blocks = blocksFor(first_round_max);
