@@ -1,13 +1,14 @@
-// Collectives that exchange one round with every partner (at most a chunk, 64 KiB by default,
-// per peer and direction; one 2 KiB part per block): the decode sizes. Block j moves part j,
-// one thread per LL line, and after the wait for the previous kernel it has no barrier (but
-// one before the proxy triggers of proxied partners) and no dispatch: each thread stores its
-// line to every partner, polls its line from every partner and writes its output word. A kernel
-// of its own per dtype, so that an op runs a few hundred instructions. On the H200 the general
-// kernel (collective_body.cuh: rounds, per-dtype dispatch, ~17k instructions) took ~1 µs more
-// for an 8 B all_reduce (scripts/ar8_probe.cu, session 22). The lines, slots and triggers are
-// the general kernel's round 0 (same layout, generations and trigger ranges), so that ops of
-// either kernel follow each other on a group.
+// Collectives that exchange one round with every partner, all of them direct peers (at most a
+// chunk, 64 KiB by default, per peer and direction; one 2 KiB part per block): the decode sizes.
+// Block j moves part j, one thread per LL line, and after the wait for the previous kernel it
+// has no barrier and no dispatch: each thread stores its line into every partner's mapped
+// region, polls its line from every partner and writes its output word. A kernel of its own per
+// dtype, so that an op runs a few hundred instructions. On the H200 the general kernel
+// (collective_body.cuh: rounds, proxy triggers, per-dtype dispatch, ~17k instructions) took ~1 µs
+// more for an 8 B all_reduce (scripts/ar8_probe.cu, session 22). Ops with a proxied partner stay
+// with the general kernel: a version of this one with proxy triggers was not consistently faster
+// there (benchmarks/RESULTS.md, session 22). The lines and slots are the general kernel's round 0
+// (same layout and generations), so that ops of either kernel follow each other on a group.
 #include <cuda_runtime.h>
 
 #include "collective_body.cuh"
@@ -18,23 +19,10 @@ namespace resident {
 namespace gpu {
 namespace {
 
-// Proxied partners this block sends a part to (the same for every thread of the block).
-__device__ __forceinline__ uint32_t proxiedPartners(const CollectiveArgs& a, uint32_t j) {
-  uint32_t n = 0;
-  for (int p = 0; p < a.nranks; ++p) {
-    const PeerPlan& pp = a.peers[p];
-    if (p != a.rank && pp.rounds != 0 && ((a.reg.proxied >> p) & 1) &&
-        j < partnerParts(pp, 0, a.reg.chunk))
-      ++n;
-  }
-  return n;
-}
-
-// Stores this thread's line of part j to every partner that exchanges part j (a credit line
-// where it carries nothing), as sendRound does for round 0: into the partner's mapped region,
-// or for a proxied partner into the outbox, then a trigger per proxied partner.
-__device__ __forceinline__ void sendPart(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t j,
-                                         uint32_t t, uint32_t proxied) {
+// Stores this thread's line of part j into every partner that exchanges part j (a credit line
+// where it carries nothing), as sendRound does for round 0 with a direct peer.
+__device__ __forceinline__ void sendPart(const CollectiveArgs& a, const Shared& sh, uint32_t j,
+                                         uint32_t t) {
   const Region& reg = a.reg;
   const uint64_t part_off = static_cast<uint64_t>(j) * kPartPayload + t * 8;
   const uint64_t line_off = (static_cast<uint64_t>(j) * kThreads + t) * 16;
@@ -49,52 +37,16 @@ __device__ __forceinline__ void sendPart(const CollectiveArgs& a, Shared& sh, Wa
     const uint32_t sb = static_cast<uint32_t>(pp.send_bytes);
     if (t >= linesOf(sb, j)) continue;
     const uint32_t g = sh.base[p] + 1;
-    const uint32_t slot = (g - 1) & 1;
     const uint32_t nb = lineBytes(sb, j, t);
     uint64_t v = 0;
     if (a.common_send != nullptr)
       v = common;
     else if (nb)
       v = loadBytes(static_cast<const unsigned char*>(pp.send) + part_off, nb);
-    if (sh.remote[p] != nullptr) {
-      const uint64_t remote_off =
-          reg.coll_in0 + (static_cast<uint64_t>(a.rank) * 2 + slot) * reg.slot_bytes;
-      storeLine(sh.remote[p] + remote_off + line_off, v, g);
-    } else {
-      const uint64_t local_off = static_cast<uint64_t>(p) * reg.out_stride + slot * reg.slot_bytes;
-      storeLine(reg.outbox + local_off + line_off, v, g);
-    }
-  }
-  if (proxied == 0) return;
-  __syncthreads();  // every line of the block issued before the triggers (sh.fifo_pos too)
-  if (t != 0) return;
-  unsigned long long pos = sh.fifo_pos;
-  for (int p = 0; p < a.nranks; ++p) {
-    const PeerPlan& pp = a.peers[p];
-    if (p == a.rank || pp.rounds == 0 || sh.remote[p] != nullptr ||
-        j >= partnerParts(pp, 0, reg.chunk))
-      continue;
-    const uint32_t g = sh.base[p] + 1;
-    const uint32_t slot = (g - 1) & 1;
-    const uint64_t first = static_cast<uint64_t>(j) * kThreads * 16;
-    const uint64_t local_off =
-        static_cast<uint64_t>(p) * reg.out_stride + slot * reg.slot_bytes + first;
     const uint64_t remote_off =
-        reg.coll_in0 + (static_cast<uint64_t>(a.rank) * 2 + slot) * reg.slot_bytes + first;
-    const uint64_t bytes =
-        static_cast<uint64_t>(linesOf(static_cast<uint32_t>(pp.send_bytes), j)) * 16;
-    // A false return means the op gave up (Waiter::shouldStop raised `failed`): the block's
-    // pollers see that and stop too.
-    if (!pushTriggerAt(w, pos++, p, local_off, remote_off, bytes, TriggerKind::kLines, g)) return;
+        reg.coll_in0 + (static_cast<uint64_t>(a.rank) * 2 + ((g - 1) & 1)) * reg.slot_bytes;
+    storeLine(sh.remote[p] + remote_off + line_off, v, g);
   }
-}
-
-// The op's start after the wait: trigger positions for the proxied partners (the atomic's
-// round trip overlaps the line stores; read after sendPart's barrier).
-__device__ __forceinline__ uint32_t beginPart(const CollectiveArgs& a, Shared& sh, uint32_t j) {
-  const uint32_t proxied = a.reg.proxied != 0 ? proxiedPartners(a, j) : 0u;
-  if (proxied != 0 && threadIdx.x == 0) sh.fifo_pos = reserveTriggers(a.reg, proxied);
-  return proxied;
 }
 
 template <typename Acc>
@@ -103,11 +55,10 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ Shared sh;
   enterCollective(a, sh);
   const uint32_t j = blockIdx.x, t = threadIdx.x;
-  const uint32_t proxied = beginPart(a, sh, j);
-  Waiter w(a.reg, a.op_id);
-  sendPart(a, sh, w, j, t, proxied);
+  sendPart(a, sh, j, t);
   const uint32_t nb = lineBytes(static_cast<uint32_t>(a.peers[a.rank].recv_bytes), j, t);
   if (nb == 0) return;
+  Waiter w(a.reg, a.op_id);
   const uint64_t off = static_cast<uint64_t>(j) * kPartPayload + t * 8;
   const uint64_t mine = loadBytes(static_cast<const unsigned char*>(a.local_in) + off, nb);
   Acc acc;
@@ -130,9 +81,7 @@ __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__
   __shared__ Shared sh;
   enterCollective(a, sh);
   const uint32_t j = blockIdx.x, t = threadIdx.x;
-  const uint32_t proxied = beginPart(a, sh, j);
-  Waiter w(a.reg, a.op_id);
-  sendPart(a, sh, w, j, t, proxied);
+  sendPart(a, sh, j, t);
   const uint64_t off = static_cast<uint64_t>(j) * kPartPayload + t * 8;
   const PeerPlan& self = a.peers[a.rank];
   if (self.rounds != 0 && self.recv != nullptr && self.send_bytes > 0) {
@@ -141,6 +90,7 @@ __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__
       storeBytes(static_cast<unsigned char*>(self.recv) + off,
                  loadBytes(static_cast<const unsigned char*>(self.send) + off, nb), nb);
   }
+  Waiter w(a.reg, a.op_id);
   for (int p = 0; p < a.nranks; ++p) {
     const PeerPlan& pp = a.peers[p];
     if (p == a.rank || pp.rounds == 0 || j >= partnerParts(pp, 0, a.reg.chunk)) continue;

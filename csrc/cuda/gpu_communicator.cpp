@@ -425,10 +425,10 @@ void GpuCommunicator::launchCollective(void* stream) {
       return;
     }
   }
-  // One round with every partner, a block per 2 KiB part within the block budget: the
-  // one-round kernel, a thread per line (fewer threads for an op of one part).
+  // One round with every partner, all direct, a block per 2 KiB part within the block budget:
+  // the one-round kernel, a thread per line (fewer threads for an op of one part).
   const uint32_t parts = partsOf(first_round_max);
-  if (one_round_ && rounds_max == 1 && parts <= max_blocks_ &&
+  if (one_round_ && rounds_max == 1 && parts <= max_blocks_ && a.reg.proxied == 0 &&
       !(a.reg.simple != 0 && first_round_max > a.reg.chunk / 2)) {
     const uint64_t lines = first_round_max ? (first_round_max + 7) / 8 : 1;
     const unsigned threads =
