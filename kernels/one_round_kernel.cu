@@ -111,22 +111,9 @@ cudaError_t launchOneRound(const CollectiveArgs& args, unsigned blocks, unsigned
                            cudaStream_t stream, bool pdl) {
   if (args.mode != static_cast<uint8_t>(Mode::kReduce))
     return launchKernel(oneRoundCopy, args, blocks, stream, pdl, threads);
-  switch (args.dtype) {
-    case kF32:
-      return launchKernel(oneRoundReduce<AccF32>, args, blocks, stream, pdl, threads);
-    case kF64:
-      return launchKernel(oneRoundReduce<AccF64>, args, blocks, stream, pdl, threads);
-    case kF16:
-      return launchKernel(oneRoundReduce<AccF16>, args, blocks, stream, pdl, threads);
-    case kBF16:
-      return launchKernel(oneRoundReduce<AccBF16>, args, blocks, stream, pdl, threads);
-    case kI32:
-      return launchKernel(oneRoundReduce<AccI32>, args, blocks, stream, pdl, threads);
-    case kI64:
-      return launchKernel(oneRoundReduce<AccI64>, args, blocks, stream, pdl, threads);
-    default:
-      return launchKernel(oneRoundReduce<AccU8>, args, blocks, stream, pdl, threads);
-  }
+  return withAcc(args.dtype, [&](auto acc) {
+    return launchKernel(oneRoundReduce<decltype(acc)>, args, blocks, stream, pdl, threads);
+  });
 }
 
 }  // namespace gpu

@@ -110,5 +110,27 @@ using AccI32 = LineAcc<int32_t, int64_t, Convert<int32_t, int64_t>>;
 using AccI64 = LineAcc<int64_t, int64_t, Convert<int64_t, int64_t>>;
 using AccU8 = LineAcc<uint8_t, int64_t, Convert<uint8_t, int64_t>>;
 
+// Host side: calls f(Acc{}) with the accumulator of DTypeCode `dtype` (kU8 for any other code),
+// e.g. to pick a kernel's instantiation.
+template <typename F>
+inline auto withAcc(uint8_t dtype, F&& f) {
+  switch (dtype) {
+    case kF32:
+      return f(AccF32{});
+    case kF64:
+      return f(AccF64{});
+    case kF16:
+      return f(AccF16{});
+    case kBF16:
+      return f(AccBF16{});
+    case kI32:
+      return f(AccI32{});
+    case kI64:
+      return f(AccI64{});
+    default:
+      return f(AccU8{});
+  }
+}
+
 }  // namespace gpu
 }  // namespace resident

@@ -216,24 +216,12 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
     }
     check(cudaStreamEndCapture(s, &g), "end capture");
     check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
-    cudaEvent_t e0, e1;
-    check(cudaEventCreate(&e0), "event");
-    check(cudaEventCreate(&e1), "event");
-    std::vector<double> per_op;
+    // Both ranks start each replay together; a peer that does not come ends the variant.
     bool ok = true;
-    for (int r = 0; r < replays + 3 && ok; ++r) {
-      if (!barrier(ctl, rank, step++)) {
-        ok = false;
-        break;
-      }
-      check(cudaEventRecord(e0, s), "record");
-      check(cudaGraphLaunch(ge, s), "graph launch");
-      check(cudaEventRecord(e1, s), "record");
-      check(cudaEventSynchronize(e1), "sync");
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
-      if (r >= 3) per_op.push_back(1000.0 * ms / nodes);
-    }
+    std::vector<double> per_op = probe::timeReplays(ge, s, nodes, replays, [&](int) {
+      ok = barrier(ctl, rank, step++);
+      return ok;
+    });
     // The result: every op doubles the common sum after the first (uint64 arithmetic).
     uint64_t got = 0, want = mine_init[0] + mine_init[1];
     int err = 0;
@@ -258,8 +246,6 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
     std::fflush(stdout);
     check(cudaGraphExecDestroy(ge), "destroy");
     check(cudaGraphDestroy(g), "destroy");
-    check(cudaEventDestroy(e0), "event");
-    check(cudaEventDestroy(e1), "event");
     check(cudaFree(data), "free");
     check(cudaFree(state), "free");
     check(cudaFree(error), "free");

@@ -93,19 +93,8 @@ void run(const char* name, Chain c, int nodes, int blocks, int replays, cudaStre
   }
   check(cudaStreamEndCapture(s, &g), "end capture");
   check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
-  cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "event");
-  check(cudaEventCreate(&e1), "event");
-  std::vector<double> per_node;
-  for (int r = 0; r < replays + 3; ++r) {
-    check(cudaEventRecord(e0, s), "record");
-    check(cudaGraphLaunch(ge, s), "graph launch");
-    check(cudaEventRecord(e1, s), "record");
-    check(cudaEventSynchronize(e1), "sync");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
-    if (r >= 3) per_node.push_back(1000.0 * ms / nodes);
-  }
+  std::vector<double> per_node =
+      probe::timeReplays(ge, s, nodes, replays, [](int) { return true; });
   std::sort(per_node.begin(), per_node.end());
   std::printf(
       "{\"variant\": \"%s\", \"host_read\": %s, \"blocks\": %d, \"nodes\": %d, "
@@ -115,8 +104,6 @@ void run(const char* name, Chain c, int nodes, int blocks, int replays, cudaStre
   std::fflush(stdout);
   check(cudaGraphExecDestroy(ge), "destroy");
   check(cudaGraphDestroy(g), "destroy");
-  check(cudaEventDestroy(e0), "event");
-  check(cudaEventDestroy(e1), "event");
 }
 
 }  // namespace
