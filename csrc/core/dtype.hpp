@@ -21,20 +21,16 @@ enum class RedOp : uint8_t { kSum = 0, kAvg, kMin, kMax, kProduct, kBAnd, kBOr, 
 
 inline size_t dtypeSize(DType t) {
   switch (t) {
-    case DType::kFloat32:
-      return 4;
     case DType::kFloat64:
-      return 8;
-    case DType::kFloat16:
-      return 2;
-    case DType::kBFloat16:
-      return 2;
-    case DType::kInt32:
-      return 4;
     case DType::kInt64:
       return 8;
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
     case DType::kUInt8:
-      return 1;
     case DType::kBytes:
       return 1;
   }

@@ -39,7 +39,8 @@ struct GpuLayout {
   size_t slotBytes() const { return static_cast<size_t>(chunk) / kLinePayload * kLineBytes; }
   size_t fifoOffset() const { return kControlBytes; }
   size_t collIn(int src) const {
-    return fifoOffset() + kFifoCapacity * 16 + static_cast<size_t>(src) * kCollSlots * slotBytes();
+    return fifoOffset() + size_t{kFifoCapacity} * 16 +
+           static_cast<size_t>(src) * kCollSlots * slotBytes();
   }
   size_t p2pIn(int src) const {
     return collIn(static_cast<int>(nranks)) + static_cast<size_t>(src) * kP2PSlots * slotBytes();

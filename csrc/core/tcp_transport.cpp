@@ -22,7 +22,7 @@ using tcp::FrameType;
 // A payload with at least this much left is received straight into the segment.
 constexpr size_t kDirectRecvMin = 4096;
 // A payload at least this large, with nothing queued before it, is sent from its source.
-constexpr size_t kDirectSendMin = 16 * 1024;
+constexpr size_t kDirectSendMin = size_t{16} * 1024;
 constexpr uint64_t kMs = 1000000ull;
 constexpr uint64_t kGoodbyeNs = 200 * kMs;
 

@@ -347,7 +347,7 @@ uint32_t GpuCommunicator::blocksFor(uint64_t first_round_bytes) const {
 // kUncheckedFrom bytes per peer and round the proxy's reads of lines still arriving slowed the
 // GPU's writes (H200, benchmarks/RESULTS.md), so those ops fence on the device.
 uint32_t GpuCommunicator::fenceTriggers(uint64_t first_round_bytes) const {
-  constexpr uint64_t kUncheckedFrom = 32 * 1024;
+  constexpr uint64_t kUncheckedFrom = uint64_t{32} * 1024;
   return region_.trigger_fence != 0 || first_round_bytes >= kUncheckedFrom ? 1u : 0u;
 }
 

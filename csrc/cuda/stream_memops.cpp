@@ -22,6 +22,7 @@ int StreamMemOps::enqueue(void* stream, const MemOp* ops, unsigned count) const 
   std::memset(params, 0, sizeof(params));
   for (unsigned i = 0; i < count; ++i) {
     const auto address = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(ops[i].address));
+    // NOLINTNEXTLINE(bugprone-branch-clone): writeValue and waitValue are different union members
     if (ops[i].kind == MemOp::kWrite) {
       params[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
       params[i].writeValue.address = address;

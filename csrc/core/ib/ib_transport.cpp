@@ -175,8 +175,8 @@ bool IbTransport::setUp(const std::vector<bool>& remote, void* inbox, size_t inb
   planner_ = std::make_unique<PostPlanner>(nranks_, pc);
   wrs_.resize(pc.sq_depth);
   wcs_.resize(64);
-  pending_.reserve(4 * pc.sq_depth);
-  deferred_.reserve(4 * pc.sq_depth);
+  pending_.reserve(size_t{4} * pc.sq_depth);
+  deferred_.reserve(size_t{4} * pc.sq_depth);
   // Receives for write-with-immediate: one per landing slot, posted before the peer can send.
   for (int p = 0; p < nranks_ && pc.imm_slots > 0; ++p)
     if (peers_[static_cast<size_t>(p)].remote)

@@ -401,9 +401,10 @@ static_assert(sizeof(RecvWr) == 32, "ibv_recv_wr");
 static_assert(sizeof(WorkCompletion) == 48 && offsetof(WorkCompletion, imm_data) == 24 &&
                   offsetof(WorkCompletion, qp_num) == 28,
               "ibv_wc");
-static_assert(sizeof(ContextOps) == 32 * 8 && offsetof(ContextOps, poll_cq) == 11 * 8 &&
-                  offsetof(ContextOps, post_send) == 25 * 8 &&
-                  offsetof(ContextOps, post_recv) == 26 * 8,
+static_assert(sizeof(ContextOps) == size_t{32} * 8 &&
+                  offsetof(ContextOps, poll_cq) == size_t{11} * 8 &&
+                  offsetof(ContextOps, post_send) == size_t{25} * 8 &&
+                  offsetof(ContextOps, post_recv) == size_t{26} * 8,
               "ibv_context_ops");
 static_assert(offsetof(Context, ops) == 8, "ibv_context");
 static_assert(offsetof(Mr, lkey) == 36 && offsetof(Mr, rkey) == 40, "ibv_mr");
