@@ -182,7 +182,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::cudaOp(c10d::OpType type, c
 }
 
 ProcessGroupResident::~ProcessGroupResident() {
-  shutdown();
+  ProcessGroupResident::shutdown();  // this class's own: no virtual dispatch in a destructor
 }
 
 void ProcessGroupResident::setTimeout(std::chrono::milliseconds timeout) {

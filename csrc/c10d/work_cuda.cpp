@@ -107,8 +107,8 @@ class CudaStreams {
       }
     }
     lastEnd();
-    std::vector<cudaEvent_t> spare;
-    for (int i = 0; i < 8; ++i) spare.push_back(get());
+    std::vector<cudaEvent_t> spare(8);
+    for (cudaEvent_t& e : spare) e = get();
     for (cudaEvent_t e : spare) put(e);
   }
   void giveBack(cudaEvent_t e, bool captured) {
@@ -120,7 +120,7 @@ class CudaStreams {
   // The stream of one point-to-point direction with one peer, created on first use (not from
   // torch's pool, whose streams are shared round-robin and could put a send behind a recv).
   c10::cuda::CUDAStream p2p(int peer, bool send) {
-    cudaStream_t& s = p2p_[static_cast<size_t>(2 * peer + (send ? 1 : 0))];
+    cudaStream_t& s = p2p_[2 * static_cast<size_t>(peer) + (send ? 1 : 0)];
     if (s == nullptr) s = P2PStreamPool::instance().take(device_);
     return c10::cuda::getStreamFromExternal(s, device_);
   }
@@ -139,7 +139,7 @@ class CudaStreams {
     cudaStream_t caller_stream = nullptr;
   };
   P2PTail& tail(int peer, bool send) {
-    auto& t = tails_[static_cast<size_t>(2 * peer + (send ? 1 : 0))];
+    auto& t = tails_[2 * static_cast<size_t>(peer) + (send ? 1 : 0)];
     if (t.own_end == nullptr) {
       C10_CUDA_CHECK(cudaEventCreateWithFlags(&t.own_end, cudaEventDisableTiming));
       C10_CUDA_CHECK(cudaEventCreateWithFlags(&t.caller_end, cudaEventDisableTiming));
