@@ -43,9 +43,16 @@ struct Shared {
   int stop;
 };
 
-// Slot of round r's data from peer q in this rank's region (generation g = sh.base[q] + r + 1).
+// Offset, in a rank's region, of rank q's slot `slot` (0 or 1): where q writes its rounds, and
+// where the region's owner reads them. Generation g of q's rounds (g = sh.base[q] + r + 1) is in
+// slot (g - 1) & 1.
+__device__ __forceinline__ uint64_t collSlotOffset(const Region& reg, int q, uint32_t slot) {
+  return reg.coll_in0 + (static_cast<uint64_t>(q) * 2 + slot) * reg.slot_bytes;
+}
+
+// Slot of round r's data from peer q in this rank's region.
 __device__ __forceinline__ const unsigned char* collSlotFrom(const Region& reg, int q, uint32_t g) {
-  return reg.local + reg.coll_in0 + (static_cast<uint64_t>(q) * 2 + ((g - 1) & 1)) * reg.slot_bytes;
+  return reg.local + collSlotOffset(reg, q, (g - 1) & 1);
 }
 
 // Simple protocol, reduce mode: waits (threads in parallel) for the flags of parts [j0, jend)
@@ -145,22 +152,7 @@ __device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& 
 template <bool Simple>
 __device__ inline void reduceDispatch(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t r,
                                       uint32_t j0, uint32_t j1) {
-  switch (a.dtype) {
-    case kF32:
-      return reduceRound<Simple, AccF32>(a, sh, w, r, j0, j1);
-    case kF64:
-      return reduceRound<Simple, AccF64>(a, sh, w, r, j0, j1);
-    case kF16:
-      return reduceRound<Simple, AccF16>(a, sh, w, r, j0, j1);
-    case kBF16:
-      return reduceRound<Simple, AccBF16>(a, sh, w, r, j0, j1);
-    case kI32:
-      return reduceRound<Simple, AccI32>(a, sh, w, r, j0, j1);
-    case kI64:
-      return reduceRound<Simple, AccI64>(a, sh, w, r, j0, j1);
-    default:
-      return reduceRound<Simple, AccU8>(a, sh, w, r, j0, j1);
-  }
+  withAcc(a.dtype, [&](auto acc) { reduceRound<Simple, decltype(acc)>(a, sh, w, r, j0, j1); });
 }
 
 // Writes this block's parts of round r to partner p; on the proxy path also hands the range
@@ -174,8 +166,7 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   const uint32_t sb = roundBytes(pp.send_bytes, r, reg.chunk);
   const uint32_t g = sh.base[p] + r + 1;
   const uint32_t slot = (g - 1) & 1;
-  const uint64_t remote_off =
-      reg.coll_in0 + (static_cast<uint64_t>(a.rank) * 2 + slot) * reg.slot_bytes;
+  const uint64_t remote_off = collSlotOffset(reg, a.rank, slot);
   const uint64_t local_off = static_cast<uint64_t>(p) * reg.out_stride + slot * reg.slot_bytes;
   unsigned char* base = sh.remote[p] ? sh.remote[p] + remote_off : reg.outbox + local_off;
   const auto* src =

@@ -19,13 +19,25 @@ namespace resident {
 namespace gpu {
 namespace {
 
+// Where thread t of block j works: its payload word's offset in the tensors, its line's offset
+// in a slot (part j, line t).
+struct LinePos {
+  uint32_t j, t;
+  uint64_t part_off, line_off;
+  __device__ LinePos()
+      : j(blockIdx.x),
+        t(threadIdx.x),
+        part_off(static_cast<uint64_t>(j) * kPartPayload + t * 8),
+        line_off((static_cast<uint64_t>(j) * kThreads + t) * 16) {}
+};
+
 // Stores this thread's line of part j into every partner that exchanges part j (a credit line
 // where it carries nothing), as sendRound does for round 0 with a direct peer.
-__device__ __forceinline__ void sendPart(const CollectiveArgs& a, const Shared& sh, uint32_t j,
-                                         uint32_t t) {
+__device__ __forceinline__ void sendPart(const CollectiveArgs& a, const Shared& sh,
+                                         const LinePos& at) {
   const Region& reg = a.reg;
-  const uint64_t part_off = static_cast<uint64_t>(j) * kPartPayload + t * 8;
-  const uint64_t line_off = (static_cast<uint64_t>(j) * kThreads + t) * 16;
+  const uint32_t j = at.j, t = at.t;
+  const uint64_t part_off = at.part_off;
   // all_reduce and all_gather send every partner the same bytes: one load.
   uint64_t common = 0;
   const uint32_t common_nb = lineBytes(static_cast<uint32_t>(a.common_send_bytes), j, t);
@@ -43,9 +55,7 @@ __device__ __forceinline__ void sendPart(const CollectiveArgs& a, const Shared& 
       v = common;
     else if (nb)
       v = loadBytes(static_cast<const unsigned char*>(pp.send) + part_off, nb);
-    const uint64_t remote_off =
-        reg.coll_in0 + (static_cast<uint64_t>(a.rank) * 2 + ((g - 1) & 1)) * reg.slot_bytes;
-    storeLine(sh.remote[p] + remote_off + line_off, v, g);
+    storeLine(sh.remote[p] + collSlotOffset(reg, a.rank, (g - 1) & 1) + at.line_off, v, g);
   }
 }
 
@@ -54,35 +64,34 @@ __global__ void __launch_bounds__(kThreads)
     oneRoundReduce(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
   enterCollective(a, sh);
-  const uint32_t j = blockIdx.x, t = threadIdx.x;
-  sendPart(a, sh, j, t);
-  const uint32_t nb = lineBytes(static_cast<uint32_t>(a.peers[a.rank].recv_bytes), j, t);
+  const LinePos at;
+  sendPart(a, sh, at);
+  const uint32_t nb = lineBytes(static_cast<uint32_t>(a.peers[a.rank].recv_bytes), at.j, at.t);
   if (nb == 0) return;
   Waiter w(a.reg, a.op_id);
-  const uint64_t off = static_cast<uint64_t>(j) * kPartPayload + t * 8;
-  const uint64_t mine = loadBytes(static_cast<const unsigned char*>(a.local_in) + off, nb);
+  const uint64_t mine = loadBytes(static_cast<const unsigned char*>(a.local_in) + at.part_off, nb);
   Acc acc;
   for (int q = 0; q < a.nranks; ++q) {  // in rank order: every rank rounds the same
     uint64_t v = mine;
     if (q != a.rank) {
       const uint32_t g = sh.base[q] + 1;
-      const uint64_t line_off = (static_cast<uint64_t>(j) * kThreads + t) * 16;
-      if (!w.line(collSlotFrom(a.reg, q, g) + line_off, g, v, q)) return;
+      if (!w.line(collSlotFrom(a.reg, q, g) + at.line_off, g, v, q)) return;
     }
     if (q == 0)
       acc.first(v);
     else
       acc.fold(a.redop, v);
   }
-  storeBytes(static_cast<unsigned char*>(a.out) + off, acc.result(a.redop, a.nranks), nb);
+  storeBytes(static_cast<unsigned char*>(a.out) + at.part_off, acc.result(a.redop, a.nranks), nb);
 }
 
 __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
   enterCollective(a, sh);
-  const uint32_t j = blockIdx.x, t = threadIdx.x;
-  sendPart(a, sh, j, t);
-  const uint64_t off = static_cast<uint64_t>(j) * kPartPayload + t * 8;
+  const LinePos at;
+  const uint32_t j = at.j, t = at.t;
+  const uint64_t off = at.part_off;
+  sendPart(a, sh, at);
   const PeerPlan& self = a.peers[a.rank];
   if (self.rounds != 0 && self.recv != nullptr && self.send_bytes > 0) {
     const uint32_t nb = lineBytes(static_cast<uint32_t>(self.send_bytes), j, t);
@@ -98,8 +107,7 @@ __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__
     if (t >= linesOf(rb, j)) continue;  // a credit line is waited for too (slot reuse)
     const uint32_t g = sh.base[p] + 1;
     uint64_t v;
-    const uint64_t line_off = (static_cast<uint64_t>(j) * kThreads + t) * 16;
-    if (!w.line(collSlotFrom(a.reg, p, g) + line_off, g, v, p)) return;
+    if (!w.line(collSlotFrom(a.reg, p, g) + at.line_off, g, v, p)) return;
     const uint32_t nb = lineBytes(rb, j, t);
     if (nb) storeBytes(static_cast<unsigned char*>(pp.recv) + off, v, nb);
   }

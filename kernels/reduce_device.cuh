@@ -110,10 +110,11 @@ using AccI32 = LineAcc<int32_t, int64_t, Convert<int32_t, int64_t>>;
 using AccI64 = LineAcc<int64_t, int64_t, Convert<int64_t, int64_t>>;
 using AccU8 = LineAcc<uint8_t, int64_t, Convert<uint8_t, int64_t>>;
 
-// Host side: calls f(Acc{}) with the accumulator of DTypeCode `dtype` (kU8 for any other code),
-// e.g. to pick a kernel's instantiation.
+// Calls f(Acc{}) with the accumulator of DTypeCode `dtype` (kU8 for any other code): on the
+// device to run a reduction, on the host to pick a kernel's instantiation.
+#pragma nv_exec_check_disable
 template <typename F>
-inline auto withAcc(uint8_t dtype, F&& f) {
+__host__ __device__ inline auto withAcc(uint8_t dtype, F&& f) {
   switch (dtype) {
     case kF32:
       return f(AccF32{});

@@ -14,6 +14,7 @@
 #include "core/log.hpp"
 #include "core/trigger_encoding.hpp"
 #include "cuda/cuda_guards.hpp"
+#include "rounds_device.cuh"
 
 namespace resident {
 namespace {
@@ -328,9 +329,9 @@ uint32_t GpuCommunicator::roundsFor(size_t bytes) const {
 }
 
 namespace {
-uint32_t partsOf(uint64_t bytes) {
-  const uint64_t parts = (bytes + gpu::kPartPayload - 1) / gpu::kPartPayload;
-  return parts ? static_cast<uint32_t>(parts) : 1u;
+// Parts of a first round (at most a chunk: fits 32 bits).
+uint32_t partsOf(uint64_t first_round_bytes) {
+  return gpu::partsOf(static_cast<uint32_t>(first_round_bytes));
 }
 uint32_t partsFor(uint64_t first_round_bytes, uint32_t blocks) {
   return (partsOf(first_round_bytes) + blocks - 1) / blocks;
@@ -383,6 +384,7 @@ void GpuCommunicator::launchCollective(void* stream) {
   gpu::CollectiveArgs& a = args_;
   uint32_t rounds_max = 0;
   uint64_t first_round_max = 0;
+  bool any_simple = false;  // a partner exchanges this op with the simple protocol
   for (int p = 0; p < nranks_; ++p) {
     const gpu::PeerPlan& pp = a.peers[p];
     if (pp.rounds == 0) continue;
@@ -390,6 +392,7 @@ void GpuCommunicator::launchCollective(void* stream) {
     const uint64_t b = pp.send_bytes > pp.recv_bytes ? pp.send_bytes : pp.recv_bytes;
     const uint64_t first = b < region_.chunk ? b : region_.chunk;
     first_round_max = first > first_round_max ? first : first_round_max;
+    any_simple |= p != rank_ && gpu::simplePair(a.reg, p, static_cast<uint32_t>(first));
   }
   if (rounds_max == 0) return;  // nothing to exchange with anyone (e.g. a group of one)
   // The same bytes to every partner? Then their first word can be loaded at kernel start.
@@ -428,11 +431,10 @@ void GpuCommunicator::launchCollective(void* stream) {
   // One round with every partner, all direct, a block per 2 KiB part within the block budget:
   // the one-round kernel, a thread per line (fewer threads for an op of one part).
   const uint32_t parts = partsOf(first_round_max);
-  if (one_round_ && rounds_max == 1 && parts <= max_blocks_ && a.reg.proxied == 0 &&
-      !(a.reg.simple != 0 && first_round_max > a.reg.chunk / 2)) {
-    const uint64_t lines = first_round_max ? (first_round_max + 7) / 8 : 1;
-    const unsigned threads =
-        parts > 1 ? gpu::kThreads : static_cast<unsigned>((lines + 31) / 32 * 32);
+  if (one_round_ && rounds_max == 1 && parts <= max_blocks_ && a.reg.proxied == 0 && !any_simple) {
+    // Lines of part 0 (a whole part when there are several), at least the one credit line.
+    const uint32_t lines = gpu::payloadLines(static_cast<uint32_t>(first_round_max), 0);
+    const unsigned threads = ((lines ? lines : 1u) + 31) / 32 * 32;
     a.parts_per_block = 1;
     checkCuda(gpu::launchOneRound(a, parts, threads, static_cast<cudaStream_t>(stream), pdl_),
               "launching the one-round collective kernel");
