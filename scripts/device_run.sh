@@ -7,7 +7,7 @@
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
-#           launch-probe interference fault-probe poll-probe replica-probe pdl-probe ar8-probe proxy-copy-probe
+#           launch-probe interference fault-probe poll-probe replica-probe pdl-probe ar8-probe proxy8-probe proxy-copy-probe
 #           p2p-timeline
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
@@ -50,6 +50,10 @@
 #   ar8-probe:   scripts/ar8_probe.cu: the 2-rank 8 B all_reduce in a replayed graph, two
 #                processes under MPS: the library's collective kernel beside the least kernel of
 #                the design and variants between the two ($OUT/ar8_probe.jsonl, ~10 s).
+#   proxy8-probe: scripts/proxy8_probe.cu: the 2-rank 8 B all_reduce over the proxy path in a
+#                replayed graph, two processes under MPS with a proxy thread each: the least
+#                proxy path beside the library's kernel served by a least proxy
+#                ($OUT/proxy8_probe.jsonl, ~10 s).
 #   proxy-copy-probe: scripts/proxy_copy_probe.cu: the proxy's line check and copy on this host
 #                (check+memcpy, fused, fused with non-temporal stores) and the peer kernel's read
 #                of the result, per size ($OUT/proxy_copy_probe.jsonl, ~10 s).
@@ -487,6 +491,17 @@ if has ar8-probe; then
       | tee "$OUT/ar8_probe.jsonl" || status=1
   else
     status=1; tail -20 "$OUT/ar8_probe_build.log"
+  fi
+fi
+
+if has proxy8-probe; then
+  step "proxy-path 8 B all_reduce probe"
+  if nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Icsrc scripts/proxy8_probe.cu kernels/collective_kernel.cu \
+      -o /tmp/proxy8_probe > "$OUT/proxy8_probe_build.log" 2>&1; then
+    timeout 120 /tmp/proxy8_probe "${RESIDENT_AR8_PROBE_NODES:-200}" "${RESIDENT_AR8_PROBE_REPLAYS:-31}" \
+      | tee "$OUT/proxy8_probe.jsonl" || status=1
+  else
+    status=1; tail -20 "$OUT/proxy8_probe_build.log"
   fi
 fi
 
