@@ -496,7 +496,7 @@ fi
 
 if has proxy8-probe; then
   step "proxy-path 8 B all_reduce probe"
-  if nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Icsrc scripts/proxy8_probe.cu kernels/collective_kernel.cu \
+  if nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Icsrc scripts/proxy8_probe.cu kernels/collective_kernel.cu kernels/one_round_kernel.cu \
       -o /tmp/proxy8_probe > "$OUT/proxy8_probe_build.log" 2>&1; then
     timeout 120 /tmp/proxy8_probe "${RESIDENT_AR8_PROBE_NODES:-200}" "${RESIDENT_AR8_PROBE_REPLAYS:-31}" \
       | tee "$OUT/proxy8_probe.jsonl" || status=1
