@@ -123,16 +123,13 @@ __device__ __forceinline__ unsigned long long reserveTriggers(const Region& reg,
 // lines to reach host memory). kValue carries its word in the trigger and needs no fence
 // either. kCopy (and fenced kLines): the release store orders every store of this thread (and
 // of the block, joined by a barrier before) before the trigger.
-// `tail_seen`: DeviceState::fifo_tail_cache as the caller loaded it, possibly earlier (it only
-// grows, so an old value can only send the push through the slow path, never past a full FIFO).
-__device__ inline bool pushTriggerSeen(Waiter& w, unsigned long long pos,
-                                       unsigned long long tail_seen, int peer, uint64_t local_off,
-                                       uint64_t remote_off, uint64_t bytes, TriggerKind kind,
-                                       uint32_t value) {
+__device__ inline bool pushTriggerAt(Waiter& w, unsigned long long pos, int peer,
+                                     uint64_t local_off, uint64_t remote_off, uint64_t bytes,
+                                     TriggerKind kind, uint32_t value) {
   const Region& reg = w.reg;
   DeviceState* st = reg.state;
   const unsigned long long cap = reg.fifo_mask + 1ull;
-  if (pos - tail_seen >= cap) {
+  if (pos - *reinterpret_cast<volatile unsigned long long*>(&st->fifo_tail_cache) >= cap) {
     for (uint32_t spins = 0;;) {
       const unsigned long long tail = loadVolatile64(reg.local + 128);  // kFifoTailWord
       atomicMax(&st->fifo_tail_cache, tail);
@@ -158,17 +155,6 @@ __device__ inline bool pushTriggerSeen(Waiter& w, unsigned long long pos,
     storeRelease64(slot + 8, snd);
   }
   return true;
-}
-
-__device__ __forceinline__ unsigned long long loadTailCache(const Region& reg) {
-  return *reinterpret_cast<volatile unsigned long long*>(&reg.state->fifo_tail_cache);
-}
-
-__device__ inline bool pushTriggerAt(Waiter& w, unsigned long long pos, int peer,
-                                     uint64_t local_off, uint64_t remote_off, uint64_t bytes,
-                                     TriggerKind kind, uint32_t value) {
-  return pushTriggerSeen(w, pos, loadTailCache(w.reg), peer, local_off, remote_off, bytes, kind,
-                         value);
 }
 
 __device__ inline bool pushTrigger(Waiter& w, int peer, uint64_t local_off, uint64_t remote_off,

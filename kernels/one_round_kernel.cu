@@ -1,15 +1,15 @@
-// Collectives that exchange one round with every partner (at most a chunk, 64 KiB by default,
-// per peer and direction; one 2 KiB part per block): the decode sizes. Block j moves part j,
-// one thread per LL line, and after the wait for the previous kernel it has no dispatch and no
-// barrier but the one before the triggers of proxied partners: each thread stores its line to
-// every partner (into a direct peer's mapped region, or into the outbox for a proxied one),
-// polls its line from every partner and writes its output word. A kernel of its own per dtype,
-// so that an op runs a few hundred instructions. On the H200 the general kernel
-// (collective_body.cuh: rounds, per-dtype dispatch, ~17k instructions) took ~1 µs more for an
-// 8 B all_reduce on the direct path and ~2 µs more on the proxy path, where the least kernel
-// of the design was within 0.4 µs of this one (scripts/ar8_probe.cu, scripts/proxy8_probe.cu).
-// The lines, slots and trigger ranges are the general kernel's round 0 (same layout and
-// generations), so that ops of either kernel follow each other on a group.
+// Collectives that exchange one round with every partner, all of them direct peers (at most a
+// chunk, 64 KiB by default, per peer and direction; one 2 KiB part per block): the decode sizes.
+// Block j moves part j, one thread per LL line, and after the wait for the previous kernel it
+// has no barrier and no dispatch: each thread stores its line into every partner's mapped
+// region, polls its line from every partner and writes its output word. A kernel of its own per
+// dtype, so that an op runs a few hundred instructions. On the H200 the general kernel
+// (collective_body.cuh: rounds, proxy triggers, per-dtype dispatch, ~17k instructions) took ~1 µs
+// more for an 8 B all_reduce (scripts/ar8_probe.cu, session 22). Ops with a proxied partner stay
+// with the general kernel: versions of this one with proxy triggers (c93494c, b5882b6) were
+// faster at 8 B but up to 1.6 µs slower from 64 B, for a reason not found (benchmarks/RESULTS.md,
+// sessions 22 and 23). The lines and slots are the general kernel's round 0
+// (same layout and generations), so that ops of either kernel follow each other on a group.
 #include <cuda_runtime.h>
 
 #include "collective_body.cuh"
@@ -33,8 +33,7 @@ struct LinePos {
 };
 
 // Stores this thread's line of part j into every partner that exchanges part j (a credit line
-// where it carries nothing), as sendRound does for round 0: into a direct peer's mapped region,
-// or into the outbox for a proxied one.
+// where it carries nothing), as sendRound does for round 0 with a direct peer.
 __device__ __forceinline__ void sendPart(const CollectiveArgs& a, const Shared& sh,
                                          const LinePos& at) {
   const Region& reg = a.reg;
@@ -57,84 +56,20 @@ __device__ __forceinline__ void sendPart(const CollectiveArgs& a, const Shared& 
       v = common;
     else if (nb)
       v = loadBytes(static_cast<const unsigned char*>(pp.send) + part_off, nb);
-    const uint32_t slot = (g - 1) & 1;
-    unsigned char* line =
-        sh.remote[p] != nullptr
-            ? sh.remote[p] + collSlotOffset(reg, a.rank, slot)
-            : reg.outbox + static_cast<uint64_t>(p) * reg.out_stride + slot * reg.slot_bytes;
-    storeLine(line + at.line_off, v, g);
+    storeLine(sh.remote[p] + collSlotOffset(reg, a.rank, (g - 1) & 1) + at.line_off, v, g);
   }
-}
-
-// Proxied partners that block j sends a part to (the same for every thread of the block).
-__device__ __forceinline__ uint32_t proxiedPartners(const CollectiveArgs& a, uint32_t j) {
-  uint32_t n = 0;
-  if (a.reg.proxied == 0) return n;
-  for (int p = 0; p < a.nranks; ++p) {
-    const PeerPlan& pp = a.peers[p];
-    if (p != a.rank && pp.rounds != 0 && ((a.reg.proxied >> p) & 1) &&
-        j < partnerParts(pp, 0, a.reg.chunk))
-      ++n;
-  }
-  return n;
-}
-
-// The block's trigger positions, taken by thread 0 at the op's start together with the FIFO
-// tail it checks them against: both round trips overlap the payload load (a position taken
-// after the stores, or a tail read before the push, would each add one before the trigger).
-struct TriggerSpan {
-  unsigned long long pos = 0, tail_seen = 0;
-  __device__ TriggerSpan(const CollectiveArgs& a, uint32_t proxied) {
-    if (proxied == 0 || threadIdx.x != 0) return;
-    pos = reserveTriggers(a.reg, proxied);
-    tail_seen = loadTailCache(a.reg);
-  }
-};
-
-// After the block's line stores (a barrier): thread 0 pushes a trigger per proxied partner for
-// the part's lines, which the proxy posts once their flags show. False (thread 0) when the op
-// gave up (Waiter::shouldStop raised `failed`: the block's pollers see that and stop too).
-__device__ inline bool pushTriggers(const CollectiveArgs& a, const Shared& sh, Waiter& w,
-                                    const LinePos& at, TriggerSpan span) {
-  const Region& reg = a.reg;
-  __syncthreads();
-  if (at.t != 0) return true;
-  const uint64_t first = static_cast<uint64_t>(at.j) * kThreads * 16;
-  for (int p = 0; p < a.nranks; ++p) {
-    const PeerPlan& pp = a.peers[p];
-    if (p == a.rank || pp.rounds == 0 || sh.remote[p] != nullptr ||
-        at.j >= partnerParts(pp, 0, reg.chunk))
-      continue;
-    const uint32_t g = sh.base[p] + 1;
-    const uint32_t slot = (g - 1) & 1;
-    const uint64_t local_off =
-        static_cast<uint64_t>(p) * reg.out_stride + slot * reg.slot_bytes + first;
-    const uint64_t remote_off = collSlotOffset(reg, a.rank, slot) + first;
-    const uint64_t bytes =
-        static_cast<uint64_t>(linesOf(static_cast<uint32_t>(pp.send_bytes), at.j)) * 16;
-    if (!pushTriggerSeen(w, span.pos++, span.tail_seen, p, local_off, remote_off, bytes,
-                         TriggerKind::kLines, g))
-      return false;
-  }
-  return true;
 }
 
 template <typename Acc>
 __global__ void __launch_bounds__(kThreads)
     oneRoundReduce(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
-  enterRounds(a, sh);
+  enterCollective(a, sh);
   const LinePos at;
-  // Before the wait: its reads of the arguments (the partners' plans) also warm the constant
-  // cache for the stores after it, and the position atomic goes out first thing after it.
-  const uint32_t proxied = proxiedPartners(a, at.j);
-  pdlEnter();
-  const TriggerSpan span(a, proxied);
-  Waiter w(a.reg, a.op_id);
   sendPart(a, sh, at);
-  if (proxied != 0 && !pushTriggers(a, sh, w, at, span)) return;
   const uint32_t nb = lineBytes(static_cast<uint32_t>(a.peers[a.rank].recv_bytes), at.j, at.t);
   if (nb == 0) return;
+  Waiter w(a.reg, a.op_id);
   const uint64_t mine = loadBytes(static_cast<const unsigned char*>(a.local_in) + at.part_off, nb);
   Acc acc;
   for (int q = 0; q < a.nranks; ++q) {  // in rank order: every rank rounds the same
@@ -153,16 +88,11 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
-  enterRounds(a, sh);
+  enterCollective(a, sh);
   const LinePos at;
   const uint32_t j = at.j, t = at.t;
   const uint64_t off = at.part_off;
-  const uint32_t proxied = proxiedPartners(a, j);  // before the wait, as in oneRoundReduce
-  pdlEnter();
-  const TriggerSpan span(a, proxied);
-  Waiter w(a.reg, a.op_id);
   sendPart(a, sh, at);
-  if (proxied != 0 && !pushTriggers(a, sh, w, at, span)) return;
   const PeerPlan& self = a.peers[a.rank];
   if (self.rounds != 0 && self.recv != nullptr && self.send_bytes > 0) {
     const uint32_t nb = lineBytes(static_cast<uint32_t>(self.send_bytes), j, t);
@@ -170,6 +100,7 @@ __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__
       storeBytes(static_cast<unsigned char*>(self.recv) + off,
                  loadBytes(static_cast<const unsigned char*>(self.send) + off, nb), nb);
   }
+  Waiter w(a.reg, a.op_id);
   for (int p = 0; p < a.nranks; ++p) {
     const PeerPlan& pp = a.peers[p];
     if (p == a.rank || pp.rounds == 0 || j >= partnerParts(pp, 0, a.reg.chunk)) continue;
