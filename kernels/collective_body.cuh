@@ -377,12 +377,9 @@ __device__ inline void advanceRounds(const CollectiveArgs& a, const Shared& sh) 
   }
 }
 
-// A collective kernel's start: this op's round numbers, which the previous op advanced before
-// it let this kernel launch, and then this op's own advance (by the last block to have read
-// them), before this kernel lets the next one launch; then the wait for the previous kernel of
-// the stream (pdlEnter). So the device-state loads overlap the previous kernel instead of
-// following it.
-__device__ __forceinline__ void enterCollective(const CollectiveArgs& a, Shared& sh) {
+// A collective kernel's start before the wait for the previous kernel (enterCollective without
+// its pdlEnter, for a kernel with more to do before that wait).
+__device__ __forceinline__ void enterRounds(const CollectiveArgs& a, Shared& sh) {
   loadRoundState(a, sh);
   __syncthreads();
   if (threadIdx.x == 0 && lastBlockOf(&a.reg.state->coll_blocks_done)) {
@@ -390,6 +387,15 @@ __device__ __forceinline__ void enterCollective(const CollectiveArgs& a, Shared&
     __threadfence();
   }
   __syncthreads();
+}
+
+// A collective kernel's start: this op's round numbers, which the previous op advanced before
+// it let this kernel launch, and then this op's own advance (by the last block to have read
+// them), before this kernel lets the next one launch; then the wait for the previous kernel of
+// the stream (pdlEnter). So the device-state loads overlap the previous kernel instead of
+// following it.
+__device__ __forceinline__ void enterCollective(const CollectiveArgs& a, Shared& sh) {
+  enterRounds(a, sh);
   pdlEnter();
 }
 

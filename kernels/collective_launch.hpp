@@ -15,9 +15,8 @@ namespace gpu {
 int residentBlocksPerSm(bool simple);
 cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream,
                              bool pdl);
-// An op of one round with every partner, all direct peers (one_round_kernel.cu): a block per 2 KiB
-// part of the largest exchange, `threads` per block (a multiple of 32, at most kThreads: one per LL
-// line).
+// An op of one round with every partner (one_round_kernel.cu): a block per 2 KiB part of the
+// largest exchange, `threads` per block (a multiple of 32, at most kThreads: one per LL line).
 cudaError_t launchOneRound(const CollectiveArgs& args, unsigned blocks, unsigned threads,
                            cudaStream_t stream, bool pdl);
 // Loads the send and recv kernels now. Under lazy module loading (CUDA's default) a kernel

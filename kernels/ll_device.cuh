@@ -116,45 +116,78 @@ __device__ __forceinline__ unsigned long long reserveTriggers(const Region& reg,
   return atomicAdd(&reg.state->fifo_head, static_cast<unsigned long long>(n));
 }
 
-// Pushes a write request at position `pos` (see core/trigger_encoding.hpp for the kinds).
-// kLines: the range holds LL lines carrying `value`; unless the op fences its triggers
+// Waits until position `pos` of the trigger FIFO is free (the proxy consumed what it held one
+// lap ago), refreshing DeviceState::fifo_tail_cache from the proxy's tail word; false when the
+// op gives up. Out of line: the rare path, kept out of the pushers' code.
+inline __device__ __noinline__ bool waitFifoRoom(Waiter& w, unsigned long long pos, int peer) {
+  const Region& reg = w.reg;
+  const unsigned long long cap = reg.fifo_mask + 1ull;
+  for (uint32_t spins = 0;;) {
+    const unsigned long long tail = loadVolatile64(reg.local + 128);  // kFifoTailWord
+    atomicMax(&reg.state->fifo_tail_cache, tail);
+    if (pos - tail < cap) return true;
+    if (++spins == 16) {
+      spins = 0;
+      if (w.shouldStop(peer)) return false;
+    }
+  }
+}
+
+__device__ __forceinline__ unsigned long long loadTailCache(const Region& reg) {
+  return *reinterpret_cast<volatile unsigned long long*>(&reg.state->fifo_tail_cache);
+}
+
+// A write request's two words without their lap bits (see core/trigger_encoding.hpp for the
+// kinds). kLines: the range holds LL lines carrying `value`; unless the op fences its triggers
 // (Region::trigger_fence) the trigger goes out as one unfenced 16-byte store and the proxy
 // reads the lines' flags before posting them (a system-scope release would first wait for the
 // lines to reach host memory). kValue carries its word in the trigger and needs no fence
-// either. kCopy (and fenced kLines): the release store orders every store of this thread (and
-// of the block, joined by a barrier before) before the trigger.
+// either. kCopy (and fenced kLines): `release`, the second word's release store orders every
+// store of this thread (and of the block, joined by a barrier before) before the trigger.
+struct TriggerWords {
+  uint64_t fst, snd;
+  bool release;
+};
+
+__device__ __forceinline__ TriggerWords triggerWords(const Region& reg, int peer,
+                                                     uint64_t local_off, uint64_t remote_off,
+                                                     uint64_t bytes, TriggerKind kind,
+                                                     uint32_t value) {
+  if (kind == TriggerKind::kLines && reg.trigger_fence != 0) kind = TriggerKind::kCopy;
+  const bool copy = kind == TriggerKind::kCopy;
+  return {encodeWriteFst(local_off, remote_off),
+          encodeWriteSnd(static_cast<uint32_t>(peer), bytes, kind, copy ? 0u : value), copy};
+}
+
+// Pushes `t` at position `pos`. `tail_seen`: DeviceState::fifo_tail_cache as the caller loaded
+// it, possibly earlier (it only grows, so an old value can only send the push through
+// waitFifoRoom, never past a full FIFO).
+__device__ __forceinline__ bool pushTriggerWords(Waiter& w, unsigned long long pos,
+                                                 unsigned long long tail_seen,
+                                                 const TriggerWords& t) {
+  const Region& reg = w.reg;
+  const unsigned long long cap = reg.fifo_mask + 1ull;
+  const int peer = static_cast<int>(t.snd & (kTriggerMaxPeers - 1));
+  if (pos - tail_seen >= cap && !waitFifoRoom(w, pos, peer)) return false;
+  unsigned char* slot = reg.local + reg.fifo_offset + 16 * (pos & reg.fifo_mask);
+  const uint64_t lap = triggerLapBit(pos, cap);
+  if (!t.release) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(t.fst | lap),
+                 "l"(t.snd | lap)
+                 : "memory");
+  } else {
+    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(slot), "l"(t.fst | lap) : "memory");
+    storeRelease64(slot + 8, t.snd | lap);
+  }
+  return true;
+}
+
+// Pushes a write request at position `pos` (the words of triggerWords).
 __device__ inline bool pushTriggerAt(Waiter& w, unsigned long long pos, int peer,
                                      uint64_t local_off, uint64_t remote_off, uint64_t bytes,
                                      TriggerKind kind, uint32_t value) {
-  const Region& reg = w.reg;
-  DeviceState* st = reg.state;
-  const unsigned long long cap = reg.fifo_mask + 1ull;
-  if (pos - *reinterpret_cast<volatile unsigned long long*>(&st->fifo_tail_cache) >= cap) {
-    for (uint32_t spins = 0;;) {
-      const unsigned long long tail = loadVolatile64(reg.local + 128);  // kFifoTailWord
-      atomicMax(&st->fifo_tail_cache, tail);
-      if (pos - tail < cap) break;
-      if (++spins == 16) {
-        spins = 0;
-        if (w.shouldStop(peer)) return false;
-      }
-    }
-  }
-  unsigned char* slot = reg.local + reg.fifo_offset + 16 * (pos & reg.fifo_mask);
-  if (kind == TriggerKind::kLines && reg.trigger_fence != 0) kind = TriggerKind::kCopy;
-  const uint64_t lap = triggerLapBit(pos, cap);
-  const uint64_t fst = encodeWriteFst(local_off, remote_off) | lap;
-  const uint64_t snd = encodeWriteSnd(static_cast<uint32_t>(peer), bytes, kind,
-                                      kind == TriggerKind::kCopy ? 0u : value) |
-                       lap;
-  if (kind != TriggerKind::kCopy) {
-    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(fst), "l"(snd)
-                 : "memory");
-  } else {
-    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(slot), "l"(fst) : "memory");
-    storeRelease64(slot + 8, snd);
-  }
-  return true;
+  return pushTriggerWords(w, pos, loadTailCache(w.reg),
+                          triggerWords(w.reg, peer, local_off, remote_off, bytes, kind, value));
 }
 
 __device__ inline bool pushTrigger(Waiter& w, int peer, uint64_t local_off, uint64_t remote_off,

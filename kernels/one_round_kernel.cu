@@ -1,15 +1,17 @@
-// Collectives that exchange one round with every partner, all of them direct peers (at most a
-// chunk, 64 KiB by default, per peer and direction; one 2 KiB part per block): the decode sizes.
-// Block j moves part j, one thread per LL line, and after the wait for the previous kernel it
-// has no barrier and no dispatch: each thread stores its line into every partner's mapped
-// region, polls its line from every partner and writes its output word. A kernel of its own per
-// dtype, so that an op runs a few hundred instructions. On the H200 the general kernel
-// (collective_body.cuh: rounds, proxy triggers, per-dtype dispatch, ~17k instructions) took ~1 µs
-// more for an 8 B all_reduce (scripts/ar8_probe.cu, session 22). Ops with a proxied partner stay
-// with the general kernel: versions of this one with proxy triggers (c93494c, b5882b6) were
-// faster at 8 B but up to 1.6 µs slower from 64 B, for a reason not found (benchmarks/RESULTS.md,
-// sessions 22 and 23). The lines and slots are the general kernel's round 0
-// (same layout and generations), so that ops of either kernel follow each other on a group.
+// Collectives that exchange one round with every partner (at most a chunk, 64 KiB by default,
+// per peer and direction; one 2 KiB part per block): the decode sizes. Block j moves part j,
+// one thread per LL line, and after the wait for the previous kernel it has no dispatch and no
+// barrier but the one before the triggers of proxied partners: each thread stores its line to
+// every partner (into a direct peer's mapped region, or into the outbox for a proxied one),
+// polls its line from every partner and writes its output word. A kernel of its own per dtype,
+// so that an op does little after the wait; what only depends on the arguments (the proxied
+// partners' trigger words) is prepared before it. On the H200 the general kernel
+// (collective_body.cuh: rounds, per-dtype dispatch, ~17k instructions) took ~1 µs more for an
+// 8 B all_reduce on the direct path (scripts/ar8_probe.cu) and 1-2 µs more on the proxy path,
+// where the least kernel of the design met the target (scripts/proxy8_probe.cu; sessions 22
+// and 23 in benchmarks/RESULTS.md). The lines, slots and trigger ranges are the general kernel's
+// round 0 (same layout and generations), so that ops of either kernel follow each other on a
+// group.
 #include <cuda_runtime.h>
 
 #include "collective_body.cuh"
@@ -33,7 +35,8 @@ struct LinePos {
 };
 
 // Stores this thread's line of part j into every partner that exchanges part j (a credit line
-// where it carries nothing), as sendRound does for round 0 with a direct peer.
+// where it carries nothing), as sendRound does for round 0: into a direct peer's mapped region,
+// or into the outbox for a proxied one.
 __device__ __forceinline__ void sendPart(const CollectiveArgs& a, const Shared& sh,
                                          const LinePos& at) {
   const Region& reg = a.reg;
@@ -56,20 +59,95 @@ __device__ __forceinline__ void sendPart(const CollectiveArgs& a, const Shared& 
       v = common;
     else if (nb)
       v = loadBytes(static_cast<const unsigned char*>(pp.send) + part_off, nb);
-    storeLine(sh.remote[p] + collSlotOffset(reg, a.rank, (g - 1) & 1) + at.line_off, v, g);
+    const uint32_t slot = (g - 1) & 1;
+    unsigned char* line =
+        sh.remote[p] != nullptr
+            ? sh.remote[p] + collSlotOffset(reg, a.rank, slot)
+            : reg.outbox + static_cast<uint64_t>(p) * reg.out_stride + slot * reg.slot_bytes;
+    storeLine(line + at.line_off, v, g);
   }
+}
+
+// Whether block j sends partner p a part through the proxy (the same for every thread).
+__device__ __forceinline__ bool proxiedPartner(const CollectiveArgs& a, int p, uint32_t j) {
+  const PeerPlan& pp = a.peers[p];
+  return p != a.rank && ((a.reg.proxied >> p) & 1) && pp.rounds != 0 &&
+         j < partnerParts(pp, 0, a.reg.chunk);
+}
+
+// Proxied partners that block j sends a part to.
+__device__ __forceinline__ uint32_t proxiedPartners(const CollectiveArgs& a, uint32_t j) {
+  uint32_t n = 0;
+  if (a.reg.proxied == 0) return n;
+  for (int p = 0; p < a.nranks; ++p) n += proxiedPartner(a, p, j) ? 1u : 0u;
+  return n;
+}
+
+// Thread 0, before the wait: the words of the block's trigger to each proxied partner (its part
+// of round 0's lines, as sendRound's), so that after the wait a push is a store or two.
+__device__ inline void prepareTriggers(const CollectiveArgs& a, const Shared& sh, const LinePos& at,
+                                       TriggerWords* out) {
+  if (at.t != 0) return;
+  const Region& reg = a.reg;
+  const uint64_t first = static_cast<uint64_t>(at.j) * kThreads * 16;
+  uint32_t n = 0;
+  for (int p = 0; p < a.nranks; ++p) {
+    if (!proxiedPartner(a, p, at.j)) continue;
+    const uint32_t g = sh.base[p] + 1;
+    const uint32_t slot = (g - 1) & 1;
+    const uint64_t local_off =
+        static_cast<uint64_t>(p) * reg.out_stride + slot * reg.slot_bytes + first;
+    const uint64_t remote_off = collSlotOffset(reg, a.rank, slot) + first;
+    const uint64_t bytes =
+        static_cast<uint64_t>(linesOf(static_cast<uint32_t>(a.peers[p].send_bytes), at.j)) * 16;
+    out[n++] = triggerWords(reg, p, local_off, remote_off, bytes, TriggerKind::kLines, g);
+  }
+}
+
+// The block's trigger positions, taken by thread 0 first thing after the wait together with
+// the FIFO tail it checks them against: both round trips overlap the payload load.
+struct TriggerSpan {
+  unsigned long long pos = 0, tail_seen = 0;
+  __device__ TriggerSpan(const CollectiveArgs& a, uint32_t proxied) {
+    if (proxied == 0 || threadIdx.x != 0) return;
+    pos = reserveTriggers(a.reg, proxied);
+    tail_seen = loadTailCache(a.reg);
+  }
+};
+
+// After the block's line stores (a barrier): thread 0 pushes the prepared triggers, which the
+// proxy posts once the lines' flags show. Should a push give up (the op was aborted or timed
+// out: Waiter::shouldStop raised `failed`), the block's pollers see that and stop. Block-uniform.
+__device__ inline void pushTriggers(Waiter& w, const LinePos& at, const TriggerSpan& span,
+                                    uint32_t count, const TriggerWords* words) {
+  __syncthreads();
+  if (at.t == 0) {
+    for (uint32_t i = 0; i < count; ++i)
+      if (!pushTriggerWords(w, span.pos + i, span.tail_seen, words[i])) break;
+  }
+  // Thread 0's warp-mates poll next for lines that these triggers release: they wait here for
+  // its pushes instead of holding the warp in their polling loop meanwhile.
+  __syncwarp();
 }
 
 template <typename Acc>
 __global__ void __launch_bounds__(kThreads)
     oneRoundReduce(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
-  enterCollective(a, sh);
+  __shared__ TriggerWords triggers[kMaxRanks];
+  enterRounds(a, sh);
   const LinePos at;
+  // Before the wait: the triggers' words (their reads of the arguments also warm the constant
+  // cache for the stores after it); the position atomic goes out first thing after it.
+  const uint32_t proxied = proxiedPartners(a, at.j);
+  if (proxied != 0) prepareTriggers(a, sh, at, triggers);
+  pdlEnter();
+  const TriggerSpan span(a, proxied);
+  Waiter w(a.reg, a.op_id);
   sendPart(a, sh, at);
+  if (proxied != 0) pushTriggers(w, at, span, proxied, triggers);
   const uint32_t nb = lineBytes(static_cast<uint32_t>(a.peers[a.rank].recv_bytes), at.j, at.t);
   if (nb == 0) return;
-  Waiter w(a.reg, a.op_id);
   const uint64_t mine = loadBytes(static_cast<const unsigned char*>(a.local_in) + at.part_off, nb);
   Acc acc;
   for (int q = 0; q < a.nranks; ++q) {  // in rank order: every rank rounds the same
@@ -88,11 +166,18 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
-  enterCollective(a, sh);
+  __shared__ TriggerWords triggers[kMaxRanks];
+  enterRounds(a, sh);
   const LinePos at;
   const uint32_t j = at.j, t = at.t;
   const uint64_t off = at.part_off;
+  const uint32_t proxied = proxiedPartners(a, j);  // before the wait, as in oneRoundReduce
+  if (proxied != 0) prepareTriggers(a, sh, at, triggers);
+  pdlEnter();
+  const TriggerSpan span(a, proxied);
+  Waiter w(a.reg, a.op_id);
   sendPart(a, sh, at);
+  if (proxied != 0) pushTriggers(w, at, span, proxied, triggers);
   const PeerPlan& self = a.peers[a.rank];
   if (self.rounds != 0 && self.recv != nullptr && self.send_bytes > 0) {
     const uint32_t nb = lineBytes(static_cast<uint32_t>(self.send_bytes), j, t);
@@ -100,7 +185,6 @@ __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__
       storeBytes(static_cast<unsigned char*>(self.recv) + off,
                  loadBytes(static_cast<const unsigned char*>(self.send) + off, nb), nb);
   }
-  Waiter w(a.reg, a.op_id);
   for (int p = 0; p < a.nranks; ++p) {
     const PeerPlan& pp = a.peers[p];
     if (p == a.rank || pp.rounds == 0 || j >= partnerParts(pp, 0, a.reg.chunk)) continue;

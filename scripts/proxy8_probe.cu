@@ -29,9 +29,8 @@
 //   lib:           the library's collective kernel with the peer proxied (the arguments
 //                  GpuCommunicator builds for this op), served by the same least proxy as
 //                  `trigger`: the kernel's share of the library's proxy-path time
-//   lib-64:        lib with 64 B (8 lines) instead of 8 B
-//   (At b5882b6 the one-round kernel also took proxied partners, and the probe ran it beside
-//   lib as lib-one-round and lib-one-round-64: benchmarks/RESULTS.md, session 23.)
+//   lib-one-round: the library's one-round kernel with the peer proxied, the same proxy
+//   lib-64, lib-one-round-64: the same two with 64 B (8 lines) instead of 8 B
 //   lib-direct, lib-one-round-direct: the library's kernels on the direct path (references)
 // Every variant checks the result after the last replay (2^(ops-1) * (a + b) mod 2^64).
 //
@@ -68,7 +67,7 @@ using probe::check;
 using resident::gpu::CollectiveArgs;
 using resident::gpu::DeviceState;
 
-constexpr int kVariants = 19;
+constexpr int kVariants = 21;
 constexpr uint64_t kSlotBytes = 4096;  // one part of LL lines
 constexpr uint64_t kFifoOffset = 256;  // after the error / abort / FIFO-tail words
 constexpr uint32_t kFifoSlots = 256;
@@ -100,6 +99,7 @@ enum Kind {
   kLikeReload,
   kLikeAll,
   kLib,
+  kLibOneRound,
   kLibDirect,
   kLibOneRoundDirect
 };
@@ -362,7 +362,9 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
                                        {"like-reload", kLikeReload},
                                        {"like-all", kLikeAll},
                                        {"lib", kLib},
+                                       {"lib-one-round", kLibOneRound},
                                        {"lib-64", kLib, 8},
+                                       {"lib-one-round-64", kLibOneRound, 8},
                                        {"lib-direct", kLibDirect},
                                        {"lib-one-round-direct", kLibOneRoundDirect},
                                        {"trigger", kTrigger}};
@@ -421,7 +423,8 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
     unsigned char* peer_d = shared_d + at_peer;
     check(cudaMemcpy(&state->remote[peer], &peer_d, sizeof(peer_d), cudaMemcpyHostToDevice),
           "copy");
-    if (v.kind == kLib) check(cudaMemset(&state->remote[peer], 0, sizeof(peer_d)), "memset");
+    if (v.kind == kLib || v.kind == kLibOneRound)
+      check(cudaMemset(&state->remote[peer], 0, sizeof(peer_d)), "memset");
     MinArgs m{reinterpret_cast<uint32_t*>(state),
               data,
               region_d + kCollIn0 + peer * 2 * kSlotBytes,
@@ -445,7 +448,7 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
       if (v.kind == kLine || v.kind == kLineNt) {
         outbox_h += peer * kOutStride;
         peer_h += rank * 2 * kSlotBytes;  // the line's slot in the peer's region (+ kCollIn0)
-      } else if (v.kind != kLib) {
+      } else if (v.kind != kLib && v.kind != kLibOneRound) {
         outbox_h += peer * kOutStride;
         peer_h += kCollIn0 + rank * 2 * kSlotBytes;
       }
@@ -465,8 +468,9 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
         check(resident::gpu::launchCollective(v.kind == kLib ? a : a_direct, 1, s, true), "launch");
         continue;
       }
-      if (v.kind == kLibOneRoundDirect) {
-        check(resident::gpu::launchOneRound(a_direct, 1, 32, s, true), "launch");
+      if (v.kind == kLibOneRoundDirect || v.kind == kLibOneRound) {
+        check(resident::gpu::launchOneRound(v.kind == kLibOneRound ? a : a_direct, 1, 32, s, true),
+              "launch");
         continue;
       }
       cudaLaunchConfig_t cfg = {};

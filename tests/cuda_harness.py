@@ -331,8 +331,8 @@ PATH_KNOBS = {
     "simple": {"RESIDENT_GPU_PROTOCOL": "simple"},
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
-PATH_VARIANTS = ("direct+noprefetch", "direct+general", "proxy+fence", "proxy+memcpy", "proxy+blocks1",
-                 "direct+simple", "proxy+simple")
+PATH_VARIANTS = ("direct+noprefetch", "direct+general", "proxy+general", "proxy+fence", "proxy+memcpy",
+                 "proxy+blocks1", "direct+simple", "proxy+simple")
 # More ranks for the settings whose device code differs with the number of partners.
 WIDE_VARIANTS = ((4, "direct+simple"), (8, "direct+simple"))
 

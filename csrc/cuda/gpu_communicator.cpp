@@ -428,10 +428,10 @@ void GpuCommunicator::launchCollective(void* stream) {
       return;
     }
   }
-  // One round with every partner, all direct, a block per 2 KiB part within the block budget:
-  // the one-round kernel, a thread per line (fewer threads for an op of one part).
+  // One round with every partner, a block per 2 KiB part within the block budget: the
+  // one-round kernel, a thread per line (fewer threads for an op of one part).
   const uint32_t parts = partsOf(first_round_max);
-  if (one_round_ && rounds_max == 1 && parts <= max_blocks_ && a.reg.proxied == 0 && !any_simple) {
+  if (one_round_ && rounds_max == 1 && parts <= max_blocks_ && !any_simple) {
     // Lines of part 0 (a whole part when there are several), at least the one credit line.
     const uint32_t lines = gpu::payloadLines(static_cast<uint32_t>(first_round_max), 0);
     const unsigned threads = ((lines ? lines : 1u) + 31) / 32 * 32;
