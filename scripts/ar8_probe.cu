@@ -20,12 +20,8 @@
 //        kernels/collective_kernel.cu kernels/one_round_kernel.cu -o ar8_probe && ./ar8_probe
 //        [NODES [REPLAYS]]
 #include <cuda_runtime.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +32,7 @@
 #include "collective_launch.hpp"
 #include "launch_device.cuh"
 #include "ll_device.cuh"
+#include "probe_device.cuh"
 #include "probe_util.hpp"
 
 namespace {
@@ -47,13 +44,9 @@ using resident::gpu::DeviceState;
 constexpr int kVariants = 10;
 constexpr uint64_t kSlotBytes = 4096;  // one part of LL lines
 constexpr uint64_t kCollIn0 = 4096;    // error / abort / FIFO-tail words before the slots
-constexpr uint64_t kSegBytes = kCollIn0 + 2 * 2 * kSlotBytes;  // 2 ranks x 2 slots
+constexpr uint64_t kSegBytes = kCollIn0 + 2 * 2 * kSlotBytes;      // 2 ranks x 2 slots
+constexpr size_t kSharedBytes = 4096 + kVariants * 2 * kSegBytes;  // control page, segments
 constexpr uint64_t kTimeoutNs = 2000000000ull;
-
-struct Control {  // first page of the shared mapping
-  volatile uint64_t arrive[2];
-  volatile int failed;
-};
 
 struct MinArgs {
   uint32_t* seq;          // device: ops done
@@ -65,29 +58,12 @@ struct MinArgs {
 
 template <bool Load>
 __global__ void __launch_bounds__(256) minAllReduce(const __grid_constant__ MinArgs a) {
-  __shared__ uint32_t base;
-  if (threadIdx.x == 0) {
-    base = *reinterpret_cast<volatile uint32_t*>(a.seq);
-    *reinterpret_cast<volatile uint32_t*>(a.seq) = base + 1;
-    __threadfence();
-  }
-  __syncthreads();
-  resident::gpu::pdlEnter();
+  const uint32_t g = probe::enterOp(a.seq);
   if (threadIdx.x != 0) return;
-  const uint32_t g = base + 1;
   const uint64_t v = Load ? __ldcg(reinterpret_cast<const unsigned long long*>(a.data)) : g;
   resident::gpu::storeLine(a.theirs + (g & 1) * 16, v, g);
   uint64_t peer = 0;
-  const uint64_t deadline = resident::gpu::globalTimerNs() + kTimeoutNs;
-  for (uint32_t spins = 0; !resident::gpu::loadLine(a.mine + (g & 1) * 16, g, peer);) {
-    if (++spins == 128) {
-      spins = 0;
-      if (resident::gpu::globalTimerNs() > deadline) {
-        *a.error = 1;
-        return;
-      }
-    }
-  }
+  if (!probe::pollLine(a.mine + (g & 1) * 16, g, peer, a.error, kTimeoutNs)) return;
   *a.data = v + peer;
 }
 
@@ -111,21 +87,6 @@ __global__ void __launch_bounds__(256) libCopy(const __grid_constant__ Collectiv
   collectiveBody<false>(a, sh, blockIdx.x);
 }
 
-double nowUs() {
-  using Us = std::chrono::duration<double, std::micro>;
-  return Us(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Both ranks reach step k; false when the peer does not come within 30 s or failed.
-bool barrier(Control* c, int rank, uint64_t k) {
-  c->arrive[rank] = k;
-  const double deadline = nowUs() + 30e6;
-  while (c->arrive[1 - rank] < k) {
-    if (c->failed || nowUs() > deadline) return false;
-  }
-  return true;
-}
-
 struct Variant {
   const char* name;
   int kind;  // 0 lib, 1 min+load, 2 min no load, 3 lib copy, 4 lib copy warm, 5 one-round kernel
@@ -135,12 +96,8 @@ struct Variant {
 
 int runRank(int rank, unsigned char* shared, int nodes, int replays) {
   check(cudaSetDevice(0), "device");
-  auto* ctl = reinterpret_cast<Control*>(shared);
-  const size_t bytes = 4096 + kVariants * 2 * kSegBytes;
-  check(cudaHostRegister(shared, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
-        "register");
-  unsigned char* shared_d = nullptr;
-  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_d), shared, 0), "pointer");
+  auto* ctl = reinterpret_cast<probe::TwoRankControl*>(shared);
+  unsigned char* shared_d = probe::registerShared(shared, kSharedBytes);
   cudaStream_t s;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   const Variant variants[kVariants] = {
@@ -188,40 +145,26 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
     for (int p = 0; p < 2; ++p) a.peers[p] = {data, p == rank ? data : nullptr, 8, 8, 1, 0};
     MinArgs m{reinterpret_cast<uint32_t*>(state), data, seg(rank) + kCollIn0, peer_seg + kCollIn0,
               error};
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
-    for (int i = 0; i < nodes; ++i) {
-      if (v.kind == 0) {
-        check(resident::gpu::launchCollective(a, 1, s, true), "launch");
-      } else if (v.kind == 5) {
-        check(resident::gpu::launchOneRound(a, 1, v.threads, s, true), "launch");
-      } else {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(1);
-        cfg.blockDim = dim3(v.threads);
-        cfg.stream = s;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        if (v.kind >= 3)
-          check(cudaLaunchKernelEx(&cfg, v.kind == 3 ? libCopy<false> : libCopy<true>, a),
-                "launch");
-        else
-          check(cudaLaunchKernelEx(&cfg, v.kind == 1 ? minAllReduce<true> : minAllReduce<false>, m),
-                "launch");
-      }
-    }
-    check(cudaStreamEndCapture(s, &g), "end capture");
-    check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
     // Both ranks start each replay together; a peer that does not come ends the variant.
     bool ok = true;
-    std::vector<double> per_op = probe::timeReplays(ge, s, nodes, replays, [&](int) {
-      ok = barrier(ctl, rank, step++);
-      return ok;
-    });
+    std::vector<double> per_op =
+        probe::timeTwoRankGraph(s, nodes, replays, ctl, rank, step, ok, [&] {
+          if (v.kind == 0) {
+            check(resident::gpu::launchCollective(a, 1, s, true), "launch");
+          } else if (v.kind == 5) {
+            check(resident::gpu::launchOneRound(a, 1, v.threads, s, true), "launch");
+          } else {
+            if (v.kind >= 3)
+              check(resident::gpu::launchKernel(v.kind == 3 ? libCopy<false> : libCopy<true>, a, 1,
+                                                s, true, v.threads),
+                    "launch");
+            else
+              check(resident::gpu::launchKernel(
+                        v.kind == 1 ? minAllReduce<true> : minAllReduce<false>, m, 1, s, true,
+                        v.threads),
+                    "launch");
+          }
+        });
     // The result: every op doubles the common sum after the first (uint64 arithmetic).
     uint64_t got = 0, want = mine_init[0] + mine_init[1];
     int err = 0;
@@ -235,17 +178,12 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
       status = 1;
       ctl->failed = 1;
     }
-    std::sort(per_op.begin(), per_op.end());
-    const auto at = [&](double q) {
-      return per_op.empty() ? 0.0 : per_op[size_t(q * (per_op.size() - 1))];
-    };
+    const auto at = [&](double q) { return probe::quantile(per_op, q); };
     std::printf(
         "{\"rank\": %d, \"variant\": \"%s\", \"threads\": %u, \"nodes\": %d, \"correct\": %s, "
         "\"us_per_op\": %.3f, \"p10\": %.3f, \"p90\": %.3f}\n",
         rank, v.name, v.threads, nodes, correct ? "true" : "false", at(0.5), at(0.1), at(0.9));
     std::fflush(stdout);
-    check(cudaGraphExecDestroy(ge), "destroy");
-    check(cudaGraphDestroy(g), "destroy");
     check(cudaFree(data), "free");
     check(cudaFree(state), "free");
     check(cudaFree(error), "free");
@@ -258,21 +196,5 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int nodes = argc > 1 ? std::atoi(argv[1]) : 200;
-  const int replays = argc > 2 ? std::atoi(argv[2]) : 31;
-  const size_t bytes = 4096 + kVariants * 2 * kSegBytes;
-  // Shared before fork, and fork before any CUDA call (a child must not inherit a context).
-  void* shared = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (shared == MAP_FAILED) {
-    std::printf("{\"error\": \"mmap\"}\n");
-    return 2;
-  }
-  std::memset(shared, 0, bytes);
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  const pid_t child = fork();
-  if (child == 0) std::_Exit(runRank(1, static_cast<unsigned char*>(shared), nodes, replays));
-  const int status = runRank(0, static_cast<unsigned char*>(shared), nodes, replays);
-  int child_status = 0;
-  waitpid(child, &child_status, 0);
-  return status != 0 || !WIFEXITED(child_status) || WEXITSTATUS(child_status) != 0 ? 1 : 0;
+  return probe::twoRankGraphMain(argc, argv, kSharedBytes, runRank);
 }

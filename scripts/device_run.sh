@@ -448,72 +448,56 @@ if has bench-persistent || has interference; then
   done
 fi
 
+# run_probe NAME "NVCC FLAGS AND SOURCES" ARGS...: builds a standalone probe as /tmp/NAME (its
+# build log $OUT/NAME_build.log), runs it with ARGS for 120 s at most, its JSON lines in
+# $OUT/NAME.jsonl; a failed build or run sets the call's status.
+run_probe() {
+  local name=$1 sources=$2
+  shift 2
+  # shellcheck disable=SC2086  # the flags and sources are words
+  if nvcc -std=c++17 -arch=sm_90 -Ikernels -Icsrc $sources -o "/tmp/$name" > "$OUT/${name}_build.log" 2>&1; then
+    timeout 120 "/tmp/$name" "$@" | tee "$OUT/$name.jsonl" || status=1
+  else
+    status=1; tail -20 "$OUT/${name}_build.log"
+  fi
+}
+
 if has poll-probe; then
   step "LL poll probe"
   { for f in /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/shmem_enabled \
       /proc/sys/vm/nr_hugepages /proc/cmdline; do echo "$f: $(cat $f 2>&1)"; done
     grep -i huge /proc/meminfo; echo "iommu: $(ls /sys/class/iommu 2>&1 | tr '\n' ' ')"; } \
     | tee "$OUT/poll_probe_host.txt"
-  if nvcc -std=c++17 -O2 -arch=sm_90 -Ikernels -Icsrc scripts/ll_poll_probe.cu -o /tmp/ll_poll_probe \
-      > "$OUT/poll_probe_build.log" 2>&1; then
-    timeout 120 /tmp/ll_poll_probe "${RESIDENT_POLL_PROBE_ITERS:-50}" "${RESIDENT_POLL_PROBE_ALLOCS:-shared}" "${RESIDENT_POLL_PROBE_SECTIONS:-sweep,credit,abort}" | tee "$OUT/poll_probe.jsonl" || status=1
-  else
-    status=1; tail -20 "$OUT/poll_probe_build.log"
-  fi
+  run_probe poll_probe "-O2 scripts/ll_poll_probe.cu" "${RESIDENT_POLL_PROBE_ITERS:-50}" \
+    "${RESIDENT_POLL_PROBE_ALLOCS:-shared}" "${RESIDENT_POLL_PROBE_SECTIONS:-sweep,credit,abort}"
 fi
 
 if has replica-probe; then
   step "replica poll probe"
-  if nvcc -std=c++17 -O2 -arch=sm_90 -Ikernels -Icsrc scripts/replica_poll_probe.cu \
-      -o /tmp/replica_poll_probe > "$OUT/replica_probe_build.log" 2>&1; then
-    timeout 120 /tmp/replica_poll_probe "${RESIDENT_REPLICA_PROBE_ITERS:-2000}" 7 \
-      | tee "$OUT/replica_probe.jsonl" || status=1
-  else
-    status=1; tail -20 "$OUT/replica_probe_build.log"
-  fi
+  run_probe replica_probe "-O2 scripts/replica_poll_probe.cu" "${RESIDENT_REPLICA_PROBE_ITERS:-2000}" 7
 fi
 
 if has pdl-probe; then
   step "PDL chain probe"
-  if nvcc -std=c++17 -O2 -arch=sm_90 -Ikernels -Icsrc scripts/pdl_chain_probe.cu -o /tmp/pdl_chain_probe \
-      > "$OUT/pdl_probe_build.log" 2>&1; then
-    timeout 120 /tmp/pdl_chain_probe 200 51 | tee "$OUT/pdl_probe.jsonl" || status=1
-  else
-    status=1; tail -20 "$OUT/pdl_probe_build.log"
-  fi
+  run_probe pdl_probe "-O2 scripts/pdl_chain_probe.cu" 200 51
 fi
 
 if has ar8-probe; then
   step "8 B all_reduce probe"
-  if nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Icsrc scripts/ar8_probe.cu kernels/collective_kernel.cu kernels/one_round_kernel.cu \
-      -o /tmp/ar8_probe > "$OUT/ar8_probe_build.log" 2>&1; then
-    timeout 120 /tmp/ar8_probe "${RESIDENT_AR8_PROBE_NODES:-200}" "${RESIDENT_AR8_PROBE_REPLAYS:-31}" \
-      | tee "$OUT/ar8_probe.jsonl" || status=1
-  else
-    status=1; tail -20 "$OUT/ar8_probe_build.log"
-  fi
+  run_probe ar8_probe "-O3 scripts/ar8_probe.cu kernels/collective_kernel.cu kernels/one_round_kernel.cu" \
+    "${RESIDENT_AR8_PROBE_NODES:-200}" "${RESIDENT_AR8_PROBE_REPLAYS:-31}"
 fi
 
 if has proxy8-probe; then
   step "proxy-path 8 B all_reduce probe"
-  if nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Icsrc scripts/proxy8_probe.cu kernels/collective_kernel.cu kernels/one_round_kernel.cu \
-      -o /tmp/proxy8_probe > "$OUT/proxy8_probe_build.log" 2>&1; then
-    timeout 120 /tmp/proxy8_probe "${RESIDENT_AR8_PROBE_NODES:-200}" "${RESIDENT_AR8_PROBE_REPLAYS:-31}" \
-      | tee "$OUT/proxy8_probe.jsonl" || status=1
-  else
-    status=1; tail -20 "$OUT/proxy8_probe_build.log"
-  fi
+  run_probe proxy8_probe "-O3 scripts/proxy8_probe.cu kernels/collective_kernel.cu kernels/one_round_kernel.cu" \
+    "${RESIDENT_AR8_PROBE_NODES:-200}" "${RESIDENT_AR8_PROBE_REPLAYS:-31}"
 fi
 
 if has proxy-copy-probe; then
   step "proxy copy probe"
   lscpu | grep -E "Model name|Socket|NUMA node|L3" | tee "$OUT/proxy_copy_probe_cpu.txt"
-  if nvcc -std=c++17 -O2 -arch=sm_90 -Xcompiler -msse4.1 -Ikernels -Icsrc \
-      scripts/proxy_copy_probe.cu -o /tmp/proxy_copy_probe > "$OUT/proxy_copy_probe_build.log" 2>&1; then
-    timeout 120 /tmp/proxy_copy_probe 50 | tee "$OUT/proxy_copy_probe.jsonl" || status=1
-  else
-    status=1; tail -20 "$OUT/proxy_copy_probe_build.log"
-  fi
+  run_probe proxy_copy_probe "-O2 -Xcompiler -msse4.1 scripts/proxy_copy_probe.cu" 50
 fi
 
 if has p2p-timeline; then

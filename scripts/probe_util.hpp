@@ -2,10 +2,16 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 namespace probe {
@@ -16,6 +22,16 @@ inline void check(cudaError_t e, const char* what) {
     std::printf("{\"error\": \"%s: %s\"}\n", what, cudaGetErrorString(e));
     std::exit(2);
   }
+}
+
+inline double nowUs() {
+  using Us = std::chrono::duration<double, std::micro>;
+  return Us(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Quantile q of samples sorted ascending (0 for none).
+inline double quantile(const std::vector<double>& sorted, double q) {
+  return sorted.empty() ? 0.0 : sorted[static_cast<size_t>(q * (sorted.size() - 1))];
 }
 
 // The upper median (0 for no samples).
@@ -46,6 +62,85 @@ std::vector<double> timeReplays(cudaGraphExec_t ge, cudaStream_t s, int nodes, i
   check(cudaEventDestroy(e0), "event");
   check(cudaEventDestroy(e1), "event");
   return per_node;
+}
+
+// Two-process probes (the ranks of a group on one GPU, under MPS as the library's): the first
+// page of the memory they share.
+struct TwoRankControl {
+  volatile uint64_t arrive[2];
+  volatile int failed;
+};
+
+// Both ranks reach step k; false when the peer does not come within 30 s or failed.
+inline bool barrier(TwoRankControl* c, int rank, uint64_t k) {
+  c->arrive[rank] = k;
+  const double deadline = nowUs() + 30e6;
+  while (c->arrive[1 - rank] < k) {
+    if (c->failed || nowUs() > deadline) return false;
+  }
+  return true;
+}
+
+// Registers the shared memory as mapped pinned memory of the current device; its device pointer.
+inline unsigned char* registerShared(unsigned char* shared, size_t bytes) {
+  check(cudaHostRegister(shared, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
+        "register");
+  unsigned char* shared_d = nullptr;
+  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_d), shared, 0), "pointer");
+  return shared_d;
+}
+
+// Runs run(rank, shared) in two processes (rank 1 the child) that share `bytes` of zeroed
+// memory, mapped before the fork, and the fork comes before any CUDA call (a child must not
+// inherit a context). main's exit status: 0 when both ranks returned 0.
+template <class Run>
+int runTwoRanks(size_t bytes, Run run) {
+  void* shared = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) {
+    std::printf("{\"error\": \"mmap\"}\n");
+    return 2;
+  }
+  std::memset(shared, 0, bytes);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const pid_t child = fork();
+  if (child == 0) std::_Exit(run(1, static_cast<unsigned char*>(shared)));
+  const int status = run(0, static_cast<unsigned char*>(shared));
+  int child_status = 0;
+  waitpid(child, &child_status, 0);
+  return status != 0 || !WIFEXITED(child_status) || WEXITSTATUS(child_status) != 0 ? 1 : 0;
+}
+
+// Captures `nodes` kernel launches (launch() issues one on s) into a graph and replays it as
+// timeReplays does, both ranks starting each replay together (step: the barrier's counter);
+// returns µs per node of each timed replay, sorted, and ok = false when the peer did not come.
+template <class Launch>
+std::vector<double> timeTwoRankGraph(cudaStream_t s, int nodes, int replays, TwoRankControl* ctl,
+                                     int rank, uint64_t& step, bool& ok, Launch launch) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+  for (int i = 0; i < nodes; ++i) launch();
+  check(cudaStreamEndCapture(s, &g), "end capture");
+  check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+  ok = true;
+  std::vector<double> per_node = timeReplays(ge, s, nodes, replays, [&](int) {
+    ok = barrier(ctl, rank, step++);
+    return ok;
+  });
+  check(cudaGraphExecDestroy(ge), "destroy");
+  check(cudaGraphDestroy(g), "destroy");
+  std::sort(per_node.begin(), per_node.end());
+  return per_node;
+}
+
+// main() of a two-rank graph probe: run(rank, shared, NODES, REPLAYS) in both processes, with
+// NODES = argv[1] (default 200) and REPLAYS = argv[2] (default 31).
+template <class Run>
+int twoRankGraphMain(int argc, char** argv, size_t bytes, Run run) {
+  const int nodes = argc > 1 ? std::atoi(argv[1]) : 200;
+  const int replays = argc > 2 ? std::atoi(argv[2]) : 31;
+  return runTwoRanks(
+      bytes, [&](int rank, unsigned char* shared) { return run(rank, shared, nodes, replays); });
 }
 
 }  // namespace probe

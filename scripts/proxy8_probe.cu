@@ -41,12 +41,8 @@
 #include <emmintrin.h>
 #include <pthread.h>
 #include <sched.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +55,7 @@
 #include "core/trigger_encoding.hpp"
 #include "launch_device.cuh"
 #include "ll_device.cuh"
+#include "probe_device.cuh"
 #include "probe_util.hpp"
 
 namespace {
@@ -76,12 +73,8 @@ constexpr uint64_t kRegionBytes = kCollIn0 + 2 * 2 * kSlotBytes;  // 2 ranks x 2
 constexpr uint64_t kOutStride = 2 * kSlotBytes;                   // outbox per destination
 constexpr uint64_t kOutboxBytes = 2 * kOutStride;
 constexpr uint64_t kRankBytes = kRegionBytes + kOutboxBytes;
+constexpr size_t kSharedBytes = 4096 + kVariants * 2 * kRankBytes;  // control page, segments
 constexpr uint64_t kTimeoutNs = 2000000000ull;
-
-struct Control {  // first page of the shared mapping
-  volatile uint64_t arrive[2];
-  volatile int failed;
-};
 
 enum Kind {
   kDirect,
@@ -133,18 +126,26 @@ struct BigArgs {  // MinArgs padded to the size of the library's kernel paramete
   unsigned char pad[sizeof(CollectiveArgs) - sizeof(MinArgs)];
 };
 
+// The trigger for the line at offset `line` (of the outbox and of the peer's slots alike), at
+// FIFO position `pos`: one unfenced 16-byte store in the library's encoding. `tail`: a FIFO tail
+// the variant loaded (compared, as the library does before a push, never reached).
+__device__ __forceinline__ void storeTrigger(const MinArgs& a, unsigned long long pos,
+                                             unsigned long long tail, uint64_t line, uint32_t g) {
+  if (pos - tail >= (1ull << 40)) *a.error = 2;
+  const uint64_t lap = resident::triggerLapBit(pos, kFifoSlots);
+  const uint64_t fst = resident::encodeWriteFst(line, line) | lap;
+  const uint64_t snd = resident::encodeWriteSnd(static_cast<uint32_t>(a.peer), 16,
+                                                resident::TriggerKind::kLines, g) |
+                       lap;
+  unsigned char* slot = a.fifo + 16 * (pos % kFifoSlots);
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(fst), "l"(snd)
+               : "memory");
+}
+
 template <Kind K>
 __device__ __forceinline__ void minBody(const MinArgs& a) {
-  __shared__ uint32_t base;
-  if (threadIdx.x == 0) {
-    base = *reinterpret_cast<volatile uint32_t*>(a.seq);
-    *reinterpret_cast<volatile uint32_t*>(a.seq) = base + 1;
-    __threadfence();
-  }
-  __syncthreads();
-  resident::gpu::pdlEnter();
+  const uint32_t g = probe::enterOp(a.seq);
   if (threadIdx.x != 0) return;
-  const uint32_t g = base + 1;
   const uint64_t line = (g & 1) * 16;
   constexpr bool kEarly = K == kTriggerAtomicTailEarly || K == kTriggerWaiter;
   constexpr bool kAtomic = K == kTriggerAtomic || K == kTriggerAtomicTail || kEarly;
@@ -159,17 +160,7 @@ __device__ __forceinline__ void minBody(const MinArgs& a) {
     resident::gpu::storeLine(a.outbox + line, v, g);
     if (K == kTriggerAtomicTail)
       tail = *reinterpret_cast<volatile unsigned long long*>(a.tail_cache);
-    if (K != kLine && K != kLineNt) {
-      if (pos - tail >= (1ull << 40)) *a.error = 2;  // never: keeps the tail load
-      const uint64_t lap = resident::triggerLapBit(pos, kFifoSlots);
-      const uint64_t fst = resident::encodeWriteFst(line, line) | lap;
-      const uint64_t snd = resident::encodeWriteSnd(static_cast<uint32_t>(a.peer), 16,
-                                                    resident::TriggerKind::kLines, g) |
-                           lap;
-      unsigned char* slot = a.fifo + 16 * (pos % kFifoSlots);
-      asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(fst), "l"(snd)
-                   : "memory");
-    }
+    if (K != kLine && K != kLineNt) storeTrigger(a, pos, tail, line, g);
   }
   uint64_t peer = 0;
   if (K == kTriggerWaiter) {
@@ -178,17 +169,8 @@ __device__ __forceinline__ void minBody(const MinArgs& a) {
       *a.error = 1;
       return;
     }
-  } else {
-    const uint64_t deadline = resident::gpu::globalTimerNs() + kTimeoutNs;
-    for (uint32_t spins = 0; !resident::gpu::loadLine(a.mine + line, g, peer);) {
-      if (++spins == 128) {
-        spins = 0;
-        if (resident::gpu::globalTimerNs() > deadline) {
-          *a.error = 1;
-          return;
-        }
-      }
-    }
+  } else if (!probe::pollLine(a.mine + line, g, peer, a.error, kTimeoutNs)) {
+    return;
   }
   *a.data = v + peer;
 }
@@ -202,15 +184,7 @@ enum LikeFlags { kFlagBarrier = 1, kFlagSlots = 2, kFlagReload = 4 };
 
 template <int F>
 __global__ void __launch_bounds__(32) libLike(const __grid_constant__ MinArgs a) {
-  __shared__ uint32_t base;
-  if (threadIdx.x == 0) {
-    base = *reinterpret_cast<volatile uint32_t*>(a.seq);
-    *reinterpret_cast<volatile uint32_t*>(a.seq) = base + 1;
-    __threadfence();
-  }
-  __syncthreads();
-  resident::gpu::pdlEnter();
-  const uint32_t g = base + 1;
+  const uint32_t g = probe::enterOp(a.seq);
   const uint64_t line = (F & kFlagSlots) ? ((g - 1) & 1) * kSlotBytes : (g & 1) * 16;
   unsigned long long pos = 0, tail = 0;
   if (threadIdx.x == 0) {
@@ -225,15 +199,7 @@ __global__ void __launch_bounds__(32) libLike(const __grid_constant__ MinArgs a)
   }
   if (F & kFlagBarrier) __syncthreads();
   if (threadIdx.x != 0) return;
-  if (pos - tail >= (1ull << 40)) *a.error = 2;  // never: keeps the tail load
-  const uint64_t lap = resident::triggerLapBit(pos, kFifoSlots);
-  const uint64_t fst = resident::encodeWriteFst(line, line) | lap;
-  const uint64_t snd = resident::encodeWriteSnd(static_cast<uint32_t>(a.peer), 16,
-                                                resident::TriggerKind::kLines, g) |
-                       lap;
-  unsigned char* slot = a.fifo + 16 * (pos % kFifoSlots);
-  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(fst), "l"(snd)
-               : "memory");
+  storeTrigger(a, pos, tail, line, g);
   const uint64_t mine =
       (F & kFlagReload) ? __ldcg(reinterpret_cast<const unsigned long long*>(a.data)) : v;
   uint64_t peer = 0;
@@ -246,21 +212,6 @@ __global__ void __launch_bounds__(32) libLike(const __grid_constant__ MinArgs a)
 
 __global__ void __launch_bounds__(32) minAllReduceBig(const __grid_constant__ BigArgs b) {
   minBody<kTriggerAtomicTailEarly>(b.m);
-}
-
-double nowUs() {
-  using Us = std::chrono::duration<double, std::micro>;
-  return Us(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Both ranks reach step k; false when the peer does not come within 30 s or failed.
-bool barrier(Control* c, int rank, uint64_t k) {
-  c->arrive[rank] = k;
-  const double deadline = nowUs() + 30e6;
-  while (c->arrive[1 - rank] < k) {
-    if (c->failed || nowUs() > deadline) return false;
-  }
-  return true;
 }
 
 bool flagsAre(const unsigned char* p, uint32_t flag) {
@@ -309,11 +260,11 @@ void proxyLoop(Kind kind, unsigned char* region, unsigned char* outbox, unsigned
     while (off + 16 <= r.bytes && flagsAre(src + off, r.value)) off += 16;
     if (off + 16 <= r.bytes) {
       ++stats->late;
-      const double t0 = nowUs();
+      const double t0 = probe::nowUs();
       for (; off + 16 <= r.bytes; off += 16)
         while (!flagsAre(src + off, r.value))
           if (stop->load(std::memory_order_relaxed)) return;
-      stats->wait_us += nowUs() - t0;
+      stats->wait_us += probe::nowUs() - t0;
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     unsigned char* dst = peer_region + r.remote_offset;
@@ -339,12 +290,8 @@ int proxyCpu(int rank) {
 
 int runRank(int rank, unsigned char* shared, int nodes, int replays) {
   check(cudaSetDevice(0), "device");
-  auto* ctl = reinterpret_cast<Control*>(shared);
-  const size_t bytes = 4096 + kVariants * 2 * kRankBytes;
-  check(cudaHostRegister(shared, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
-        "register");
-  unsigned char* shared_d = nullptr;
-  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&shared_d), shared, 0), "pointer");
+  auto* ctl = reinterpret_cast<probe::TwoRankControl*>(shared);
+  unsigned char* shared_d = probe::registerShared(shared, kSharedBytes);
   cudaStream_t s;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   const Variant variants[kVariants] = {{"direct", kDirect},
@@ -460,56 +407,41 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
         pthread_setaffinity_np(proxy.native_handle(), sizeof(one), &one);
       }
     }
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
-    for (int i = 0; i < nodes; ++i) {
-      if (v.kind == kLib || v.kind == kLibDirect) {
-        check(resident::gpu::launchCollective(v.kind == kLib ? a : a_direct, 1, s, true), "launch");
-        continue;
-      }
-      if (v.kind == kLibOneRoundDirect || v.kind == kLibOneRound) {
-        check(resident::gpu::launchOneRound(v.kind == kLibOneRound ? a : a_direct, 1, 32, s, true),
-              "launch");
-        continue;
-      }
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(1);
-      cfg.blockDim = dim3(32);
-      cfg.stream = s;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[0].val.programmaticStreamSerializationAllowed = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      void (*kernel)(MinArgs) = minAllReduce<kLine>;
-      if (v.kind == kDirect) kernel = minAllReduce<kDirect>;
-      if (v.kind == kTrigger) kernel = minAllReduce<kTrigger>;
-      if (v.kind == kTriggerAtomic) kernel = minAllReduce<kTriggerAtomic>;
-      if (v.kind == kTriggerAtomicTail) kernel = minAllReduce<kTriggerAtomicTail>;
-      if (v.kind == kTriggerAtomicTailEarly) kernel = minAllReduce<kTriggerAtomicTailEarly>;
-      if (v.kind == kTriggerWaiter) kernel = minAllReduce<kTriggerWaiter>;
-      if (v.kind == kLike0) kernel = libLike<0>;
-      if (v.kind == kLikeBarrier) kernel = libLike<kFlagBarrier>;
-      if (v.kind == kLikeSlots) kernel = libLike<kFlagSlots>;
-      if (v.kind == kLikeReload) kernel = libLike<kFlagReload>;
-      if (v.kind == kLikeAll) kernel = libLike<kFlagBarrier | kFlagSlots | kFlagReload>;
-      if (v.kind == kTriggerBigArgs) {
-        BigArgs big{};
-        big.m = m;
-        check(cudaLaunchKernelEx(&cfg, minAllReduceBig, big), "launch");
-        continue;
-      }
-      check(cudaLaunchKernelEx(&cfg, kernel, m), "launch");
-    }
-    check(cudaStreamEndCapture(s, &g), "end capture");
-    check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
     // Both ranks start each replay together; a peer that does not come ends the variant.
     bool ok = true;
-    std::vector<double> per_op = probe::timeReplays(ge, s, nodes, replays, [&](int) {
-      ok = barrier(ctl, rank, step++);
-      return ok;
-    });
+    std::vector<double> per_op =
+        probe::timeTwoRankGraph(s, nodes, replays, ctl, rank, step, ok, [&] {
+          if (v.kind == kLib || v.kind == kLibDirect) {
+            check(resident::gpu::launchCollective(v.kind == kLib ? a : a_direct, 1, s, true),
+                  "launch");
+            return;
+          }
+          if (v.kind == kLibOneRoundDirect || v.kind == kLibOneRound) {
+            check(resident::gpu::launchOneRound(v.kind == kLibOneRound ? a : a_direct, 1, 32, s,
+                                                true),
+                  "launch");
+            return;
+          }
+          void (*kernel)(MinArgs) = minAllReduce<kLine>;
+          if (v.kind == kDirect) kernel = minAllReduce<kDirect>;
+          if (v.kind == kTrigger) kernel = minAllReduce<kTrigger>;
+          if (v.kind == kTriggerAtomic) kernel = minAllReduce<kTriggerAtomic>;
+          if (v.kind == kTriggerAtomicTail) kernel = minAllReduce<kTriggerAtomicTail>;
+          if (v.kind == kTriggerAtomicTailEarly) kernel = minAllReduce<kTriggerAtomicTailEarly>;
+          if (v.kind == kTriggerWaiter) kernel = minAllReduce<kTriggerWaiter>;
+          if (v.kind == kLike0) kernel = libLike<0>;
+          if (v.kind == kLikeBarrier) kernel = libLike<kFlagBarrier>;
+          if (v.kind == kLikeSlots) kernel = libLike<kFlagSlots>;
+          if (v.kind == kLikeReload) kernel = libLike<kFlagReload>;
+          if (v.kind == kLikeAll) kernel = libLike<kFlagBarrier | kFlagSlots | kFlagReload>;
+          if (v.kind == kTriggerBigArgs) {
+            BigArgs big{};
+            big.m = m;
+            check(resident::gpu::launchKernel(minAllReduceBig, big, 1, s, true, 32), "launch");
+            return;
+          }
+          check(resident::gpu::launchKernel(kernel, m, 1, s, true, 32), "launch");
+        });
     uint64_t got[8] = {}, want[8];
     int err = 0;
     check(cudaMemcpy(got, data, sizeof(got), cudaMemcpyDeviceToHost), "copy");
@@ -528,10 +460,7 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
       status = 1;
       ctl->failed = 1;
     }
-    std::sort(per_op.begin(), per_op.end());
-    const auto at = [&](double q) {
-      return per_op.empty() ? 0.0 : per_op[size_t(q * (per_op.size() - 1))];
-    };
+    const auto at = [&](double q) { return probe::quantile(per_op, q); };
     std::printf(
         "{\"rank\": %d, \"variant\": \"%s\", \"proxy_cpu\": %d, \"nodes\": %d, \"correct\": %s, "
         "\"us_per_op\": %.3f, \"p10\": %.3f, \"p90\": %.3f, \"proxy_pops\": %llu, "
@@ -541,8 +470,6 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
         static_cast<unsigned long long>(stats.late),
         stats.pops ? stats.wait_us / static_cast<double>(stats.pops) : 0.0);
     std::fflush(stdout);
-    check(cudaGraphExecDestroy(ge), "destroy");
-    check(cudaGraphDestroy(g), "destroy");
     check(cudaFree(data), "free");
     check(cudaFree(state), "free");
     check(cudaFree(error), "free");
@@ -555,21 +482,5 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int nodes = argc > 1 ? std::atoi(argv[1]) : 200;
-  const int replays = argc > 2 ? std::atoi(argv[2]) : 31;
-  const size_t bytes = 4096 + kVariants * 2 * kRankBytes;
-  // Shared before fork, and fork before any CUDA call (a child must not inherit a context).
-  void* shared = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (shared == MAP_FAILED) {
-    std::printf("{\"error\": \"mmap\"}\n");
-    return 2;
-  }
-  std::memset(shared, 0, bytes);
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  const pid_t child = fork();
-  if (child == 0) std::_Exit(runRank(1, static_cast<unsigned char*>(shared), nodes, replays));
-  const int status = runRank(0, static_cast<unsigned char*>(shared), nodes, replays);
-  int child_status = 0;
-  waitpid(child, &child_status, 0);
-  return status != 0 || !WIFEXITED(child_status) || WEXITSTATUS(child_status) != 0 ? 1 : 0;
+  return probe::twoRankGraphMain(argc, argv, kSharedBytes, runRank);
 }
