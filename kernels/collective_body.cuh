@@ -203,8 +203,7 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
     }
   }
   if (sh.remote[p] == nullptr) {
-    __syncthreads();  // every line store of the block issued before the trigger
-    if (t == 0) {
+    pushFromThread0([&] {
       const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
       const uint64_t bytes =
           (static_cast<uint64_t>(j1 - 1 - j0) * kThreads + linesOf(sb, j1 - 1)) * 16;
@@ -213,7 +212,7 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
       if (!pushTriggerAt(w, pos, p, local_off + first, remote_off + first, bytes,
                          TriggerKind::kLines, g))
         sh.stop = 1;
-    }
+    });
   }
 }
 

@@ -115,19 +115,29 @@ struct TriggerSpan {
   }
 };
 
-// After the block's line stores (a barrier): thread 0 pushes the prepared triggers, which the
-// proxy posts once the lines' flags show. Should a push give up (the op was aborted or timed
-// out: Waiter::shouldStop raised `failed`), the block's pollers see that and stop. Block-uniform.
-__device__ inline void pushTriggers(Waiter& w, const LinePos& at, const TriggerSpan& span,
-                                    uint32_t count, const TriggerWords* words) {
-  __syncthreads();
-  if (at.t == 0) {
-    for (uint32_t i = 0; i < count; ++i)
-      if (!pushTriggerWords(w, span.pos + i, span.tail_seen, words[i])) break;
+// The op's sending half, shared by both kernels so that they follow one protocol (block-uniform):
+// the round state and, before the wait for the previous kernel, the proxied partners' trigger
+// words (their reads of the arguments also warm the constant cache for the stores after it);
+// after it the trigger positions first thing, this thread's line to every partner, and the
+// prepared triggers, which the proxy posts once the lines' flags show. Should a push give up
+// (the op was aborted or timed out: Waiter::shouldStop raised `failed`), the block's pollers see
+// that and stop. Returns the op's Waiter.
+__device__ __forceinline__ Waiter sendOneRound(const CollectiveArgs& a, Shared& sh,
+                                               TriggerWords* triggers, const LinePos& at) {
+  enterRounds(a, sh);
+  const uint32_t proxied = proxiedPartners(a, at.j);
+  if (proxied != 0) prepareTriggers(a, sh, at, triggers);
+  pdlEnter();
+  const TriggerSpan span(a, proxied);
+  Waiter w(a.reg, a.op_id);
+  sendPart(a, sh, at);
+  if (proxied != 0) {
+    pushFromThread0([&] {
+      for (uint32_t i = 0; i < proxied; ++i)
+        if (!pushTriggerWords(w, span.pos + i, span.tail_seen, triggers[i])) break;
+    });
   }
-  // Thread 0's warp-mates poll next for lines that these triggers release: they wait here for
-  // its pushes instead of holding the warp in their polling loop meanwhile.
-  __syncwarp();
+  return w;
 }
 
 template <typename Acc>
@@ -135,17 +145,8 @@ __global__ void __launch_bounds__(kThreads)
     oneRoundReduce(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
   __shared__ TriggerWords triggers[kMaxRanks];
-  enterRounds(a, sh);
   const LinePos at;
-  // Before the wait: the triggers' words (their reads of the arguments also warm the constant
-  // cache for the stores after it); the position atomic goes out first thing after it.
-  const uint32_t proxied = proxiedPartners(a, at.j);
-  if (proxied != 0) prepareTriggers(a, sh, at, triggers);
-  pdlEnter();
-  const TriggerSpan span(a, proxied);
-  Waiter w(a.reg, a.op_id);
-  sendPart(a, sh, at);
-  if (proxied != 0) pushTriggers(w, at, span, proxied, triggers);
+  Waiter w = sendOneRound(a, sh, triggers, at);
   const uint32_t nb = lineBytes(static_cast<uint32_t>(a.peers[a.rank].recv_bytes), at.j, at.t);
   if (nb == 0) return;
   const uint64_t mine = loadBytes(static_cast<const unsigned char*>(a.local_in) + at.part_off, nb);
@@ -167,17 +168,10 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
   __shared__ TriggerWords triggers[kMaxRanks];
-  enterRounds(a, sh);
   const LinePos at;
   const uint32_t j = at.j, t = at.t;
   const uint64_t off = at.part_off;
-  const uint32_t proxied = proxiedPartners(a, j);  // before the wait, as in oneRoundReduce
-  if (proxied != 0) prepareTriggers(a, sh, at, triggers);
-  pdlEnter();
-  const TriggerSpan span(a, proxied);
-  Waiter w(a.reg, a.op_id);
-  sendPart(a, sh, at);
-  if (proxied != 0) pushTriggers(w, at, span, proxied, triggers);
+  Waiter w = sendOneRound(a, sh, triggers, at);
   const PeerPlan& self = a.peers[a.rank];
   if (self.rounds != 0 && self.recv != nullptr && self.send_bytes > 0) {
     const uint32_t nb = lineBytes(static_cast<uint32_t>(self.send_bytes), j, t);

@@ -118,15 +118,14 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
       }
     }
     if (!remote && j_end > j0) {
-      __syncthreads();
-      if (t == 0) {
+      pushFromThread0([&] {
         const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
         const uint64_t n =
             (static_cast<uint64_t>(j_end - 1 - j0) * kThreads + linesOf(bytes, j_end - 1)) * 16;
         if (!pushTrigger(w, a.peer, local_off + first, remote_off + first, n, TriggerKind::kLines,
                          g))
           stop = 1;
-      }
+      });
     }
   }
 }
