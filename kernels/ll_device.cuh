@@ -45,17 +45,24 @@ __device__ __forceinline__ void storeRelease64(void* p, uint64_t v) {
 }
 
 // Up to 8 bytes of user memory (device) as one word; 8-, 4- and 2-byte pieces at their
-// alignment in one access, other tails and unaligned data bytewise. Loads bypass L1 (which is
+// alignment in one access, other tails and unaligned data bytewise (out of line: rare, and
+// its unrolled loop would sit between the hot path's instructions). Loads bypass L1 (which is
 // not coherent): the resident kernel reads buffers that other kernels rewrote since its
 // previous op, with no kernel boundary in between to invalidate L1.
+inline __device__ __noinline__ uint64_t loadBytewise(const unsigned char* p, uint32_t n) {
+  uint64_t v = 0;
+  for (uint32_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(__ldcg(p + i)) << (8 * i);
+  return v;
+}
 __device__ __forceinline__ uint64_t loadBytes(const unsigned char* p, uint32_t n) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   if (n == 8 && (a & 7) == 0) return __ldcg(reinterpret_cast<const unsigned long long*>(p));
   if (n == 4 && (a & 3) == 0) return __ldcg(reinterpret_cast<const unsigned int*>(p));
   if (n == 2 && (a & 1) == 0) return __ldcg(reinterpret_cast<const unsigned short*>(p));
-  uint64_t v = 0;
-  for (uint32_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(__ldcg(p + i)) << (8 * i);
-  return v;
+  return loadBytewise(p, n);
+}
+inline __device__ __noinline__ void storeBytewise(unsigned char* p, uint64_t v, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
 }
 __device__ __forceinline__ void storeBytes(unsigned char* p, uint64_t v, uint32_t n) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -66,7 +73,7 @@ __device__ __forceinline__ void storeBytes(unsigned char* p, uint64_t v, uint32_
   } else if (n == 2 && (a & 1) == 0) {
     *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v);
   } else {
-    for (uint32_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+    storeBytewise(p, v, n);
   }
 }
 
@@ -112,14 +119,30 @@ struct Waiter {
 // Producer of the trigger FIFO in this rank's GPU region (many blocks may push): positions
 // are taken by an atomic on DeviceState::fifo_head, one at a time (pushTrigger) or several at
 // once ahead of the stores (reserveTriggers, then pushTriggerAt).
+// Called by one thread of its warp (every caller is thread 0). The atomic is issued only by
+// the warp's lowest active lane, a predicate ptxas cannot see through: it turns a plain
+// atomicAdd (or atom) whose count it knows to be warp-uniform into a warp-aggregated one whose
+// shuffle waits for the result at once, which put the atomic's round trip before the payload
+// load instead of beside it (one-round kernel, session 24).
 __device__ __forceinline__ unsigned long long reserveTriggers(const Region& reg, uint32_t n) {
-  return atomicAdd(&reg.state->fifo_head, static_cast<unsigned long long>(n));
+  unsigned long long pos = 0;
+  asm volatile(
+      "{\n\t.reg .pred leader;\n\t.reg .b32 active, lowest, lane;\n\t"
+      "activemask.b32 active;\n\tneg.s32 lowest, active;\n\tand.b32 lowest, lowest, active;\n\t"
+      "bfind.u32 lowest, lowest;\n\tmov.u32 lane, %%laneid;\n\t"
+      "setp.eq.u32 leader, lane, lowest;\n\t"
+      "@leader atom.global.add.u64 %0, [%1], %2;\n\t}"
+      : "+l"(pos)
+      : "l"(&reg.state->fifo_head), "l"(static_cast<unsigned long long>(n))
+      : "memory");
+  return pos;
 }
 
 // Waits until position `pos` of the trigger FIFO is free (the proxy consumed what it held one
 // lap ago), refreshing DeviceState::fifo_tail_cache from the proxy's tail word; false when the
-// op gives up. Out of line: the rare path, kept out of the pushers' code.
-inline __device__ __noinline__ bool waitFifoRoom(Waiter& w, unsigned long long pos, int peer) {
+// op gives up. Out of line: the rare path, kept out of the pushers' code; the Waiter by value,
+// so that the caller's stays in registers.
+inline __device__ __noinline__ bool waitFifoRoom(Waiter w, unsigned long long pos, int peer) {
   const Region& reg = w.reg;
   const unsigned long long cap = reg.fifo_mask + 1ull;
   for (uint32_t spins = 0;;) {
