@@ -149,10 +149,68 @@ __device__ inline void planBlock(const CollectiveArgs& a, Shared& sh, Plan& plan
   }
 }
 
+// One partner's lines as this thread sees them.
+struct Lane {
+  unsigned char* to;          // this thread's line to the partner; null: it sends none
+  const unsigned char* from;  // its line from the partner
+  const unsigned char* send;  // its own word for the partner (null: the common word)
+  unsigned char* recv;        // copy mode: where the partner's word goes
+  uint32_t g, send_nb, recv_nb;
+  bool waits;  // it waits for a line from the partner (a payload or credit line)
+  int peer;
+};
+
+__device__ __forceinline__ Lane laneOf(const Route& r, uint32_t t) {
+  Lane l;
+  l.to = t < linesOfPart(r.send_bytes) ? r.to + t * 16 : nullptr;
+  l.from = r.from + t * 16;
+  l.send = r.send != nullptr ? r.send + t * 8 : nullptr;
+  l.recv = r.recv != nullptr ? r.recv + t * 8 : nullptr;
+  l.g = r.g;
+  l.send_nb = r.send != nullptr ? bytesOfLine(r.send_bytes, t) : 0u;
+  l.recv_nb = bytesOfLine(r.recv_bytes, t);
+  l.waits = t < linesOfPart(r.recv_bytes);
+  l.peer = r.peer;
+  return l;
+}
+
+// This thread's share of the plan, in registers before the wait: its words' addresses and
+// sizes, its lines to and from the first partner (a block's only one at 2 ranks) and, for
+// thread 0, the first trigger, so that after the wait the common case reads no shared memory.
+struct ThreadPlan {
+  const unsigned char* common;
+  const unsigned char* self_send;
+  unsigned char* self_recv;
+  uint32_t common_nb, self_nb;
+  uint32_t n, below, triggers;
+  bool mine_is_common;
+  Lane first{};
+  TriggerWords trigger0{};
+
+  __device__ ThreadPlan(const Plan& plan, uint32_t t)
+      : common(plan.common != nullptr ? plan.common + t * 8 : nullptr),
+        self_send(plan.self_send != nullptr ? plan.self_send + t * 8 : nullptr),
+        self_recv(plan.self_recv != nullptr ? plan.self_recv + t * 8 : nullptr),
+        common_nb(plan.common != nullptr ? bytesOfLine(plan.common_bytes, t) : 0u),
+        self_nb(plan.self_recv != nullptr ? bytesOfLine(plan.self_bytes, t) : 0u),
+        n(plan.n),
+        below(plan.below),
+        triggers(plan.triggers),
+        mine_is_common(plan.mine_is_common) {
+    if (n > 0) first = laneOf(plan.route[0], t);
+    if (triggers > 0 && t == 0) trigger0 = plan.trigger[0];
+  }
+
+  __device__ Lane lane(const Plan& plan, uint32_t i, uint32_t t) const {
+    return i == 0 ? first : laneOf(plan.route[i], t);
+  }
+};
+
 // The op's start: the plan and the round state (warp 0), the advance of the round numbers by
-// the last block to have read them, then the wait for the previous kernel (pdlEnter), as
-// enterCollective does for the general kernel.
-__device__ __forceinline__ void enterOneRound(const CollectiveArgs& a, Shared& sh, Plan& plan) {
+// the last block to have read them, this thread's share of the plan, then the wait for the
+// previous kernel (pdlEnter), as enterCollective does for the general kernel.
+__device__ __forceinline__ ThreadPlan enterOneRound(const CollectiveArgs& a, Shared& sh,
+                                                    Plan& plan) {
   if (threadIdx.x < 32) planBlock(a, sh, plan);
   __syncthreads();
   if (threadIdx.x == 0 && lastBlockOf(&a.reg.state->coll_blocks_done)) {
@@ -160,7 +218,9 @@ __device__ __forceinline__ void enterOneRound(const CollectiveArgs& a, Shared& s
     __threadfence();
   }
   __syncthreads();
+  const ThreadPlan tp(plan, threadIdx.x);
   pdlEnter();
+  return tp;
 }
 
 // The block's trigger positions, taken by thread 0 first thing after the wait together with
@@ -174,30 +234,29 @@ struct TriggerSpan {
   }
 };
 
+__device__ __forceinline__ void sendLane(const Lane& l, uint64_t common) {
+  if (l.to == nullptr) return;
+  storeLine(l.to, l.send_nb ? loadBytes(l.send, l.send_nb) : common, l.g);
+}
+
 // The op's sending half, shared by both kernels so that they follow one protocol
 // (block-uniform): after the wait the trigger positions first thing, this thread's line to
 // every partner, and the prepared triggers, which the proxy posts once the lines' flags show.
 // Should a push give up (the op was aborted or timed out: Waiter::shouldStop raised `failed`),
-// the block's pollers see that and stop. `common`: this thread's word of Plan::common. Returns
-// the op's Waiter.
+// the block's pollers see that and stop. `common`: this thread's common word. Returns the op's
+// Waiter.
 __device__ __forceinline__ Waiter sendOneRound(const CollectiveArgs& a, const Plan& plan,
-                                               uint32_t t, uint64_t& common) {
-  const TriggerSpan span(a.reg, plan.triggers);
+                                               const ThreadPlan& tp, uint32_t t, uint64_t& common) {
+  const TriggerSpan span(a.reg, tp.triggers);
   Waiter w(a.reg, a.op_id);
-  const uint32_t common_nb = plan.common != nullptr ? bytesOfLine(plan.common_bytes, t) : 0u;
-  common = common_nb ? loadBytes(plan.common + t * 8, common_nb) : 0;
-  for (uint32_t i = 0; i < plan.n; ++i) {
-    const Route& r = plan.route[i];
-    if (t >= linesOfPart(r.send_bytes)) continue;
-    uint64_t v = common;
-    const uint32_t nb = r.send != nullptr ? bytesOfLine(r.send_bytes, t) : 0u;
-    if (nb) v = loadBytes(r.send + t * 8, nb);
-    storeLine(r.to + t * 16, v, r.g);
-  }
-  if (plan.triggers != 0) {
+  common = tp.common_nb ? loadBytes(tp.common, tp.common_nb) : 0;
+  if (tp.n > 0) sendLane(tp.first, common);
+  for (uint32_t i = 1; i < tp.n; ++i) sendLane(laneOf(plan.route[i], t), common);
+  if (tp.triggers != 0) {
     pushFromThread0([&] {
-      for (uint32_t i = 0; i < plan.triggers; ++i)
-        if (!pushTriggerWords(w, span.pos + i, span.tail_seen, plan.trigger[i])) break;
+      if (!pushTriggerWords(w, span.pos, span.tail_seen, tp.trigger0)) return;
+      for (uint32_t i = 1; i < tp.triggers; ++i)
+        if (!pushTriggerWords(w, span.pos + i, span.tail_seen, plan.trigger[i])) return;
     });
   }
   return w;
@@ -209,45 +268,42 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ Shared sh;
   __shared__ Plan plan;
   const uint32_t t = threadIdx.x;
-  enterOneRound(a, sh, plan);
-  const uint32_t nb = bytesOfLine(plan.self_bytes, t);
-  const uint64_t own = nb && !plan.mine_is_common ? loadBytes(plan.self_send + t * 8, nb) : 0;
+  const ThreadPlan tp = enterOneRound(a, sh, plan);
+  const uint64_t own = tp.self_nb && !tp.mine_is_common ? loadBytes(tp.self_send, tp.self_nb) : 0;
   uint64_t common;
-  Waiter w = sendOneRound(a, plan, t, common);
-  if (nb == 0) return;
-  const uint64_t mine = plan.mine_is_common ? common : own;
+  Waiter w = sendOneRound(a, plan, tp, t, common);
+  if (tp.self_nb == 0) return;
+  const uint64_t mine = tp.mine_is_common ? common : own;
   Acc acc;
   // In rank order, this rank's own bytes in their place: every rank rounds the same.
-  for (uint32_t k = 0; k <= plan.n; ++k) {
+  for (uint32_t k = 0; k <= tp.n; ++k) {
     uint64_t v = mine;
-    if (k != plan.below) {
-      const Route& r = plan.route[k < plan.below ? k : k - 1];
-      if (!w.line(r.from + t * 16, r.g, v, r.peer)) return;
+    if (k != tp.below) {
+      const Lane l = tp.lane(plan, k < tp.below ? k : k - 1, t);
+      if (!w.line(l.from, l.g, v, l.peer)) return;
     }
     if (k == 0)
       acc.first(v);
     else
       acc.fold(a.redop, v);
   }
-  storeBytes(plan.self_recv + t * 8, acc.result(a.redop, a.nranks), nb);
+  storeBytes(tp.self_recv, acc.result(a.redop, a.nranks), tp.self_nb);
 }
 
 __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
   __shared__ Plan plan;
   const uint32_t t = threadIdx.x;
-  enterOneRound(a, sh, plan);
+  const ThreadPlan tp = enterOneRound(a, sh, plan);
   uint64_t common;
-  Waiter w = sendOneRound(a, plan, t, common);
-  const uint32_t own_nb = plan.self_recv != nullptr ? bytesOfLine(plan.self_bytes, t) : 0u;
-  if (own_nb) storeBytes(plan.self_recv + t * 8, loadBytes(plan.self_send + t * 8, own_nb), own_nb);
-  for (uint32_t i = 0; i < plan.n; ++i) {
-    const Route& r = plan.route[i];
-    if (t >= linesOfPart(r.recv_bytes)) continue;  // a credit line is waited for too (slot reuse)
+  Waiter w = sendOneRound(a, plan, tp, t, common);
+  if (tp.self_nb) storeBytes(tp.self_recv, loadBytes(tp.self_send, tp.self_nb), tp.self_nb);
+  for (uint32_t i = 0; i < tp.n; ++i) {
+    const Lane l = tp.lane(plan, i, t);
+    if (!l.waits) continue;  // a credit line is waited for too (slot reuse)
     uint64_t v;
-    if (!w.line(r.from + t * 16, r.g, v, r.peer)) return;
-    const uint32_t nb = bytesOfLine(r.recv_bytes, t);
-    if (nb) storeBytes(r.recv + t * 8, v, nb);
+    if (!w.line(l.from, l.g, v, l.peer)) return;
+    if (l.recv_nb) storeBytes(l.recv, v, l.recv_nb);
   }
 }
 
