@@ -402,7 +402,6 @@ def _bad_persistent_job(rank, ws):
                                        ("RESIDENT_GPU_PERSISTENT_SLOTS", "8"),
                                        ("RESIDENT_GPU_TRIGGER_FENCE", "2"),
                                        ("RESIDENT_GPU_PROXY_STREAMING", "2"),
-                                       ("RESIDENT_GPU_PROXY_REPOLL", "-1"),
                                        ("RESIDENT_GPU_ONE_ROUND", "2"),
                                        ("RESIDENT_GPU_MAX_BLOCKS", "65")])
 def test_persistent_knobs_are_validated(var, value):

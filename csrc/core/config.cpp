@@ -72,8 +72,6 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.gpu_trigger_fence = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_proxy_streaming") {
     c.gpu_proxy_streaming = parseUnsigned(key, value, 0, 1) == 1;
-  } else if (key == "gpu_proxy_repoll") {
-    c.gpu_proxy_repoll = static_cast<uint32_t>(parseUnsigned(key, value, 0, 1000000));
   } else if (key == "gpu_pdl") {
     c.gpu_pdl = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_p2p_stream") {
@@ -125,7 +123,6 @@ const char* kKeys[] = {"path",
                        "gpu_one_round",
                        "gpu_trigger_fence",
                        "gpu_proxy_streaming",
-                       "gpu_proxy_repoll",
                        "gpu_p2p_stream",
                        "gpu_protocol",
                        "tcp_addr",
@@ -163,7 +160,6 @@ std::string Config::describe() const {
          " gpu_one_round=" + (gpu_one_round ? "1" : "0") +
          " gpu_trigger_fence=" + (gpu_trigger_fence ? "1" : "0") +
          " gpu_proxy_streaming=" + (gpu_proxy_streaming ? "1" : "0") +
-         " gpu_proxy_repoll=" + std::to_string(gpu_proxy_repoll) +
          " gpu_p2p_stream=" + (gpu_p2p_lazy ? "auto" : "own") +
          " gpu_protocol=" + (gpu_protocol_simple ? "simple" : "ll") +
          " gpu_persistent=" + (gpu_persistent ? "1" : "0") +

@@ -42,9 +42,6 @@ struct Config {
   // RESIDENT_GPU_PROXY_STREAMING=0|1: the proxy posts the CUDA path's lines with
   // Transport::writeForDevice (shm: non-temporal stores) instead of write (memcpy).
   bool gpu_proxy_streaming = true;
-  // RESIDENT_GPU_PROXY_REPOLL: while the GPU trigger ring is empty, the proxy looks at it again
-  // up to this many times before the rest of its pass (0: once per pass).
-  uint32_t gpu_proxy_repoll = 64;
   // RESIDENT_GPU_P2P_STREAM=auto|own: where a send/recv on CUDA tensors runs. auto (default):
   // launched lazily, a blocking one on the caller's stream; own: on a stream per peer and
   // direction, launched when called (c10d/work_cuda.hpp, runCudaP2P).

@@ -88,12 +88,6 @@ class TriggerRingView {
   TriggerRingView(void* slots, uint64_t* tail_word, uint32_t capacity_pow2)
       : slots_(static_cast<uint64_t*>(slots)), tail_word_(tail_word), mask_(capacity_pow2 - 1) {}
 
-  // Whether the next slot's second word has been written (a cheap look, no pop).
-  bool ready() const {
-    const uint64_t snd = __atomic_load_n(slots_ + 2 * (tail_ & mask_) + 1, __ATOMIC_RELAXED);
-    return (snd & TriggerFifo::kLapBit) == lapBit(tail_);
-  }
-
   // A slot is complete when both words carry the lap parity: a producer may write it as one
   // 16-byte store without a fence, which the reader may see half done.
   bool tryPop(Trigger& out) {

@@ -92,8 +92,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       pdl_(comm.config().gpu_pdl),
       prefetch_(comm.config().gpu_prefetch),
       one_round_(comm.config().gpu_one_round),
-      proxy_streaming_(comm.config().gpu_proxy_streaming),
-      proxy_repoll_(comm.config().gpu_proxy_repoll) {
+      proxy_streaming_(comm.config().gpu_proxy_streaming) {
   if (nranks_ > gpu::kMaxRanks) {
     throw InvalidArgument("resident: CUDA tensors are supported in groups of at most " +
                           std::to_string(gpu::kMaxRanks) + " ranks; this group has " +

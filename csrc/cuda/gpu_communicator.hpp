@@ -100,9 +100,8 @@ class GpuCommunicator : public ProxyHandler {
   int device_ = -1;
   const bool pdl_;
   const bool prefetch_;
-  const bool one_round_;         // RESIDENT_GPU_ONE_ROUND: launchOneRound for the ops it takes
-  const bool proxy_streaming_;   // RESIDENT_GPU_PROXY_STREAMING: Transport::writeForDevice
-  const uint32_t proxy_repoll_;  // RESIDENT_GPU_PROXY_REPOLL: looks at an empty ring per pass
+  const bool one_round_;        // RESIDENT_GPU_ONE_ROUND: launchOneRound for the ops it takes
+  const bool proxy_streaming_;  // RESIDENT_GPU_PROXY_STREAMING: Transport::writeForDevice
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;

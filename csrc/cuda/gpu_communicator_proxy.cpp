@@ -66,11 +66,6 @@ bool GpuCommunicator::proxyPoll() {
     }
     n = 0;
   };
-  // Decode ops wait on this ring: while it is empty, look again a few times before the rest of
-  // the proxy's pass (the CPU FIFO, the transport, TCP, the engine, the back-off), so that a
-  // trigger waits about one look rather than a whole pass.
-  for (uint32_t i = 0; i < proxy_repoll_ && !ring_.ready(); ++i) {
-  }
   int popped = 0;
   Trigger t;
   while (popped < 256 && ring_.tryPop(t)) {
