@@ -42,8 +42,10 @@ __device__ inline uint32_t advanceEarly(uint32_t* round, uint32_t* blocks_read, 
 // after another (~1 us each on the H200 host: 30.7 us for 32 blocks, scripts/ll_poll_probe.cu),
 // so a 64 KiB send over 16 blocks spent ~15 us here (31 -> 12.7 us one-way, session 20). Block 0
 // takes part in every round (part 0 always has a line), so the others never wait on a block that
-// has left. Thread 0 of a block only.
-__device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, uint32_t g) {
+// has left. Thread 0 of a block only. `early` (block 0, or null): a read of the credit word
+// made before the wait for the previous kernel; credits only grow, so it is a safe lower bound.
+__device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, uint32_t g,
+                                  const uint32_t* early) {
   const Region& reg = w.reg;
   volatile uint32_t* cached = &reg.state->p2p_credit[a.peer][slot];
   // Round numbers wrap: `done` is at or past `want` when the difference is non-negative.
@@ -64,6 +66,7 @@ __device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, ui
   // read: an atomic or a re-read would put an L2 round trip on the path of every send (with an
   // atomicCAS here the 8 B send/recv read 4.76 us, session 20; 4.05 us before).
   uint32_t known = *cached;
+  if (early != nullptr && static_cast<int32_t>(*early - known) > 0) *cached = known = *early;
   if (reached(known, g - 2)) return true;
   for (uint32_t spins = 0;;) {
     const uint32_t v = static_cast<uint32_t>(loadVolatile64(word));
@@ -84,20 +87,41 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
   unsigned char* remote = st->remote[a.peer];
   const uint32_t base =
       advanceEarly(&st->p2p_send_round[a.peer], &st->send_blocks_done[a.peer], a.rounds);
-  if (threadIdx.x == 0) stop = 0;
+  const uint32_t t = threadIdx.x;
+  const uint32_t j0 = blockIdx.x * a.parts_per_block;
+  // Block 0's read of round 0's credit word goes out before the wait, so that its host round
+  // trip (~1 us) overlaps the previous kernel: in a ping-pong the credit the send needs has
+  // long arrived, but the device cache of it is refreshed only when a send reads the word,
+  // which put a host read on every other send's path.
+  uint32_t early = 0;
+  if (t == 0) {
+    stop = 0;
+    if (blockIdx.x == 0)
+      early = static_cast<uint32_t>(
+          loadVolatile64(reg.local + reg.credit_in0 + 64ull * a.peer + 8ull * (base & 1)));
+  }
   pdlEnter();
   __syncthreads();
   Waiter w(reg, a.op_id);
-  const uint32_t t = threadIdx.x;
-  const uint32_t j0 = blockIdx.x * a.parts_per_block;
   // `stop` is only read after a barrier, so every thread leaves the loop in the same round.
   for (uint32_t r = 0; r < a.rounds; ++r) {
     const uint32_t g = base + r + 1;
     const uint32_t slot = (g - 1) & 1;
-    if (t == 0 && !stop && !waitCredit(w, a, slot, g)) stop = 1;
+    const uint32_t bytes = roundBytes(a.bytes, r, reg.chunk);
+    // Proxied: the trigger's position is taken once the credit is there, so that its atomic
+    // overlaps the line stores; from there on the block waits for nothing before it pushes
+    // (a reserved position must be filled without waiting on a peer: the proxy pops in order).
+    unsigned long long pos = 0, tail_seen = 0;
+    if (t == 0 && !stop) {
+      if (!waitCredit(w, a, slot, g, r == 0 && blockIdx.x == 0 ? &early : nullptr)) {
+        stop = 1;
+      } else if (remote == nullptr && linesOf(bytes, j0) > 0) {
+        pos = reserveTriggers(reg, 1);
+        tail_seen = loadTailCache(reg);
+      }
+    }
     __syncthreads();
     if (stop) break;
-    const uint32_t bytes = roundBytes(a.bytes, r, reg.chunk);
     const uint64_t remote_off =
         reg.p2p_in0 + (static_cast<uint64_t>(a.rank) * 2 + slot) * reg.slot_bytes;
     const uint64_t local_off =
@@ -122,8 +146,9 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
         const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
         const uint64_t n =
             (static_cast<uint64_t>(j_end - 1 - j0) * kThreads + linesOf(bytes, j_end - 1)) * 16;
-        if (!pushTrigger(w, a.peer, local_off + first, remote_off + first, n, TriggerKind::kLines,
-                         g))
+        if (!pushTriggerWords(w, pos, tail_seen,
+                              triggerWords(reg, a.peer, local_off + first, remote_off + first, n,
+                                           TriggerKind::kLines, g)))
           stop = 1;
       });
     }
