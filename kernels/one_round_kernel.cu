@@ -10,11 +10,14 @@
 // Everything that depends only on the arguments and the round state is therefore resolved
 // before that wait, while the previous kernel still runs (programmatic dependent launch): the
 // block's partners in rank order with their addresses, byte counts and generations (Plan), and
-// the proxied partners' trigger words. After the wait a thread reads its plan from shared
-// memory, loads its word, stores its lines, hands the triggers to the proxy and polls. On the
-// H200 the general kernel (collective_body.cuh: rounds, per-dtype dispatch, ~17k instructions)
-// took ~1 µs more for an 8 B all_reduce on the direct path (scripts/ar8_probe.cu) and 1-2 µs
-// more on the proxy path (scripts/proxy8_probe.cu; sessions 22-24 in benchmarks/RESULTS.md).
+// the proxied partners' trigger words. After the wait a thread works from registers (its words,
+// its lines to and from the first partner: a block's only one at 2 ranks) and, for further
+// partners, from the plan in shared memory: it loads its word, stores its lines, hands the
+// triggers to the proxy and polls. On the H200 (session 24) that took the proxied 8 B
+// all_reduce from ~4.0 to ~3.4 µs (840 instruction slots had separated the wait from the line
+// store, now 162). The general kernel (collective_body.cuh: rounds, per-dtype dispatch, ~17k
+// instructions) takes ~1 µs more at 8 B on both paths (scripts/ar8_probe.cu,
+// scripts/proxy8_probe.cu; sessions 22-24 in benchmarks/RESULTS.md).
 // The lines, slots and trigger ranges are the general kernel's round 0 (same layout and
 // generations), so that ops of either kernel follow each other on a group.
 #include <cuda_runtime.h>
