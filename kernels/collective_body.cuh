@@ -376,10 +376,10 @@ __device__ inline void advanceRounds(const CollectiveArgs& a, const Shared& sh) 
   }
 }
 
-// A collective kernel's start before the wait for the previous kernel (enterCollective without
-// its pdlEnter, for a kernel with more to do before that wait).
-__device__ __forceinline__ void enterRounds(const CollectiveArgs& a, Shared& sh) {
-  loadRoundState(a, sh);
+// Once every block of the op loaded its round state into `sh`: the last block to have done so
+// advances the round numbers for the next op, before any thread of this kernel lets that one
+// launch (pdlEnter). Block-uniform (barriers).
+__device__ __forceinline__ void advanceOnceLoaded(const CollectiveArgs& a, const Shared& sh) {
   __syncthreads();
   if (threadIdx.x == 0 && lastBlockOf(&a.reg.state->coll_blocks_done)) {
     advanceRounds(a, sh);
@@ -394,7 +394,8 @@ __device__ __forceinline__ void enterRounds(const CollectiveArgs& a, Shared& sh)
 // the stream (pdlEnter). So the device-state loads overlap the previous kernel instead of
 // following it.
 __device__ __forceinline__ void enterCollective(const CollectiveArgs& a, Shared& sh) {
-  enterRounds(a, sh);
+  loadRoundState(a, sh);
+  advanceOnceLoaded(a, sh);
   pdlEnter();
 }
 

@@ -215,12 +215,7 @@ struct ThreadPlan {
 __device__ __forceinline__ ThreadPlan enterOneRound(const CollectiveArgs& a, Shared& sh,
                                                     Plan& plan) {
   if (threadIdx.x < 32) planBlock(a, sh, plan);
-  __syncthreads();
-  if (threadIdx.x == 0 && lastBlockOf(&a.reg.state->coll_blocks_done)) {
-    advanceRounds(a, sh);
-    __threadfence();
-  }
-  __syncthreads();
+  advanceOnceLoaded(a, sh);
   const ThreadPlan tp(plan, threadIdx.x);
   pdlEnter();
   return tp;
