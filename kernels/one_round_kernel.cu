@@ -30,25 +30,6 @@ namespace resident {
 namespace gpu {
 namespace {
 
-// Payload bytes of part j of the first round of a message of `total` bytes (0 .. 2 KiB).
-__device__ __forceinline__ uint32_t partBytes(uint64_t total, uint32_t chunk, uint32_t j) {
-  const int64_t len = partLen(roundBytes(total, 0, chunk), j);
-  if (len <= 0) return 0u;
-  return static_cast<uint32_t>(len < kPartPayload ? len : kPartPayload);
-}
-
-// Bytes line t of a part of `part_bytes` carries (0: past the payload, or a credit line).
-__device__ __forceinline__ uint32_t bytesOfLine(uint32_t part_bytes, uint32_t t) {
-  const int32_t len = static_cast<int32_t>(part_bytes) - static_cast<int32_t>(t * 8);
-  if (len <= 0) return 0u;
-  return len < 8 ? static_cast<uint32_t>(len) : 8u;
-}
-
-// Lines of a part: its payload lines, or one credit line when it carries nothing.
-__device__ __forceinline__ uint32_t linesOfPart(uint32_t part_bytes) {
-  return part_bytes ? (part_bytes + 7) / 8 : 1u;
-}
-
 // A partner of this block in the op: where the block's lines to it go (the partner's slot when
 // direct, the outbox when proxied), where its lines for the block arrive, and what the block's
 // part carries each way.

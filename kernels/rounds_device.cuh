@@ -68,5 +68,28 @@ RESIDENT_HOST_DEVICE_INLINE uint32_t lineBytes(uint32_t round_bytes, uint32_t pa
   return static_cast<uint32_t>(len < 8 ? len : 8);
 }
 
+// The one-round kernel's cut (one_round_kernel.cu): a block's part of the first round in 32-bit
+// arithmetic, computed once before the wait for the previous kernel, and per line after it. The
+// same lines as lineBytes and payloadLines (tests/cpp/test_one_round_parts.cpp), so that ops of
+// either kernel follow each other on a channel.
+// Payload bytes of part j of the first round of a message of `total` bytes (0 .. 2 KiB).
+RESIDENT_HOST_DEVICE_INLINE uint32_t partBytes(uint64_t total, uint32_t chunk, uint32_t j) {
+  const int64_t len = partLen(roundBytes(total, 0, chunk), j);
+  if (len <= 0) return 0u;
+  return static_cast<uint32_t>(len < kPartPayload ? len : kPartPayload);
+}
+
+// Bytes line t of a part of `part_bytes` carries (0: past the payload, or a credit line).
+RESIDENT_HOST_DEVICE_INLINE uint32_t bytesOfLine(uint32_t part_bytes, uint32_t t) {
+  const int32_t len = static_cast<int32_t>(part_bytes) - static_cast<int32_t>(t * 8);
+  if (len <= 0) return 0u;
+  return len < 8 ? static_cast<uint32_t>(len) : 8u;
+}
+
+// Lines of a part: its payload lines, or one credit line when it carries nothing.
+RESIDENT_HOST_DEVICE_INLINE uint32_t linesOfPart(uint32_t part_bytes) {
+  return part_bytes ? (part_bytes + 7) / 8 : 1u;
+}
+
 }  // namespace gpu
 }  // namespace resident
