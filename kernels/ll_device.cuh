@@ -119,10 +119,11 @@ struct Waiter {
 // Producer of the trigger FIFO in this rank's GPU region (many blocks may push): positions
 // are taken by an atomic on DeviceState::fifo_head, one at a time (pushTrigger) or several at
 // once ahead of the stores (reserveTriggers, then pushTriggerAt).
-// Called by one thread of its warp (every caller is thread 0). The atomic is issued only by
-// the warp's lowest active lane, a predicate ptxas cannot see through: it turns a plain
-// atomicAdd (or atom) whose count it knows to be warp-uniform into a warp-aggregated one whose
-// shuffle waits for the result at once, which put the atomic's round trip before the payload
+//
+// reserveTriggers: called by one thread of its warp (every caller is thread 0). The atomic is
+// issued only by the warp's lowest active lane, a predicate ptxas cannot see through: it turns a
+// plain atomicAdd (or atom) whose count it knows to be warp-uniform into a warp-aggregated one
+// whose shuffle waits for the result at once, which put the atomic's round trip before the payload
 // load instead of beside it (one-round kernel, session 24).
 __device__ __forceinline__ unsigned long long reserveTriggers(const Region& reg, uint32_t n) {
   unsigned long long pos = 0;

@@ -165,28 +165,21 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
                     "launch");
           }
         });
-    // The result: every op doubles the common sum after the first (uint64 arithmetic).
-    uint64_t got = 0, want = mine_init[0] + mine_init[1];
+    uint64_t got = 0;
     int err = 0;
     check(cudaMemcpy(&got, data, 8, cudaMemcpyDeviceToHost), "copy");
     check(cudaMemcpy(&err, error, 4, cudaMemcpyDeviceToHost), "copy");
-    const uint64_t ops = static_cast<uint64_t>(nodes) * static_cast<uint64_t>(replays + 3);
-    for (uint64_t i = 1; i < ops; ++i) want *= 2;
+    const uint64_t want = probe::allReducedWord(mine_init[0] + mine_init[1], nodes, replays);
     // min-noload carries no data: only that it completed.
     const bool correct = ok && err == 0 && (v.kind == 2 || got == want);
-    if (!correct) {
-      status = 1;
-      ctl->failed = 1;
-    }
+    probe::recordVerdict(correct, status, ctl);
     const auto at = [&](double q) { return probe::quantile(per_op, q); };
     std::printf(
         "{\"rank\": %d, \"variant\": \"%s\", \"threads\": %u, \"nodes\": %d, \"correct\": %s, "
         "\"us_per_op\": %.3f, \"p10\": %.3f, \"p90\": %.3f}\n",
         rank, v.name, v.threads, nodes, correct ? "true" : "false", at(0.5), at(0.1), at(0.9));
     std::fflush(stdout);
-    check(cudaFree(data), "free");
-    check(cudaFree(state), "free");
-    check(cudaFree(error), "free");
+    probe::freeDevice({data, state, error});
     if (!correct) break;
   }
   check(cudaHostUnregister(shared), "unregister");

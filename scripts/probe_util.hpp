@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 namespace probe {
@@ -40,9 +41,11 @@ inline double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// Replays graph `ge` on `s` `replays` times after 3 untimed ones, timed with events; returns
-// microseconds per node of each timed replay. before(r) runs before replay r; false stops (the
-// replays so far are returned).
+constexpr int kUntimedReplays = 3;  // timeReplays' warm-up replays
+
+// Replays graph `ge` on `s` `replays` times after kUntimedReplays untimed ones, timed with
+// events; returns microseconds per node of each timed replay. before(r) runs before replay r;
+// false stops (the replays so far are returned).
 template <class Before>
 std::vector<double> timeReplays(cudaGraphExec_t ge, cudaStream_t s, int nodes, int replays,
                                 Before before) {
@@ -50,18 +53,28 @@ std::vector<double> timeReplays(cudaGraphExec_t ge, cudaStream_t s, int nodes, i
   check(cudaEventCreate(&e0), "event");
   check(cudaEventCreate(&e1), "event");
   std::vector<double> per_node;
-  for (int r = 0; r < replays + 3 && before(r); ++r) {
+  for (int r = 0; r < replays + kUntimedReplays && before(r); ++r) {
     check(cudaEventRecord(e0, s), "record");
     check(cudaGraphLaunch(ge, s), "graph launch");
     check(cudaEventRecord(e1, s), "record");
     check(cudaEventSynchronize(e1), "sync");
     float ms = 0;
     check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
-    if (r >= 3) per_node.push_back(1000.0 * ms / nodes);
+    if (r >= kUntimedReplays) per_node.push_back(1000.0 * ms / nodes);
   }
   check(cudaEventDestroy(e0), "event");
   check(cudaEventDestroy(e1), "event");
   return per_node;
+}
+
+// The word an in-place 2-rank SUM all_reduce leaves after a graph of `nodes` such ops went
+// through timeReplays(..., replays): the ranks' first words summed, then doubled by every later
+// op (uint64 arithmetic, as the kernels add).
+inline uint64_t allReducedWord(uint64_t sum, int nodes, int replays) {
+  const uint64_t ops =
+      static_cast<uint64_t>(nodes) * static_cast<uint64_t>(replays + kUntimedReplays);
+  for (uint64_t i = 1; i < ops; ++i) sum *= 2;
+  return sum;
 }
 
 // Two-process probes (the ranks of a group on one GPU, under MPS as the library's): the first
@@ -70,6 +83,19 @@ struct TwoRankControl {
   volatile uint64_t arrive[2];
   volatile int failed;
 };
+
+// A variant's verdict, once its results are read back: a wrong one fails the probe (status 1)
+// and tells the peer, whose barriers then give up instead of waiting 30 s.
+inline void recordVerdict(bool correct, int& status, TwoRankControl* ctl) {
+  if (correct) return;
+  status = 1;
+  ctl->failed = 1;
+}
+
+// Frees a variant's device buffers.
+inline void freeDevice(std::initializer_list<void*> buffers) {
+  for (void* b : buffers) check(cudaFree(b), "free");
+}
 
 // Both ranks reach step k; false when the peer does not come within 30 s or failed.
 inline bool barrier(TwoRankControl* c, int rank, uint64_t k) {

@@ -448,18 +448,14 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
     check(cudaMemcpy(&err, error, 4, cudaMemcpyDeviceToHost), "copy");
     stop.store(true);
     if (proxy.joinable()) proxy.join();
-    const uint64_t ops = static_cast<uint64_t>(nodes) * static_cast<uint64_t>(replays + 3);
     bool values_ok = true;
     for (uint32_t w = 0; w < v.words; ++w) {
-      want[w] = mine_init[0] + mine_init[1] + 2 * w * 0x1111ull;
-      for (uint64_t i = 1; i < ops; ++i) want[w] *= 2;
+      want[w] =
+          probe::allReducedWord(mine_init[0] + mine_init[1] + 2 * w * 0x1111ull, nodes, replays);
       values_ok = values_ok && got[w] == want[w];
     }
     const bool correct = ok && err == 0 && values_ok;
-    if (!correct) {
-      status = 1;
-      ctl->failed = 1;
-    }
+    probe::recordVerdict(correct, status, ctl);
     const auto at = [&](double q) { return probe::quantile(per_op, q); };
     std::printf(
         "{\"rank\": %d, \"variant\": \"%s\", \"proxy_cpu\": %d, \"nodes\": %d, \"correct\": %s, "
@@ -470,9 +466,7 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
         static_cast<unsigned long long>(stats.late),
         stats.pops ? stats.wait_us / static_cast<double>(stats.pops) : 0.0);
     std::fflush(stdout);
-    check(cudaFree(data), "free");
-    check(cudaFree(state), "free");
-    check(cudaFree(error), "free");
+    probe::freeDevice({data, state, error});
     if (!correct) break;
   }
   check(cudaHostUnregister(shared), "unregister");
