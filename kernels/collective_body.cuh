@@ -187,6 +187,25 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
                              : loadBytes(src + static_cast<uint64_t>(j) * kPartPayload + t * 8, nb);
       storeSimpleWord(base + simpleWordOffset(reg, j, t), v);
     }
+    if (sh.remote[p] == nullptr) {
+      // Proxied: the payload as a fenced copy (the trigger's release store orders the block's
+      // stores, joined by the barrier, before it), then the parts' flags, which the proxy
+      // raises only after it posted the copy (FIFO order).
+      pushFromThread0([&] {
+        const uint32_t payload = simplePayloadBytes(sb, j0, j1);
+        const uint32_t n = payload ? 2u : 1u;
+        // Round 0 uses the positions reserved at the start of the op (reserveRoundZero).
+        const unsigned long long pos = r == 0 ? sh.fifo_pos : reserveTriggers(reg, n);
+        if (r == 0) sh.fifo_pos += n;
+        const uint64_t words = simpleWordOffset(reg, j0, 0);
+        bool ok = payload == 0 || pushTriggerAt(w, pos, p, local_off + words, remote_off + words,
+                                                payload, TriggerKind::kCopy, 0);
+        ok = ok && pushTriggerAt(w, pos + n - 1, p, 0, remote_off + static_cast<uint64_t>(j0) * 16,
+                                 static_cast<uint64_t>(j1 - j0) * 16, TriggerKind::kFlag, g);
+        if (!ok) sh.stop = 1;
+      });
+      return;
+    }
     __syncthreads();  // the block's payload stores, then the flags (fenced in storeSimpleFlag)
     for (uint32_t j = j0 + t; j < j1; j += blockDim.x) storeSimpleFlag(base, j, g);
     return;
@@ -264,13 +283,22 @@ __device__ inline void recvSimple(const CollectiveArgs& a, Shared& sh, Waiter& w
 // Trigger positions for this block's round-0 writes to proxied partners, taken at the start
 // of the op so that the atomic's round trip overlaps the device-state loads. Only round 0:
 // a block pushes all of round 0 before it waits for anything, so a reserved position is
-// always filled without waiting on a peer (the proxy consumes positions in order).
+// always filled without waiting on a peer (the proxy consumes positions in order). One per
+// partner (its lines), or, simple, two (payload and flags) or one (flags only; sendRound).
+template <bool Simple>
 __device__ inline unsigned long long reserveRoundZero(const CollectiveArgs& a, uint32_t j0) {
+  const uint32_t chunk = a.reg.chunk;
   uint32_t n = 0;
   for (int p = 0; p < a.nranks; ++p) {
     const PeerPlan& pp = a.peers[p];
     if (p == a.rank || pp.rounds == 0 || ((a.reg.proxied >> p) & 1) == 0) continue;
-    if (j0 < partnerParts(pp, 0, a.reg.chunk)) ++n;
+    const uint32_t parts = partnerParts(pp, 0, chunk);
+    if (j0 >= parts) continue;
+    const uint32_t j1 = min(parts, j0 + a.parts_per_block);
+    if (Simple && simplePair(a.reg, p, pairRoundBytes(pp, 0, chunk)))
+      n += simplePayloadBytes(roundBytes(pp.send_bytes, 0, chunk), j0, j1) ? 2u : 1u;
+    else
+      ++n;
   }
   return n ? reserveTriggers(a.reg, n) : 0ull;
 }
@@ -306,7 +334,7 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint3
   const bool has_pre = a.common_send != nullptr;
   if (threadIdx.x == 0) {
     sh.stop = 0;
-    sh.fifo_pos = reserveRoundZero(a, j0);
+    sh.fifo_pos = reserveRoundZero<Simple>(a, j0);
   }
   __syncthreads();
   Waiter w(a.reg, a.op_id);

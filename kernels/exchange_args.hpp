@@ -61,10 +61,18 @@ struct Region {
   // Per op (GpuCommunicator::fenceTriggers): nonzero fences every trigger on the device; zero
   // pushes triggers of LL lines unfenced and the proxy checks the lines' flags.
   uint32_t trigger_fence;
-  // RESIDENT_GPU_PROTOCOL=simple: rounds of more than chunk/2 bytes to direct peers carry
-  // payload and one flag per part instead of LL lines (simple_device.cuh).
+  // Per op: nonzero when a pair of the op exchanges it with the simple protocol (payload and one
+  // flag per part instead of LL lines, simple_device.cuh), so that the kernel built with it runs;
+  // the resident kernel is built with it whenever a pair could (simplePair).
   uint32_t simple;
+  // simplePair's rule: a pair goes simple for an op whose first round's larger direction carries
+  // more than simple_above[rule] bytes (kSimpleNever: never), where the rule is 1 for a pair
+  // proxied in at least one direction (bit p of proxy_rule), 0 for a pair direct both ways.
+  uint32_t simple_above[2];
+  uint64_t proxy_rule;
 };
+
+constexpr uint32_t kSimpleNever = 0xffffffffu;
 
 struct CollectiveArgs {
   Region reg;

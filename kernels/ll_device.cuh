@@ -114,6 +114,17 @@ struct Waiter {
     }
     return true;
   }
+
+  // Polls one 8-byte word until it equals `expected`; false when giving up.
+  __device__ bool word(const unsigned char* p, uint64_t expected, int peer) {
+    for (uint32_t spins = 0; loadVolatile64(p) != expected;) {
+      if (++spins == 128) {
+        spins = 0;
+        if (shouldStop(peer)) return false;
+      }
+    }
+    return true;
+  }
 };
 
 // Producer of the trigger FIFO in this rank's GPU region (many blocks may push): positions

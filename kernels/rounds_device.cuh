@@ -41,16 +41,29 @@ RESIDENT_HOST_DEVICE_INLINE uint32_t exchangedParts(uint64_t total, uint32_t r, 
   return n > before ? n : before;
 }
 
-// RESIDENT_GPU_PROTOCOL=simple (simple_device.cuh): an op with direct peer `peer` whose first
-// (largest) round's larger direction carries `first_bytes` goes simple in every round, or as
-// LL lines in every round? Per op, not per round: see simple_device.cuh.
+// The simple protocol (simple_device.cuh): does an op with `peer` whose first (largest) round's
+// larger direction carries `first_bytes` go simple in every round, or as LL lines in every
+// round? Per op, not per round: see simple_device.cuh. Direct pairs: above half a chunk with
+// RESIDENT_GPU_PROTOCOL=simple; proxied pairs: above RESIDENT_GPU_PROXY_SIMPLE_ABOVE (at most
+// half a chunk, so that an op's LL lines always fit below the simple payload).
 RESIDENT_HOST_DEVICE_INLINE bool simplePair(const Region& reg, int peer, uint32_t first_bytes) {
-  return reg.simple != 0 && ((reg.proxied >> peer) & 1ull) == 0 && first_bytes > reg.chunk / 2;
+  return first_bytes > reg.simple_above[(reg.proxy_rule >> peer) & 1ull];
 }
 
 // Payload bytes of part j of a round carrying `round_bytes` (may be <= 0).
 RESIDENT_HOST_DEVICE_INLINE int64_t partLen(uint32_t round_bytes, uint32_t part) {
   return static_cast<int64_t>(round_bytes) - static_cast<int64_t>(part) * kPartPayload;
+}
+
+// Simple protocol, proxied pair: bytes of the payload words that parts [j0, j1) of a round
+// carrying `round_bytes` hold, as one range from part j0's first word (8-byte words: a
+// partial last word is posted whole). 0 when the parts carry only flags.
+RESIDENT_HOST_DEVICE_INLINE uint32_t simplePayloadBytes(uint32_t round_bytes, uint32_t j0,
+                                                        uint32_t j1) {
+  const int64_t len = partLen(round_bytes, j0);
+  if (len <= 0 || j1 <= j0) return 0u;
+  const int64_t most = static_cast<int64_t>(j1 - j0) * kPartPayload;
+  return static_cast<uint32_t>(((len < most ? len : most) + 7) / 8 * 8);
 }
 
 // Payload lines of a part (0 when it carries nothing).

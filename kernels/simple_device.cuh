@@ -1,13 +1,17 @@
-// Device half of the "simple" protocol (RESIDENT_GPU_PROTOCOL=simple): for a large round to a
-// peer reached by direct stores, the payload is stored as it is (8 bytes per thread and part,
-// the LL cut without the flags), then, after a system-scope fence, one flag line per part. LL
-// lines spend 16 bytes on 8 payload bytes; here the bytes that cross PCIe are halved, for one
-// more dependent load on the reader (flag, then payload).
+// Device half of the "simple" protocol (RESIDENT_GPU_PROTOCOL=simple for direct pairs,
+// RESIDENT_GPU_PROXY_SIMPLE_ABOVE for proxied ones): for a large round to a peer, the payload is
+// stored as it is (8 bytes per thread and part, the LL cut without the flags), then, after a
+// system-scope fence, one flag line per part. LL lines spend 16 bytes on 8 payload bytes; here
+// the bytes that cross PCIe (and, proxied, that the proxy or the NIC moves) are halved, for one
+// more dependent load on the reader (flag, then payload). A proxied writer stores the payload
+// into its outbox and pushes two triggers: the payload as a fenced copy, then the parts' flags
+// (TriggerKind::kFlag), which the proxy raises as transport signals, ordered behind the copy.
 //
 // Where it lives in a slot (2 x chunk bytes, see GpuLayout::slotBytes): payload in
 // [chunk, 2 x chunk); flag of part j on the LL line j of [0, chunk), written {0, g, 0, g}. A
-// direct pair with the protocol on exchanges an op as LL lines only when both directions of its
-// first (largest) round carry at most chunk/2 bytes — then the op has one round, whose lines,
+// pair with the protocol on exchanges an op as LL lines only when both directions of its first
+// (largest) round carry at most its threshold, never above chunk/2 bytes — then the op has one
+// round, whose lines,
 // credit lines included (a direction with less to send still sends one line per part of the
 // larger one), fit in [0, chunk), so LL lines never overlap simple payload: stale payload (any
 // bytes) must never be read as an LL line, whose validity is two words equal to the
@@ -18,8 +22,8 @@
 // round after simple rounds: one of the two likely causes of the H200 failure of session 18);
 // between ops the slot's earlier round was consumed whole (exchangedParts). The decision needs no
 // coordination: both sides of a pair compute it from the op's byte counts in both directions and
-// the pair's path (all ranks agree on RESIDENT_GPU_PROTOCOL and RESIDENT_PATH, checked when the
-// communicator is set up, so a pair is direct both ways).
+// the pair's rule (simplePair: direct both ways, or proxied in at least one direction; all ranks
+// agree on both settings, checked when the communicator is set up).
 #pragma once
 
 #include <cstdint>
@@ -48,13 +52,24 @@ __device__ __forceinline__ void storeSimpleFlag(unsigned char* slot, uint32_t j,
   storeLine(slot + static_cast<uint64_t>(j) * 16, 0, g);
 }
 
-// Polls the flag line of part j until it carries g; false when the op gives up. On success the
+// The word of part j's flag line that a reader polls, and what it holds once the flag of
+// generation g is there: the line's upper half {0, g}. A direct writer stores the whole line;
+// for a proxied pair the proxy raises just this word (TriggerKind::kFlag), with the transport's
+// release semantics behind the payload it posted before. Its upper 4 bytes are an LL line's
+// flag word, so older lines and flags of the slot (older generations) never match.
+__device__ __forceinline__ uint64_t simpleFlagWordOffset(uint32_t j) {
+  return static_cast<uint64_t>(j) * 16 + 8;
+}
+__device__ __forceinline__ uint64_t simpleFlagWord(uint32_t g) {
+  return static_cast<uint64_t>(g) << 32;
+}
+
+// Polls the flag of part j until it carries g; false when the op gives up. On success the
 // payload stores that preceded the flag are visible to this thread's later loads, and to the
 // block's after a barrier.
 __device__ __forceinline__ bool waitSimpleFlag(Waiter& w, const unsigned char* slot, uint32_t j,
                                                uint32_t g, int peer) {
-  uint64_t unused;
-  if (!w.line(slot + static_cast<uint64_t>(j) * 16, g, unused, peer)) return false;
+  if (!w.word(slot + simpleFlagWordOffset(j), simpleFlagWord(g), peer)) return false;
   __threadfence_system();
   return true;
 }

@@ -327,14 +327,19 @@ PATH_KNOBS = {
     # one block per op: several 2 KiB parts per block, one trigger over them (proxy path)
     "blocks1": {"RESIDENT_GPU_MAX_BLOCKS": "1"},
     # payload + one flag per part for ops whose first round to a direct peer exceeds half a
-    # chunk (proxied peers: no effect)
+    # chunk (proxied peers follow RESIDENT_GPU_PROXY_SIMPLE_ABOVE)
     "simple": {"RESIDENT_GPU_PROTOCOL": "simple"},
+    # proxied peers: payload + flags (raised by the proxy) for every op, 8 B included
+    "psimple0": {"RESIDENT_GPU_PROXY_SIMPLE_ABOVE": "0"},
+    # proxied peers: LL lines for every op (the default takes payload + flags above 16 KiB)
+    "pll": {"RESIDENT_GPU_PROXY_SIMPLE_ABOVE": "off"},
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
 PATH_VARIANTS = ("direct+noprefetch", "direct+general", "proxy+general", "proxy+fence", "proxy+memcpy",
-                 "proxy+blocks1", "direct+simple", "proxy+simple")
+                 "proxy+blocks1", "direct+simple", "proxy+psimple0", "proxy+pll")
 # More ranks for the settings whose device code differs with the number of partners.
-WIDE_VARIANTS = ((4, "direct+simple"), (8, "direct+simple"))
+WIDE_VARIANTS = ((4, "direct+simple"), (8, "direct+simple"), (4, "proxy+psimple0"),
+                 (8, "proxy+psimple0"))
 
 
 def path_env(path):

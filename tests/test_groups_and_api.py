@@ -413,6 +413,7 @@ def test_persistent_knobs_are_validated(var, value):
 @pytest.mark.parametrize("var,bad,choices,good", [
     ("RESIDENT_GPU_P2P_STREAM", "caller", "auto or own", "own"),
     ("RESIDENT_GPU_PROTOCOL", "ll128", "ll or simple", "simple"),
+    ("RESIDENT_GPU_PROXY_SIMPLE_ABOVE", "lots", "off or a byte count in [0, 1048576]", "off"),
     ("RESIDENT_GPU_PERSISTENT_GRAPHS", "graph", "kernel or resident", "resident")])
 def test_choice_knobs_are_validated(var, bad, choices, good):
     """A knob with named choices takes only those; anything else fails the group's creation
@@ -436,7 +437,8 @@ def _protocol_agreement_job(rank, ws):
 
     out = {"protocol": attempt({"gpu_protocol": "simple"} if rank == 0 else None),
            "path": attempt({"gpu_protocol": "simple", "path": "proxy" if rank == 0 else "auto"}),
-           "ll_paths": attempt({"path": "proxy" if rank == 0 else "auto"})}
+           "ll_paths": attempt({"path": "proxy" if rank == 0 else "auto"}),
+           "proxy_above": attempt({"gpu_proxy_simple_above": "0"} if rank == 0 else None)}
     g = dist.new_group([0, 1], backend="resident", pg_options={"gpu_protocol": "simple"})
     t = torch.arange(4, dtype=torch.int64) * (rank + 3)
     dist.all_reduce(t, group=g)
@@ -447,15 +449,20 @@ def _protocol_agreement_job(rank, ws):
 
 @pytest.mark.resident_only
 def test_gpu_protocol_must_agree():
-    """RESIDENT_GPU_PROTOCOL picks the CUDA path's wire format per pair on the device, so all
-    ranks must agree on it (and, with simple, on RESIDENT_PATH); a group whose ranks differ
-    fails to form on every rank with a message naming both settings. LL tolerates different
-    paths as before; a group that agrees works."""
+    """RESIDENT_GPU_PROTOCOL and RESIDENT_GPU_PROXY_SIMPLE_ABOVE pick the CUDA path's wire
+    format per pair on the device, so all ranks must agree on them (and, with
+    RESIDENT_GPU_PROTOCOL=simple, on RESIDENT_PATH); a group whose ranks differ fails to form on
+    every rank with a message naming both settings. Otherwise different paths work (a pair
+    proxied one way takes the proxied rule on both ranks); a group that agrees works."""
     for r, out in enumerate(H.run_ranks(_protocol_agreement_job, 2, timeout_s=90)):
         assert out["protocol"].startswith("ValueError") and "all ranks must agree" in out["protocol"], out
         assert "RESIDENT_GPU_PROTOCOL=simple" in out["protocol"], out
         assert "RESIDENT_GPU_PROTOCOL=ll" in out["protocol"], out
         assert "RESIDENT_PATH=proxy" in out["path"] and "RESIDENT_PATH=auto" in out["path"], out
         assert out["ll_paths"] == "no error", out
+        assert out["proxy_above"].startswith("ValueError"), out
+        assert "RESIDENT_GPU_PROXY_SIMPLE_ABOVE=0" in out["proxy_above"], out
+        assert "RESIDENT_GPU_PROXY_SIMPLE_ABOVE=16384" in out["proxy_above"], out
         assert out["sum"] == [0, 7, 14, 21], out
         assert "gpu_protocol=simple" in out["config"], out
+        assert "gpu_proxy_simple_above=16384" in out["config"], out

@@ -27,16 +27,28 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-// What every rank must agree on for the CUDA path's protocol: "ll", or "simple/<path>" (the
-// simple protocol is used per pair only where the pair is direct, both ways).
+// What every rank must agree on for the CUDA path's protocol: "ll" or "simple/<path>" for
+// direct pairs (the direct rule applies only to pairs direct both ways), then "/" and the
+// proxied pairs' RESIDENT_GPU_PROXY_SIMPLE_ABOVE. Both ranks of a pair pick its protocol from
+// the byte counts alone, so they must apply the same rule.
+std::string proxySimpleName(uint32_t above) {
+  return above == kGpuSimpleNever ? std::string("off") : std::to_string(above);
+}
+
 std::string gpuProtocolKey(const Config& cfg) {
-  return cfg.gpu_protocol_simple ? std::string("simple/") + pathModeName(cfg.path) : "ll";
+  const std::string direct =
+      cfg.gpu_protocol_simple ? std::string("simple/") + pathModeName(cfg.path) : "ll";
+  return direct + "|" + proxySimpleName(cfg.gpu_proxy_simple_above);
 }
 
 std::string describeProtocolKey(const std::string& key) {
-  if (key.rfind("simple/", 0) == 0)
-    return "RESIDENT_GPU_PROTOCOL=simple with RESIDENT_PATH=" + key.substr(7);
-  return "RESIDENT_GPU_PROTOCOL=" + key;
+  const size_t bar = key.find('|');
+  const std::string direct = key.substr(0, bar);
+  const std::string proxy = bar == std::string::npos ? "?" : key.substr(bar + 1);
+  const std::string tail = " RESIDENT_GPU_PROXY_SIMPLE_ABOVE=" + proxy;
+  if (direct.rfind("simple/", 0) == 0)
+    return "RESIDENT_GPU_PROTOCOL=simple with RESIDENT_PATH=" + direct.substr(7) + tail;
+  return "RESIDENT_GPU_PROTOCOL=" + direct + tail;
 }
 
 }  // namespace
@@ -119,15 +131,17 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   ib_local_ = (cfg.transport == "auto" || cfg.transport == "ib") && ib::ibAvailable(&ib_why_);
   if (!ib_local_ && ib_why_.empty()) ib_why_ = "RESIDENT_TRANSPORT=" + cfg.transport;
   peer_ib_.assign(static_cast<size_t>(nranks), false);
+  peer_proxies_.assign(static_cast<size_t>(nranks), false);
 
   // One descriptor exchange: host key, pid, inbox name and size, ring geometry, transport
-  // setting and tcp endpoint.
+  // setting, tcp endpoint, RDMA port, path setting and the CUDA path's protocol key.
   const std::string host_key = localHostKey();
   const std::string desc = host_key + "|" + std::to_string(getpid()) + "|" + inbox_.name() + "|" +
                            std::to_string(segment_bytes) + "|" + std::to_string(cfg.slots) + "|" +
                            std::to_string(cfg.slot_bytes) + "|" + cfg.transport + "|" +
                            (tcp_ ? tcp_->endpoint() : std::string("-")) + "|" +
-                           (ib_local_ ? "ib" : "-") + "|" + gpuProtocolKey(cfg);
+                           (ib_local_ ? "ib" : "-") + "|" + pathModeName(cfg.path) + "|" +
+                           gpuProtocolKey(cfg);
   const auto all = allGatherStrings(store, rank, nranks, "resident/desc", desc);
 
   peers_.resize(static_cast<size_t>(nranks));
@@ -138,7 +152,7 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   const std::string key0 = all[0].substr(0, all[0].find('|'));
   for (int p = 0; p < nranks; ++p) {
     const auto f = split(all[static_cast<size_t>(p)], '|');
-    if (f.size() != 10)
+    if (f.size() != 12)
       throw CommError("resident: malformed descriptor from rank " + std::to_string(p));
     PeerInfo& info = peers_[static_cast<size_t>(p)];
     info.host = f[0].substr(0, f[0].find('/'));
@@ -156,16 +170,18 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
                             f[6] + " but rank " + std::to_string(rank) + " uses " + cfg.transport +
                             "; all ranks must agree");
     }
-    if (f[9] != gpuProtocolKey(cfg)) {
+    const std::string peer_protocol = f[10] + "|" + f[11];
+    if (peer_protocol != gpuProtocolKey(cfg)) {
       // The simple protocol is chosen per pair on the device from its path: both ranks of a
       // pair must see the same protocol and the same path (kernels/simple_device.cuh).
       throw InvalidArgument("resident: rank " + std::to_string(p) + " uses " +
-                            describeProtocolKey(f[9]) + " but rank " + std::to_string(rank) +
-                            " uses " + describeProtocolKey(gpuProtocolKey(cfg)) +
-                            "; all ranks must agree");
+                            describeProtocolKey(peer_protocol) + " but rank " +
+                            std::to_string(rank) + " uses " +
+                            describeProtocolKey(gpuProtocolKey(cfg)) + "; all ranks must agree");
     }
     endpoints[static_cast<size_t>(p)] = f[7];
     peer_ib_[static_cast<size_t>(p)] = f[8] == "ib";
+    peer_proxies_[static_cast<size_t>(p)] = f[9] == pathModeName(PathMode::kProxy);
     fields[static_cast<size_t>(p)] = f;
   }
   chooseTransports();

@@ -85,6 +85,11 @@ class Communicator : public ProxyHandler {
   }
   size_t peerSegmentBytes(int p) const { return peer_inboxes_[static_cast<size_t>(p)].size(); }
   bool proxied(int p) const { return proxied_[static_cast<size_t>(p)]; }
+  // Either rank of the pair writes to the other through its proxy (RESIDENT_PATH may differ
+  // between them): the CUDA path then picks the pair's protocol by the proxied rule, on both.
+  bool pairProxied(int p) const {
+    return proxied_[static_cast<size_t>(p)] || peer_proxies_[static_cast<size_t>(p)];
+  }
   bool sameHost(int p) const { return p == rank_ || peers_[static_cast<size_t>(p)].same_host; }
   Transport& transport() { return *transport_; }
   // Index of this rank among the ranks on its host (to spread proxies over cores).
@@ -117,6 +122,7 @@ class Communicator : public ProxyHandler {
   std::unique_ptr<TcpTransport> tcp_;
   std::unique_ptr<ib::IbTransport> ib_;
   std::vector<bool> peer_ib_;          // peer has an active RDMA port (from its descriptor)
+  std::vector<bool> peer_proxies_;     // peer runs RESIDENT_PATH=proxy (from its descriptor)
   bool transport_failed_ = false;      // proxy thread only
   bool ib_local_ = false;              // this rank has an active RDMA port
   std::string ib_why_;                 // why this rank has no usable ib, for errors and logs

@@ -84,6 +84,19 @@ void apply(Config& c, const std::string& key, const std::string& value) {
       throw InvalidArgument("resident: RESIDENT_GPU_PROTOCOL must be ll or simple, got '" + value +
                             "'");
     c.gpu_protocol_simple = value == "simple";
+  } else if (key == "gpu_proxy_simple_above") {
+    if (value == "off") {
+      c.gpu_proxy_simple_above = kGpuSimpleNever;
+    } else {
+      try {
+        c.gpu_proxy_simple_above = static_cast<uint32_t>(parseUnsigned(key, value, 0, 1u << 20));
+      } catch (const InvalidArgument&) {
+        throw InvalidArgument(
+            "resident: RESIDENT_GPU_PROXY_SIMPLE_ABOVE must be off or a byte count in [0, "
+            "1048576], got '" +
+            value + "'");
+      }
+    }
   } else if (key == "gpu_persistent") {
     c.gpu_persistent = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_persistent_blocks") {
@@ -125,6 +138,7 @@ const char* kKeys[] = {"path",
                        "gpu_proxy_streaming",
                        "gpu_p2p_stream",
                        "gpu_protocol",
+                       "gpu_proxy_simple_above",
                        "tcp_addr",
                        "gpu_persistent",
                        "gpu_persistent_blocks",
@@ -161,7 +175,9 @@ std::string Config::describe() const {
          " gpu_trigger_fence=" + (gpu_trigger_fence ? "1" : "0") +
          " gpu_proxy_streaming=" + (gpu_proxy_streaming ? "1" : "0") +
          " gpu_p2p_stream=" + (gpu_p2p_lazy ? "auto" : "own") +
-         " gpu_protocol=" + (gpu_protocol_simple ? "simple" : "ll") +
+         " gpu_protocol=" + (gpu_protocol_simple ? "simple" : "ll") + " gpu_proxy_simple_above=" +
+         (gpu_proxy_simple_above == kGpuSimpleNever ? std::string("off")
+                                                    : std::to_string(gpu_proxy_simple_above)) +
          " gpu_persistent=" + (gpu_persistent ? "1" : "0") +
          " gpu_persistent_blocks=" + std::to_string(gpu_persistent_blocks) +
          " gpu_persistent_idle_us=" + std::to_string(gpu_persistent_idle_us) +

@@ -14,6 +14,9 @@ enum class PathMode : uint8_t {
   kProxy,   // every write goes through the resident proxy thread (the cross-node path)
 };
 
+// Config::gpu_proxy_simple_above when the simple protocol is off for proxied pairs.
+constexpr uint32_t kGpuSimpleNever = 0xffffffffu;
+
 struct Config {
   PathMode path = PathMode::kAuto;       // RESIDENT_PATH=auto|direct|proxy
   uint32_t slot_bytes = 64 * 1024;       // RESIDENT_SLOT_BYTES: payload bytes per slot
@@ -50,6 +53,11 @@ struct Config {
   // LL lines (8 payload bytes and a flag per 16 bytes); simple: rounds of more than half a
   // chunk as payload plus one flag per 2 KiB part (kernels/simple_device.cuh). All ranks agree.
   bool gpu_protocol_simple = false;
+  // RESIDENT_GPU_PROXY_SIMPLE_ABOVE=off|bytes: collective rounds to a proxied peer go as payload
+  // plus one flag per 2 KiB part (signalled by the proxy after the payload) for ops whose first
+  // round to that peer carries more than this many bytes (at most half a chunk: larger values
+  // act as half a chunk); kGpuSimpleNever (off): LL lines for every op. All ranks agree.
+  uint32_t gpu_proxy_simple_above = 16 * 1024;
   // RESIDENT_GPU_PERSISTENT=0|1: decode-size collectives run on a resident kernel per group
   // (handed over by stream memory operations) instead of one kernel per op.
   bool gpu_persistent = false;

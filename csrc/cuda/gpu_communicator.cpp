@@ -121,6 +121,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
     region_.local = registerMapped(comm.segmentBase(), comm.segmentBytes(), rank_);
     for (int p = 0; p < nranks_; ++p) {
       if (p == rank_) continue;
+      if (comm.pairProxied(p)) region_.proxy_rule |= 1ull << p;
       if (comm.proxied(p)) {
         any_proxied_ = true;
         region_.proxied |= 1ull << p;
@@ -168,7 +169,25 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   region_.timeout_ns = timeout_ms * 1000000ull;
   timeout_ns_.store(region_.timeout_ns, std::memory_order_relaxed);
   region_.trigger_fence = comm.config().gpu_trigger_fence ? 1u : 0u;
-  region_.simple = comm.config().gpu_protocol_simple ? 1u : 0u;
+  // simplePair's thresholds: direct pairs above half a chunk with RESIDENT_GPU_PROTOCOL=simple;
+  // proxied ones above RESIDENT_GPU_PROXY_SIMPLE_ABOVE, capped at half a chunk (above that an
+  // op's LL lines would reach the slot's simple payload half, simple_device.cuh).
+  const Config& config = comm.config();
+  region_.simple_above[0] = config.gpu_protocol_simple ? lay.chunk / 2 : gpu::kSimpleNever;
+  region_.simple_above[1] =
+      config.gpu_proxy_simple_above < lay.chunk / 2
+          ? config.gpu_proxy_simple_above
+          : (config.gpu_proxy_simple_above == kGpuSimpleNever ? gpu::kSimpleNever : lay.chunk / 2);
+  // Could any op be simple? Then the kernels that must take any op (the resident kernel) are
+  // built with it, and the residency budget below is that of the heavier build.
+  bool any_direct_pair = false, any_proxy_pair = false;
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    ((region_.proxy_rule >> p) & 1 ? any_proxy_pair : any_direct_pair) = true;
+  }
+  const bool simple_possible = (any_direct_pair && region_.simple_above[0] != gpu::kSimpleNever) ||
+                               (any_proxy_pair && region_.simple_above[1] != gpu::kSimpleNever);
+  region_.simple = simple_possible ? 1u : 0u;  // per op in launchCollective
   unsigned char* gpu_base = comm.segmentBase() + comm.gpuRegionOffset();
   ring_ = TriggerRingView(gpu_base + lay.fifoOffset(),
                           reinterpret_cast<uint64_t*>(gpu_base + GpuLayout::kFifoTailWord),
@@ -180,11 +199,10 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   int local_ranks = 0;
   for (int p = 0; p < nranks_; ++p) local_ranks += comm.sameHost(p) ? 1 : 0;
   const int per_gpu = (local_ranks + devices - 1) / (devices > 0 ? devices : 1);
-  const Config& cfg = comm.config();
+  const Config& cfg = config;
   const int resident_blocks = cfg.gpu_persistent ? static_cast<int>(cfg.gpu_persistent_blocks) : 0;
   // What the resident kernels of the ranks sharing this GPU hold for their lifetime.
-  const int capacity =
-      gpu::residentBlocksPerSm(region_.simple != 0) * sms - resident_blocks * per_gpu;
+  const int capacity = gpu::residentBlocksPerSm(simple_possible) * sms - resident_blocks * per_gpu;
   // Per rank: a collective kernel and its PDL successor (2 x max_blocks_), plus p2p kernels
   // on up to 2(n-1) streams that share another 2 x max_blocks_ (see launchP2P): 4 x
   // max_blocks_ per rank, so every rank sharing the GPU stays resident at once.
@@ -201,7 +219,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       RelaxedCapture relaxed;
       persistent_ = std::make_unique<PersistentChannel>(
           device, cfg.gpu_persistent_blocks, cfg.gpu_persistent_slots, cfg.gpu_persistent_idle_us,
-          timeout_ms, region_.simple != 0,
+          timeout_ms, simple_possible,
           // A descriptor's meaningful bytes: the header and this group's peers.
           offsetof(gpu::CollectiveArgs, peers) +
               static_cast<size_t>(nranks_) * sizeof(gpu::PeerPlan),
@@ -414,6 +432,7 @@ void GpuCommunicator::launchCollective(void* stream) {
   }
   a.rounds_max = rounds_max;
   a.reg.trigger_fence = fenceTriggers(first_round_max);
+  a.reg.simple = any_simple ? 1u : 0u;  // the kernel built with the simple protocol, if needed
   // Decode size (one round with every partner): the resident kernel's blocks run it. Not,
   // by default, when captured: a replay finds no instance after an idle exit, and its
   // relaunch from another thread blocks inside the driver while the caller sits in a pageable

@@ -77,6 +77,13 @@ bool GpuCommunicator::proxyPoll() {
                        r.value);
       continue;
     }
+    if (r.kind == TriggerKind::kFlag) {
+      flush();  // the payload copies before it, then the flags, with release semantics
+      const size_t first = comm_.gpuRegionOffset() + r.remote_offset + 8;
+      for (uint64_t off = 0; off + 16 <= r.bytes; off += 16)
+        transport.signal(static_cast<int>(r.peer), first + off, uint64_t{r.value} << 32);
+      continue;
+    }
     bool arrived = true;
     if (r.kind == TriggerKind::kLines) {
       const unsigned char* lines = outbox_host_ + r.local_offset;

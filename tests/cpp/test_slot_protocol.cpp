@@ -25,8 +25,8 @@ namespace g = resident::gpu;
 namespace {
 
 struct Rules {
-  bool current;  // false: the rules before session 18
-  bool simple;   // RESIDENT_GPU_PROTOCOL=simple
+  bool current;    // false: the rules before session 18
+  uint32_t above;  // simple above this many first-round bytes (Region::simple_above)
   uint32_t chunk;
 };
 
@@ -50,11 +50,16 @@ uint32_t partsIn(const Rules& R, const Op& op, uint32_t r) {
 }
 
 bool simpleIn(const Rules& R, const Op& op, uint32_t r) {
+  // Peer 1 under the proxied rule, peer 0 under the direct one (never simple): the model's
+  // pair must follow the rule of its own bit.
   g::Region reg{};
-  reg.simple = R.simple ? 1u : 0u;
-  reg.proxied = 0;
+  reg.simple_above[0] = g::kSimpleNever;
+  reg.simple_above[1] = R.above;
+  reg.proxy_rule = 1ull << 1;
   reg.chunk = R.chunk;
-  return g::simplePair(reg, 1, g::roundBytes(larger(op), R.current ? 0 : r, R.chunk));
+  const uint32_t first = g::roundBytes(larger(op), R.current ? 0 : r, R.chunk);
+  CHECK(!g::simplePair(reg, 0, first));
+  return g::simplePair(reg, 1, first);
 }
 
 struct Item {  // bytes of a receiver's slot written by one part of one round
@@ -205,8 +210,8 @@ struct Outcome {
 Outcome explore(const Rules& R, int trials, uint32_t seed) {
   const uint32_t c = R.chunk;
   const std::vector<uint64_t> sizes = {
-      0, 8,      24,       2048,      2056,  c / 2 - 8,  c / 2,     c / 2 + 8, 3 * c / 4,
-      c, c + 24, c + 2048, 3 * c / 2, 2 * c, 2 * c + 24, 5 * c / 2, 4 * c + 8};
+      0,         8, 24,     2048,     2056,      c / 4, c / 4 + 8,  c / 2 - 8, c / 2,    c / 2 + 8,
+      3 * c / 4, c, c + 24, c + 2048, 3 * c / 2, 2 * c, 2 * c + 24, 5 * c / 2, 4 * c + 8};
   std::mt19937 rng(seed);
   Outcome out;
   for (int t = 0; t < trials; ++t) {
@@ -234,16 +239,21 @@ Outcome explore(const Rules& R, int trials, uint32_t seed) {
 
 int main() {
   for (uint32_t chunk : {65536u, 16384u}) {
-    for (bool simple : {false, true}) {
-      const Outcome now = explore({true, simple, chunk}, 3000, 7 + chunk + simple);
+    // Never simple; RESIDENT_GPU_PROTOCOL=simple's half a chunk; and the thresholds of
+    // RESIDENT_GPU_PROXY_SIMPLE_ABOVE below it (the host caps larger ones at half a chunk).
+    const uint32_t thresholds[] = {g::kSimpleNever, chunk / 2, 0u, 2048u, chunk / 4};
+    for (uint32_t above : thresholds) {
+      const Outcome now = explore({true, above, chunk}, 3000, 7 + chunk + above);
       if (now.violations || now.deadlocks)
-        std::fprintf(stderr, "chunk %u simple %d: %d violations, %d deadlocks; first: %s\n", chunk,
-                     simple, now.violations, now.deadlocks, now.first.c_str());
+        std::fprintf(stderr, "chunk %u simple above %u: %d violations, %d deadlocks; first: %s\n",
+                     chunk, above, now.violations, now.deadlocks, now.first.c_str());
       CHECK(now.violations == 0 && now.deadlocks == 0);
+      if (above != g::kSimpleNever && above != chunk / 2) continue;
       // The model must be able to fail: the earlier rules lost data on the H200.
-      const Outcome before = explore({false, simple, chunk}, 3000, 11 + chunk + simple);
-      std::printf("chunk %u simple %d: earlier rules: %d violations in 3000 schedules (%s)\n",
-                  chunk, simple, before.violations, before.first.c_str());
+      const Outcome before =
+          explore({false, above, chunk}, 3000, 11 + chunk + (above == chunk / 2));
+      std::printf("chunk %u simple above %u: earlier rules: %d violations in 3000 schedules (%s)\n",
+                  chunk, above, before.violations, before.first.c_str());
       CHECK(before.violations > 0);
     }
   }
