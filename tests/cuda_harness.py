@@ -331,7 +331,7 @@ PATH_KNOBS = {
     "simple": {"RESIDENT_GPU_PROTOCOL": "simple"},
     # proxied peers: payload + flags (raised by the proxy) for every op, 8 B included
     "psimple0": {"RESIDENT_GPU_PROXY_SIMPLE_ABOVE": "0"},
-    # proxied peers: LL lines for every op (the default takes payload + flags above 16 KiB)
+    # proxied peers: LL lines for every op (the default takes payload + flags above 32 KiB)
     "pll": {"RESIDENT_GPU_PROXY_SIMPLE_ABOVE": "off"},
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.

@@ -462,7 +462,7 @@ def test_gpu_protocol_must_agree():
         assert out["ll_paths"] == "no error", out
         assert out["proxy_above"].startswith("ValueError"), out
         assert "RESIDENT_GPU_PROXY_SIMPLE_ABOVE=0" in out["proxy_above"], out
-        assert "RESIDENT_GPU_PROXY_SIMPLE_ABOVE=16384" in out["proxy_above"], out
+        assert "RESIDENT_GPU_PROXY_SIMPLE_ABOVE=32768" in out["proxy_above"], out
         assert out["sum"] == [0, 7, 14, 21], out
         assert "gpu_protocol=simple" in out["config"], out
-        assert "gpu_proxy_simple_above=16384" in out["config"], out
+        assert "gpu_proxy_simple_above=32768" in out["config"], out

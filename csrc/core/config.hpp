@@ -57,7 +57,7 @@ struct Config {
   // plus one flag per 2 KiB part (signalled by the proxy after the payload) for ops whose first
   // round to that peer carries more than this many bytes (at most half a chunk: larger values
   // act as half a chunk); kGpuSimpleNever (off): LL lines for every op. All ranks agree.
-  uint32_t gpu_proxy_simple_above = 16 * 1024;
+  uint32_t gpu_proxy_simple_above = 32 * 1024;
   // RESIDENT_GPU_PERSISTENT=0|1: decode-size collectives run on a resident kernel per group
   // (handed over by stream memory operations) instead of one kernel per op.
   bool gpu_persistent = false;

@@ -7,6 +7,7 @@
 #include "core/engine.hpp"
 #include "core/log.hpp"
 #include "core/trigger_encoding.hpp"
+#include "core/write_batch.hpp"
 #include "cuda/gpu_communicator.hpp"
 
 namespace resident {
@@ -46,16 +47,24 @@ bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
 }
 
 bool GpuCommunicator::proxyPoll() {
-  // Drain what the kernels pushed, merging adjacent ranges to the same peer into one write
-  // (a batch per peer); a fixed array, no allocation.
-  struct Write {
-    int peer;
-    uint64_t local, remote, bytes;
-  };
-  Write batch[64];
+  // Drain what the kernels pushed into a batch of writes (fixed arrays, no allocation), posted
+  // in outbox order with adjacent ranges merged (sortAndMergeWrites) whenever FIFO order requires
+  // it (a credit, lines still in flight), when full, and at the end of the pass. The simple
+  // protocol's flags wait for the next post and are raised right after it: a signal is ordered
+  // behind every write posted before it to the same peer. Side by side on the H200 (session 25)
+  // this was 5-15% faster than posting each part's copy and flags as they came, from 16 KiB.
+  BatchWrite batch[64];
   int n = 0;
+  struct Flag {
+    int peer;
+    uint64_t offset;
+    uint32_t value;
+  };
+  Flag flags[64];
+  int nflags = 0;
   Transport& transport = comm_.transport();
   auto flush = [&] {
+    n = sortAndMergeWrites(batch, n);
     for (int i = 0; i < n; ++i) {
       const size_t remote = comm_.gpuRegionOffset() + batch[i].remote;
       if (proxy_streaming_)
@@ -65,6 +74,10 @@ bool GpuCommunicator::proxyPoll() {
         transport.write(batch[i].peer, remote, outbox_host_ + batch[i].local, batch[i].bytes);
     }
     n = 0;
+    for (int i = 0; i < nflags; ++i)
+      transport.signal(flags[i].peer, comm_.gpuRegionOffset() + flags[i].offset,
+                       uint64_t{flags[i].value} << 32);
+    nflags = 0;
   };
   int popped = 0;
   Trigger t;
@@ -77,11 +90,11 @@ bool GpuCommunicator::proxyPoll() {
                        r.value);
       continue;
     }
-    if (r.kind == TriggerKind::kFlag) {
-      flush();  // the payload copies before it, then the flags, with release semantics
-      const size_t first = comm_.gpuRegionOffset() + r.remote_offset + 8;
-      for (uint64_t off = 0; off + 16 <= r.bytes; off += 16)
-        transport.signal(static_cast<int>(r.peer), first + off, uint64_t{r.value} << 32);
+    if (r.kind == TriggerKind::kFlag) {  // raised after the next post (flush)
+      for (uint64_t off = 0; off + 16 <= r.bytes; off += 16) {
+        if (nflags == 64) flush();
+        flags[nflags++] = {static_cast<int>(r.peer), r.remote_offset + off + 8, r.value};
+      }
       continue;
     }
     bool arrived = true;
@@ -108,9 +121,9 @@ bool GpuCommunicator::proxyPoll() {
       abortKernels();
       break;
     }
-    const Write w{static_cast<int>(r.peer), r.local_offset, r.remote_offset, r.bytes};
+    const BatchWrite w{static_cast<int>(r.peer), r.local_offset, r.remote_offset, r.bytes};
     if (n > 0) {
-      Write& last = batch[n - 1];
+      BatchWrite& last = batch[n - 1];
       if (last.peer == w.peer && last.local + last.bytes == w.local &&
           last.remote + last.bytes == w.remote) {
         last.bytes += w.bytes;
