@@ -176,8 +176,8 @@ __device__ __forceinline__ unsigned long long loadTailCache(const Region& reg) {
 // kinds). kLines: the range holds LL lines carrying `value`; unless the op fences its triggers
 // (Region::trigger_fence) the trigger goes out as one unfenced 16-byte store and the proxy
 // reads the lines' flags before posting them (a system-scope release would first wait for the
-// lines to reach host memory). kValue carries its word in the trigger and needs no fence
-// either. kCopy (and fenced kLines): `release`, the second word's release store orders every
+// lines to reach host memory). kFlag carries no bytes and needs no fence either. kCopy (and
+// fenced kLines): `release`, the second word's release store orders every
 // store of this thread (and of the block, joined by a barrier before) before the trigger.
 struct TriggerWords {
   uint64_t fst, snd;

@@ -200,11 +200,16 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
       if (lastOf(&st->p2p_done[a.peer][slot], active)) {
         // A plain store: the credit only has to follow this op's reads of the slot, which
         // completed (their values are used) before the barrier and lastOf's fence.
-        const uint64_t remote_off = reg.credit_in0 + 64ull * a.rank + 8ull * slot;
         if (remote) {
-          *reinterpret_cast<volatile uint64_t*>(remote + remote_off) = g;
+          *reinterpret_cast<volatile uint64_t*>(remote + reg.credit_in0 + 64ull * a.rank +
+                                                8ull * slot) = g;
         } else {
-          fail = !pushTrigger(w, a.peer, 0, remote_off, 0, TriggerKind::kValue, g);
+          // Proxied: into this rank's outbox word for the peer and slot, which the proxy polls
+          // and forwards (GpuCommunicator::forwardCredits). A plain store: no FIFO reservation
+          // (an atomic round trip) before the kernel may end and the stream's next kernel, a
+          // ping-pong's reply, may start.
+          *reinterpret_cast<volatile uint64_t*>(reg.outbox + a.peer * reg.out_stride +
+                                                reg.out_credit0 + 8ull * slot) = g;
         }
       }
     }

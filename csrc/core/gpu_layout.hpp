@@ -9,7 +9,9 @@
 // coll_in(src): lines src wrote for collectives (lockstep rounds, parity-double-buffered).
 // p2p_in(src):  lines src sent point-to-point.  credit_in(dst): per slot, the last p2p round
 // dst consumed of what this rank sent it (flow control of one-directional streams).
-// The outbox (proxy path only, local and not shared) mirrors coll/p2p/credit per destination.
+// The outbox (proxy path only, local and not shared) mirrors coll/p2p/credit per destination:
+// the proxy posts coll/p2p ranges named by triggers, and polls the credit words (the last p2p
+// round this rank consumed from dst, per slot) and forwards those that changed.
 #pragma once
 
 #include <cstddef>

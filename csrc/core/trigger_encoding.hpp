@@ -7,7 +7,6 @@
 //   copy:  `bytes` of the outbox; the trigger is fenced (they are in host memory before it is).
 //   lines: LL lines carrying `value` as their flag; pushed without a system-scope fence, as
 //          one 16-byte store: the proxy reads the lines' flags before it posts them.
-//   value: no bytes; the proxy writes `value` as an 8-byte word at the remote offset (a credit).
 //   flag:  no bytes; the simple protocol's flags of `bytes`/16 parts whose flag lines start at
 //          the remote offset: the proxy signals `value` << 32 into the upper half (+8) of each
 //          line (kernels/simple_device.cuh), behind the copies it posted before.
@@ -30,7 +29,7 @@ constexpr uint64_t kTriggerMaxBytes = 1ull << 22;   // bytes: 22 bits (a slot is
 constexpr uint64_t kTriggerMaxLocal = 1ull << 31;   // local offset: 31 bits
 constexpr uint64_t kTriggerMaxRemote = 1ull << 32;  // remote offset: 32 bits
 
-enum class TriggerKind : uint32_t { kCopy = 0, kLines = 1, kValue = 2, kFlag = 3 };
+enum class TriggerKind : uint32_t { kCopy = 0, kLines = 1, kFlag = 2 };
 
 // Lap 0 expects the bit set, so zero-initialised memory reads as empty.
 RESIDENT_HOST_DEVICE inline uint64_t triggerLapBit(uint64_t pos, uint64_t capacity) {
@@ -41,7 +40,7 @@ struct GpuWriteRequest {
   uint32_t peer;
   uint64_t local_offset, remote_offset, bytes;
   TriggerKind kind;
-  uint32_t value;  // lines: their flag; value: the word to write; flag: the generation
+  uint32_t value;  // lines: their flag; flag: the generation
 };
 
 RESIDENT_HOST_DEVICE inline uint64_t encodeWriteFst(uint64_t local_offset, uint64_t remote_offset) {

@@ -138,7 +138,8 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       checkCuda(cudaHostAlloc(&out, lay.outboxBytes(), cudaHostAllocMapped | cudaHostAllocPortable),
                 "cudaHostAlloc of the proxy outbox");
       outbox_host_ = static_cast<unsigned char*>(out);
-      std::memset(outbox_host_, 0, lay.outboxBytes());
+      std::memset(outbox_host_, 0, lay.outboxBytes());  // credit words included (as sent)
+      credit_sent_.assign(static_cast<size_t>(nranks_), {});
       void* dev = nullptr;
       checkCuda(cudaHostGetDevicePointer(&dev, out, 0), "cudaHostGetDevicePointer (outbox)");
       region_.outbox = static_cast<unsigned char*>(dev);
@@ -163,6 +164,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   region_.p2p_in0 = lay.p2pIn(0);
   region_.credit_in0 = lay.creditIn(0);
   region_.out_stride = lay.outboxStride();
+  region_.out_credit0 = lay.outCredit(0);
   region_.chunk = lay.chunk;
   region_.fifo_mask = GpuLayout::kFifoCapacity - 1;
   region_.fifo_offset = lay.fifoOffset();

@@ -6,6 +6,7 @@
 // passed as opaque handles (cudaStream_t).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "core/communicator.hpp"
 #include "core/dtype.hpp"
 #include "core/fifo.hpp"
+#include "core/gpu_layout.hpp"
 #include "cuda/persistent_channel.hpp"
 #include "exchange_args.hpp"
 
@@ -91,6 +93,10 @@ class GpuCommunicator : public ProxyHandler {
   // Waits until every LL line of the range carries `flag` (the caller fences before the payload
   // is read). False on abort or after the group's timeout.
   bool linesArrived(const unsigned char* lines, uint64_t bytes, uint32_t flag) const;
+  // Proxy side of send/recv flow control: a recv kernel stores the credit it returns to a
+  // proxied sender into this rank's outbox (a word per peer and slot); forwards each one that
+  // changed as a signal into the sender's credit words. True when it forwarded any.
+  bool forwardCredits();
   // Region::trigger_fence for an op whose largest round to one peer has this many bytes.
   uint32_t fenceTriggers(uint64_t first_round_bytes) const;
   uint32_t blocksFor(uint64_t first_round_bytes) const;
@@ -121,6 +127,8 @@ class GpuCommunicator : public ProxyHandler {
   bool persistent_graphs_ = false;
   std::atomic<bool> error_logged_{false};
   bool any_proxied_ = false;
+  // forwardCredits: per peer, the credit last forwarded for each p2p slot (proxy thread only).
+  std::vector<std::array<uint64_t, GpuLayout::kP2PSlots>> credit_sent_;
   bool shut_down_ = false;
   std::string final_error_;  // deviceError() when shut down (the segments are gone then)
 };

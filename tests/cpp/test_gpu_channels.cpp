@@ -65,9 +65,9 @@ int main() {
           r2.value == 0xfffffffe);
     CHECK((snd2 & resident::kTriggerLapBit) == 0);
     const auto r3 = resident::decodeWrite(resident::encodeWriteFst(0, 0x123440),
-                                          resident::encodeWriteSnd(5, 0, TriggerKind::kValue, 9));
-    CHECK(r3.peer == 5 && r3.remote_offset == 0x123440 && r3.bytes == 0 &&
-          r3.kind == TriggerKind::kValue && r3.value == 9);
+                                          resident::encodeWriteSnd(5, 32, TriggerKind::kFlag, 9));
+    CHECK(r3.peer == 5 && r3.remote_offset == 0x123440 && r3.bytes == 32 &&
+          r3.kind == TriggerKind::kFlag && r3.value == 9);
     CHECK(resident::kTriggerMaxPeers >= 64);  // kernels/exchange_args.hpp: kMaxRanks
   }
 
