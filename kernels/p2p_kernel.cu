@@ -208,8 +208,9 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
           // and forwards (GpuCommunicator::forwardCredits). A plain store: no FIFO reservation
           // (an atomic round trip) before the kernel may end and the stream's next kernel, a
           // ping-pong's reply, may start.
+          // After the peer's 2 coll and 2 p2p slots: GpuLayout::outCredit.
           *reinterpret_cast<volatile uint64_t*>(reg.outbox + a.peer * reg.out_stride +
-                                                reg.out_credit0 + 8ull * slot) = g;
+                                                4 * reg.slot_bytes + 8ull * slot) = g;
         }
       }
     }

@@ -164,7 +164,6 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   region_.p2p_in0 = lay.p2pIn(0);
   region_.credit_in0 = lay.creditIn(0);
   region_.out_stride = lay.outboxStride();
-  region_.out_credit0 = lay.outCredit(0);
   region_.chunk = lay.chunk;
   region_.fifo_mask = GpuLayout::kFifoCapacity - 1;
   region_.fifo_offset = lay.fifoOffset();
