@@ -128,8 +128,8 @@ struct Waiter {
 };
 
 // Producer of the trigger FIFO in this rank's GPU region (many blocks may push): positions
-// are taken by an atomic on DeviceState::fifo_head, one at a time (pushTrigger) or several at
-// once ahead of the stores (reserveTriggers, then pushTriggerAt).
+// are taken by an atomic on DeviceState::fifo_head, one or several at once ahead of the stores
+// (reserveTriggers, then pushTriggerAt or pushTriggerWords).
 //
 // reserveTriggers: called by one thread of its warp (every caller is thread 0). The atomic is
 // issued only by the warp's lowest active lane, a predicate ptxas cannot see through: it turns a
@@ -236,12 +236,6 @@ __device__ inline bool pushTriggerAt(Waiter& w, unsigned long long pos, int peer
                                      TriggerKind kind, uint32_t value) {
   return pushTriggerWords(w, pos, loadTailCache(w.reg),
                           triggerWords(w.reg, peer, local_off, remote_off, bytes, kind, value));
-}
-
-__device__ inline bool pushTrigger(Waiter& w, int peer, uint64_t local_off, uint64_t remote_off,
-                                   uint64_t bytes, TriggerKind kind, uint32_t value) {
-  return pushTriggerAt(w, reserveTriggers(w.reg, 1), peer, local_off, remote_off, bytes, kind,
-                       value);
 }
 
 }  // namespace gpu

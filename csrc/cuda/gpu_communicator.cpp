@@ -173,12 +173,12 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   // simplePair's thresholds: direct pairs above half a chunk with RESIDENT_GPU_PROTOCOL=simple;
   // proxied ones above RESIDENT_GPU_PROXY_SIMPLE_ABOVE, capped at half a chunk (above that an
   // op's LL lines would reach the slot's simple payload half, simple_device.cuh).
-  const Config& config = comm.config();
-  region_.simple_above[0] = config.gpu_protocol_simple ? lay.chunk / 2 : gpu::kSimpleNever;
+  const Config& cfg = comm.config();
+  region_.simple_above[0] = cfg.gpu_protocol_simple ? lay.chunk / 2 : gpu::kSimpleNever;
   region_.simple_above[1] =
-      config.gpu_proxy_simple_above < lay.chunk / 2
-          ? config.gpu_proxy_simple_above
-          : (config.gpu_proxy_simple_above == kGpuSimpleNever ? gpu::kSimpleNever : lay.chunk / 2);
+      cfg.gpu_proxy_simple_above < lay.chunk / 2
+          ? cfg.gpu_proxy_simple_above
+          : (cfg.gpu_proxy_simple_above == kGpuSimpleNever ? gpu::kSimpleNever : lay.chunk / 2);
   // Could any op be simple? Then the kernels that must take any op (the resident kernel) are
   // built with it, and the residency budget below is that of the heavier build.
   bool any_direct_pair = false, any_proxy_pair = false;
@@ -200,7 +200,6 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   int local_ranks = 0;
   for (int p = 0; p < nranks_; ++p) local_ranks += comm.sameHost(p) ? 1 : 0;
   const int per_gpu = (local_ranks + devices - 1) / (devices > 0 ? devices : 1);
-  const Config& cfg = config;
   const int resident_blocks = cfg.gpu_persistent ? static_cast<int>(cfg.gpu_persistent_blocks) : 0;
   // What the resident kernels of the ranks sharing this GPU hold for their lifetime.
   const int capacity = gpu::residentBlocksPerSm(simple_possible) * sms - resident_blocks * per_gpu;
