@@ -66,8 +66,9 @@ struct Region {
   // the resident kernel is built with it whenever a pair could (simplePair).
   uint32_t simple;
   // simplePair's rule: a pair goes simple for an op whose first round's larger direction carries
-  // more than simple_above[rule] bytes (kSimpleNever: never), where the rule is 1 for a pair
-  // proxied in at least one direction (bit p of proxy_rule), 0 for a pair direct both ways.
+  // more than simple_above[rule] bytes (kSimpleNever: never; zero, as in a zeroed Region: always),
+  // where the rule is 1 for a pair proxied in at least one direction (bit p of proxy_rule), 0 for a
+  // pair direct both ways.
   uint32_t simple_above[2];
   uint64_t proxy_rule;
 };

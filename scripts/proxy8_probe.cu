@@ -351,6 +351,8 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
     a.reg.fifo_offset = kFifoOffset;
     a.reg.timeout_ns = kTimeoutNs;
     a.reg.proxied = 1ull << peer;
+    // LL lines only, as the library's defaults for this op (a zeroed threshold means "always").
+    a.reg.simple_above[0] = a.reg.simple_above[1] = resident::gpu::kSimpleNever;
     a.local_in = data;
     a.out = data;
     a.rank = rank;
