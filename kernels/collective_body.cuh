@@ -193,7 +193,7 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
       // raises only after it posted the copy (FIFO order).
       pushFromThread0([&] {
         const uint32_t payload = simplePayloadBytes(sb, j0, j1);
-        const uint32_t n = payload ? 2u : 1u;
+        const uint32_t n = simpleTriggers(payload);
         // Round 0 uses the positions reserved at the start of the op (reserveRoundZero).
         const unsigned long long pos = r == 0 ? sh.fifo_pos : reserveTriggers(reg, n);
         if (r == 0) sh.fifo_pos += n;
@@ -296,7 +296,7 @@ __device__ inline unsigned long long reserveRoundZero(const CollectiveArgs& a, u
     if (j0 >= parts) continue;
     const uint32_t j1 = min(parts, j0 + a.parts_per_block);
     if (Simple && simplePair(a.reg, p, pairRoundBytes(pp, 0, chunk)))
-      n += simplePayloadBytes(roundBytes(pp.send_bytes, 0, chunk), j0, j1) ? 2u : 1u;
+      n += simpleTriggers(simplePayloadBytes(roundBytes(pp.send_bytes, 0, chunk), j0, j1));
     else
       ++n;
   }

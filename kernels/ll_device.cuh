@@ -104,9 +104,10 @@ struct Waiter {
     return true;
   }
 
-  // Polls one line until it carries `flag`; false when giving up.
-  __device__ bool line(const unsigned char* p, uint32_t flag, uint64_t& data, int peer) {
-    for (uint32_t spins = 0; !loadLine(p, flag, data);) {
+  // Polls until ready() holds, checking every 128 polls whether to give up; false then.
+  template <typename Ready>
+  __device__ __forceinline__ bool until(Ready&& ready, int peer) {
+    for (uint32_t spins = 0; !ready();) {
       if (++spins == 128) {
         spins = 0;
         if (shouldStop(peer)) return false;
@@ -115,15 +116,14 @@ struct Waiter {
     return true;
   }
 
+  // Polls one line until it carries `flag`; false when giving up.
+  __device__ bool line(const unsigned char* p, uint32_t flag, uint64_t& data, int peer) {
+    return until([&] { return loadLine(p, flag, data); }, peer);
+  }
+
   // Polls one 8-byte word until it equals `expected`; false when giving up.
   __device__ bool word(const unsigned char* p, uint64_t expected, int peer) {
-    for (uint32_t spins = 0; loadVolatile64(p) != expected;) {
-      if (++spins == 128) {
-        spins = 0;
-        if (shouldStop(peer)) return false;
-      }
-    }
-    return true;
+    return until([&] { return loadVolatile64(p) == expected; }, peer);
   }
 };
 

@@ -64,6 +64,12 @@ __device__ __forceinline__ uint64_t simpleFlagWord(uint32_t g) {
   return static_cast<uint64_t>(g) << 32;
 }
 
+// Triggers a block pushes for a proxied simple round whose parts carry `payload` bytes: the
+// payload's copy (when there is any) and the parts' flags.
+__device__ __forceinline__ uint32_t simpleTriggers(uint32_t payload) {
+  return payload ? 2u : 1u;
+}
+
 // Polls the flag of part j until it carries g; false when the op gives up. On success the
 // payload stores that preceded the flag are visible to this thread's later loads, and to the
 // block's after a barrier.

@@ -28,9 +28,9 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }
 
 // What every rank must agree on for the CUDA path's protocol: "ll" or "simple/<path>" for
-// direct pairs (the direct rule applies only to pairs direct both ways), then "/" and the
-// proxied pairs' RESIDENT_GPU_PROXY_SIMPLE_ABOVE. Both ranks of a pair pick its protocol from
-// the byte counts alone, so they must apply the same rule.
+// direct pairs (the direct rule applies only to pairs direct both ways), then "," and the
+// proxied pairs' RESIDENT_GPU_PROXY_SIMPLE_ABOVE: one field of the setup descriptor. Both ranks of
+// a pair pick its protocol from the byte counts alone, so they must apply the same rule.
 std::string proxySimpleName(uint32_t above) {
   return above == kGpuSimpleNever ? std::string("off") : std::to_string(above);
 }
@@ -38,13 +38,13 @@ std::string proxySimpleName(uint32_t above) {
 std::string gpuProtocolKey(const Config& cfg) {
   const std::string direct =
       cfg.gpu_protocol_simple ? std::string("simple/") + pathModeName(cfg.path) : "ll";
-  return direct + "|" + proxySimpleName(cfg.gpu_proxy_simple_above);
+  return direct + "," + proxySimpleName(cfg.gpu_proxy_simple_above);
 }
 
 std::string describeProtocolKey(const std::string& key) {
-  const size_t bar = key.find('|');
-  const std::string direct = key.substr(0, bar);
-  const std::string proxy = bar == std::string::npos ? "?" : key.substr(bar + 1);
+  const size_t comma = key.find(',');
+  const std::string direct = key.substr(0, comma);
+  const std::string proxy = comma == std::string::npos ? "?" : key.substr(comma + 1);
   const std::string tail = " RESIDENT_GPU_PROXY_SIMPLE_ABOVE=" + proxy;
   if (direct.rfind("simple/", 0) == 0)
     return "RESIDENT_GPU_PROTOCOL=simple with RESIDENT_PATH=" + direct.substr(7) + tail;
@@ -152,7 +152,7 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   const std::string key0 = all[0].substr(0, all[0].find('|'));
   for (int p = 0; p < nranks; ++p) {
     const auto f = split(all[static_cast<size_t>(p)], '|');
-    if (f.size() != 12)
+    if (f.size() != 11)
       throw CommError("resident: malformed descriptor from rank " + std::to_string(p));
     PeerInfo& info = peers_[static_cast<size_t>(p)];
     info.host = f[0].substr(0, f[0].find('/'));
@@ -170,14 +170,13 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
                             f[6] + " but rank " + std::to_string(rank) + " uses " + cfg.transport +
                             "; all ranks must agree");
     }
-    const std::string peer_protocol = f[10] + "|" + f[11];
-    if (peer_protocol != gpuProtocolKey(cfg)) {
+    if (f[10] != gpuProtocolKey(cfg)) {
       // The simple protocol is chosen per pair on the device from its path: both ranks of a
       // pair must see the same protocol and the same path (kernels/simple_device.cuh).
       throw InvalidArgument("resident: rank " + std::to_string(p) + " uses " +
-                            describeProtocolKey(peer_protocol) + " but rank " +
-                            std::to_string(rank) + " uses " +
-                            describeProtocolKey(gpuProtocolKey(cfg)) + "; all ranks must agree");
+                            describeProtocolKey(f[10]) + " but rank " + std::to_string(rank) +
+                            " uses " + describeProtocolKey(gpuProtocolKey(cfg)) +
+                            "; all ranks must agree");
     }
     endpoints[static_cast<size_t>(p)] = f[7];
     peer_ib_[static_cast<size_t>(p)] = f[8] == "ib";

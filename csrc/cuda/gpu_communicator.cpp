@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -175,20 +176,16 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   // op's LL lines would reach the slot's simple payload half, simple_device.cuh).
   const Config& cfg = comm.config();
   region_.simple_above[0] = cfg.gpu_protocol_simple ? lay.chunk / 2 : gpu::kSimpleNever;
+  const uint32_t proxy_above = cfg.gpu_proxy_simple_above;
   region_.simple_above[1] =
-      cfg.gpu_proxy_simple_above < lay.chunk / 2
-          ? cfg.gpu_proxy_simple_above
-          : (cfg.gpu_proxy_simple_above == kGpuSimpleNever ? gpu::kSimpleNever : lay.chunk / 2);
+      proxy_above == kGpuSimpleNever ? gpu::kSimpleNever : std::min(proxy_above, lay.chunk / 2);
   // Could any op be simple? Then the kernels that must take any op (the resident kernel) are
-  // built with it, and the residency budget below is that of the heavier build.
-  bool any_direct_pair = false, any_proxy_pair = false;
-  for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_) continue;
-    ((region_.proxy_rule >> p) & 1 ? any_proxy_pair : any_direct_pair) = true;
-  }
-  const bool simple_possible = (any_direct_pair && region_.simple_above[0] != gpu::kSimpleNever) ||
-                               (any_proxy_pair && region_.simple_above[1] != gpu::kSimpleNever);
-  region_.simple = simple_possible ? 1u : 0u;  // per op in launchCollective
+  // built with it, and the residency budget below is that of the heavier build. (Region::simple
+  // itself is set per op, in launchCollective.)
+  bool simple_possible = false;
+  for (int p = 0; p < nranks_; ++p)
+    simple_possible |=
+        p != rank_ && region_.simple_above[(region_.proxy_rule >> p) & 1] != gpu::kSimpleNever;
   unsigned char* gpu_base = comm.segmentBase() + comm.gpuRegionOffset();
   ring_ = TriggerRingView(gpu_base + lay.fifoOffset(),
                           reinterpret_cast<uint64_t*>(gpu_base + GpuLayout::kFifoTailWord),
