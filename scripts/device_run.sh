@@ -8,7 +8,7 @@
 #           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
 #           launch-probe interference fault-probe poll-probe replica-probe pdl-probe ar8-probe proxy8-probe proxy-copy-probe
-#           p2p-timeline
+#           p2p-timeline proxy-trace
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
 #   Test stages append each failure's text to $OUT/test_failures.log as it happens (printed
@@ -60,6 +60,10 @@
 #   p2p-timeline: scripts/p2p_timeline.py: eager 2-rank ping-pong with CUDA events between the
 #                ops, per size (paths $RESIDENT_PROBE_PATHS, default direct; extra environment
 #                $RESIDENT_TIMELINE_ENV) ($OUT/p2p_timeline.log).
+#   proxy-trace: the 2-rank graph benchmark of proxied cells ($RESIDENT_TRACE_CELLS, op:size, default
+#                all_reduce at 8 B, 16 KiB, 64 KiB and all_gather at 64 KiB) with the proxy's timeline
+#                on (RESIDENT_GPU_PROXY_TRACE), summarised by scripts/proxy_trace_summary.py
+#                ($OUT/trace_summary_<op>_<size>.json; raw timelines in $OUT/proxy_traces.tgz).
 #   fault-probe: scripts/persistent_fault_probe.py, the interference sequence step by step with a
 #                device check after each step, per variant ($RESIDENT_FAULT_VARIANTS)
 #                ($OUT/fault_probe.log).
@@ -508,6 +512,27 @@ if has p2p-timeline; then
       | tee -a "$OUT/p2p_timeline.log" | grep -E "^rank|rror" || status=1
   done
   { which nsys ncu; ls /usr/local/cuda/bin 2>&1 | head -40; } > "$OUT/cuda_tools.txt" 2>&1
+fi
+
+if has proxy-trace; then
+  # Where a proxied op's time goes: the 2-rank graph benchmark of one op and size at a time with
+  # RESIDENT_GPU_PROXY_TRACE, then scripts/proxy_trace_summary.py over both ranks' timelines
+  # ($RESIDENT_TRACE_CELLS: op:size pairs; $OUT/trace_<op>_<size>.{log,json}, summaries
+  # $OUT/trace_summary_<op>_<size>.json, the raw timelines in $OUT/proxy_traces.tgz).
+  step "proxy trace (2 ranks, graph, proxy path)"
+  [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
+  mkdir -p "$OUT/traces"
+  for cell in ${RESIDENT_TRACE_CELLS:-all_reduce:8 all_reduce:16K all_reduce:64K all_gather_into_tensor:64K}; do
+    op=${cell%%:*}; size=${cell##*:}
+    python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 2 --ops "$op" --sizes "$size" \
+      --backends "resident:path=proxy:RESIDENT_GPU_PROXY_TRACE=$OUT/traces/${op}_$size" \
+      --floors "$OUT/floors.json" --timeout 30 --time-limit 60 \
+      --json "$OUT/trace_${op}_$size.json" > "$OUT/trace_${op}_$size.log" 2>&1 || status=1
+    grep -E "^ *$op" "$OUT/trace_${op}_$size.log" | tail -n 2
+    python3 scripts/proxy_trace_summary.py "$OUT/traces/${op}_$size" \
+      --json "$OUT/trace_summary_${op}_$size.json" || status=1
+  done
+  tar czf "$OUT/proxy_traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces"
 fi
 
 if has fault-probe; then

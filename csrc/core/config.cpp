@@ -55,6 +55,8 @@ void apply(Config& c, const std::string& key, const std::string& value) {
       throw InvalidArgument("resident: RESIDENT_TRANSPORT must be auto, shm, tcp or ib, got '" +
                             value + "'");
     c.transport = value;
+  } else if (key == "gpu_proxy_trace") {
+    c.gpu_proxy_trace = value;  // a path prefix; opened when the group is destroyed
   } else if (key == "tcp_addr") {
     c.tcp_addr = value;  // checked when the tcp transport listens
   } else if (key == "gpu_chunk_bytes") {
@@ -139,6 +141,7 @@ const char* kKeys[] = {"path",
                        "gpu_p2p_stream",
                        "gpu_protocol",
                        "gpu_proxy_simple_above",
+                       "gpu_proxy_trace",
                        "tcp_addr",
                        "gpu_persistent",
                        "gpu_persistent_blocks",
@@ -178,6 +181,7 @@ std::string Config::describe() const {
          " gpu_protocol=" + (gpu_protocol_simple ? "simple" : "ll") + " gpu_proxy_simple_above=" +
          (gpu_proxy_simple_above == kGpuSimpleNever ? std::string("off")
                                                     : std::to_string(gpu_proxy_simple_above)) +
+         (gpu_proxy_trace.empty() ? "" : " gpu_proxy_trace=" + gpu_proxy_trace) +
          " gpu_persistent=" + (gpu_persistent ? "1" : "0") +
          " gpu_persistent_blocks=" + std::to_string(gpu_persistent_blocks) +
          " gpu_persistent_idle_us=" + std::to_string(gpu_persistent_idle_us) +

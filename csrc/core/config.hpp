@@ -58,6 +58,10 @@ struct Config {
   // round to that peer carries more than this many bytes (at most half a chunk: larger values
   // act as half a chunk); kGpuSimpleNever (off): LL lines for every op. All ranks agree.
   uint32_t gpu_proxy_simple_above = 32 * 1024;
+  // RESIDENT_GPU_PROXY_TRACE=path prefix: the proxy records a timeline of its CUDA work
+  // (core/proxy_trace.hpp) and writes it to <prefix>.rank<r>.<n>.tsv when the group is
+  // destroyed; empty (default): off.
+  std::string gpu_proxy_trace;
   // RESIDENT_GPU_PERSISTENT=0|1: decode-size collectives run on a resident kernel per group
   // (handed over by stream memory operations) instead of one kernel per op.
   bool gpu_persistent = false;

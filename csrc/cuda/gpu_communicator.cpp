@@ -150,6 +150,8 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       RLOG_DEBUG("rank %d: proxy outbox %s", rank_,
                  sent_in_place ? "registered with the transport (sent in place)"
                                : "copied by the transport");
+      if (!comm.config().gpu_proxy_trace.empty())
+        trace_ = std::make_unique<ProxyTrace>(size_t{1} << 21);  // 48 MiB: opt-in only
     }
     checkCuda(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(gpu::DeviceState)),
               "cudaMalloc of the device state");
@@ -278,6 +280,7 @@ void GpuCommunicator::shutdown() {
   // so detaching the proxy (which waits until it is outside proxyPoll) cannot hang on it.
   if (region_.local != nullptr) abortKernels();
   comm_.setExtraPoller(nullptr);  // waits until the proxy is outside proxyPoll
+  if (trace_) writeTrace();
   if (region_.local != nullptr) {
     // The resident kernel leaves after its current op (aborted above); then the one-op
     // kernels are waited for below. Stopped, not destroyed: other threads may still read its
@@ -294,6 +297,17 @@ void GpuCommunicator::shutdown() {
   outbox_host_ = nullptr;
   if (state_ != nullptr) cudaFree(state_);
   state_ = nullptr;
+}
+
+void GpuCommunicator::writeTrace() {
+  static std::atomic<int> serial{0};  // several groups of one process get files of their own
+  const std::string path = comm_.config().gpu_proxy_trace + ".rank" + std::to_string(rank_) + "." +
+                           std::to_string(serial++) + ".tsv";
+  if (trace_->writeTsv(path))
+    RLOG_INFO("rank %d: proxy trace written to %s", rank_, path.c_str());
+  else
+    RLOG_WARN("rank %d: could not write the proxy trace to %s", rank_, path.c_str());
+  trace_.reset();
 }
 
 std::optional<PersistentStatus> GpuCommunicator::persistentStatus() const {

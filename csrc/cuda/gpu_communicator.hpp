@@ -19,6 +19,7 @@
 #include "core/dtype.hpp"
 #include "core/fifo.hpp"
 #include "core/gpu_layout.hpp"
+#include "core/proxy_trace.hpp"
 #include "cuda/persistent_channel.hpp"
 #include "exchange_args.hpp"
 
@@ -100,6 +101,7 @@ class GpuCommunicator : public ProxyHandler {
   // Region::trigger_fence for an op whose largest round to one peer has this many bytes.
   uint32_t fenceTriggers(uint64_t first_round_bytes) const;
   uint32_t blocksFor(uint64_t first_round_bytes) const;
+  void writeTrace();  // RESIDENT_GPU_PROXY_TRACE, at shutdown
 
   Communicator& comm_;
   const int rank_, nranks_;
@@ -129,6 +131,8 @@ class GpuCommunicator : public ProxyHandler {
   bool any_proxied_ = false;
   // forwardCredits: per peer, the credit last forwarded for each p2p slot (proxy thread only).
   std::vector<std::array<uint64_t, GpuLayout::kP2PSlots>> credit_sent_;
+  // RESIDENT_GPU_PROXY_TRACE: the proxy's timeline, written at shutdown (null: off).
+  std::unique_ptr<ProxyTrace> trace_;
   bool shut_down_ = false;
   std::string final_error_;  // deviceError() when shut down (the segments are gone then)
 };

@@ -60,6 +60,7 @@ bool GpuCommunicator::forwardCredits() {
       const uint64_t credit = __atomic_load_n(words + slot, __ATOMIC_RELAXED);
       if (credit == credit_sent_[static_cast<size_t>(p)][slot]) continue;
       transport.signal(p, comm_.gpuRegionOffset() + lay.creditIn(rank_) + 8ull * slot, credit);
+      if (trace_) trace_->record(TraceEvent::kCredit, p, 8);
       credit_sent_[static_cast<size_t>(p)][slot] = credit;
       forwarded = true;
     }
@@ -95,11 +96,13 @@ bool GpuCommunicator::proxyPoll() {
                                  batch[i].bytes);
       else
         transport.write(batch[i].peer, remote, outbox_host_ + batch[i].local, batch[i].bytes);
+      if (trace_) trace_->record(TraceEvent::kPosted, batch[i].peer, batch[i].bytes);
     }
     n = 0;
     for (int i = 0; i < nflags; ++i)
       transport.signal(flags[i].peer, comm_.gpuRegionOffset() + flags[i].offset,
                        uint64_t{flags[i].value} << 32);
+    if (trace_ && nflags > 0) trace_->record(TraceEvent::kFlags, flags[0].peer, nflags);
     nflags = 0;
   };
   int popped = 0;
@@ -107,6 +110,11 @@ bool GpuCommunicator::proxyPoll() {
   while (popped < 256 && ring_.tryPop(t)) {
     ++popped;
     const GpuWriteRequest r = decodeWrite(t.fst, t.snd);
+    if (trace_)
+      trace_->record(r.kind == TriggerKind::kFlag   ? TraceEvent::kPopFlag
+                     : r.kind == TriggerKind::kCopy ? TraceEvent::kPopCopy
+                                                    : TraceEvent::kPopLines,
+                     static_cast<int>(r.peer), r.bytes);
     if (r.kind == TriggerKind::kFlag) {  // raised after the next post (flush)
       for (uint64_t off = 0; off + 16 <= r.bytes; off += 16) {
         if (nflags == 64) flush();

@@ -1,0 +1,68 @@
+// An opt-in timeline of the proxy's CUDA work (RESIDENT_GPU_PROXY_TRACE): when each trigger was
+// popped, when each merged write was posted and when each pass's flags were raised, on this
+// host's monotonic clock, so that two ranks' files line up. It answers where a proxied op's
+// time goes between the GPUs' stages and the proxy's (scripts/proxy_trace_summary.py). The
+// table is allocated once when tracing is on; recording never allocates, and events past its
+// end are counted, not kept.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/clock.hpp"
+
+namespace resident {
+
+enum class TraceEvent : uint8_t {
+  kPopLines,  // a trigger of LL lines popped (bytes: the range)
+  kPopCopy,   // a trigger of payload bytes popped (the simple protocol)
+  kPopFlag,   // a trigger of flags popped (bytes: the flag lines' range)
+  kPosted,    // one merged write posted (bytes)
+  kFlags,     // a pass's flags raised (bytes: how many)
+  kCredit,    // a send/recv credit forwarded
+};
+
+class ProxyTrace {
+ public:
+  explicit ProxyTrace(size_t capacity) : events_(capacity) {}
+
+  void record(TraceEvent what, int peer, uint64_t bytes) {
+    if (used_ == events_.size()) {
+      ++dropped_;
+      return;
+    }
+    events_[used_++] = {nowNs(), bytes, peer, what};
+  }
+
+  // One line per event: time (ns), event name, peer, bytes; a header line says what was
+  // dropped. False when the file cannot be written.
+  bool writeTsv(const std::string& path) const {
+    static const char* const kNames[] = {"pop_lines", "pop_copy", "pop_flag",
+                                         "posted",    "flags",    "credit"};
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) return false;
+    std::fprintf(f, "# t_ns\tevent\tpeer\tbytes\t(dropped %llu)\n",
+                 static_cast<unsigned long long>(dropped_));
+    for (size_t i = 0; i < used_; ++i) {
+      const Entry& e = events_[i];
+      std::fprintf(f, "%llu\t%s\t%d\t%llu\n", static_cast<unsigned long long>(e.t_ns),
+                   kNames[static_cast<int>(e.what)], e.peer,
+                   static_cast<unsigned long long>(e.bytes));
+    }
+    return std::fclose(f) == 0;
+  }
+
+ private:
+  struct Entry {
+    uint64_t t_ns, bytes;
+    int peer;
+    TraceEvent what;
+  };
+  std::vector<Entry> events_;
+  size_t used_ = 0;
+  uint64_t dropped_ = 0;
+};
+
+}  // namespace resident
