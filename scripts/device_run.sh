@@ -60,7 +60,7 @@
 #   p2p-timeline: scripts/p2p_timeline.py: eager 2-rank ping-pong with CUDA events between the
 #                ops, per size (paths $RESIDENT_PROBE_PATHS, default direct; extra environment
 #                $RESIDENT_TIMELINE_ENV) ($OUT/p2p_timeline.log).
-#   proxy-trace: the 2-rank graph benchmark of proxied cells ($RESIDENT_TRACE_CELLS, op:size, default
+#   proxy-trace: the 2-rank graph benchmark of proxied cells ($RESIDENT_TRACE_CELLS, op:size[:KEY=VALUE...], default
 #                all_reduce at 8 B, 16 KiB, 64 KiB and all_gather at 64 KiB) with the proxy's timeline
 #                on (RESIDENT_GPU_PROXY_TRACE), summarised by scripts/proxy_trace_summary.py
 #                ($OUT/trace_summary_<op>_<size>.json; raw timelines in $OUT/proxy_traces.tgz).
@@ -523,14 +523,17 @@ if has proxy-trace; then
   [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
   mkdir -p "$OUT/traces"
   for cell in ${RESIDENT_TRACE_CELLS:-all_reduce:8 all_reduce:16K all_reduce:64K all_gather_into_tensor:64K}; do
-    op=${cell%%:*}; size=${cell##*:}
+    op=${cell%%:*}; rest=${cell#*:}; size=${rest%%:*}; extra=${rest#"$size"}  # extra: :KEY=VALUE...
+    label="${op}_$size$(echo "$extra" | tr ':=' '_-')"
     python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 2 --ops "$op" --sizes "$size" \
-      --backends "resident:path=proxy:RESIDENT_GPU_PROXY_TRACE=$OUT/traces/${op}_$size" \
+      --backends "resident:path=proxy$extra:RESIDENT_GPU_PROXY_TRACE=$OUT/traces/$label" \
       --floors "$OUT/floors.json" --timeout 30 --time-limit 60 \
-      --json "$OUT/trace_${op}_$size.json" > "$OUT/trace_${op}_$size.log" 2>&1 || status=1
-    grep -E "^ *$op" "$OUT/trace_${op}_$size.log" | tail -n 2
-    python3 scripts/proxy_trace_summary.py "$OUT/traces/${op}_$size" \
-      --json "$OUT/trace_summary_${op}_$size.json" || status=1
+      --json "$OUT/trace_$label.json" > "$OUT/trace_$label.log" 2>&1 || status=1
+    echo "== $label: $(grep -E "^ *$op" "$OUT/trace_$label.log" | tail -n 1)"
+    python3 scripts/proxy_trace_summary.py "$OUT/traces/$label" \
+      --json "$OUT/trace_summary_$label.json" > /dev/null || status=1
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['ranks']; print({k: v['median_us'] for k, v in r.items()})" \
+      "$OUT/trace_summary_$label.json" || status=1
   done
   tar czf "$OUT/proxy_traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces"
 fi

@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 
 #include "core/error.hpp"
@@ -72,6 +73,11 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.gpu_one_round = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_trigger_fence") {
     c.gpu_trigger_fence = parseUnsigned(key, value, 0, 1) == 1;
+  } else if (key == "gpu_trigger_fence_from") {
+    c.gpu_trigger_fence_from =
+        value == "off" ? UINT64_MAX : parseUnsigned(key, value, 0, uint64_t{1} << 32);
+  } else if (key == "gpu_proxy_prefetch_bytes") {
+    c.gpu_proxy_prefetch_bytes = static_cast<uint32_t>(parseUnsigned(key, value, 0, 1u << 16));
   } else if (key == "gpu_proxy_streaming") {
     c.gpu_proxy_streaming = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_pdl") {
@@ -137,6 +143,8 @@ const char* kKeys[] = {"path",
                        "gpu_prefetch",
                        "gpu_one_round",
                        "gpu_trigger_fence",
+                       "gpu_trigger_fence_from",
+                       "gpu_proxy_prefetch_bytes",
                        "gpu_proxy_streaming",
                        "gpu_p2p_stream",
                        "gpu_protocol",
@@ -175,7 +183,10 @@ std::string Config::describe() const {
          " gpu_proxy_spin_us=" + std::to_string(gpu_proxy_spin_us) +
          " gpu_pdl=" + (gpu_pdl ? "1" : "0") + " gpu_prefetch=" + (gpu_prefetch ? "1" : "0") +
          " gpu_one_round=" + (gpu_one_round ? "1" : "0") +
-         " gpu_trigger_fence=" + (gpu_trigger_fence ? "1" : "0") +
+         " gpu_trigger_fence=" + (gpu_trigger_fence ? "1" : "0") + " gpu_trigger_fence_from=" +
+         (gpu_trigger_fence_from == UINT64_MAX ? std::string("off")
+                                               : std::to_string(gpu_trigger_fence_from)) +
+         " gpu_proxy_prefetch_bytes=" + std::to_string(gpu_proxy_prefetch_bytes) +
          " gpu_proxy_streaming=" + (gpu_proxy_streaming ? "1" : "0") +
          " gpu_p2p_stream=" + (gpu_p2p_lazy ? "auto" : "own") +
          " gpu_protocol=" + (gpu_protocol_simple ? "simple" : "ll") + " gpu_proxy_simple_above=" +

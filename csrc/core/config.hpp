@@ -42,9 +42,16 @@ struct Config {
   // RESIDENT_GPU_TRIGGER_FENCE=0|1: 1 fences every proxy trigger on the device instead of
   // letting the proxy check the lines' flags.
   bool gpu_trigger_fence = false;
+  // RESIDENT_GPU_TRIGGER_FENCE_FROM=bytes|off: with RESIDENT_GPU_TRIGGER_FENCE=0, ops whose
+  // largest round to one peer carries at least this many bytes fence their triggers (smaller
+  // ones leave the lines to the proxy's check); off: none does.
+  uint64_t gpu_trigger_fence_from = 32 * 1024;
   // RESIDENT_GPU_PROXY_STREAMING=0|1: the proxy posts the CUDA path's lines with
   // Transport::writeForDevice (shm: non-temporal stores) instead of write (memcpy).
   bool gpu_proxy_streaming = true;
+  // RESIDENT_GPU_PROXY_PREFETCH_BYTES: how far ahead the proxy asks for the outbox bytes it
+  // checks (unfenced LL lines) and copies (streaming copies); 0: no prefetch.
+  uint32_t gpu_proxy_prefetch_bytes = 1024;
   // RESIDENT_GPU_P2P_STREAM=auto|own: where a send/recv on CUDA tensors runs. auto (default):
   // launched lazily, a blocking one on the caller's stream; own: on a stream per peer and
   // direction, launched when called (c10d/work_cuda.hpp, runCudaP2P).

@@ -18,7 +18,7 @@ void ShmTransport::writeForDevice(int peer, size_t offset, const void* src, size
   // payloads on they win, 7-24% at 64-256 KiB).
   constexpr size_t kStreamingMinBytes = 1024;
   if (bytes < kStreamingMinBytes) return write(peer, offset, src, bytes);
-  streamingCopy(inboxes_[peer] + offset, src, bytes);
+  streamingCopy(inboxes_[peer] + offset, src, bytes, device_prefetch_);
 }
 
 void ShmTransport::signal(int peer, size_t offset, uint64_t value) {

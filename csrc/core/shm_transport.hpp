@@ -11,8 +11,9 @@ namespace resident {
 class ShmTransport : public Transport {
  public:
   // `peer_inboxes[p]`: base of p's inbox mapped here (nullptr for peers not on this host).
-  explicit ShmTransport(std::vector<unsigned char*> peer_inboxes)
-      : inboxes_(std::move(peer_inboxes)) {}
+  // `device_prefetch`: writeForDevice's source prefetch distance (streamingCopy).
+  explicit ShmTransport(std::vector<unsigned char*> peer_inboxes, size_t device_prefetch = 0)
+      : inboxes_(std::move(peer_inboxes)), device_prefetch_(device_prefetch) {}
   const char* name() const override { return "shm"; }
   void write(int peer, size_t offset, const void* src, size_t bytes) override;
   // From 1 KiB, non-temporal stores (where the CPU has them): a GPU read of a line still dirty
@@ -24,6 +25,7 @@ class ShmTransport : public Transport {
 
  private:
   std::vector<unsigned char*> inboxes_;
+  size_t device_prefetch_;
 };
 
 }  // namespace resident

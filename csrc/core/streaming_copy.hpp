@@ -15,8 +15,10 @@
 namespace resident {
 
 // Every store is visible to other agents when it returns (sfence), so a release store after
-// it is ordered after the whole copy, as after memcpy.
-inline void streamingCopy(void* dst, const void* src, size_t bytes) {
+// it is ordered after the whole copy, as after memcpy. `prefetch`: how far ahead (bytes) the
+// source is asked for, for a source that is not in this CPU's caches (a GPU wrote it over
+// PCIe); 0: not at all.
+inline void streamingCopy(void* dst, const void* src, size_t bytes, size_t prefetch = 0) {
 #if defined(__SSE2__)
   const auto d = reinterpret_cast<uintptr_t>(dst);
   const auto s = reinterpret_cast<uintptr_t>(src);
@@ -24,7 +26,14 @@ inline void streamingCopy(void* dst, const void* src, size_t bytes) {
     const size_t vectors = bytes / 16;
     auto* out = reinterpret_cast<__m128i*>(dst);
     const auto* in = reinterpret_cast<const __m128i*>(src);
-    for (size_t i = 0; i < vectors; ++i) _mm_stream_si128(out + i, _mm_load_si128(in + i));
+    const auto* from = static_cast<const unsigned char*>(src);
+    for (size_t ahead = 0; ahead < prefetch && ahead < bytes; ahead += 64)
+      __builtin_prefetch(from + ahead);
+    for (size_t i = 0; i < vectors; ++i) {
+      if ((i & 3) == 0 && prefetch != 0 && i * 16 + prefetch < bytes)
+        __builtin_prefetch(from + i * 16 + prefetch);
+      _mm_stream_si128(out + i, _mm_load_si128(in + i));
+    }
     std::memcpy(out + vectors, in + vectors, bytes - vectors * 16);
     _mm_sfence();
     return;

@@ -93,7 +93,9 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       pdl_(comm.config().gpu_pdl),
       prefetch_(comm.config().gpu_prefetch),
       one_round_(comm.config().gpu_one_round),
-      proxy_streaming_(comm.config().gpu_proxy_streaming) {
+      proxy_streaming_(comm.config().gpu_proxy_streaming),
+      proxy_prefetch_(comm.config().gpu_proxy_prefetch_bytes),
+      fence_from_(comm.config().gpu_trigger_fence_from) {
   if (nranks_ > gpu::kMaxRanks) {
     throw InvalidArgument("resident: CUDA tensors are supported in groups of at most " +
                           std::to_string(gpu::kMaxRanks) + " ranks; this group has " +
@@ -374,11 +376,11 @@ uint32_t GpuCommunicator::blocksFor(uint64_t first_round_bytes) const {
 }
 
 // Checked triggers pay off for small ops (the proxy starts on the lines while they land); from
-// kUncheckedFrom bytes per peer and round the proxy's reads of lines still arriving slowed the
-// GPU's writes (H200, benchmarks/RESULTS.md), so those ops fence on the device.
+// RESIDENT_GPU_TRIGGER_FENCE_FROM (32 KiB) bytes per peer and round the proxy's reads of lines
+// still arriving slowed the GPU's writes (H200, benchmarks/RESULTS.md), so those ops fence on
+// the device.
 uint32_t GpuCommunicator::fenceTriggers(uint64_t first_round_bytes) const {
-  constexpr uint64_t kUncheckedFrom = uint64_t{32} * 1024;
-  return region_.trigger_fence != 0 || first_round_bytes >= kUncheckedFrom ? 1u : 0u;
+  return region_.trigger_fence != 0 || first_round_bytes >= fence_from_ ? 1u : 0u;
 }
 
 gpu::CollectiveArgs& GpuCommunicator::begin(OpId op) {

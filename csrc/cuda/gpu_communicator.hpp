@@ -19,6 +19,7 @@
 #include "core/dtype.hpp"
 #include "core/fifo.hpp"
 #include "core/gpu_layout.hpp"
+#include "core/ll_line_check.hpp"
 #include "core/proxy_trace.hpp"
 #include "cuda/persistent_channel.hpp"
 #include "exchange_args.hpp"
@@ -90,7 +91,9 @@ class GpuCommunicator : public ProxyHandler {
   void pinProxyNearDevice();
   // Proxy side of a checked trigger (the kernel did not fence the lines before it): the bytes
   // of the range's leading lines that carry `flag`, without waiting.
-  static uint64_t linesLanded(const unsigned char* lines, uint64_t bytes, uint32_t flag);
+  uint64_t linesLanded(const unsigned char* lines, uint64_t bytes, uint32_t flag) const {
+    return landedLlLines(lines, bytes, flag, proxy_prefetch_);
+  }
   // Waits until every LL line of the range carries `flag` (the caller fences before the payload
   // is read). False on abort or after the group's timeout.
   bool linesArrived(const unsigned char* lines, uint64_t bytes, uint32_t flag) const;
@@ -108,8 +111,10 @@ class GpuCommunicator : public ProxyHandler {
   int device_ = -1;
   const bool pdl_;
   const bool prefetch_;
-  const bool one_round_;        // RESIDENT_GPU_ONE_ROUND: launchOneRound for the ops it takes
-  const bool proxy_streaming_;  // RESIDENT_GPU_PROXY_STREAMING: Transport::writeForDevice
+  const bool one_round_;           // RESIDENT_GPU_ONE_ROUND: launchOneRound for the ops it takes
+  const bool proxy_streaming_;     // RESIDENT_GPU_PROXY_STREAMING: Transport::writeForDevice
+  const uint32_t proxy_prefetch_;  // RESIDENT_GPU_PROXY_PREFETCH_BYTES: the line check's
+  const uint64_t fence_from_;      // RESIDENT_GPU_TRIGGER_FENCE_FROM: fenceTriggers
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;

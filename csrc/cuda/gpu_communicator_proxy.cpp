@@ -12,17 +12,6 @@
 
 namespace resident {
 
-uint64_t GpuCommunicator::linesLanded(const unsigned char* lines, uint64_t bytes, uint32_t flag) {
-  uint64_t off = 0;
-  for (; off + 16 <= bytes; off += 16) {
-    const auto* words = reinterpret_cast<const uint32_t*>(lines + off);
-    if (__atomic_load_n(words + 1, __ATOMIC_RELAXED) != flag ||
-        __atomic_load_n(words + 3, __ATOMIC_RELAXED) != flag)
-      break;
-  }
-  return off;
-}
-
 bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
                                    uint32_t flag) const {
   // The kernel issued the lines before the trigger, so they are at most a PCIe trip behind;

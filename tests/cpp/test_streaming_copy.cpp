@@ -1,7 +1,7 @@
-// streamingCopy (non-temporal stores where the CPU has them): byte-exact against memcpy for
-// random bytes over sizes around the 16-byte vector and at aligned and unaligned addresses,
-// never touching a byte outside the destination range; and ShmTransport::writeForDevice
-// lands the same bytes as write, before a signal that follows it.
+// streamingCopy (non-temporal stores where the CPU has them, with and without a source
+// prefetch): byte-exact against memcpy for random bytes over sizes around the 16-byte vector and at
+// aligned and unaligned addresses, never touching a byte outside the destination range; and
+// ShmTransport::writeForDevice lands the same bytes as write, before a signal that follows it.
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -34,7 +34,8 @@ int main() {
           continue;
         std::memcpy(want.data(), dst.data(), want.size());
         std::memcpy(want.data() + d_shift + dst_off, s + src_off, bytes);
-        resident::streamingCopy(d + dst_off, s + src_off, bytes);
+        resident::streamingCopy(d + dst_off, s + src_off, bytes,
+                                static_cast<size_t>(rng() % 4) * 1024);
         CHECK(std::memcmp(dst.data(), want.data(), dst.size()) == 0);
       }
     }
