@@ -333,10 +333,13 @@ PATH_KNOBS = {
     "psimple0": {"RESIDENT_GPU_PROXY_SIMPLE_ABOVE": "0"},
     # proxied peers: LL lines for every op (the default takes payload + flags above 32 KiB)
     "pll": {"RESIDENT_GPU_PROXY_SIMPLE_ABOVE": "off"},
+    # proxied peers: no op fences its LL lines' triggers; the proxy checks every line (with
+    # pll: multi-round 1 MiB ops too)
+    "unfenced": {"RESIDENT_GPU_TRIGGER_FENCE_FROM": "off"},
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
 PATH_VARIANTS = ("direct+noprefetch", "direct+general", "proxy+general", "proxy+fence", "proxy+memcpy",
-                 "proxy+blocks1", "direct+simple", "proxy+psimple0", "proxy+pll")
+                 "proxy+blocks1", "direct+simple", "proxy+psimple0", "proxy+pll", "proxy+pll+unfenced")
 # More ranks for the settings whose device code differs with the number of partners.
 WIDE_VARIANTS = ((4, "direct+simple"), (8, "direct+simple"), (4, "proxy+psimple0"),
                  (8, "proxy+psimple0"))
