@@ -375,10 +375,11 @@ uint32_t GpuCommunicator::blocksFor(uint64_t first_round_bytes) const {
   return parts < max_blocks_ ? parts : max_blocks_;
 }
 
-// Checked triggers pay off up to 32 KiB per peer and round (the proxy starts on the lines while
-// they land; H200, session 26: 6-20% faster than fenced at 32 KiB with the check's prefetch); a
-// 64 KiB round was 31% slower unfenced (send/recv), so from RESIDENT_GPU_TRIGGER_FENCE_FROM
-// (64 KiB) ops fence on the device.
+// Checked triggers pay off for small ops (the proxy starts on the lines while they land); from
+// RESIDENT_GPU_TRIGGER_FENCE_FROM (32 KiB) bytes per peer and round the proxy's reads of lines
+// still arriving slowed the GPU's writes (H200, benchmarks/RESULTS.md), so those ops fence on
+// the device. Unfenced at 32 KiB per peer read 6-20% faster in one call and 2-22% slower in
+// the next (session 26); at 64 KiB per peer 31% slower (send/recv).
 uint32_t GpuCommunicator::fenceTriggers(uint64_t first_round_bytes) const {
   return region_.trigger_fence != 0 || first_round_bytes >= fence_from_ ? 1u : 0u;
 }
