@@ -1,18 +1,24 @@
 """Where a proxied op's time goes, from the proxy timelines of RESIDENT_GPU_PROXY_TRACE
 (csrc/core/proxy_trace.hpp): one file per rank, times on the host's monotonic clock.
 
-An op, as one rank's proxy sees it, is a run of events that no trigger popped after a gap longer
-than --gap-ns interrupts; for
-2 ranks and back-to-back ops (a replayed graph) each op k yields, per rank r:
+Ops: with --triggers-per-op N every N triggers popped make one op (exact when one op kind and
+size ran: e.g. 1 for an 8 B all_reduce, 8 for 16 KiB of LL lines at 2 ranks, 64 for a 64 KiB
+payload + flags all_reduce); without it a trigger popped after a gap longer than --gap-ns opens
+a new op (back-to-back ops can merge). With --triggers-per-op the two ranks' op lists are aligned by
+the shift that puts their first triggers closest; without it (the ranks may merge ops
+differently) the GPU stage takes the latest peer op that ended before this rank's next trigger,
+which is wrong when the ranks run out of phase by more than an op's proxy stage. Per op k and rank r:
   proxy stage   first trigger popped -> last write posted / flags raised (this proxy's work)
-  spread        first -> last trigger popped (how far apart the GPU's blocks pushed)
+  spread        first -> last trigger popped (how far apart the GPU's blocks pushed, or how
+                long the proxy took to pop and check them)
   gpu stage     the peer proxy's end of op k -> this rank's first trigger of op k+1: the
                 peer data's read by this GPU, its reduction, the kernel's end, the next
                 kernel's start, its stores and the trigger's trip to the proxy
   period        first trigger of op k -> of op k+1
-Medians over the back-to-back ops (period under --max-period-us).
+Medians over the back-to-back ops (period under --max-period-us). Two ranks only.
 
-usage: python3 scripts/proxy_trace_summary.py PREFIX [--gap-ns N] [--json OUT]
+usage: python3 scripts/proxy_trace_summary.py PREFIX [--triggers-per-op N] [--gap-ns N]
+       [--json OUT]
 """
 
 import argparse
@@ -33,37 +39,45 @@ def load(path):
     return events
 
 
-def segment(events, gap_ns):
-    ops, cur, last = [], [], None
+def segment(events, gap_ns, per_op):
+    ops, cur, last, pops = [], None, None, 0
     for e in events:
-        # Only a trigger opens an op: posts and flags end the pass that popped them.
-        if last is not None and e[0] - last > gap_ns and cur and e[1].startswith("pop_"):
-            ops.append(cur)
-            cur = []
-        cur.append(e)
+        is_pop = e[1].startswith("pop_")
+        if is_pop:
+            opens = pops % per_op == 0 if per_op else (last is None or e[0] - last > gap_ns)
+            if opens or cur is None:
+                cur = {"first_pop": e[0], "last_pop": e[0], "end": e[0], "pops": 0, "posted": 0}
+                ops.append(cur)
+            cur["pops"] += 1
+            cur["last_pop"] = e[0]
+            pops += 1
+        if cur is not None:
+            cur["end"] = max(cur["end"], e[0])
+            cur["posted"] += e[1] == "posted"
         last = e[0]
-    if cur:
-        ops.append(cur)
-    out = []
-    for op in ops:
-        pops = [e for e in op if e[1].startswith("pop_")]
-        if not pops:
-            continue
-        out.append({
-            "first_pop": pops[0][0], "last_pop": pops[-1][0], "end": op[-1][0],
-            "pops": len(pops), "posted": sum(1 for e in op if e[1] == "posted"),
-            "bytes": sum(e[3] for e in op if e[1] == "posted"),
-            "flag_raises": sum(1 for e in op if e[1] == "flags")})
-    return out
+    return ops
 
 
 def med(xs):
     return round(statistics.median(xs) / 1000.0, 3) if xs else None
 
 
+def best_shift(a, b):
+    """The shift s for which b[k + s] is closest to a[k] (first triggers), |s| <= 4."""
+    lo, hi = len(a) // 4, min(len(a), len(b)) * 3 // 4
+    scores = []
+    for s in range(-4, 5):
+        d = [abs(b[k + s]["first_pop"] - a[k]["first_pop"])
+             for k in range(max(lo, -s), min(hi, len(b) - s))]
+        if d:
+            scores.append((statistics.median(d), s))
+    return min(scores)[1] if scores else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("prefix")
+    ap.add_argument("--triggers-per-op", type=int, default=0)
     ap.add_argument("--gap-ns", type=int, default=1500)
     ap.add_argument("--max-period-us", type=float, default=200.0)
     ap.add_argument("--json")
@@ -72,32 +86,41 @@ def main():
     ranks = {}
     for path in files:
         r = int(path[len(args.prefix) + 5:].split(".")[0])
-        ops = segment(load(path), args.gap_ns)
-        ranks.setdefault(r, []).extend(ops)
-    report = {"files": files, "gap_ns": args.gap_ns, "ranks": {}}
-    for r, ops in sorted(ranks.items()):
-        ops.sort(key=lambda o: o["first_pop"])
-        peer_ends = sorted(o["end"] for p, po in ranks.items() if p != r for o in po)
-        stage, spread, gpu, period, pops, posted = [], [], [], [], [], []
-        for k in range(len(ops) - 1):
-            per = ops[k + 1]["first_pop"] - ops[k]["first_pop"]
-            if per > args.max_period_us * 1000:
+        ranks.setdefault(r, []).extend(load(path))
+    if sorted(ranks) != [0, 1]:
+        raise SystemExit(f"need the timelines of ranks 0 and 1, found {sorted(ranks)}")
+    ops = {r: segment(sorted(ev), args.gap_ns, args.triggers_per_op) for r, ev in ranks.items()}
+    # ops[1][k + shift] is rank 1's op k (counted ops only: gap-split lists need not match)
+    shift = best_shift(ops[0], ops[1]) if args.triggers_per_op else 0
+    aligned = {0: ops[0][max(0, -shift):], 1: ops[1][max(0, shift):]}
+    n = min(len(aligned[0]), len(aligned[1]))
+    report = {"files": files, "triggers_per_op": args.triggers_per_op, "gap_ns": args.gap_ns,
+              "shift": shift, "ranks": {}}
+    for r in (0, 1):
+        mine, peer = aligned[r], aligned[1 - r]
+        peer_ends = sorted(o["end"] for o in ops[1 - r])
+        rows = {"period": [], "proxy_stage": [], "trigger_spread": [], "gpu_stage": []}
+        pops, posts = [], []
+        for k in range(n - 1):
+            period = mine[k + 1]["first_pop"] - mine[k]["first_pop"]
+            if period > args.max_period_us * 1000:
                 continue
-            period.append(per)
-            stage.append(ops[k]["end"] - ops[k]["first_pop"])
-            spread.append(ops[k]["last_pop"] - ops[k]["first_pop"])
-            pops.append(ops[k]["pops"])
-            posted.append(ops[k]["posted"])
-            # the latest peer op end before this rank's next first trigger
-            i = bisect.bisect_left(peer_ends, ops[k + 1]["first_pop"]) - 1
-            if i >= 0:
-                gpu.append(ops[k + 1]["first_pop"] - peer_ends[i])
+            rows["period"].append(period)
+            rows["proxy_stage"].append(mine[k]["end"] - mine[k]["first_pop"])
+            rows["trigger_spread"].append(mine[k]["last_pop"] - mine[k]["first_pop"])
+            if args.triggers_per_op:
+                rows["gpu_stage"].append(mine[k + 1]["first_pop"] - peer[k]["end"])
+            else:
+                i = bisect.bisect_left(peer_ends, mine[k + 1]["first_pop"]) - 1
+                if i >= 0:
+                    rows["gpu_stage"].append(mine[k + 1]["first_pop"] - peer_ends[i])
+            pops.append(mine[k]["pops"])
+            posts.append(mine[k]["posted"])
         report["ranks"][r] = {
-            "ops": len(ops), "back_to_back": len(period),
-            "median_us": {"period": med(period), "proxy_stage": med(stage),
-                          "trigger_spread": med(spread), "gpu_stage": med(gpu)},
+            "ops": len(ops[r]), "back_to_back": len(rows["period"]),
+            "median_us": {k: med(v) for k, v in rows.items()},
             "median_pops_per_op": statistics.median(pops) if pops else None,
-            "median_posts_per_op": statistics.median(posted) if posted else None}
+            "median_posts_per_op": statistics.median(posts) if posts else None}
     print(json.dumps(report, indent=1))
     if args.json:
         with open(args.json, "w") as f:
