@@ -336,10 +336,12 @@ PATH_KNOBS = {
     # proxied peers: no op fences its LL lines' triggers; the proxy checks every line (with
     # pll: multi-round 1 MiB ops too)
     "unfenced": {"RESIDENT_GPU_TRIGGER_FENCE_FROM": "off"},
+    # the proxy checks and copies unfenced lines in one pass as it pops each trigger
+    "fused": {"RESIDENT_GPU_PROXY_FUSED_CHECK": "1"},
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
 PATH_VARIANTS = ("direct+noprefetch", "direct+general", "proxy+general", "proxy+fence", "proxy+memcpy",
-                 "proxy+blocks1", "direct+simple", "proxy+psimple0", "proxy+pll", "proxy+pll+unfenced")
+                 "proxy+blocks1", "direct+simple", "proxy+psimple0", "proxy+pll", "proxy+pll+unfenced", "proxy+pll+unfenced+fused")
 # More ranks for the settings whose device code differs with the number of partners.
 WIDE_VARIANTS = ((4, "direct+simple"), (8, "direct+simple"), (4, "proxy+psimple0"),
                  (8, "proxy+psimple0"))

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/ll_line_check.hpp"
 #include "core/streaming_copy.hpp"
 
 namespace resident {
@@ -19,6 +20,18 @@ void ShmTransport::writeForDevice(int peer, size_t offset, const void* src, size
   constexpr size_t kStreamingMinBytes = 1024;
   if (bytes < kStreamingMinBytes) return write(peer, offset, src, bytes);
   streamingCopy(inboxes_[peer] + offset, src, bytes, device_prefetch_);
+}
+
+uint64_t ShmTransport::writeLandedLines(int peer, size_t offset, const unsigned char* src,
+                                        uint64_t bytes, uint32_t flag, uint64_t prefetch) {
+  unsigned char* dst = inboxes_[peer] + offset;
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) != 0)
+    return Transport::writeLandedLines(peer, offset, src, bytes, flag, prefetch);
+  return copyLandedLlLines(dst, src, bytes, flag, prefetch);
+}
+
+void ShmTransport::flushDeviceWrites() {
+  streamingFence();
 }
 
 void ShmTransport::signal(int peer, size_t offset, uint64_t value) {

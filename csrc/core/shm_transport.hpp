@@ -20,6 +20,10 @@ class ShmTransport : public Transport {
   // in a CPU cache is slower (proxy copy probe, H200 host: 128 KiB of lines read in 4.5 us
   // instead of 7.7).
   void writeForDevice(int peer, size_t offset, const void* src, size_t bytes) override;
+  // The check and the copy in one pass (copyLandedLlLines: non-temporal stores, no fence).
+  uint64_t writeLandedLines(int peer, size_t offset, const unsigned char* src, uint64_t bytes,
+                            uint32_t flag, uint64_t prefetch) override;
+  void flushDeviceWrites() override;
   void signal(int peer, size_t offset, uint64_t value) override;
   bool directCapable(int peer) const override { return inboxes_[peer] != nullptr; }
 

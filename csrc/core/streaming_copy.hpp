@@ -4,6 +4,7 @@
 // x86-64), a plain memcpy.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -40,6 +41,16 @@ inline void streamingCopy(void* dst, const void* src, size_t bytes, size_t prefe
   }
 #endif
   std::memcpy(dst, src, bytes);
+}
+
+// Orders the non-temporal stores issued before it (streamingCopy's own, and those of a caller
+// that stores without a fence, copyLandedLlLines) before every later store.
+inline void streamingFence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#else
+  std::atomic_thread_fence(std::memory_order_release);
+#endif
 }
 
 }  // namespace resident

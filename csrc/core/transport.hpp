@@ -4,8 +4,11 @@
 // before it to the same peer. Receivers only ever poll their own inbox.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include "core/ll_line_check.hpp"
 
 namespace resident {
 
@@ -20,6 +23,20 @@ class Transport {
   virtual void writeForDevice(int peer, size_t offset, const void* src, size_t bytes) {
     write(peer, offset, src, bytes);
   }
+  // The CUDA path's unfenced LL lines (16 bytes, the flag in words 1 and 3): writes the leading
+  // lines of [src, src + bytes) that carry `flag` into `peer`'s inbox at `offset` and returns
+  // their bytes; the caller waits for the next line and calls again for the rest. `prefetch`:
+  // see landedLlLines. The writes may stay unordered until flushDeviceWrites (LL lines need no
+  // order: the reader checks each one). Here: the check, then writeForDevice.
+  virtual uint64_t writeLandedLines(int peer, size_t offset, const unsigned char* src,
+                                    uint64_t bytes, uint32_t flag, uint64_t prefetch) {
+    const uint64_t landed = landedLlLines(src, bytes, flag, prefetch);
+    std::atomic_thread_fence(std::memory_order_acquire);  // the payload after its flags
+    if (landed != 0) writeForDevice(peer, offset, src, landed);
+    return landed;
+  }
+  // Makes every writeLandedLines before it visible before the writes and signals after it.
+  virtual void flushDeviceWrites() {}
   // Release-store `value` into the 8-byte word at `offset` of `peer`'s inbox.
   virtual void signal(int peer, size_t offset, uint64_t value) = 0;
   // True when writes may be issued by any thread without a system call (shm); otherwise

@@ -97,6 +97,11 @@ class GpuCommunicator : public ProxyHandler {
   // Waits until every LL line of the range carries `flag` (the caller fences before the payload
   // is read). False on abort or after the group's timeout.
   bool linesArrived(const unsigned char* lines, uint64_t bytes, uint32_t flag) const;
+  // RESIDENT_GPU_PROXY_FUSED_CHECK: posts the lines of an unfenced trigger as they land
+  // (Transport::writeLandedLines), calling before_wait() before each wait for a line in flight.
+  // False when a line did not arrive (abort, or the group's timeout).
+  template <typename BeforeWait>
+  bool writeLinesAsTheyLand(const GpuWriteRequest& r, BeforeWait&& before_wait);
   // Proxy side of send/recv flow control: a recv kernel stores the credit it returns to a
   // proxied sender into this rank's outbox (a word per peer and slot); forwards each one that
   // changed as a signal into the sender's credit words. True when it forwarded any.
@@ -115,6 +120,7 @@ class GpuCommunicator : public ProxyHandler {
   const bool proxy_streaming_;     // RESIDENT_GPU_PROXY_STREAMING: Transport::writeForDevice
   const uint32_t proxy_prefetch_;  // RESIDENT_GPU_PROXY_PREFETCH_BYTES: the line check's
   const uint64_t fence_from_;      // RESIDENT_GPU_TRIGGER_FENCE_FROM: fenceTriggers
+  const bool fused_check_;         // RESIDENT_GPU_PROXY_FUSED_CHECK (with streaming)
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;

@@ -57,6 +57,24 @@ bool GpuCommunicator::forwardCredits() {
   return forwarded;
 }
 
+template <typename BeforeWait>
+bool GpuCommunicator::writeLinesAsTheyLand(const GpuWriteRequest& r, BeforeWait&& before_wait) {
+  Transport& transport = comm_.transport();
+  const unsigned char* lines = outbox_host_ + r.local_offset;
+  const size_t remote = comm_.gpuRegionOffset() + r.remote_offset;
+  const int peer = static_cast<int>(r.peer);
+  for (uint64_t done = 0;;) {
+    const uint64_t now = transport.writeLandedLines(peer, remote + done, lines + done,
+                                                    r.bytes - done, r.value, proxy_prefetch_);
+    if (trace_ && now != 0) trace_->record(TraceEvent::kPosted, peer, now);
+    done += now;
+    if (done + 16 > r.bytes) return true;
+    // A line still in flight: what is batched goes out first (the peer can start on it).
+    before_wait();
+    if (!linesArrived(lines + done, 16, r.value)) return false;
+  }
+}
+
 bool GpuCommunicator::proxyPoll() {
   // First the credits (a peer's send may be waiting for one), then the FIFO.
   const bool credited = any_proxied_ && forwardCredits();
@@ -76,7 +94,12 @@ bool GpuCommunicator::proxyPoll() {
   Flag flags[64];
   int nflags = 0;
   Transport& transport = comm_.transport();
+  bool unflushed_lines = false;  // fused writes not yet behind a flushDeviceWrites
   auto flush = [&] {
+    if (unflushed_lines) {
+      transport.flushDeviceWrites();
+      unflushed_lines = false;
+    }
     n = sortAndMergeWrites(batch, n);
     for (int i = 0; i < n; ++i) {
       const size_t remote = comm_.gpuRegionOffset() + batch[i].remote;
@@ -112,7 +135,12 @@ bool GpuCommunicator::proxyPoll() {
       continue;
     }
     bool arrived = true;
-    if (r.kind == TriggerKind::kLines) {
+    if (r.kind == TriggerKind::kLines && fused_check_) {
+      // RESIDENT_GPU_PROXY_FUSED_CHECK: the lines checked and copied in one pass, now.
+      arrived = writeLinesAsTheyLand(r, [&] { flush(); });
+      unflushed_lines = true;
+      if (arrived) continue;
+    } else if (r.kind == TriggerKind::kLines) {
       const unsigned char* lines = outbox_host_ + r.local_offset;
       const uint64_t landed = linesLanded(lines, r.bytes, r.value);
       // Lines still in flight: post the writes already checked (the peer can start on those),

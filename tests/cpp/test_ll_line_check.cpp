@@ -1,8 +1,10 @@
 // landedLlLines (the proxy's check of unfenced LL lines): for random ranges whose lines carry the
 // flag up to a random point (the rest: an older flag in one or both flag words, or random
 // bytes), it returns exactly the bytes of the leading lines that carry it, with and without
-// prefetching, at any prefetch distance, never reading past the range (checked by a guard page
-// region filled with the flag after the range: a check that ran past would count it).
+// prefetching, at any prefetch distance, never reading past the range (the words after it
+// carry the flag: a check that ran past would count them). copyLandedLlLines, and
+// ShmTransport::writeLandedLines (aligned and not) through it, return the same count and copy
+// exactly those lines, leaving every other destination byte as it was.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +13,8 @@
 
 #include "check.hpp"
 #include "core/ll_line_check.hpp"
+#include "core/shm_transport.hpp"
+#include "core/streaming_copy.hpp"
 
 int main() {
   std::mt19937_64 rng(20261130);
@@ -31,6 +35,31 @@ int main() {
     const auto* bytes = reinterpret_cast<const unsigned char*>(buf.data());
     const uint64_t prefetch = (rng() % 2) ? 0 : 64u << (rng() % 6);
     CHECK(resident::landedLlLines(bytes, lines * 16, flag, prefetch) == landed * 16);
+    // The fused check and copy: the same count, exactly those bytes copied.
+    std::vector<unsigned char> dst(buf.size() * 4 + 64);
+    const unsigned char canary = static_cast<unsigned char>(rng());
+    std::memset(dst.data(), canary, dst.size());
+    auto* d = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(dst.data()) + 15) &
+                                               ~uintptr_t(15));
+    const uint64_t copied = (rng() % 2)
+                                ? resident::copyLandedLlLines(d, bytes, lines * 16, flag, prefetch)
+                                : resident::ShmTransport({d, d}).writeLandedLines(
+                                      1, 0, bytes, lines * 16, flag, prefetch);
+    resident::streamingFence();
+    CHECK(copied == landed * 16);
+    CHECK(std::memcmp(d, bytes, copied) == 0);
+    for (size_t i = 0; i < dst.size(); ++i) {
+      const size_t at = static_cast<size_t>(dst.data() + i - d);
+      if (dst.data() + i < d || at >= copied) CHECK(dst[i] == canary);
+    }
+    // A destination off the 16-byte grid takes the transport's check-then-write path.
+    if (landed > 0) {
+      std::memset(dst.data(), canary, dst.size());
+      CHECK(resident::ShmTransport({d + 4, d + 4})
+                .writeLandedLines(0, 0, bytes, lines * 16, flag, prefetch) == landed * 16);
+      CHECK(std::memcmp(d + 4, bytes, landed * 16) == 0);
+      CHECK(d[3] == canary && d[4 + landed * 16] == canary);
+    }
     // A tail shorter than a line is never counted.
     if (landed == lines)
       CHECK(resident::landedLlLines(bytes, lines * 16 + 8, flag, prefetch) == lines * 16);
