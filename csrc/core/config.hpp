@@ -52,10 +52,10 @@ struct Config {
   // RESIDENT_GPU_PROXY_PREFETCH_BYTES: how far ahead the proxy asks for the outbox bytes it
   // checks (unfenced LL lines) and copies (streaming copies); 0: no prefetch.
   uint32_t gpu_proxy_prefetch_bytes = 1024;
-  // RESIDENT_GPU_PROXY_FUSED_CHECK=0|1: 1 checks and copies an unfenced trigger's LL lines in
-  // one pass as it pops it (Transport::writeLandedLines); 0 checks them, then posts the pass's
-  // writes sorted and merged.
-  bool gpu_proxy_fused_check = false;
+  // RESIDENT_GPU_PROXY_FUSED_CHECK=0|1: 1 (default) checks and copies an unfenced trigger's LL
+  // lines in one pass as it pops it (Transport::writeLandedLines); 0 checks them, then posts
+  // the pass's writes sorted and merged.
+  bool gpu_proxy_fused_check = true;
   // RESIDENT_GPU_P2P_STREAM=auto|own: where a send/recv on CUDA tensors runs. auto (default):
   // launched lazily, a blocking one on the caller's stream; own: on a stream per peer and
   // direction, launched when called (c10d/work_cuda.hpp, runCudaP2P).

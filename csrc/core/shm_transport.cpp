@@ -14,10 +14,6 @@ void ShmTransport::write(int peer, size_t offset, const void* src, size_t bytes)
 }
 
 void ShmTransport::writeForDevice(int peer, size_t offset, const void* src, size_t bytes) {
-  // Below 1 KiB a cached copy is the faster one (H200, session 21: an 8 B all_reduce's 16-byte
-  // line took ~0.3 us longer end to end with non-temporal stores and their fence; from 4 KiB
-  // payloads on they win, 7-24% at 64-256 KiB).
-  constexpr size_t kStreamingMinBytes = 1024;
   if (bytes < kStreamingMinBytes) return write(peer, offset, src, bytes);
   streamingCopy(inboxes_[peer] + offset, src, bytes, device_prefetch_);
 }
@@ -25,7 +21,9 @@ void ShmTransport::writeForDevice(int peer, size_t offset, const void* src, size
 uint64_t ShmTransport::writeLandedLines(int peer, size_t offset, const unsigned char* src,
                                         uint64_t bytes, uint32_t flag, uint64_t prefetch) {
   unsigned char* dst = inboxes_[peer] + offset;
-  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) != 0)
+  // Small ranges as writeForDevice takes them (cached); unaligned ones the same way.
+  if (bytes < kStreamingMinBytes ||
+      ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) != 0)
     return Transport::writeLandedLines(peer, offset, src, bytes, flag, prefetch);
   return copyLandedLlLines(dst, src, bytes, flag, prefetch);
 }
