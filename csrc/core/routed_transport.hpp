@@ -22,6 +22,19 @@ class RoutedTransport : public Transport {
   void writeForDevice(int peer, size_t offset, const void* src, size_t bytes) override {
     by_peer_[static_cast<size_t>(peer)]->writeForDevice(peer, offset, src, bytes);
   }
+  uint64_t writeLandedLines(int peer, size_t offset, const unsigned char* src, uint64_t bytes,
+                            uint32_t flag, uint64_t prefetch) override {
+    return by_peer_[static_cast<size_t>(peer)]->writeLandedLines(peer, offset, src, bytes, flag,
+                                                                 prefetch);
+  }
+  void flushDeviceWrites() override {
+    for (Transport* t : by_peer_)
+      if (t != nullptr) t->flushDeviceWrites();  // cheap when nothing is pending (an sfence)
+  }
+  bool fusesLineCheck(int peer) const override {
+    const Transport* t = by_peer_[static_cast<size_t>(peer)];
+    return t != nullptr && t->fusesLineCheck(peer);
+  }
   void signal(int peer, size_t offset, uint64_t value) override {
     by_peer_[static_cast<size_t>(peer)]->signal(peer, offset, value);
   }

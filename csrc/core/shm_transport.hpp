@@ -24,6 +24,7 @@ class ShmTransport : public Transport {
   uint64_t writeLandedLines(int peer, size_t offset, const unsigned char* src, uint64_t bytes,
                             uint32_t flag, uint64_t prefetch) override;
   void flushDeviceWrites() override;
+  bool fusesLineCheck(int /*peer*/) const override { return true; }
   void signal(int peer, size_t offset, uint64_t value) override;
   bool directCapable(int peer) const override { return inboxes_[peer] != nullptr; }
 

@@ -37,6 +37,10 @@ class Transport {
   }
   // Makes every writeLandedLines before it visible before the writes and signals after it.
   virtual void flushDeviceWrites() {}
+  // True when writeLandedLines to `peer` checks and copies in one pass (shm); otherwise the
+  // proxy keeps checking lines itself and posting a pass's writes sorted and merged (fewer,
+  // larger network writes).
+  virtual bool fusesLineCheck(int /*peer*/) const { return false; }
   // Release-store `value` into the 8-byte word at `offset` of `peer`'s inbox.
   virtual void signal(int peer, size_t offset, uint64_t value) = 0;
   // True when writes may be issued by any thread without a system call (shm); otherwise

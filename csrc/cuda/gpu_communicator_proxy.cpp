@@ -135,7 +135,8 @@ bool GpuCommunicator::proxyPoll() {
       continue;
     }
     bool arrived = true;
-    if (r.kind == TriggerKind::kLines && fused_check_) {
+    if (r.kind == TriggerKind::kLines && fused_check_ &&
+        transport.fusesLineCheck(static_cast<int>(r.peer))) {
       // RESIDENT_GPU_PROXY_FUSED_CHECK: the lines checked and copied in one pass, now.
       arrived = writeLinesAsTheyLand(r, [&] { flush(); });
       unflushed_lines = true;

@@ -3,8 +3,9 @@
 // bytes), it returns exactly the bytes of the leading lines that carry it, with and without
 // prefetching, at any prefetch distance, never reading past the range (the words after it
 // carry the flag: a check that ran past would count them). copyLandedLlLines, and
-// ShmTransport::writeLandedLines (aligned and not) through it, return the same count and copy
-// exactly those lines, leaving every other destination byte as it was.
+// ShmTransport::writeLandedLines (aligned and not) through it, the base Transport's check then
+// write, and RoutedTransport to either, return the same count and copy exactly those lines,
+// leaving every other destination byte as it was; only shm (and routes to it) fuse.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -13,8 +14,27 @@
 
 #include "check.hpp"
 #include "core/ll_line_check.hpp"
+#include "core/routed_transport.hpp"
 #include "core/shm_transport.hpp"
 #include "core/streaming_copy.hpp"
+
+namespace {
+// A transport with only the required methods: its writeLandedLines is the base one (the check,
+// then writeForDevice, here a memcpy), and it does not fuse.
+class PlainTransport : public resident::Transport {
+ public:
+  explicit PlainTransport(unsigned char* inbox) : inbox_(inbox) {}
+  const char* name() const override { return "plain"; }
+  void write(int, size_t offset, const void* src, size_t bytes) override {
+    std::memcpy(inbox_ + offset, src, bytes);
+  }
+  void signal(int, size_t, uint64_t) override {}
+  bool directCapable(int) const override { return false; }
+
+ private:
+  unsigned char* inbox_;
+};
+}  // namespace
 
 int main() {
   std::mt19937_64 rng(20261130);
@@ -41,11 +61,27 @@ int main() {
     std::memset(dst.data(), canary, dst.size());
     auto* d = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(dst.data()) + 15) &
                                                ~uintptr_t(15));
-    const uint64_t copied = (rng() % 2)
-                                ? resident::copyLandedLlLines(d, bytes, lines * 16, flag, prefetch)
-                                : resident::ShmTransport({d, d}).writeLandedLines(
-                                      1, 0, bytes, lines * 16, flag, prefetch);
-    resident::streamingFence();
+    resident::ShmTransport shm({d, d});
+    PlainTransport plain(d);
+    resident::RoutedTransport routed({&plain, &shm, nullptr}, {});
+    CHECK(shm.fusesLineCheck(1) && routed.fusesLineCheck(1));
+    CHECK(!plain.fusesLineCheck(0) && !routed.fusesLineCheck(0) && !routed.fusesLineCheck(2));
+    uint64_t copied = 0;
+    switch (rng() % 4) {
+      case 0:
+        copied = resident::copyLandedLlLines(d, bytes, lines * 16, flag, prefetch);
+        break;
+      case 1:
+        copied = shm.writeLandedLines(1, 0, bytes, lines * 16, flag, prefetch);
+        break;
+      case 2:
+        copied = routed.writeLandedLines(1, 0, bytes, lines * 16, flag, prefetch);
+        break;
+      default:
+        copied = routed.writeLandedLines(0, 0, bytes, lines * 16, flag, prefetch);
+        break;
+    }
+    routed.flushDeviceWrites();
     CHECK(copied == landed * 16);
     CHECK(std::memcmp(d, bytes, copied) == 0);
     for (size_t i = 0; i < dst.size(); ++i) {
