@@ -31,14 +31,10 @@ std::vector<std::string> split(const std::string& s, char sep) {
 // direct pairs (the direct rule applies only to pairs direct both ways), then "," and the
 // proxied pairs' RESIDENT_GPU_PROXY_SIMPLE_ABOVE: one field of the setup descriptor. Both ranks of
 // a pair pick its protocol from the byte counts alone, so they must apply the same rule.
-std::string proxySimpleName(uint32_t above) {
-  return above == kGpuSimpleNever ? std::string("off") : std::to_string(above);
-}
-
 std::string gpuProtocolKey(const Config& cfg) {
   const std::string direct =
       cfg.gpu_protocol_simple ? std::string("simple/") + pathModeName(cfg.path) : "ll";
-  return direct + "," + proxySimpleName(cfg.gpu_proxy_simple_above);
+  return direct + "," + limitName(cfg.gpu_proxy_simple_above, kGpuSimpleNever);
 }
 
 std::string describeProtocolKey(const std::string& key) {

@@ -186,22 +186,24 @@ std::string Config::describe() const {
          " gpu_proxy_spin_us=" + std::to_string(gpu_proxy_spin_us) +
          " gpu_pdl=" + (gpu_pdl ? "1" : "0") + " gpu_prefetch=" + (gpu_prefetch ? "1" : "0") +
          " gpu_one_round=" + (gpu_one_round ? "1" : "0") +
-         " gpu_trigger_fence=" + (gpu_trigger_fence ? "1" : "0") + " gpu_trigger_fence_from=" +
-         (gpu_trigger_fence_from == UINT64_MAX ? std::string("off")
-                                               : std::to_string(gpu_trigger_fence_from)) +
+         " gpu_trigger_fence=" + (gpu_trigger_fence ? "1" : "0") +
+         " gpu_trigger_fence_from=" + limitName(gpu_trigger_fence_from, UINT64_MAX) +
          " gpu_proxy_prefetch_bytes=" + std::to_string(gpu_proxy_prefetch_bytes) +
          " gpu_proxy_fused_check=" + (gpu_proxy_fused_check ? "1" : "0") +
          " gpu_proxy_streaming=" + (gpu_proxy_streaming ? "1" : "0") +
          " gpu_p2p_stream=" + (gpu_p2p_lazy ? "auto" : "own") +
-         " gpu_protocol=" + (gpu_protocol_simple ? "simple" : "ll") + " gpu_proxy_simple_above=" +
-         (gpu_proxy_simple_above == kGpuSimpleNever ? std::string("off")
-                                                    : std::to_string(gpu_proxy_simple_above)) +
+         " gpu_protocol=" + (gpu_protocol_simple ? "simple" : "ll") +
+         " gpu_proxy_simple_above=" + limitName(gpu_proxy_simple_above, kGpuSimpleNever) +
          (gpu_proxy_trace.empty() ? "" : " gpu_proxy_trace=" + gpu_proxy_trace) +
          " gpu_persistent=" + (gpu_persistent ? "1" : "0") +
          " gpu_persistent_blocks=" + std::to_string(gpu_persistent_blocks) +
          " gpu_persistent_idle_us=" + std::to_string(gpu_persistent_idle_us) +
          " gpu_persistent_slots=" + std::to_string(gpu_persistent_slots) +
          " gpu_persistent_graphs=" + (gpu_persistent_graphs_resident ? "resident" : "kernel");
+}
+
+std::string limitName(uint64_t value, uint64_t off_value) {
+  return value == off_value ? std::string("off") : std::to_string(value);
 }
 
 const char* pathModeName(PathMode mode) {

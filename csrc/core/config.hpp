@@ -95,5 +95,7 @@ struct Config {
 };
 
 const char* pathModeName(PathMode mode);
+// A byte limit as its variable spells it: "off" when it is `off_value`, else the number.
+std::string limitName(uint64_t value, uint64_t off_value);
 
 }  // namespace resident

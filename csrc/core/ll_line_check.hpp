@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/streaming_copy.hpp"
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -17,13 +19,10 @@ namespace resident {
 
 inline uint64_t landedLlLines(const unsigned char* lines, uint64_t bytes, uint32_t flag,
                               uint64_t prefetch) {
-  constexpr uint64_t kCacheLine = 64;
-  for (uint64_t ahead = 0; ahead < prefetch && ahead < bytes; ahead += kCacheLine)
-    __builtin_prefetch(lines + ahead);
+  prefetchStart(lines, bytes, prefetch);
   uint64_t off = 0;
   for (; off + 16 <= bytes; off += 16) {
-    if ((off & (kCacheLine - 1)) == 0 && prefetch != 0 && off + prefetch < bytes)
-      __builtin_prefetch(lines + off + prefetch);
+    prefetchNext(lines, off, bytes, prefetch);
     const auto* words = reinterpret_cast<const uint32_t*>(lines + off);
     if (__atomic_load_n(words + 1, __ATOMIC_RELAXED) != flag ||
         __atomic_load_n(words + 3, __ATOMIC_RELAXED) != flag)
@@ -40,15 +39,12 @@ inline uint64_t landedLlLines(const unsigned char* lines, uint64_t bytes, uint32
 // anything that must be seen after these lines. `dst` and `src` 16-byte aligned.
 inline uint64_t copyLandedLlLines(unsigned char* dst, const unsigned char* src, uint64_t bytes,
                                   uint32_t flag, uint64_t prefetch) {
-  constexpr uint64_t kCacheLine = 64;
-  for (uint64_t ahead = 0; ahead < prefetch && ahead < bytes; ahead += kCacheLine)
-    __builtin_prefetch(src + ahead);
+  prefetchStart(src, bytes, prefetch);
   uint64_t off = 0;
 #if defined(__SSE2__)
   const __m128i want = _mm_set1_epi32(static_cast<int>(flag));
   for (; off + 16 <= bytes; off += 16) {
-    if ((off & (kCacheLine - 1)) == 0 && prefetch != 0 && off + prefetch < bytes)
-      __builtin_prefetch(src + off + prefetch);
+    prefetchNext(src, off, bytes, prefetch);
     const __m128i line = _mm_load_si128(reinterpret_cast<const __m128i*>(src + off));
     // Words 1 and 3 (bytes 4-7 and 12-15) are the flags.
     if ((_mm_movemask_epi8(_mm_cmpeq_epi32(line, want)) & 0xf0f0) != 0xf0f0) break;

@@ -15,6 +15,19 @@
 
 namespace resident {
 
+// Software prefetch for one core reading, in order, memory a device wrote over PCIe (every
+// cache line a miss; the core is bound by its misses in flight): prefetchStart before the loop
+// asks for the first `distance` bytes, prefetchNext at each offset asks, once per cache line,
+// for the line `distance` bytes ahead. distance 0: nothing.
+inline void prefetchStart(const unsigned char* p, uint64_t bytes, uint64_t distance) {
+  for (uint64_t ahead = 0; ahead < distance && ahead < bytes; ahead += 64)
+    __builtin_prefetch(p + ahead);
+}
+inline void prefetchNext(const unsigned char* p, uint64_t off, uint64_t bytes, uint64_t distance) {
+  if ((off & 63) == 0 && distance != 0 && off + distance < bytes)
+    __builtin_prefetch(p + off + distance);
+}
+
 // Every store is visible to other agents when it returns (sfence), so a release store after
 // it is ordered after the whole copy, as after memcpy. `prefetch`: how far ahead (bytes) the
 // source is asked for, for a source that is not in this CPU's caches (a GPU wrote it over
@@ -28,11 +41,9 @@ inline void streamingCopy(void* dst, const void* src, size_t bytes, size_t prefe
     auto* out = reinterpret_cast<__m128i*>(dst);
     const auto* in = reinterpret_cast<const __m128i*>(src);
     const auto* from = static_cast<const unsigned char*>(src);
-    for (size_t ahead = 0; ahead < prefetch && ahead < bytes; ahead += 64)
-      __builtin_prefetch(from + ahead);
+    prefetchStart(from, bytes, prefetch);
     for (size_t i = 0; i < vectors; ++i) {
-      if ((i & 3) == 0 && prefetch != 0 && i * 16 + prefetch < bytes)
-        __builtin_prefetch(from + i * 16 + prefetch);
+      prefetchNext(from, i * 16, bytes, prefetch);
       _mm_stream_si128(out + i, _mm_load_si128(in + i));
     }
     std::memcpy(out + vectors, in + vectors, bytes - vectors * 16);

@@ -24,7 +24,8 @@ bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
   // skips the lines that landed, then waits for the first one that has not.
   for (uint64_t off = linesLanded(lines, bytes, flag); off + 16 <= bytes;
        off += linesLanded(lines + off, bytes - off, flag)) {
-    for (uint32_t spins = 0; linesLanded(lines + off, 16, flag) == 0;) {
+    // Polls the one line, without prefetch.
+    for (uint32_t spins = 0; landedLlLines(lines + off, 16, flag, 0) == 0;) {
       if (++spins % 1024 != 0) continue;
       if (__atomic_load_n(abort_word, __ATOMIC_ACQUIRE) != 0) return false;
       const uint64_t now = nowNs();
