@@ -146,8 +146,22 @@ if (( $(nvidia-smi -L 2>/dev/null | grep -c '^GPU') > 1 )) && [[ -z "$ALL_GPUS_S
   export CUDA_VISIBLE_DEVICES=0
   echo "several GPUs: the single-GPU stages use GPU 0 (multi-gpu uses all)"
 fi
-all_gpus() {  # runs a command with the GPUs that were visible when the script started
-  if [[ -n "$ALL_GPUS_SET" ]]; then CUDA_VISIBLE_DEVICES="$ALL_GPUS" "$@"; else env -u CUDA_VISIBLE_DEVICES "$@"; fi
+all_gpus_env() {  # env(1) arguments for the GPUs that were visible when the script started
+  if [[ -n "$ALL_GPUS_SET" ]]; then echo "CUDA_VISIBLE_DEVICES=$ALL_GPUS"; else echo "-u CUDA_VISIBLE_DEVICES"; fi
+}
+all_gpus() { env $(all_gpus_env) "$@"; }  # runs a command with those GPUs
+# bounded SECONDS CMD...: CMD (a program, not a function of this script) in a process group
+# of its own, stopped after SECONDS; then whatever is left of that group is killed. A pytest
+# stopped by its bound leaves its spawned ranks behind otherwise, and they keep their MPS
+# clients: the next stage's first group then fails with "CUDA-capable device(s) is/are busy or
+# unavailable" (session 27, call 1).
+bounded() {
+  local limit=$1; shift
+  setsid timeout -k 15 "$limit" "$@" &
+  local pid=$!
+  wait "$pid"; local rc=$?
+  kill -KILL -- "-$pid" 2> /dev/null
+  return "$rc"
 }
 
 step "machine"
@@ -233,7 +247,7 @@ fi
 if has gpu-tests; then
   step "gpu tests"
   # Bounded, so that a hang still leaves the log and the later stages inside the call's limit.
-  timeout -k 15 "${RESIDENT_GPU_TESTS_LIMIT_S:-480}" python3 -m pytest -q -m gpu tests \
+  bounded "${RESIDENT_GPU_TESTS_LIMIT_S:-480}" python3 -m pytest -q -m gpu tests \
     --ignore=tests/test_cuda_persistent.py --ignore=tests/test_cuda_persistent_never_idle.py \
     ${RESIDENT_GPU_TESTS_K:+-k "$RESIDENT_GPU_TESTS_K"} \
     -p no:cacheprovider -rf --durations=15 \
@@ -246,7 +260,7 @@ fi
 # ranks only.
 if has gpu-tests-ws2; then
   step "gpu tests, 2 ranks"
-  RESIDENT_GPU_TESTS_WS=2 timeout -k 10 "${RESIDENT_GPU_TESTS_LIMIT_S:-150}" python3 -m pytest -q -m gpu \
+  RESIDENT_GPU_TESTS_WS=2 bounded "${RESIDENT_GPU_TESTS_LIMIT_S:-150}" python3 -m pytest -q -m gpu \
     tests/test_cuda_collectives.py tests/test_cuda_p2p_order.py tests/test_cuda_graphs.py \
     -p no:cacheprovider -rf > "$OUT/gpu_tests_ws2.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests_ws2.log"
@@ -254,7 +268,7 @@ fi
 
 if has gpu-tests-persistent; then
   step "gpu tests (persistent mode)"
-  RESIDENT_GPU_TESTS_WS=${RESIDENT_GPU_TESTS_WS:-2,4,8} timeout -k 15 "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
+  RESIDENT_GPU_TESTS_WS=${RESIDENT_GPU_TESTS_WS:-2,4,8} bounded "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
     python3 -m pytest -q tests/test_cuda_persistent.py tests/test_cuda_persistent_never_idle.py \
     ${RESIDENT_GPU_TESTS_K:+-k "$RESIDENT_GPU_TESTS_K"} \
     -p no:cacheprovider -rf > "$OUT/gpu_tests_persistent.log" 2>&1 || status=1
@@ -274,7 +288,7 @@ if has p2p-debug; then
   grep -E "^rank|launched|called|wait on|rror" "$OUT/p2p_debug.log" | tail -80
   [[ -n "${RESIDENT_PROBE_ONLY:-}" ]] || {
   step "send/recv call-order suite, 2 ranks, to the first failure"
-  RESIDENT_GPU_TESTS_WS=2 timeout -k 10 100 python3 -m pytest -x -q tests/test_cuda_p2p_order.py \
+  RESIDENT_GPU_TESTS_WS=2 bounded 100 python3 -m pytest -x -q tests/test_cuda_p2p_order.py \
     -p no:cacheprovider -rf >> "$OUT/p2p_debug.log" 2>&1 || status=1
   tail -n 40 "$OUT/p2p_debug.log"; }
 fi
@@ -283,7 +297,7 @@ fi
 # 4 ranks with every job's send/recv launched at once on their own streams.
 if has gpu-tests-own; then
   step "gpu tests, 2 and 4 ranks, RESIDENT_GPU_P2P_STREAM=own"
-  RESIDENT_GPU_P2P_STREAM=own RESIDENT_GPU_TESTS_WS=2,4 timeout -k 10 "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
+  RESIDENT_GPU_P2P_STREAM=own RESIDENT_GPU_TESTS_WS=2,4 bounded "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
     python3 -m pytest -q -m gpu tests/test_cuda_collectives.py tests/test_cuda_p2p_order.py \
     tests/test_cuda_graphs.py -p no:cacheprovider -rf > "$OUT/gpu_tests_own.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests_own.log"
@@ -291,7 +305,7 @@ fi
 
 if has p2p-order-suite; then
   step "send/recv call-order suite, 2 ranks, to the first failure (-k \"${RESIDENT_ORDER_K:-ws2}\")"
-  RESIDENT_GPU_TESTS_WS=2 timeout -k 10 "${RESIDENT_GPU_TESTS_LIMIT_S:-200}" python3 -m pytest -x -q \
+  RESIDENT_GPU_TESTS_WS=2 bounded "${RESIDENT_GPU_TESTS_LIMIT_S:-200}" python3 -m pytest -x -q \
     tests/test_cuda_p2p_order.py -k "${RESIDENT_ORDER_K:-ws2}" -p no:cacheprovider -rf \
     > "$OUT/p2p_order_suite.log" 2>&1 || status=1
   tail -n 60 "$OUT/p2p_order_suite.log" | cut -c1-300
@@ -314,7 +328,7 @@ if has persistent-ab; then
   for run in ${RESIDENT_AB_RUNS:-ws2-proxy| ws2-direct| ws2-direct|RESIDENT_PROXY_SPIN_US=200000}; do
     k=${run%%|*}; e=${run#*|}
     echo "== -k \"test_persistent and $k\" ${e:-(defaults)}" | tee -a "$OUT/persistent_ab.log"
-    env RESIDENT_GPU_TESTS_WS=2 $e timeout -k 10 150 python3 -m pytest -q tests/test_cuda_persistent.py \
+    bounded 150 env RESIDENT_GPU_TESTS_WS=2 $e python3 -m pytest -q tests/test_cuda_persistent.py \
       -k "test_persistent and $k" -p no:cacheprovider -rf >> "$OUT/persistent_ab.log" 2>&1 || status=1
     tail -n 1 "$OUT/persistent_ab.log"
   done
@@ -331,7 +345,7 @@ if has persistent-debug; then
   done
   grep -E "^\[rank|exit codes|Error|error" "$OUT/persistent_debug.log" | head -60
   step "persistent suite, 2 ranks, to the first failure"
-  RESIDENT_GPU_TESTS_WS=2 timeout -k 10 150 python3 -m pytest -x -q tests/test_cuda_persistent.py \
+  RESIDENT_GPU_TESTS_WS=2 bounded 150 python3 -m pytest -x -q tests/test_cuda_persistent.py \
     -p no:cacheprovider -rf >> "$OUT/persistent_debug.log" 2>&1 || status=1
   tail -n 40 "$OUT/persistent_debug.log"
 fi
@@ -554,8 +568,8 @@ if has multi-gpu; then
   else
     # An empty pipe directory: the ranks do not find the MPS daemon and own their GPU.
     mkdir -p /tmp/no-mps
-    CUDA_MPS_PIPE_DIRECTORY=/tmp/no-mps RESIDENT_GPU_TESTS_WS=$ngpu all_gpus \
-      timeout -k 15 "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" python3 -m pytest -q -m gpu \
+    CUDA_MPS_PIPE_DIRECTORY=/tmp/no-mps RESIDENT_GPU_TESTS_WS=$ngpu \
+      bounded "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" env $(all_gpus_env) python3 -m pytest -q -m gpu \
       tests/test_cuda_collectives.py tests/test_cuda_graphs.py -p no:cacheprovider \
       > "$OUT/multi_gpu_tests.log" 2>&1 || status=1
     tail -5 "$OUT/multi_gpu_tests.log"

@@ -45,7 +45,7 @@ struct Config {
   // RESIDENT_GPU_TRIGGER_FENCE_FROM=bytes|off: with RESIDENT_GPU_TRIGGER_FENCE=0, ops whose
   // largest round to one peer carries at least this many bytes fence their triggers (smaller
   // ones leave the lines to the proxy's check); off: none does.
-  uint64_t gpu_trigger_fence_from = 32 * 1024;
+  uint64_t gpu_trigger_fence_from = 64 * 1024;
   // RESIDENT_GPU_PROXY_STREAMING=0|1: the proxy posts the CUDA path's lines with
   // Transport::writeForDevice (shm: non-temporal stores) instead of write (memcpy).
   bool gpu_proxy_streaming = true;

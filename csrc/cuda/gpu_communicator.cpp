@@ -377,10 +377,11 @@ uint32_t GpuCommunicator::blocksFor(uint64_t first_round_bytes) const {
 }
 
 // Checked triggers pay off for small ops (the proxy starts on the lines while they land); from
-// RESIDENT_GPU_TRIGGER_FENCE_FROM (32 KiB) bytes per peer and round the proxy's reads of lines
-// still arriving slowed the GPU's writes (H200, benchmarks/RESULTS.md), so those ops fence on
-// the device. Unfenced at 32 KiB per peer read 6-20% faster in one call and 2-22% slower in
-// the next (session 26); at 64 KiB per peer 31% slower (send/recv).
+// RESIDENT_GPU_TRIGGER_FENCE_FROM (64 KiB, a full chunk) bytes per peer and round those ops
+// fence on the device. Since the proxy checks and copies a line in one pass (fused check),
+// unfenced rounds of 32 KiB per peer read 5-25% faster than fenced ones in both repetitions
+// of one call (session 27, H200, benchmarks/RESULTS.md); at 64 KiB per peer the two were
+// within 4%, and before the fused check unfenced was 31% slower there (session 26).
 uint32_t GpuCommunicator::fenceTriggers(uint64_t first_round_bytes) const {
   return region_.trigger_fence != 0 || first_round_bytes >= fence_from_ ? 1u : 0u;
 }
