@@ -7,7 +7,7 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -41,15 +41,19 @@ class ProxyTrace {
   bool writeTsv(const std::string& path) const {
     static const char* const kNames[] = {"pop_lines", "pop_copy", "pop_flag",
                                          "posted",    "flags",    "credit"};
-    std::ofstream out(path);
-    out << "# t_ns\tevent\tpeer\tbytes\t(dropped " << dropped_ << ")\n";
-    for (size_t i = 0; i < used_ && out; ++i) {
+    // stdio, not iostreams (see localHostKey): an ofstream here crashed both ranks with
+    // SIGSEGV on the GPU machine (torch 2.11), the file left empty (session 27).
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) return false;
+    std::fprintf(f, "# t_ns\tevent\tpeer\tbytes\t(dropped %llu)\n",
+                 static_cast<unsigned long long>(dropped_));
+    for (size_t i = 0; i < used_; ++i) {
       const Entry& e = events_[i];
-      out << e.t_ns << '\t' << kNames[static_cast<int>(e.what)] << '\t' << e.peer << '\t' << e.bytes
-          << '\n';
+      std::fprintf(f, "%llu\t%s\t%d\t%llu\n", static_cast<unsigned long long>(e.t_ns),
+                   kNames[static_cast<int>(e.what)], e.peer,
+                   static_cast<unsigned long long>(e.bytes));
     }
-    out.close();
-    return !out.fail();
+    return std::fclose(f) == 0;
   }
 
  private:

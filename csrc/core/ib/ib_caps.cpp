@@ -1,6 +1,6 @@
 #include "core/ib/ib_caps.hpp"
 
-#include <fstream>
+#include <cstdio>
 
 #include "core/ib/verbs_loader.hpp"
 #include "core/log.hpp"
@@ -50,10 +50,15 @@ LinkLayer linkLayerOf(uint8_t value) {
   }
 }
 
+// The first line, without its newline. stdio: no iostreams in the core (see localHostKey).
 std::string readSmallFile(const std::string& path) {
-  std::ifstream in(path);
   std::string line;
-  if (in) std::getline(in, line);
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[256] = {0};
+    if (std::fgets(buf, sizeof(buf), f) != nullptr) line = buf;
+    std::fclose(f);
+  }
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
   return line;
 }
 
