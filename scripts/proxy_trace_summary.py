@@ -16,6 +16,9 @@ which is wrong when the ranks run out of phase by more than an op's proxy stage.
                 kernel's start, its stores and the trigger's trip to the proxy
   period        first trigger of op k -> of op k+1
 Medians over the back-to-back ops (period under --max-period-us). Two ranks only.
+Credits (send/recv: the proxy forwards one when this rank's receive has consumed a slot) are
+counted per op but are not part of its stages: they follow the peer's op, up to a round trip
+later, and would otherwise stretch the proxy stage of a ping-pong's op to its whole period.
 
 usage: python3 scripts/proxy_trace_summary.py PREFIX [--triggers-per-op N] [--gap-ns N]
        [--json OUT]
@@ -42,11 +45,16 @@ def load(path):
 def segment(events, gap_ns, per_op):
     ops, cur, last, pops = [], None, None, 0
     for e in events:
+        if e[1] == "credit":
+            if cur is not None:
+                cur["credits"] += 1
+            continue
         is_pop = e[1].startswith("pop_")
         if is_pop:
             opens = pops % per_op == 0 if per_op else (last is None or e[0] - last > gap_ns)
             if opens or cur is None:
-                cur = {"first_pop": e[0], "last_pop": e[0], "end": e[0], "pops": 0, "posted": 0}
+                cur = {"first_pop": e[0], "last_pop": e[0], "end": e[0], "pops": 0, "posted": 0,
+                       "credits": 0}
                 ops.append(cur)
             cur["pops"] += 1
             cur["last_pop"] = e[0]
@@ -100,7 +108,7 @@ def main():
         mine, peer = aligned[r], aligned[1 - r]
         peer_ends = sorted(o["end"] for o in ops[1 - r])
         rows = {"period": [], "proxy_stage": [], "trigger_spread": [], "gpu_stage": []}
-        pops, posts = [], []
+        pops, posts, credits = [], [], []
         for k in range(n - 1):
             period = mine[k + 1]["first_pop"] - mine[k]["first_pop"]
             if period > args.max_period_us * 1000:
@@ -116,11 +124,13 @@ def main():
                     rows["gpu_stage"].append(mine[k + 1]["first_pop"] - peer_ends[i])
             pops.append(mine[k]["pops"])
             posts.append(mine[k]["posted"])
+            credits.append(mine[k]["credits"])
         report["ranks"][r] = {
             "ops": len(ops[r]), "back_to_back": len(rows["period"]),
             "median_us": {k: med(v) for k, v in rows.items()},
             "median_pops_per_op": statistics.median(pops) if pops else None,
-            "median_posts_per_op": statistics.median(posts) if posts else None}
+            "median_posts_per_op": statistics.median(posts) if posts else None,
+            "median_credits_per_op": statistics.median(credits) if credits else None}
     print(json.dumps(report, indent=1))
     if args.json:
         with open(args.json, "w") as f:

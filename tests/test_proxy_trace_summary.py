@@ -1,7 +1,9 @@
 """scripts/proxy_trace_summary.py on synthetic two-rank proxy timelines with known stages: per
 op, a rank pops its triggers (random spacing), posts after a copy time, and its next op's first
 trigger comes a known GPU time after the peer proxy's end of the op; rank 1 runs a random
-offset behind. The medians it reports must be the ones built in; a lone rank is an error."""
+offset behind. The medians it reports must be the ones built in; a lone rank is an error.
+Optionally each rank forwards a credit between its ops (as a send/recv ping-pong does, long
+after its own posts): it must be counted, not taken into the op's stages."""
 
 import json
 import os
@@ -13,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "proxy_trace_summary.py")
 
 
-def write_timelines(prefix, rng, ops, per_op, spread_ns, copy_ns, gpu_ns):
+def write_timelines(prefix, rng, ops, per_op, spread_ns, copy_ns, gpu_ns, credit=False):
     events = {0: [], 1: []}
     offset = rng.randrange(0, 3000)
     start = {0: 1_000_000, 1: 1_000_000 + offset}
@@ -30,6 +32,8 @@ def write_timelines(prefix, rng, ops, per_op, spread_ns, copy_ns, gpu_ns):
             t += 100
             events[r].append((t, "flags", 1 - r, per_op // 2))
             end[r] = t
+            if credit:  # before this rank's next op (gpu_ns after the peer's end)
+                events[r].append((t + gpu_ns // 2, "credit", 1 - r, 8))
         # A rank's next op starts gpu_ns after the peer proxy delivered this one.
         start = {0: end[1] + gpu_ns, 1: end[0] + gpu_ns}
     for r in (0, 1):
@@ -42,13 +46,15 @@ def write_timelines(prefix, rng, ops, per_op, spread_ns, copy_ns, gpu_ns):
 
 def test_summary_recovers_the_stages(tmp_path):
     rng = random.Random(20261130)
-    for _ in range(3):
+    gap_runs = 0
+    for case in range(4):
+        credit = case % 2 == 1
         per_op = rng.choice([2, 8, 64])
         spread = rng.randrange(200, 4000)
         copy = rng.randrange(500, 6000)
         gpu = rng.randrange(2000, 20000)
-        prefix = str(tmp_path / f"cell{per_op}_{spread}")
-        offset = write_timelines(prefix, rng, 200, per_op, spread, copy, gpu)
+        prefix = str(tmp_path / f"cell{per_op}_{spread}_{case}")
+        offset = write_timelines(prefix, rng, 200, per_op, spread, copy, gpu, credit)
         out = subprocess.run([sys.executable, SCRIPT, prefix, "--triggers-per-op", str(per_op)],
                              capture_output=True, text=True, timeout=60, check=True)
         report = json.loads(out.stdout)
@@ -56,12 +62,28 @@ def test_summary_recovers_the_stages(tmp_path):
         for r in ("0", "1"):
             m = report["ranks"][r]["median_us"]
             assert report["ranks"][r]["median_pops_per_op"] == per_op
+            assert report["ranks"][r]["median_credits_per_op"] == (1 if credit else 0)
             assert abs(m["trigger_spread"] - spread_q / 1000) < 0.002, (r, m)
             assert abs(m["proxy_stage"] - (spread_q + copy + 100) / 1000) < 0.002, (r, m)
             assert abs(m["gpu_stage"] - gpu / 1000) < 0.002, (r, m)
             # The ranks' offset persists and flips sign every op (each rank's op k+1 starts from
             # the other's op k): periods alternate around the mean by the offset.
             assert abs(m["period"] - (spread_q + copy + 100 + gpu) / 1000) <= offset / 1000 + 0.004
+        # Ops found by gaps instead (the device stage's way): a gap longer than the triggers'
+        # own spacing and shorter than the quiet time before the next op (gpu_ns less the ranks'
+        # offset, either way); a credit inside that quiet time must not bridge it.
+        step = spread // (per_op - 1)
+        if step + 1 < gpu - offset - 10:
+            gap = step + 1
+            gap_runs += 1
+            out = subprocess.run([sys.executable, SCRIPT, prefix, "--gap-ns", str(gap)],
+                                 capture_output=True, text=True, timeout=60, check=True)
+            report = json.loads(out.stdout)
+            for r in ("0", "1"):
+                m = report["ranks"][r]["median_us"]
+                assert report["ranks"][r]["median_pops_per_op"] == per_op, (case, r)
+                assert abs(m["proxy_stage"] - (spread_q + copy + 100) / 1000) < 0.002, (case, r, m)
+    assert gap_runs >= 2  # the seed gives cases of both kinds, with and without credits
 
 
 
