@@ -554,7 +554,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     git = meta["git"]
     print(f"resident_pg.bench on {meta['hostname']} ({meta['cpu_count']} cpus, load "
           f"{meta['loadavg_start']}), torch {meta['torch_version']}, {meta['date']}, "
-          f"commit {(git['commit'] or 'none')[:12]}{' (dirty)' if git['dirty'] else ''}")
+          f"commit {(git['commit'] or 'none')[:12]}{' (dirty)' if git['dirty'] else ''}"
+          f", tree {(git.get('tree') or 'none')[:12]}")
     print(f"device {device}"
           + (f" ({meta['gpu'].get('name')}, MPS pipe {meta['cuda_mps_pipe_directory']})"
              if cuda and meta.get("gpu") else "")

@@ -9,6 +9,7 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 from typing import Any, Dict, List, Optional, Sequence
 
 if __package__:
@@ -170,9 +171,26 @@ def target_line(rows: List[dict], labels: Sequence[str]) -> str:
             f"{fmt_us(res)} µs, speed-up {speedup:.1f}x)")
 
 
+def _worktree_tree(here: str) -> Optional[str]:
+    """The git tree id of the files as they are (tracked and untracked, not ignored), through a
+    scratch index, leaving the checkout's own index alone. A copy of a working tree whose HEAD is
+    some older base (the GPU machine's) names the content that ran: the local commit with the
+    same tree is `git log --format='%h %T' | grep <id>`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, GIT_INDEX_FILE=os.path.join(tmp, "index"))
+        for cmd in (["git", "read-tree", "HEAD"], ["git", "add", "-A", "."]):
+            if subprocess.run(cmd, cwd=here, env=env, capture_output=True, timeout=60).returncode:
+                return None
+        out = subprocess.run(["git", "write-tree"], cwd=here, env=env, capture_output=True,
+                             text=True, timeout=60)
+        if out.returncode != 0:
+            return None
+        return out.stdout.strip() or None
+
+
 def _git_info() -> Dict[str, Any]:
     here = os.path.dirname(os.path.abspath(__file__))
-    info: Dict[str, Any] = {"commit": None, "dirty": None}
+    info: Dict[str, Any] = {"commit": None, "dirty": None, "tree": None}
     try:
         info["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
                                         text=True, timeout=10).stdout.strip() or None
@@ -180,6 +198,10 @@ def _git_info() -> Dict[str, Any]:
                             text=True, timeout=10)
         if st.returncode == 0:
             info["dirty"] = bool(st.stdout.strip())
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=here,
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        if top:
+            info["tree"] = _worktree_tree(top)
     except Exception:
         pass
     return info

@@ -253,3 +253,38 @@ def test_cuda_target_verdicts_incomplete_vs_miss():
     r = verdict(rows, 2)
     assert r["verdict"] == "MISS" and r["paths_result"]["direct"]["verdict"] == "MISS", r["line"]
     assert r["paths_result"]["proxy"]["verdict"] == "INCOMPLETE"
+
+
+def test_worktree_tree_names_the_content_that_ran(tmp_path):
+    """The bench records the git tree of the files as they are, so that a run from a copy whose
+    HEAD is an older base (the GPU machine's) still names its content. Reference: the tree of a
+    commit of the same files, made independently; the checkout's own index is left alone."""
+    bench_report = _load_bench_module().report
+    repo = str(tmp_path / "repo")
+    os.makedirs(os.path.join(repo, "sub"))
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    with open(os.path.join(repo, "a.txt"), "w") as f:
+        f.write("one\n")
+    with open(os.path.join(repo, ".gitignore"), "w") as f:
+        f.write("*.log\n")
+    git("add", "-A")
+    git("commit", "-qm", "base")
+    assert bench_report._worktree_tree(repo) == git("rev-parse", "HEAD^{tree}")
+    # Changed, untracked and ignored files: the tree is that of a commit of the first two.
+    with open(os.path.join(repo, "a.txt"), "w") as f:
+        f.write("two\n")
+    with open(os.path.join(repo, "sub", "new.py"), "w") as f:
+        f.write("x = 1\n")
+    with open(os.path.join(repo, "run.log"), "w") as f:
+        f.write("ignored\n")
+    tree = bench_report._worktree_tree(repo)
+    assert tree != git("rev-parse", "HEAD^{tree}")
+    assert not git("diff", "--cached", "--name-only")  # the checkout's index: nothing staged
+    git("add", "-A")
+    git("commit", "-qm", "changes")
+    assert tree == git("rev-parse", "HEAD^{tree}")
