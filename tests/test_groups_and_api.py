@@ -414,6 +414,7 @@ def test_persistent_knobs_are_validated(var, value):
     ("RESIDENT_GPU_P2P_STREAM", "caller", "auto or own", "own"),
     ("RESIDENT_GPU_PROTOCOL", "ll128", "ll or simple", "simple"),
     ("RESIDENT_GPU_PROXY_SIMPLE_ABOVE", "lots", "off or a byte count in [0, 1048576]", "off"),
+    ("RESIDENT_GPU_TRIGGER_FENCE_FROM", "lots", "off or a byte count in [0, 4294967296]", "off"),
     ("RESIDENT_GPU_PERSISTENT_GRAPHS", "graph", "kernel or resident", "resident")])
 def test_choice_knobs_are_validated(var, bad, choices, good):
     """A knob with named choices takes only those; anything else fails the group's creation

@@ -3,10 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
-
 #include "core/clock.hpp"
 #include "core/error.hpp"
+#include "core/first_line.hpp"
 #include "core/ib/ib_caps.hpp"
 #include "core/ib/ib_transport.hpp"
 #include "core/log.hpp"
@@ -52,15 +51,7 @@ std::string describeProtocolKey(const std::string& key) {
 std::string localHostKey() {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
-  // No iostreams in the core: an extension's libstdc++ stream symbols can clash with the
-  // host's (seen with torch 2.11 on the GPU machine).
-  std::string boot;
-  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    char buf[64] = {0};
-    if (std::fgets(buf, sizeof(buf), f) != nullptr) boot = buf;
-    std::fclose(f);
-    while (!boot.empty() && (boot.back() == '\n' || boot.back() == '\r')) boot.pop_back();
-  }
+  const std::string boot = readFirstLine("/proc/sys/kernel/random/boot_id");
   struct stat st;
   const unsigned long mnt = stat("/proc/self/ns/mnt", &st) == 0 ? st.st_ino : 0;
   const unsigned long net = stat("/proc/self/ns/net", &st) == 0 ? st.st_ino : 0;

@@ -23,6 +23,20 @@ uint64_t parseUnsigned(const std::string& key, const std::string& value, uint64_
   return v;
 }
 
+// A byte limit that can also be "off" (then `off_value`), as limitName prints it back.
+uint64_t parseLimit(const std::string& key, const std::string& value, uint64_t max,
+                    uint64_t off_value) {
+  if (value == "off") return off_value;
+  try {
+    return parseUnsigned(key, value, 0, max);
+  } catch (const InvalidArgument&) {
+    std::string var = "RESIDENT_" + key;
+    for (char& ch : var) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    throw InvalidArgument("resident: " + var + " must be off or a byte count in [0, " +
+                          std::to_string(max) + "], got '" + value + "'");
+  }
+}
+
 void apply(Config& c, const std::string& key, const std::string& value) {
   if (key == "path") {
     if (value == "auto")
@@ -74,8 +88,7 @@ void apply(Config& c, const std::string& key, const std::string& value) {
   } else if (key == "gpu_trigger_fence") {
     c.gpu_trigger_fence = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_trigger_fence_from") {
-    c.gpu_trigger_fence_from =
-        value == "off" ? UINT64_MAX : parseUnsigned(key, value, 0, uint64_t{1} << 32);
+    c.gpu_trigger_fence_from = parseLimit(key, value, uint64_t{1} << 32, UINT64_MAX);
   } else if (key == "gpu_proxy_prefetch_bytes") {
     c.gpu_proxy_prefetch_bytes = static_cast<uint32_t>(parseUnsigned(key, value, 0, 1u << 16));
   } else if (key == "gpu_proxy_fused_check") {
@@ -95,18 +108,8 @@ void apply(Config& c, const std::string& key, const std::string& value) {
                             "'");
     c.gpu_protocol_simple = value == "simple";
   } else if (key == "gpu_proxy_simple_above") {
-    if (value == "off") {
-      c.gpu_proxy_simple_above = kGpuSimpleNever;
-    } else {
-      try {
-        c.gpu_proxy_simple_above = static_cast<uint32_t>(parseUnsigned(key, value, 0, 1u << 20));
-      } catch (const InvalidArgument&) {
-        throw InvalidArgument(
-            "resident: RESIDENT_GPU_PROXY_SIMPLE_ABOVE must be off or a byte count in [0, "
-            "1048576], got '" +
-            value + "'");
-      }
-    }
+    c.gpu_proxy_simple_above =
+        static_cast<uint32_t>(parseLimit(key, value, 1u << 20, kGpuSimpleNever));
   } else if (key == "gpu_persistent") {
     c.gpu_persistent = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_persistent_blocks") {

@@ -13,6 +13,12 @@ struct BatchWrite {
   uint64_t local, remote, bytes;  // outbox offset, offset in the peer's GPU region, length
 };
 
+// True when `next` continues `last` both in the outbox and at the peer (one write can carry both).
+inline bool continuesWrite(const BatchWrite& last, const BatchWrite& next) {
+  return last.peer == next.peer && last.local + last.bytes == next.local &&
+         last.remote + last.bytes == next.remote;
+}
+
 // Sorts batch[0, n) by (peer, local offset) and merges each write into the one before when it
 // continues it both locally and remotely; returns the new count. Only for writes that are
 // independent and do not overlap (the proxy's: each range is vouched for by its own line flags
@@ -32,10 +38,8 @@ inline int sortAndMergeWrites(BatchWrite* batch, int n) {
   }
   int m = 0;
   for (int i = 1; i < n; ++i) {
-    BatchWrite& last = batch[m];
-    if (last.peer == batch[i].peer && last.local + last.bytes == batch[i].local &&
-        last.remote + last.bytes == batch[i].remote)
-      last.bytes += batch[i].bytes;
+    if (continuesWrite(batch[m], batch[i]))
+      batch[m].bytes += batch[i].bytes;
     else
       batch[++m] = batch[i];
   }

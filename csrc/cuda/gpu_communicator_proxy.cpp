@@ -169,13 +169,9 @@ bool GpuCommunicator::proxyPoll() {
       break;
     }
     const BatchWrite w{static_cast<int>(r.peer), r.local_offset, r.remote_offset, r.bytes};
-    if (n > 0) {
-      BatchWrite& last = batch[n - 1];
-      if (last.peer == w.peer && last.local + last.bytes == w.local &&
-          last.remote + last.bytes == w.remote) {
-        last.bytes += w.bytes;
-        continue;
-      }
+    if (n > 0 && continuesWrite(batch[n - 1], w)) {  // in FIFO order already: no slot taken
+      batch[n - 1].bytes += w.bytes;
+      continue;
     }
     if (n == 64) flush();
     batch[n++] = w;

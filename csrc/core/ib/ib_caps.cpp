@@ -1,7 +1,6 @@
 #include "core/ib/ib_caps.hpp"
 
-#include <cstdio>
-
+#include "core/first_line.hpp"
 #include "core/ib/verbs_loader.hpp"
 #include "core/log.hpp"
 
@@ -48,18 +47,6 @@ LinkLayer linkLayerOf(uint8_t value) {
     default:
       return LinkLayer::kUnspecified;
   }
-}
-
-// The first line, without its newline. stdio: no iostreams in the core (see localHostKey).
-std::string readSmallFile(const std::string& path) {
-  std::string line;
-  if (FILE* f = std::fopen(path.c_str(), "r")) {
-    char buf[256] = {0};
-    if (std::fgets(buf, sizeof(buf), f) != nullptr) line = buf;
-    std::fclose(f);
-  }
-  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
-  return line;
 }
 
 }  // namespace
@@ -219,7 +206,7 @@ std::vector<DeviceInfo> probeDevices(std::string* why) {
           if (api->query_gid(ctx, static_cast<uint8_t>(p), g, &e.gid) != 0 || gidIsZero(e.gid))
             continue;
           e.type = port.link == LinkLayer::kEthernet
-                       ? parseGidType(readSmallFile(types + std::to_string(g)))
+                       ? parseGidType(readFirstLine((types + std::to_string(g)).c_str()))
                        : GidType::kIbOrRoceV1;
           table.push_back(e);
         }
