@@ -3,12 +3,19 @@
 // ranks never pair up with each other); the receiver returns a credit per round consumed, and
 // the sender waits for the credit of round g-2 before reusing its slot. A send therefore
 // completes without waiting for the matching recv, up to two rounds ahead.
+//
+// A round goes as LL lines, or, for an op whose first round exceeds the pair's simplePair
+// threshold, as the payload as it is plus one flag per part (simple_device.cuh, the same rule
+// and slot layout as the collectives'); the choice is per op, made at launch from the message
+// size, which both ends know, so a kernel is built for one protocol (`Simple`). A round is
+// credited whole, so a slot is rewritten only after the receiver read every part of it.
 #include <cuda_runtime.h>
 
 #include "collective_launch.hpp"
 #include "launch_device.cuh"
 #include "ll_device.cuh"
 #include "rounds_device.cuh"
+#include "simple_device.cuh"
 
 namespace resident {
 namespace gpu {
@@ -79,6 +86,7 @@ __device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, ui
   }
 }
 
+template <bool Simple>
 __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P2PArgs a) {
   __shared__ int stop;
   const Region& reg = a.reg;
@@ -116,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
       if (!waitCredit(w, a, slot, g, r == 0 && blockIdx.x == 0 ? &early : nullptr)) {
         stop = 1;
       } else if (remote == nullptr && linesOf(bytes, j0) > 0) {
-        pos = reserveTriggers(reg, 1);
+        pos = reserveTriggers(reg, Simple ? 2u : 1u);  // simple: the payload's copy, the flags
         tail_seen = loadTailCache(reg);
       }
     }
@@ -138,8 +146,35 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
         const uint32_t nb = lineBytes(bytes, j, t);
         const uint64_t v =
             nb ? loadBytes(src + static_cast<uint64_t>(j) * kPartPayload + t * 8, nb) : 0;
-        storeLine(dst + (static_cast<uint64_t>(j) * kThreads + t) * 16, v, g);
+        if (Simple)
+          storeSimpleWord(dst + simpleWordOffset(reg, j, t), v);
+        else
+          storeLine(dst + (static_cast<uint64_t>(j) * kThreads + t) * 16, v, g);
       }
+    }
+    if (Simple && j_end > j0) {
+      if (remote) {
+        __syncthreads();  // the block's payload stores, then the flags (fenced in storeSimpleFlag)
+        for (uint32_t j = j0 + t; j < j_end; j += blockDim.x) storeSimpleFlag(dst, j, g);
+        continue;
+      }
+      // Proxied: the payload as a fenced copy (the trigger's release store orders the block's
+      // stores, joined by pushFromThread0's barrier, before it), then the parts' flags, which
+      // the proxy raises only after it posted the copy (FIFO order).
+      pushFromThread0([&] {
+        const uint64_t words = simpleWordOffset(reg, j0, 0);
+        const uint64_t flags = static_cast<uint64_t>(j0) * 16;
+        if (!pushTriggerWords(
+                w, pos, tail_seen,
+                triggerWords(reg, a.peer, local_off + words, remote_off + words,
+                             simplePayloadBytes(bytes, j0, j_end), TriggerKind::kCopy, 0)) ||
+            !pushTriggerWords(
+                w, pos + 1, tail_seen,
+                triggerWords(reg, a.peer, 0, remote_off + flags,
+                             static_cast<uint64_t>(j_end - j0) * 16, TriggerKind::kFlag, g)))
+          stop = 1;
+      });
+      continue;
     }
     if (!remote && j_end > j0) {
       pushFromThread0([&] {
@@ -155,6 +190,7 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
   }
 }
 
+template <bool Simple>
 __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P2PArgs a) {
   const Region& reg = a.reg;
   DeviceState* st = reg.state;
@@ -175,9 +211,23 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
     const unsigned char* src =
         reg.local + reg.p2p_in0 + (static_cast<uint64_t>(a.peer) * 2 + slot) * reg.slot_bytes;
     auto* dst = static_cast<unsigned char*>(a.recv) + static_cast<uint64_t>(r) * reg.chunk;
-    // Every thread polls its own line; no barrier inside the loop, so a thread that gives up
-    // leaves it alone and the block agrees at the __syncthreads_or below.
-    for (uint32_t j = j0; j < j0 + a.parts_per_block && !fail; ++j) {
+    if (Simple) {
+      // The block's parts' flags, a thread per part, then (after the barrier) their payload.
+      uint32_t j_end = j0;
+      while (j_end < j0 + a.parts_per_block && linesOf(bytes, j_end) > 0) ++j_end;
+      for (uint32_t j = j0 + t; j < j_end && !fail; j += blockDim.x)
+        fail = !waitSimpleFlag(w, src, j, g, a.peer);
+      if (__syncthreads_or(fail)) break;
+      for (uint32_t j = j0; j < j_end; ++j) {
+        const uint32_t nb = lineBytes(bytes, j, t);
+        if (nb)
+          storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8,
+                     loadVolatile64(src + simpleWordOffset(reg, j, t)), nb);
+      }
+    }
+    // LL: every thread polls its own line; no barrier inside the loop, so a thread that gives
+    // up leaves it alone and the block agrees at the __syncthreads_or below.
+    for (uint32_t j = j0; !Simple && j < j0 + a.parts_per_block && !fail; ++j) {
       const uint32_t lines = linesOf(bytes, j);
       if (lines == 0) break;
       if (t >= lines) continue;
@@ -217,20 +267,34 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
   }
 }
 
+// The op's protocol (simple_device.cuh): from its first round, which both ends size alike.
+bool simpleOp(const P2PArgs& a) {
+  const uint32_t first = a.bytes < a.reg.chunk ? static_cast<uint32_t>(a.bytes) : a.reg.chunk;
+  return simplePair(a.reg, a.peer, first);
+}
+
 }  // namespace
 
 cudaError_t loadP2PKernels() {
   cudaFuncAttributes attr;
-  cudaError_t err = cudaFuncGetAttributes(&attr, sendKernel);
-  return err != cudaSuccess ? err : cudaFuncGetAttributes(&attr, recvKernel);
+  for (const void* k : {reinterpret_cast<const void*>(sendKernel<false>),
+                        reinterpret_cast<const void*>(sendKernel<true>),
+                        reinterpret_cast<const void*>(recvKernel<false>),
+                        reinterpret_cast<const void*>(recvKernel<true>)}) {
+    const cudaError_t err = cudaFuncGetAttributes(&attr, k);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl) {
-  return launchKernel(sendKernel, args, blocks, stream, pdl);
+  return simpleOp(args) ? launchKernel(sendKernel<true>, args, blocks, stream, pdl)
+                        : launchKernel(sendKernel<false>, args, blocks, stream, pdl);
 }
 
 cudaError_t launchRecv(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl) {
-  return launchKernel(recvKernel, args, blocks, stream, pdl);
+  return simpleOp(args) ? launchKernel(recvKernel<true>, args, blocks, stream, pdl)
+                        : launchKernel(recvKernel<false>, args, blocks, stream, pdl);
 }
 
 }  // namespace gpu
