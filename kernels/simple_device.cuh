@@ -1,11 +1,12 @@
 // Device half of the "simple" protocol (RESIDENT_GPU_PROTOCOL=simple for direct pairs,
-// RESIDENT_GPU_PROXY_SIMPLE_ABOVE for proxied ones): for a large round to a peer, the payload is
-// stored as it is (8 bytes per thread and part, the LL cut without the flags), then, after a
-// system-scope fence, one flag line per part. LL lines spend 16 bytes on 8 payload bytes; here
-// the bytes that cross PCIe (and, proxied, that the proxy or the NIC moves) are halved, for one
-// more dependent load on the reader (flag, then payload). A proxied writer stores the payload
-// into its outbox and pushes two triggers: the payload as a fenced copy, then the parts' flags
-// (TriggerKind::kFlag), which the proxy raises as transport signals, ordered behind the copy.
+// RESIDENT_GPU_PROXY_SIMPLE_ABOVE for proxied ones; collectives and send/recv alike): for a
+// large round to a peer, the payload is stored as it is (8 bytes per thread and part, the LL cut
+// without the flags), then, after a system-scope fence, one flag line per part. LL lines spend
+// 16 bytes on 8 payload bytes; here the bytes that cross PCIe (and, proxied, that the proxy or
+// the NIC moves) are halved, for one more dependent load on the reader (flag, then payload). A
+// proxied writer stores the payload into its outbox and pushes two triggers: the payload as a
+// fenced copy, then the parts' flags (TriggerKind::kFlag), which the proxy raises as transport
+// signals, ordered behind the copy.
 //
 // Where it lives in a slot (2 x chunk bytes, see GpuLayout::slotBytes): payload in
 // [chunk, 2 x chunk); flag of part j on the LL line j of [0, chunk), written {0, g, 0, g}. A
