@@ -22,6 +22,7 @@
 
 #include "../kernels/rounds_device.cuh"
 #include "check.hpp"
+#include "random_schedule.hpp"
 
 namespace g = resident::gpu;
 
@@ -169,51 +170,22 @@ struct Model {
       start(a.sender);
     }
   }
-
-  // Runs to the end on a random schedule. False on a deadlock.
-  bool run(std::mt19937& rng) {
-    for (;;) {
-      std::vector<size_t> live;
-      for (size_t i = 0; i < agents.size(); ++i)
-        if (!agents[i].done) live.push_back(i);
-      if (live.empty()) return true;
-      bool moved = false;
-      for (size_t k = live.size(); k > 0 && !moved; --k) {
-        const size_t pick = rng() % k;
-        const size_t i = live[pick];
-        live[pick] = live[k - 1];
-        moved = step(agents[i]);
-      }
-      if (!moved) return false;
-    }
-  }
-};
-
-struct Outcome {
-  int violations = 0, deadlocks = 0;
-  std::string first;
 };
 
 // Random message sequences over sizes around the part, half-chunk and chunk boundaries.
-Outcome explore(const Rules& R, int trials, uint32_t seed) {
+slot_model::Outcome explore(const Rules& R, int trials, uint32_t seed) {
   const uint64_t c = R.chunk;
   const std::vector<uint64_t> sizes = {0,         8,         24, 2048,   2056,         c / 4, c / 2,
                                        c / 2 + 8, 3 * c / 4, c,  c + 24, 2 * c + 2048, 3 * c};
   std::mt19937 rng(seed);
-  Outcome out;
+  slot_model::Outcome out;
   for (int t = 0; t < trials; ++t) {
     std::vector<uint64_t> msgs;
     const int n = 2 + static_cast<int>(rng() % 6);
     for (int i = 0; i < n; ++i) msgs.push_back(sizes[rng() % sizes.size()]);
     Model m(R, msgs);
-    const bool finished = m.run(rng);
-    if (!m.violation.empty()) {
-      if (out.first.empty()) out.first = m.violation;
-      ++out.violations;
-    } else if (!finished) {
-      if (out.first.empty()) out.first = "deadlock";
-      ++out.deadlocks;
-    }
+    const bool finished = slot_model::runRandomSchedule(m, rng);
+    out.add(m.violation, finished);
   }
   return out;
 }
@@ -226,14 +198,14 @@ int main() {
     // at its default and below it (the host caps larger values at half a chunk).
     const uint32_t thresholds[] = {g::kSimpleNever, chunk / 2, 0u, 2048u, chunk / 4};
     for (uint32_t above : thresholds) {
-      const Outcome now = explore({true, above, chunk}, 2000, 5 + chunk + above);
+      const slot_model::Outcome now = explore({true, above, chunk}, 2000, 5 + chunk + above);
       if (now.violations || now.deadlocks)
         std::fprintf(stderr, "chunk %u simple above %u: %d violations, %d deadlocks; first: %s\n",
                      chunk, above, now.violations, now.deadlocks, now.first.c_str());
       CHECK(now.violations == 0 && now.deadlocks == 0);
     }
     // The model must be able to fail: a credit returned before the round's last part was read.
-    const Outcome broken = explore({false, chunk / 2, chunk}, 2000, 13 + chunk);
+    const slot_model::Outcome broken = explore({false, chunk / 2, chunk}, 2000, 13 + chunk);
     std::printf("chunk %u: credit by the first part: %d violations in 2000 schedules (%s)\n", chunk,
                 broken.violations, broken.first.c_str());
     CHECK(broken.violations > 0);

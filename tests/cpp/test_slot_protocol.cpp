@@ -19,6 +19,7 @@
 
 #include "../kernels/rounds_device.cuh"
 #include "check.hpp"
+#include "random_schedule.hpp"
 
 namespace g = resident::gpu;
 
@@ -180,40 +181,16 @@ struct Model {
       start(a.rank);
     }
   }
-
-  // Runs to the end on a random schedule. False on a deadlock.
-  bool run(std::mt19937& rng) {
-    for (;;) {
-      std::vector<size_t> live;
-      for (size_t i = 0; i < agents.size(); ++i)
-        if (!agents[i].done) live.push_back(i);
-      if (live.empty()) return true;
-      bool moved = false;
-      // Random order: a waiting agent may be skipped for one that can move.
-      for (size_t k = live.size(); k > 0 && !moved; --k) {
-        const size_t pick = rng() % k;
-        const size_t i = live[pick];
-        live[pick] = live[k - 1];
-        moved = step(agents[i]);
-      }
-      if (!moved) return false;
-    }
-  }
 };
 
 // Random op sequences over sizes around the chunk and part boundaries, with uneven directions.
-struct Outcome {
-  int violations = 0, deadlocks = 0;
-  std::string first;
-};
-
-Outcome explore(const Rules& R, int trials, uint32_t seed) {
+slot_model::Outcome explore(const Rules& R, int trials, uint32_t seed) {
   const uint32_t c = R.chunk;
   const std::vector<uint64_t> sizes = {
       0,         8, 24,     2048,     2056,      c / 4, c / 4 + 8,  c / 2 - 8, c / 2,    c / 2 + 8,
       3 * c / 4, c, c + 24, c + 2048, 3 * c / 2, 2 * c, 2 * c + 24, 5 * c / 2, 4 * c + 8};
   std::mt19937 rng(seed);
-  Outcome out;
+  slot_model::Outcome out;
   for (int t = 0; t < trials; ++t) {
     std::vector<Op> ops;
     const int n = 2 + static_cast<int>(rng() % 5);
@@ -223,14 +200,8 @@ Outcome explore(const Rules& R, int trials, uint32_t seed) {
       ops.push_back({{a, b}});
     }
     Model m(R, ops);
-    const bool finished = m.run(rng);
-    if (!m.violation.empty()) {
-      if (out.first.empty()) out.first = m.violation;
-      ++out.violations;
-    } else if (!finished) {
-      if (out.first.empty()) out.first = "deadlock";
-      ++out.deadlocks;
-    }
+    const bool finished = slot_model::runRandomSchedule(m, rng);
+    out.add(m.violation, finished);
   }
   return out;
 }
@@ -243,14 +214,14 @@ int main() {
     // RESIDENT_GPU_PROXY_SIMPLE_ABOVE below it (the host caps larger ones at half a chunk).
     const uint32_t thresholds[] = {g::kSimpleNever, chunk / 2, 0u, 2048u, chunk / 4};
     for (uint32_t above : thresholds) {
-      const Outcome now = explore({true, above, chunk}, 3000, 7 + chunk + above);
+      const slot_model::Outcome now = explore({true, above, chunk}, 3000, 7 + chunk + above);
       if (now.violations || now.deadlocks)
         std::fprintf(stderr, "chunk %u simple above %u: %d violations, %d deadlocks; first: %s\n",
                      chunk, above, now.violations, now.deadlocks, now.first.c_str());
       CHECK(now.violations == 0 && now.deadlocks == 0);
       if (above != g::kSimpleNever && above != chunk / 2) continue;
       // The model must be able to fail: the earlier rules lost data on the H200.
-      const Outcome before =
+      const slot_model::Outcome before =
           explore({false, above, chunk}, 3000, 11 + chunk + (above == chunk / 2));
       std::printf("chunk %u simple above %u: earlier rules: %d violations in 3000 schedules (%s)\n",
                   chunk, above, before.violations, before.first.c_str());
