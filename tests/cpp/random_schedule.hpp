@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,6 +46,21 @@ struct Outcome {
       ++deadlocks;
     }
   }
+
+  // True when no schedule failed; otherwise says so on stderr.
+  bool clean(uint32_t chunk, uint32_t above) const {
+    if (violations || deadlocks)
+      std::fprintf(stderr, "chunk %u simple above %u: %d violations, %d deadlocks; first: %s\n",
+                   chunk, above, violations, deadlocks, first.c_str());
+    return violations == 0 && deadlocks == 0;
+  }
 };
+
+// The simple protocol's thresholds a model runs under for a chunk: `never`; the half chunk of
+// RESIDENT_GPU_PROTOCOL=simple (and RESIDENT_GPU_PROXY_SIMPLE_ABOVE's default at 64 KiB chunks);
+// and proxied thresholds below it (the host caps larger ones at half a chunk).
+inline std::vector<uint32_t> thresholdsFor(uint32_t chunk, uint32_t never) {
+  return {never, chunk / 2, 0u, 2048u, chunk / 4};
+}
 
 }  // namespace slot_model

@@ -210,15 +210,9 @@ slot_model::Outcome explore(const Rules& R, int trials, uint32_t seed) {
 
 int main() {
   for (uint32_t chunk : {65536u, 16384u}) {
-    // Never simple; RESIDENT_GPU_PROTOCOL=simple's half a chunk; and the thresholds of
-    // RESIDENT_GPU_PROXY_SIMPLE_ABOVE below it (the host caps larger ones at half a chunk).
-    const uint32_t thresholds[] = {g::kSimpleNever, chunk / 2, 0u, 2048u, chunk / 4};
-    for (uint32_t above : thresholds) {
+    for (uint32_t above : slot_model::thresholdsFor(chunk, g::kSimpleNever)) {
       const slot_model::Outcome now = explore({true, above, chunk}, 3000, 7 + chunk + above);
-      if (now.violations || now.deadlocks)
-        std::fprintf(stderr, "chunk %u simple above %u: %d violations, %d deadlocks; first: %s\n",
-                     chunk, above, now.violations, now.deadlocks, now.first.c_str());
-      CHECK(now.violations == 0 && now.deadlocks == 0);
+      CHECK(now.clean(chunk, above));
       if (above != g::kSimpleNever && above != chunk / 2) continue;
       // The model must be able to fail: the earlier rules lost data on the H200.
       const slot_model::Outcome before =
