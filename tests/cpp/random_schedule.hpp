@@ -1,5 +1,6 @@
-// What the slot-protocol models (test_slot_protocol.cpp, test_p2p_slot_protocol.cpp) share: a
-// random schedule of their agents, and the tally of the schedules that broke a rule.
+// What the slot-protocol models (test_slot_protocol.cpp, test_p2p_slot_protocol.cpp) share: the
+// slot's written ranges, the pair's protocol rule, a random schedule of their agents, and the
+// tally of the schedules that broke a rule.
 #pragma once
 
 #include <cstddef>
@@ -9,7 +10,25 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/rounds_device.cuh"
+
 namespace slot_model {
+
+struct Item {  // bytes of a receiver's slot written by one part of one round
+  uint32_t gen, part;
+  uint64_t lo, hi;
+};
+
+// The Region simplePair reads for the models' pair: peer 0 under the direct rule (never simple),
+// peer 1, the model's other rank, under the proxied rule with threshold `above`.
+inline resident::gpu::Region pairRegion(uint32_t above, uint32_t chunk) {
+  resident::gpu::Region reg{};
+  reg.simple_above[0] = resident::gpu::kSimpleNever;
+  reg.simple_above[1] = above;
+  reg.proxy_rule = 1ull << 1;
+  reg.chunk = chunk;
+  return reg;
+}
 
 // Steps `m`'s agents (m.agents, each with a `done` flag; m.step(agent) says whether the agent
 // moved) in a random order until all are done (true) or none can move (false: a deadlock). A
@@ -55,6 +74,20 @@ struct Outcome {
     return violations == 0 && deadlocks == 0;
   }
 };
+
+// Runs `trials` random schedules, each of a model that make(rng) builds (its `violation` empty
+// while no rule broke), and tallies them.
+template <typename MakeModel>
+Outcome exploreSchedules(int trials, uint32_t seed, MakeModel make) {
+  std::mt19937 rng(seed);
+  Outcome out;
+  for (int t = 0; t < trials; ++t) {
+    auto m = make(rng);
+    const bool finished = runRandomSchedule(m, rng);
+    out.add(m.violation, finished);
+  }
+  return out;
+}
 
 // The simple protocol's thresholds a model runs under for a chunk: `never`; the half chunk of
 // RESIDENT_GPU_PROTOCOL=simple (and RESIDENT_GPU_PROXY_SIMPLE_ABOVE's default at 64 KiB chunks);

@@ -46,19 +46,11 @@ uint32_t linesOf(uint32_t round_bytes, uint32_t part) {
 }
 
 bool simpleOf(const Rules& R, uint64_t bytes) {
-  g::Region reg{};
-  reg.simple_above[0] = g::kSimpleNever;
-  reg.simple_above[1] = R.above;
-  reg.proxy_rule = 1ull << 1;  // the peer, rank 1, is proxied
-  reg.chunk = R.chunk;
   const uint32_t first = bytes < R.chunk ? static_cast<uint32_t>(bytes) : R.chunk;
-  return g::simplePair(reg, 1, first);
+  return g::simplePair(slot_model::pairRegion(R.above, R.chunk), 1, first);  // the peer, rank 1
 }
 
-struct Item {  // bytes of the receiver's slot written by one part of one round
-  uint32_t gen, part;
-  uint64_t lo, hi;
-};
+using slot_model::Item;
 
 struct Model {
   Rules R;
@@ -177,17 +169,12 @@ slot_model::Outcome explore(const Rules& R, int trials, uint32_t seed) {
   const uint64_t c = R.chunk;
   const std::vector<uint64_t> sizes = {0,         8,         24, 2048,   2056,         c / 4, c / 2,
                                        c / 2 + 8, 3 * c / 4, c,  c + 24, 2 * c + 2048, 3 * c};
-  std::mt19937 rng(seed);
-  slot_model::Outcome out;
-  for (int t = 0; t < trials; ++t) {
+  return slot_model::exploreSchedules(trials, seed, [&](std::mt19937& rng) {
     std::vector<uint64_t> msgs;
     const int n = 2 + static_cast<int>(rng() % 6);
     for (int i = 0; i < n; ++i) msgs.push_back(sizes[rng() % sizes.size()]);
-    Model m(R, msgs);
-    const bool finished = slot_model::runRandomSchedule(m, rng);
-    out.add(m.violation, finished);
-  }
-  return out;
+    return Model(R, msgs);
+  });
 }
 
 }  // namespace

@@ -53,20 +53,13 @@ uint32_t partsIn(const Rules& R, const Op& op, uint32_t r) {
 bool simpleIn(const Rules& R, const Op& op, uint32_t r) {
   // Peer 1 under the proxied rule, peer 0 under the direct one (never simple): the model's
   // pair must follow the rule of its own bit.
-  g::Region reg{};
-  reg.simple_above[0] = g::kSimpleNever;
-  reg.simple_above[1] = R.above;
-  reg.proxy_rule = 1ull << 1;
-  reg.chunk = R.chunk;
+  const g::Region reg = slot_model::pairRegion(R.above, R.chunk);
   const uint32_t first = g::roundBytes(larger(op), R.current ? 0 : r, R.chunk);
   CHECK(!g::simplePair(reg, 0, first));
   return g::simplePair(reg, 1, first);
 }
 
-struct Item {  // bytes of a receiver's slot written by one part of one round
-  uint32_t gen, part;
-  uint64_t lo, hi;
-};
+using slot_model::Item;
 
 struct Model {
   Rules R;
@@ -189,9 +182,7 @@ slot_model::Outcome explore(const Rules& R, int trials, uint32_t seed) {
   const std::vector<uint64_t> sizes = {
       0,         8, 24,     2048,     2056,      c / 4, c / 4 + 8,  c / 2 - 8, c / 2,    c / 2 + 8,
       3 * c / 4, c, c + 24, c + 2048, 3 * c / 2, 2 * c, 2 * c + 24, 5 * c / 2, 4 * c + 8};
-  std::mt19937 rng(seed);
-  slot_model::Outcome out;
-  for (int t = 0; t < trials; ++t) {
+  return slot_model::exploreSchedules(trials, seed, [&](std::mt19937& rng) {
     std::vector<Op> ops;
     const int n = 2 + static_cast<int>(rng() % 5);
     for (int i = 0; i < n; ++i) {
@@ -199,11 +190,8 @@ slot_model::Outcome explore(const Rules& R, int trials, uint32_t seed) {
       const uint64_t b = (rng() % 3 == 0) ? sizes[rng() % sizes.size()] : a;  // mostly even
       ops.push_back({{a, b}});
     }
-    Model m(R, ops);
-    const bool finished = slot_model::runRandomSchedule(m, rng);
-    out.add(m.violation, finished);
-  }
-  return out;
+    return Model(R, ops);
+  });
 }
 
 }  // namespace
