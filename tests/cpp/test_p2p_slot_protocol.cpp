@@ -172,6 +172,7 @@ slot_model::Outcome explore(const Rules& R, int trials, uint32_t seed) {
   return slot_model::exploreSchedules(trials, seed, [&](std::mt19937& rng) {
     std::vector<uint64_t> msgs;
     const int n = 2 + static_cast<int>(rng() % 6);
+    msgs.reserve(n);
     for (int i = 0; i < n; ++i) msgs.push_back(sizes[rng() % sizes.size()]);
     return Model(R, msgs);
   });
