@@ -182,7 +182,7 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   // Everyone has mapped everyone: names can go, so nothing outlives a crash in /dev/shm.
   allGatherStrings(store, rank, nranks, "resident/mapped", "1");
   inbox_.unlinkName();
-  shm_ = std::make_unique<ShmTransport>(bases, cfg_.gpu_proxy_prefetch_bytes);
+  shm_ = std::make_unique<ShmTransport>(bases);
   connectTcp(store, endpoints, group_tcp, timeout_ms);
   connectIb(store);
 

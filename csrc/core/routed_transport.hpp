@@ -19,8 +19,9 @@ class RoutedTransport : public Transport {
   void write(int peer, size_t offset, const void* src, size_t bytes) override {
     by_peer_[static_cast<size_t>(peer)]->write(peer, offset, src, bytes);
   }
-  void writeForDevice(int peer, size_t offset, const void* src, size_t bytes) override {
-    by_peer_[static_cast<size_t>(peer)]->writeForDevice(peer, offset, src, bytes);
+  void writeForDevice(int peer, size_t offset, const void* src, size_t bytes,
+                      size_t prefetch) override {
+    by_peer_[static_cast<size_t>(peer)]->writeForDevice(peer, offset, src, bytes, prefetch);
   }
   uint64_t writeLandedLines(int peer, size_t offset, const unsigned char* src, uint64_t bytes,
                             uint32_t flag, uint64_t prefetch) override {

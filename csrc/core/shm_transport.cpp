@@ -13,9 +13,10 @@ void ShmTransport::write(int peer, size_t offset, const void* src, size_t bytes)
   if (bytes != 0) std::memcpy(inboxes_[peer] + offset, src, bytes);
 }
 
-void ShmTransport::writeForDevice(int peer, size_t offset, const void* src, size_t bytes) {
+void ShmTransport::writeForDevice(int peer, size_t offset, const void* src, size_t bytes,
+                                  size_t prefetch) {
   if (bytes < kStreamingMinBytes) return write(peer, offset, src, bytes);
-  streamingCopy(inboxes_[peer] + offset, src, bytes, device_prefetch_);
+  streamingCopy(inboxes_[peer] + offset, src, bytes, prefetch);
 }
 
 uint64_t ShmTransport::writeLandedLines(int peer, size_t offset, const unsigned char* src,

@@ -11,15 +11,15 @@ namespace resident {
 class ShmTransport : public Transport {
  public:
   // `peer_inboxes[p]`: base of p's inbox mapped here (nullptr for peers not on this host).
-  // `device_prefetch`: writeForDevice's source prefetch distance (streamingCopy).
-  explicit ShmTransport(std::vector<unsigned char*> peer_inboxes, size_t device_prefetch = 0)
-      : inboxes_(std::move(peer_inboxes)), device_prefetch_(device_prefetch) {}
+  explicit ShmTransport(std::vector<unsigned char*> peer_inboxes)
+      : inboxes_(std::move(peer_inboxes)) {}
   const char* name() const override { return "shm"; }
   void write(int peer, size_t offset, const void* src, size_t bytes) override;
   // From 1 KiB, non-temporal stores (where the CPU has them): a GPU read of a line still dirty
   // in a CPU cache is slower (proxy copy probe, H200 host: 128 KiB of lines read in 4.5 us
   // instead of 7.7).
-  void writeForDevice(int peer, size_t offset, const void* src, size_t bytes) override;
+  void writeForDevice(int peer, size_t offset, const void* src, size_t bytes,
+                      size_t prefetch) override;
   // The check and the copy in one pass (copyLandedLlLines: non-temporal stores, no fence).
   uint64_t writeLandedLines(int peer, size_t offset, const unsigned char* src, uint64_t bytes,
                             uint32_t flag, uint64_t prefetch) override;
@@ -35,7 +35,6 @@ class ShmTransport : public Transport {
   // cost the 8 B cells 0.1-0.3 us).
   static constexpr size_t kStreamingMinBytes = 1024;
   std::vector<unsigned char*> inboxes_;
-  size_t device_prefetch_;
 };
 
 }  // namespace resident

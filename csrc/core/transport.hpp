@@ -20,7 +20,10 @@ class Transport {
   virtual void write(int peer, size_t offset, const void* src, size_t bytes) = 0;
   // The same for bytes a GPU will read (the CUDA path's lines): a transport may write them so
   // that they do not linger in this CPU's caches, where a GPU read over PCIe must snoop them.
-  virtual void writeForDevice(int peer, size_t offset, const void* src, size_t bytes) {
+  // `prefetch`: how far ahead (bytes) a copy may ask for a source a GPU wrote (streamingCopy);
+  // the proxy passes RESIDENT_GPU_PROXY_PREFETCH_BYTES here and to writeLandedLines alike.
+  virtual void writeForDevice(int peer, size_t offset, const void* src, size_t bytes,
+                              size_t /*prefetch*/) {
     write(peer, offset, src, bytes);
   }
   // The CUDA path's unfenced LL lines (16 bytes, the flag in words 1 and 3): writes the leading
@@ -32,7 +35,7 @@ class Transport {
                                     uint64_t bytes, uint32_t flag, uint64_t prefetch) {
     const uint64_t landed = landedLlLines(src, bytes, flag, prefetch);
     std::atomic_thread_fence(std::memory_order_acquire);  // the payload after its flags
-    if (landed != 0) writeForDevice(peer, offset, src, landed);
+    if (landed != 0) writeForDevice(peer, offset, src, landed, prefetch);
     return landed;
   }
   // Makes every writeLandedLines before it visible before the writes and signals after it.

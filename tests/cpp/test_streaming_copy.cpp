@@ -46,14 +46,14 @@ int main() {
     resident::ShmTransport t({inbox0.data(), inbox1.data()});
     alignas(16) unsigned char lines[4096];
     for (auto& b : lines) b = static_cast<unsigned char>(rng());
-    t.writeForDevice(1, 64, lines, sizeof lines);
+    t.writeForDevice(1, 64, lines, sizeof lines, /*prefetch=*/1024);
     t.signal(1, 0, 0x1234);
     CHECK(std::memcmp(inbox1.data() + 64, lines, sizeof lines) == 0);
     uint64_t flag;
     std::memcpy(&flag, inbox1.data(), 8);
     CHECK(flag == 0x1234);
     // A short write (below the streaming threshold: a plain copy) to the other inbox.
-    t.writeForDevice(0, 4000, lines + 16, 16);
+    t.writeForDevice(0, 4000, lines + 16, 16, /*prefetch=*/0);
     CHECK(std::memcmp(inbox0.data() + 4000, lines + 16, 16) == 0);
     for (size_t i = 0; i < inbox0.size(); ++i)
       if (i < 4000 || i >= 4016) CHECK(inbox0[i] == 0);
