@@ -12,6 +12,7 @@
 #include "launch_device.cuh"
 #include "ll_device.cuh"
 #include "reduce_device.cuh"
+#include "region_offsets.cuh"
 #include "rounds_device.cuh"
 #include "simple_device.cuh"
 
@@ -43,16 +44,10 @@ struct Shared {
   int stop;
 };
 
-// Offset, in a rank's region, of rank q's slot `slot` (0 or 1): where q writes its rounds, and
-// where the region's owner reads them. Generation g of q's rounds (g = sh.base[q] + r + 1) is in
-// slot (g - 1) & 1.
-__device__ __forceinline__ uint64_t collSlotOffset(const Region& reg, int q, uint32_t slot) {
-  return reg.coll_in0 + (static_cast<uint64_t>(q) * 2 + slot) * reg.slot_bytes;
-}
-
-// Slot of round r's data from peer q in this rank's region.
+// Slot of generation g of peer q's rounds in this rank's region (g = sh.base[q] + r + 1 for
+// round r of an op): where q writes them, and where the region's owner reads them.
 __device__ __forceinline__ const unsigned char* collSlotFrom(const Region& reg, int q, uint32_t g) {
-  return reg.local + collSlotOffset(reg, q, (g - 1) & 1);
+  return reg.local + collInOffset(reg, q, (g - 1) & 1);
 }
 
 // Simple protocol, reduce mode: waits (threads in parallel) for the flags of parts [j0, jend)
@@ -166,8 +161,8 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   const uint32_t sb = roundBytes(pp.send_bytes, r, reg.chunk);
   const uint32_t g = sh.base[p] + r + 1;
   const uint32_t slot = (g - 1) & 1;
-  const uint64_t remote_off = collSlotOffset(reg, a.rank, slot);
-  const uint64_t local_off = static_cast<uint64_t>(p) * reg.out_stride + slot * reg.slot_bytes;
+  const uint64_t remote_off = collInOffset(reg, a.rank, slot);
+  const uint64_t local_off = outCollOffset(reg, p, slot);
   unsigned char* base = sh.remote[p] ? sh.remote[p] + remote_off : reg.outbox + local_off;
   const auto* src =
       static_cast<const unsigned char*>(pp.send) + static_cast<uint64_t>(r) * reg.chunk;
@@ -188,26 +183,17 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
       storeSimpleWord(base + simpleWordOffset(reg, j, t), v);
     }
     if (sh.remote[p] == nullptr) {
-      // Proxied: the payload as a fenced copy (the trigger's release store orders the block's
-      // stores, joined by the barrier, before it), then the parts' flags, which the proxy
-      // raises only after it posted the copy (FIFO order).
       pushFromThread0([&] {
-        const uint32_t payload = simplePayloadBytes(sb, j0, j1);
-        const uint32_t n = simpleTriggers(payload);
+        const uint32_t n = simpleTriggers(simplePayloadBytes(sb, j0, j1));
         // Round 0 uses the positions reserved at the start of the op (reserveRoundZero).
         const unsigned long long pos = r == 0 ? sh.fifo_pos : reserveTriggers(reg, n);
         if (r == 0) sh.fifo_pos += n;
-        const uint64_t words = simpleWordOffset(reg, j0, 0);
-        bool ok = payload == 0 || pushTriggerAt(w, pos, p, local_off + words, remote_off + words,
-                                                payload, TriggerKind::kCopy, 0);
-        ok = ok && pushTriggerAt(w, pos + n - 1, p, 0, remote_off + static_cast<uint64_t>(j0) * 16,
-                                 static_cast<uint64_t>(j1 - j0) * 16, TriggerKind::kFlag, g);
-        if (!ok) sh.stop = 1;
+        if (!pushSimpleRound(w, pos, loadTailCache(reg), p, local_off, remote_off, sb, j0, j1, g))
+          sh.stop = 1;
       });
       return;
     }
-    __syncthreads();  // the block's payload stores, then the flags (fenced in storeSimpleFlag)
-    for (uint32_t j = j0 + t; j < j1; j += blockDim.x) storeSimpleFlag(base, j, g);
+    flagSimpleParts(base, j0, j1, g);
     return;
   }
   for (uint32_t j = j0; j < j1; ++j) {
@@ -262,22 +248,11 @@ __device__ inline void recvRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
 __device__ inline void recvSimple(const CollectiveArgs& a, Shared& sh, Waiter& w, int p, uint32_t r,
                                   uint32_t j0, uint32_t j1) {
   const Region& reg = a.reg;
-  const uint32_t rb = roundBytes(a.peers[p].recv_bytes, r, reg.chunk);
   const uint32_t g = sh.base[p] + r + 1;
-  const unsigned char* slot = collSlotFrom(reg, p, g);
-  const uint32_t t = threadIdx.x;
-  bool ok = true;
-  for (uint32_t j = j0 + t; ok && j < j1; j += blockDim.x) ok = waitSimpleFlag(w, slot, j, g, p);
-  if (!ok) sh.stop = 1;
-  __syncthreads();
-  if (sh.stop) return;
   auto* dst = static_cast<unsigned char*>(a.peers[p].recv) + static_cast<uint64_t>(r) * reg.chunk;
-  for (uint32_t j = j0; j < j1; ++j) {
-    const uint32_t nb = lineBytes(rb, j, t);
-    if (nb)
-      storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8,
-                 loadVolatile64(slot + simpleWordOffset(reg, j, t)), nb);
-  }
+  if (!recvSimpleParts(w, collSlotFrom(reg, p, g), roundBytes(a.peers[p].recv_bytes, r, reg.chunk),
+                       j0, j1, g, p, dst))
+    sh.stop = 1;
 }
 
 // Trigger positions for this block's round-0 writes to proxied partners, taken at the start

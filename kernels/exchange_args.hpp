@@ -53,6 +53,7 @@ struct Region {
   uint64_t slot_bytes;    // bytes of lines per slot
   uint64_t coll_in0, p2p_in0, credit_in0;  // offsets of coll_in(0), p2p_in(0), credit_in(0)
   uint64_t out_stride;                     // outbox bytes per destination
+  uint64_t out_p2p0, out_credit0;          // outbox offsets of outP2P(0), outCredit(0)
   uint32_t chunk;                          // payload bytes per round
   uint32_t fifo_mask;
   uint64_t fifo_offset;

@@ -85,9 +85,8 @@ __device__ inline void planBlock(const CollectiveArgs& a, Shared& sh, Plan& plan
       const PeerPlan& pp = a.peers[p];
       const uint32_t g = sh.base[p] + 1;
       const uint32_t slot = (g - 1) & 1;
-      const uint64_t out_off =
-          static_cast<uint64_t>(p) * reg.out_stride + slot * reg.slot_bytes + first_line;
-      const uint64_t in_off = collSlotOffset(reg, a.rank, slot) + first_line;
+      const uint64_t out_off = outCollOffset(reg, p, slot) + first_line;
+      const uint64_t in_off = collInOffset(reg, a.rank, slot) + first_line;
       Route& r = plan.route[n + __popc(partners & lower)];
       r.to = sh.remote[p] != nullptr ? sh.remote[p] + in_off : reg.outbox + out_off;
       r.from = collSlotFrom(reg, p, g) + first_line;

@@ -14,6 +14,7 @@
 #include "collective_launch.hpp"
 #include "launch_device.cuh"
 #include "ll_device.cuh"
+#include "region_offsets.cuh"
 #include "rounds_device.cuh"
 #include "simple_device.cuh"
 
@@ -67,7 +68,7 @@ __device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, ui
       }
     return true;
   }
-  const unsigned char* word = reg.local + reg.credit_in0 + 64ull * a.peer + 8ull * slot;
+  const unsigned char* word = reg.local + creditInOffset(reg, a.peer, slot);
   // Block 0 is the cache's only writer while the channel's kernel runs (a channel's kernels run
   // one after another, see advanceEarly), so a plain store, and block 0 decides on the value it
   // read: an atomic or a re-read would put an L2 round trip on the path of every send (with an
@@ -105,8 +106,8 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
   if (t == 0) {
     stop = 0;
     if (blockIdx.x == 0)
-      early = static_cast<uint32_t>(
-          loadVolatile64(reg.local + reg.credit_in0 + 64ull * a.peer + 8ull * (base & 1)));
+      early =
+          static_cast<uint32_t>(loadVolatile64(reg.local + creditInOffset(reg, a.peer, base & 1)));
   }
   pdlEnter();
   __syncthreads();
@@ -124,16 +125,17 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
       if (!waitCredit(w, a, slot, g, r == 0 && blockIdx.x == 0 ? &early : nullptr)) {
         stop = 1;
       } else if (remote == nullptr && linesOf(bytes, j0) > 0) {
-        pos = reserveTriggers(reg, Simple ? 2u : 1u);  // simple: the payload's copy, the flags
+        // Simple: the payload's copy and the flags (pushSimpleRound).
+        pos = reserveTriggers(
+            reg,
+            Simple ? simpleTriggers(simplePayloadBytes(bytes, j0, j0 + a.parts_per_block)) : 1u);
         tail_seen = loadTailCache(reg);
       }
     }
     __syncthreads();
     if (stop) break;
-    const uint64_t remote_off =
-        reg.p2p_in0 + (static_cast<uint64_t>(a.rank) * 2 + slot) * reg.slot_bytes;
-    const uint64_t local_off =
-        static_cast<uint64_t>(a.peer) * reg.out_stride + (2 + slot) * reg.slot_bytes;
+    const uint64_t remote_off = p2pInOffset(reg, a.rank, slot);
+    const uint64_t local_off = outP2POffset(reg, a.peer, slot);
     unsigned char* dst = remote ? remote + remote_off : reg.outbox + local_off;
     const auto* src =
         static_cast<const unsigned char*>(a.send) + static_cast<uint64_t>(r) * reg.chunk;
@@ -154,26 +156,14 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
     }
     if (Simple && j_end > j0) {
       if (remote) {
-        __syncthreads();  // the block's payload stores, then the flags (fenced in storeSimpleFlag)
-        for (uint32_t j = j0 + t; j < j_end; j += blockDim.x) storeSimpleFlag(dst, j, g);
-        continue;
+        flagSimpleParts(dst, j0, j_end, g);
+      } else {
+        pushFromThread0([&] {
+          if (!pushSimpleRound(w, pos, tail_seen, a.peer, local_off, remote_off, bytes, j0, j_end,
+                               g))
+            stop = 1;
+        });
       }
-      // Proxied: the payload as a fenced copy (the trigger's release store orders the block's
-      // stores, joined by pushFromThread0's barrier, before it), then the parts' flags, which
-      // the proxy raises only after it posted the copy (FIFO order).
-      pushFromThread0([&] {
-        const uint64_t words = simpleWordOffset(reg, j0, 0);
-        const uint64_t flags = static_cast<uint64_t>(j0) * 16;
-        if (!pushTriggerWords(
-                w, pos, tail_seen,
-                triggerWords(reg, a.peer, local_off + words, remote_off + words,
-                             simplePayloadBytes(bytes, j0, j_end), TriggerKind::kCopy, 0)) ||
-            !pushTriggerWords(
-                w, pos + 1, tail_seen,
-                triggerWords(reg, a.peer, 0, remote_off + flags,
-                             static_cast<uint64_t>(j_end - j0) * 16, TriggerKind::kFlag, g)))
-          stop = 1;
-      });
       continue;
     }
     if (!remote && j_end > j0) {
@@ -208,22 +198,12 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
     const uint32_t g = base + r + 1;
     const uint32_t slot = (g - 1) & 1;
     const uint32_t bytes = roundBytes(a.bytes, r, reg.chunk);
-    const unsigned char* src =
-        reg.local + reg.p2p_in0 + (static_cast<uint64_t>(a.peer) * 2 + slot) * reg.slot_bytes;
+    const unsigned char* src = reg.local + p2pInOffset(reg, a.peer, slot);
     auto* dst = static_cast<unsigned char*>(a.recv) + static_cast<uint64_t>(r) * reg.chunk;
     if (Simple) {
-      // The block's parts' flags, a thread per part, then (after the barrier) their payload.
       uint32_t j_end = j0;
       while (j_end < j0 + a.parts_per_block && linesOf(bytes, j_end) > 0) ++j_end;
-      for (uint32_t j = j0 + t; j < j_end && !fail; j += blockDim.x)
-        fail = !waitSimpleFlag(w, src, j, g, a.peer);
-      if (__syncthreads_or(fail)) break;
-      for (uint32_t j = j0; j < j_end; ++j) {
-        const uint32_t nb = lineBytes(bytes, j, t);
-        if (nb)
-          storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8,
-                     loadVolatile64(src + simpleWordOffset(reg, j, t)), nb);
-      }
+      fail = !recvSimpleParts(w, src, bytes, j0, j_end, g, a.peer, dst);
     }
     // LL: every thread polls its own line; no barrier inside the loop, so a thread that gives
     // up leaves it alone and the block agrees at the __syncthreads_or below.
@@ -250,18 +230,13 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
       if (lastOf(&st->p2p_done[a.peer][slot], active)) {
         // A plain store: the credit only has to follow this op's reads of the slot, which
         // completed (their values are used) before the barrier and lastOf's fence.
-        if (remote) {
-          *reinterpret_cast<volatile uint64_t*>(remote + reg.credit_in0 + 64ull * a.rank +
-                                                8ull * slot) = g;
-        } else {
-          // Proxied: into this rank's outbox word for the peer and slot, which the proxy polls
-          // and forwards (GpuCommunicator::forwardCredits). A plain store: no FIFO reservation
-          // (an atomic round trip) before the kernel may end and the stream's next kernel, a
-          // ping-pong's reply, may start.
-          // After the peer's 2 coll and 2 p2p slots: GpuLayout::outCredit.
-          *reinterpret_cast<volatile uint64_t*>(reg.outbox + a.peer * reg.out_stride +
-                                                4 * reg.slot_bytes + 8ull * slot) = g;
-        }
+        // Proxied: into this rank's outbox word for the peer and slot, which the proxy polls
+        // and forwards (GpuCommunicator::forwardCredits). A plain store: no FIFO reservation
+        // (an atomic round trip) before the kernel may end and the stream's next kernel, a
+        // ping-pong's reply, may start.
+        unsigned char* word = remote ? remote + creditInOffset(reg, a.rank, slot)
+                                     : reg.outbox + outCreditOffset(reg, a.peer, slot);
+        *reinterpret_cast<volatile uint64_t*>(word) = g;
       }
     }
   }

@@ -31,6 +31,7 @@
 
 #include "exchange_args.hpp"
 #include "ll_device.cuh"
+#include "rounds_device.cuh"
 
 namespace resident {
 namespace gpu {
@@ -53,6 +54,14 @@ __device__ __forceinline__ void storeSimpleFlag(unsigned char* slot, uint32_t j,
   storeLine(slot + static_cast<uint64_t>(j) * 16, 0, g);
 }
 
+// Direct writer, after its payload stores of parts [j0, j1): a barrier (the block's stores),
+// then the parts' flags carrying g, a thread per part. Block-uniform.
+__device__ __forceinline__ void flagSimpleParts(unsigned char* slot, uint32_t j0, uint32_t j1,
+                                                uint32_t g) {
+  __syncthreads();
+  for (uint32_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) storeSimpleFlag(slot, j, g);
+}
+
 // The word of part j's flag line that a reader polls, and what it holds once the flag of
 // generation g is there: the line's upper half {0, g}. A direct writer stores the whole line;
 // for a proxied pair the proxy raises just this word (TriggerKind::kFlag), with the transport's
@@ -71,6 +80,29 @@ __device__ __forceinline__ uint32_t simpleTriggers(uint32_t payload) {
   return payload ? 2u : 1u;
 }
 
+// Proxied writer, thread 0 once the block's payload stores of parts [j0, j1) are behind a
+// barrier (pushFromThread0): their triggers at positions pos, pos + 1 (simpleTriggers of the
+// parts' payload, reserved by the caller): the payload as a fenced copy from the outbox slot at
+// `local_slot` to the peer's slot at `remote_slot` (the trigger's release store orders the
+// block's stores before it), then the parts' flags, which the proxy raises only after it posted
+// the copy (FIFO order). False when the op gives up.
+__device__ inline bool pushSimpleRound(Waiter& w, unsigned long long pos,
+                                       unsigned long long tail_seen, int peer, uint64_t local_slot,
+                                       uint64_t remote_slot, uint32_t round_bytes, uint32_t j0,
+                                       uint32_t j1, uint32_t g) {
+  const Region& reg = w.reg;
+  const uint32_t payload = simplePayloadBytes(round_bytes, j0, j1);
+  const uint64_t words = simpleWordOffset(reg, j0, 0);
+  if (payload != 0 &&
+      !pushTriggerWords(w, pos++, tail_seen,
+                        triggerWords(reg, peer, local_slot + words, remote_slot + words, payload,
+                                     TriggerKind::kCopy, 0)))
+    return false;
+  return pushTriggerWords(w, pos, tail_seen,
+                          triggerWords(reg, peer, 0, remote_slot + static_cast<uint64_t>(j0) * 16,
+                                       static_cast<uint64_t>(j1 - j0) * 16, TriggerKind::kFlag, g));
+}
+
 // Polls the flag of part j until it carries g; false when the op gives up. On success the
 // payload stores that preceded the flag are visible to this thread's later loads, and to the
 // block's after a barrier.
@@ -78,6 +110,27 @@ __device__ __forceinline__ bool waitSimpleFlag(Waiter& w, const unsigned char* s
                                                uint32_t g, int peer) {
   if (!w.word(slot + simpleFlagWordOffset(j), simpleFlagWord(g), peer)) return false;
   __threadfence_system();
+  return true;
+}
+
+// Reader of parts [j0, j1) of a simple round carrying `round_bytes` from `peer` in `slot`:
+// waits for their flags (a thread per part), then, after a barrier, copies their payload to
+// `dst` (the round's start in the user buffer). Block-uniform: false in every thread when the
+// op gives up.
+__device__ inline bool recvSimpleParts(Waiter& w, const unsigned char* slot, uint32_t round_bytes,
+                                       uint32_t j0, uint32_t j1, uint32_t g, int peer,
+                                       unsigned char* dst) {
+  const uint32_t t = threadIdx.x;
+  bool fail = false;
+  for (uint32_t j = j0 + t; j < j1 && !fail; j += blockDim.x)
+    fail = !waitSimpleFlag(w, slot, j, g, peer);
+  if (__syncthreads_or(fail)) return false;
+  for (uint32_t j = j0; j < j1; ++j) {
+    const uint32_t nb = lineBytes(round_bytes, j, t);
+    if (nb)
+      storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8,
+                 loadVolatile64(slot + simpleWordOffset(w.reg, j, t)), nb);
+  }
   return true;
 }
 

@@ -15,6 +15,7 @@
 #include "core/log.hpp"
 #include "core/trigger_encoding.hpp"
 #include "cuda/cuda_guards.hpp"
+#include "region_offsets.cuh"
 #include "rounds_device.cuh"
 
 namespace resident {
@@ -95,8 +96,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       one_round_(comm.config().gpu_one_round),
       proxy_streaming_(comm.config().gpu_proxy_streaming),
       proxy_prefetch_(comm.config().gpu_proxy_prefetch_bytes),
-      fence_from_(comm.config().gpu_trigger_fence_from),
-      fused_check_(comm.config().gpu_proxy_fused_check && comm.config().gpu_proxy_streaming) {
+      fence_from_(comm.config().gpu_trigger_fence_from) {
   if (nranks_ > gpu::kMaxRanks) {
     throw InvalidArgument("resident: CUDA tensors are supported in groups of at most " +
                           std::to_string(gpu::kMaxRanks) + " ranks; this group has " +
@@ -111,6 +111,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   }
   DeviceGuard guard(device);
   RelaxedCapture relaxed;
+  const bool fused_check = comm.config().gpu_proxy_fused_check && proxy_streaming_;
   auto registerMapped = [&](unsigned char* base, size_t bytes, int owner) -> unsigned char* {
     checkCuda(cudaHostRegister(base, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
               "cudaHostRegister of a shared segment");
@@ -129,6 +130,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       if (comm.proxied(p)) {
         any_proxied_ = true;
         region_.proxied |= 1ull << p;
+        if (fused_check && comm.transport().fusesLineCheck(p)) fused_peers_ |= 1ull << p;
         continue;
       }
       if (comm.peerSegmentBytes(p) < needed) {
@@ -165,14 +167,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
     throw;
   }
   region_.state = state_;
-  region_.slot_bytes = lay.slotBytes();
-  region_.coll_in0 = lay.collIn(0);
-  region_.p2p_in0 = lay.p2pIn(0);
-  region_.credit_in0 = lay.creditIn(0);
-  region_.out_stride = lay.outboxStride();
-  region_.chunk = lay.chunk;
-  region_.fifo_mask = GpuLayout::kFifoCapacity - 1;
-  region_.fifo_offset = lay.fifoOffset();
+  gpu::setRegionLayout(region_, lay);
   region_.timeout_ns = timeout_ms * 1000000ull;
   timeout_ns_.store(region_.timeout_ns, std::memory_order_relaxed);
   region_.trigger_fence = comm.config().gpu_trigger_fence ? 1u : 0u;

@@ -120,7 +120,6 @@ class GpuCommunicator : public ProxyHandler {
   const bool proxy_streaming_;     // RESIDENT_GPU_PROXY_STREAMING: Transport::writeForDevice
   const uint32_t proxy_prefetch_;  // RESIDENT_GPU_PROXY_PREFETCH_BYTES: the line check's
   const uint64_t fence_from_;      // RESIDENT_GPU_TRIGGER_FENCE_FROM: fenceTriggers
-  const bool fused_check_;         // RESIDENT_GPU_PROXY_FUSED_CHECK (with streaming)
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;
@@ -140,6 +139,9 @@ class GpuCommunicator : public ProxyHandler {
   bool persistent_graphs_ = false;
   std::atomic<bool> error_logged_{false};
   bool any_proxied_ = false;
+  // Bit p: the proxy checks and copies peer p's unfenced lines in one pass as it pops them
+  // (RESIDENT_GPU_PROXY_FUSED_CHECK, with streaming, on a transport that fuses: shm).
+  uint64_t fused_peers_ = 0;
   // forwardCredits: per peer, the credit last forwarded for each p2p slot (proxy thread only).
   std::vector<std::array<uint64_t, GpuLayout::kP2PSlots>> credit_sent_;
   // RESIDENT_GPU_PROXY_TRACE: the proxy's timeline, written at shutdown (null: off).

@@ -109,7 +109,7 @@ bool GpuCommunicator::proxyPoll() {
       const size_t remote = comm_.gpuRegionOffset() + batch[i].remote;
       if (proxy_streaming_)
         transport.writeForDevice(batch[i].peer, remote, outbox_host_ + batch[i].local,
-                                 batch[i].bytes);
+                                 batch[i].bytes, proxy_prefetch_);
       else
         transport.write(batch[i].peer, remote, outbox_host_ + batch[i].local, batch[i].bytes);
       if (trace_) trace_->record(TraceEvent::kPosted, batch[i].peer, batch[i].bytes);
@@ -139,11 +139,11 @@ bool GpuCommunicator::proxyPoll() {
       continue;
     }
     bool arrived = true;
-    if (r.kind == TriggerKind::kLines && fused_check_ &&
-        transport.fusesLineCheck(static_cast<int>(r.peer))) {
-      // RESIDENT_GPU_PROXY_FUSED_CHECK: the lines checked and copied in one pass, now.
-      arrived = writeLinesAsTheyLand(r, [&] { flush(); });
+    if (r.kind == TriggerKind::kLines && r.peer < 64 && ((fused_peers_ >> r.peer) & 1) != 0) {
+      // RESIDENT_GPU_PROXY_FUSED_CHECK: the lines checked and copied in one pass, now. Marked
+      // unflushed first: a flush inside the call (before a wait) fences what it copied so far.
       unflushed_lines = true;
+      arrived = writeLinesAsTheyLand(r, [&] { flush(); });
       if (arrived) continue;
     } else if (r.kind == TriggerKind::kLines) {
       const unsigned char* lines = outbox_host_ + r.local_offset;
