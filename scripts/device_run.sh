@@ -114,6 +114,13 @@
 #   gpu-tests-ws2: the collectives, send/recv call-order and graph suites at 2 ranks only
 #                ($OUT/gpu_tests_ws2.log, ~2.5 min).
 #   bench-small: 2 ranks, graph mode, 8 B / 64 B / 4 KiB, both paths ($OUT/bench_small.json, ~20 s).
+#   bench-ab-tree: this tree against another revision, side by side in one call: the bench-ab
+#                run ($RESIDENT_AB_BACKENDS, $RESIDENT_AB_SIZES), from this tree and from
+#                $RESIDENT_AB_TREE (a directory in this tree holding the other revision's setup.py,
+#                csrc, kernels and resident_pg, e.g. `git archive REV setup.py pyproject.toml csrc
+#                kernels resident_pg | tar -x -C abold`; built in place there), alternately,
+#                $RESIDENT_AB_TREE_RUNS rounds (default 2)
+#                ($OUT/bench_ab_tree_{this,other}_N.{json,log}, ~1.5 min to build the other tree).
 #   bench-protocol: RESIDENT_GPU_PROTOCOL=ll vs simple, 2 and 4 ranks, direct path, graph and
 #                eager, 4 KiB..256 KiB ($OUT/bench_protocol.json; $RESIDENT_BENCH_LIMIT_S).
 #   bench-p2p:   2 ranks, eager and graph, send/recv (and all_reduce) 8 B..1 MiB, both paths,
@@ -405,6 +412,32 @@ if has bench-ab; then
     --floors "$OUT/floors.json" --timeout 30 --time-limit 200 \
     --json "$OUT/bench_ab.json" > "$OUT/bench_ab.log" 2>&1 || status=1
   tail -n 70 "$OUT/bench_ab.log"
+fi
+
+if has bench-ab-tree; then
+  step "bench (this tree against $RESIDENT_AB_TREE)"
+  [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
+  if ! (cd "$RESIDENT_AB_TREE" && MAX_JOBS=16 python3 setup.py build_ext --inplace) \
+      > "$OUT/build_ab_tree.log" 2>&1; then
+    echo "build of $RESIDENT_AB_TREE failed"; tail -30 "$OUT/build_ab_tree.log"; status=1
+  else
+    for ((round = 1; round <= ${RESIDENT_AB_TREE_RUNS:-2}; ++round)); do
+      for side in this other; do
+        dir=.; [[ $side == other ]] && dir=$RESIDENT_AB_TREE
+        # python -m puts the working directory first on sys.path (the spawned ranks inherit it),
+        # so each run imports the package of its own tree; the log says which file it loaded.
+        (cd "$dir" && python3 -c 'import resident_pg._C as c; print("module:", c.__file__)' &&
+          python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 2 \
+          --ops all_reduce,all_gather,reduce_scatter,all_to_all_single,send_recv \
+          --sizes "${RESIDENT_AB_SIZES:-8,16K,64K}" \
+          --backends "${RESIDENT_AB_BACKENDS:-resident:path=direct,resident:path=proxy}" \
+          --floors "$OUT/floors.json" --timeout 30 --time-limit 120 \
+          --json "$OUT/bench_ab_tree_${side}_$round.json") \
+          > "$OUT/bench_ab_tree_${side}_$round.log" 2>&1 || status=1
+        grep -E "^module:|^all_reduce|^send_recv" "$OUT/bench_ab_tree_${side}_$round.log"
+      done
+    done
+  fi
 fi
 
 if has bench-protocol; then
