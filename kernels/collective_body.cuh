@@ -180,7 +180,7 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
       const uint64_t v = has_pre && r == 0 && j == j0
                              ? pre
                              : loadBytes(src + static_cast<uint64_t>(j) * kPartPayload + t * 8, nb);
-      storeSimpleWord(base + simpleWordOffset(reg, j, t), v);
+      storeVolatile64(base + simpleWordOffset(reg, j, t), v);
     }
     if (sh.remote[p] == nullptr) {
       pushFromThread0([&] {

@@ -40,6 +40,12 @@ __device__ __forceinline__ uint64_t loadVolatile64(const void* p) {
   return v;
 }
 
+// A store the kernel issues at once (not kept in a register or merged): a payload word or a
+// credit word in mapped host memory. Global space stated, as for the loads.
+__device__ __forceinline__ void storeVolatile64(void* p, uint64_t v) {
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ void storeRelease64(void* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }

@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) sendKernel(const __grid_constant__ P
         const uint64_t v =
             nb ? loadBytes(src + static_cast<uint64_t>(j) * kPartPayload + t * 8, nb) : 0;
         if (Simple)
-          storeSimpleWord(dst + simpleWordOffset(reg, j, t), v);
+          storeVolatile64(dst + simpleWordOffset(reg, j, t), v);
         else
           storeLine(dst + (static_cast<uint64_t>(j) * kThreads + t) * 16, v, g);
       }
@@ -234,9 +234,9 @@ __global__ void __launch_bounds__(kThreads) recvKernel(const __grid_constant__ P
         // and forwards (GpuCommunicator::forwardCredits). A plain store: no FIFO reservation
         // (an atomic round trip) before the kernel may end and the stream's next kernel, a
         // ping-pong's reply, may start.
-        unsigned char* word = remote ? remote + creditInOffset(reg, a.rank, slot)
-                                     : reg.outbox + outCreditOffset(reg, a.peer, slot);
-        *reinterpret_cast<volatile uint64_t*>(word) = g;
+        storeVolatile64(remote ? remote + creditInOffset(reg, a.rank, slot)
+                               : reg.outbox + outCreditOffset(reg, a.peer, slot),
+                        g);
       }
     }
   }

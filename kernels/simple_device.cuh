@@ -41,10 +41,6 @@ __device__ __forceinline__ uint64_t simpleWordOffset(const Region& reg, uint32_t
   return reg.chunk + static_cast<uint64_t>(j) * kPartPayload + t * 8;
 }
 
-__device__ __forceinline__ void storeSimpleWord(unsigned char* p, uint64_t v) {
-  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
 // After a barrier behind the block's payload stores: the flag line of part j carrying
 // generation g. The system-scope fence is cumulative: it orders the stores the barrier made
 // this thread observe (every thread's payload) before the flag, for any reader, so the

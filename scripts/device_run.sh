@@ -119,7 +119,7 @@
 #                $RESIDENT_AB_TREE (a directory in this tree holding the other revision's setup.py,
 #                csrc, kernels and resident_pg, e.g. `git archive REV setup.py pyproject.toml csrc
 #                kernels resident_pg | tar -x -C abold`; built in place there), alternately,
-#                $RESIDENT_AB_TREE_RUNS rounds (default 2)
+#                $RESIDENT_AB_TREE_RUNS rounds (default 2), the first side changing every round
 #                ($OUT/bench_ab_tree_{this,other}_N.{json,log}, ~1.5 min to build the other tree).
 #   bench-protocol: RESIDENT_GPU_PROTOCOL=ll vs simple, 2 and 4 ranks, direct path, graph and
 #                eager, 4 KiB..256 KiB ($OUT/bench_protocol.json; $RESIDENT_BENCH_LIMIT_S).
@@ -422,7 +422,8 @@ if has bench-ab-tree; then
     echo "build of $RESIDENT_AB_TREE failed"; tail -30 "$OUT/build_ab_tree.log"; status=1
   else
     for ((round = 1; round <= ${RESIDENT_AB_TREE_RUNS:-2}; ++round)); do
-      for side in this other; do
+      sides="this other"; ((round % 2 == 0)) && sides="other this"  # neither always first
+      for side in $sides; do
         dir=.; [[ $side == other ]] && dir=$RESIDENT_AB_TREE
         # python -m puts the working directory first on sys.path (the spawned ranks inherit it),
         # so each run imports the package of its own tree; the log says which file it loaded.
