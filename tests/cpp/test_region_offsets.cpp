@@ -44,18 +44,20 @@ void checkLayout(int nranks, uint32_t chunk) {
       CHECK(g::outCollOffset(reg, p, k) == lay.outColl(p) + k * slot);
       CHECK(g::outP2POffset(reg, p, k) == lay.outP2P(p) + k * slot);
       CHECK(g::outCreditOffset(reg, p, k) == lay.outCredit(p) + 8ull * k);
-      disjointInsert(region, g::collInOffset(reg, p, k), g::collInOffset(reg, p, k) + slot,
-                     lay.totalBytes());
-      disjointInsert(region, g::p2pInOffset(reg, p, k), g::p2pInOffset(reg, p, k) + slot,
-                     lay.totalBytes());
-      disjointInsert(region, g::creditInOffset(reg, p, k), g::creditInOffset(reg, p, k) + 8,
-                     lay.totalBytes());
-      disjointInsert(outbox, g::outCollOffset(reg, p, k), g::outCollOffset(reg, p, k) + slot,
-                     lay.outboxBytes());
-      disjointInsert(outbox, g::outP2POffset(reg, p, k), g::outP2POffset(reg, p, k) + slot,
-                     lay.outboxBytes());
-      disjointInsert(outbox, g::outCreditOffset(reg, p, k), g::outCreditOffset(reg, p, k) + 8,
-                     lay.outboxBytes());
+      struct Place {
+        std::set<std::pair<uint64_t, uint64_t>>* in;
+        uint64_t offset, bytes, limit;
+      };
+      const Place places[] = {
+          {&region, g::collInOffset(reg, p, k), slot, lay.totalBytes()},
+          {&region, g::p2pInOffset(reg, p, k), slot, lay.totalBytes()},
+          {&region, g::creditInOffset(reg, p, k), 8, lay.totalBytes()},
+          {&outbox, g::outCollOffset(reg, p, k), slot, lay.outboxBytes()},
+          {&outbox, g::outP2POffset(reg, p, k), slot, lay.outboxBytes()},
+          {&outbox, g::outCreditOffset(reg, p, k), 8, lay.outboxBytes()},
+      };
+      for (const Place& at : places)
+        disjointInsert(*at.in, at.offset, at.offset + at.bytes, at.limit);
     }
   }
   // Nothing of a peer's lines reaches the control words or the trigger FIFO.
