@@ -1,11 +1,13 @@
+// The CUDA path's communicator: set-up (the peers' segments mapped for the device, the proxy
+// outbox, the device state, the Region every launch copies), the proxy's CPU placement,
+// shutdown, and the device-side error status. How ops become launches:
+// gpu_communicator_ops.cpp; the proxy side: gpu_communicator_proxy.cpp.
 #include "cuda/gpu_communicator.hpp"
 
 #include <cuda_runtime.h>
 #include <sched.h>
 
 #include <algorithm>
-#include <array>
-#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -13,23 +15,11 @@
 #include "collective_launch.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "core/trigger_encoding.hpp"
 #include "cuda/cuda_guards.hpp"
 #include "region_offsets.cuh"
-#include "rounds_device.cuh"
 
 namespace resident {
 namespace {
-
-static_assert(static_cast<int>(DType::kUInt8) == 6 && static_cast<int>(RedOp::kBXor) == 7,
-              "kernels/reduce_device.cuh mirrors the DType and RedOp codes");
-
-bool capturing(void* stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  checkCuda(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status),
-            "cudaStreamIsCapturing");
-  return status == cudaStreamCaptureStatusActive;
-}
 
 const char* opName(uint32_t id) {
   static const char* kNames[] = {
@@ -347,286 +337,6 @@ void GpuCommunicator::checkUsable() const {
   if (shut_down_) throw CommError("resident: the process group was shut down");
   const std::string err = deviceError();
   if (!err.empty()) throw CommError(err);
-}
-
-uint32_t GpuCommunicator::roundsFor(size_t bytes) const {
-  const uint64_t r = (bytes + region_.chunk - 1) / region_.chunk;
-  if (r > 0xffffffffull) throw InvalidArgument("resident: message too large");
-  return r == 0 ? 1u : static_cast<uint32_t>(r);
-}
-
-namespace {
-// Parts of a first round (at most a chunk: fits 32 bits).
-uint32_t partsOf(uint64_t first_round_bytes) {
-  return gpu::partsOf(static_cast<uint32_t>(first_round_bytes));
-}
-uint32_t partsFor(uint64_t first_round_bytes, uint32_t blocks) {
-  return (partsOf(first_round_bytes) + blocks - 1) / blocks;
-}
-}  // namespace
-
-// One block per 2 KiB part of the first (largest) round, within the residency budget.
-uint32_t GpuCommunicator::blocksFor(uint64_t first_round_bytes) const {
-  const uint32_t parts = partsOf(first_round_bytes);
-  return parts < max_blocks_ ? parts : max_blocks_;
-}
-
-// Checked triggers pay off for small ops (the proxy starts on the lines while they land); from
-// RESIDENT_GPU_TRIGGER_FENCE_FROM (64 KiB, a full chunk) bytes per peer and round those ops
-// fence on the device. Since the proxy checks and copies a line in one pass (fused check),
-// unfenced rounds of 32 KiB per peer read 5-22% faster than fenced ones in both repetitions
-// of one call (session 27, H200, benchmarks/RESULTS.md); at 64 KiB per peer the two were
-// within 4%, and before the fused check unfenced was 31% slower there (session 26).
-uint32_t GpuCommunicator::fenceTriggers(uint64_t first_round_bytes) const {
-  return region_.trigger_fence != 0 || first_round_bytes >= fence_from_ ? 1u : 0u;
-}
-
-gpu::CollectiveArgs& GpuCommunicator::begin(OpId op) {
-  checkUsable();
-  gpu::CollectiveArgs& a = args_;
-  a.reg = region_;
-  a.reg.timeout_ns = timeout_ns_.load(std::memory_order_relaxed);
-  a.local_in = nullptr;
-  a.out = nullptr;
-  a.rank = rank_;
-  a.nranks = nranks_;
-  a.mode = static_cast<uint8_t>(gpu::Mode::kCopy);
-  a.dtype = 0;
-  a.redop = 0;
-  a.op_id = op;
-  for (int p = 0; p < nranks_; ++p) a.peers[p] = gpu::PeerPlan{};
-  return a;
-}
-
-// Declares p a partner of this op (p == rank: the local copy/contribution).
-void GpuCommunicator::partner(int p, const void* send, size_t send_bytes, void* recv,
-                              size_t recv_bytes) {
-  gpu::PeerPlan& pp = args_.peers[p];
-  pp.send = send;
-  pp.recv = recv;
-  pp.send_bytes = send_bytes;
-  pp.recv_bytes = recv_bytes;
-  pp.rounds = roundsFor(send_bytes > recv_bytes ? send_bytes : recv_bytes);
-}
-
-void GpuCommunicator::launchCollective(void* stream) {
-  gpu::CollectiveArgs& a = args_;
-  uint32_t rounds_max = 0;
-  uint64_t first_round_max = 0;
-  bool any_simple = false;  // a partner exchanges this op with the simple protocol
-  for (int p = 0; p < nranks_; ++p) {
-    const gpu::PeerPlan& pp = a.peers[p];
-    if (pp.rounds == 0) continue;
-    rounds_max = pp.rounds > rounds_max ? pp.rounds : rounds_max;
-    const uint64_t b = pp.send_bytes > pp.recv_bytes ? pp.send_bytes : pp.recv_bytes;
-    const uint64_t first = b < region_.chunk ? b : region_.chunk;
-    first_round_max = first > first_round_max ? first : first_round_max;
-    any_simple |= p != rank_ && gpu::simplePair(a.reg, p, static_cast<uint32_t>(first));
-  }
-  if (rounds_max == 0) return;  // nothing to exchange with anyone (e.g. a group of one)
-  // The same bytes to every partner? Then their first word can be loaded at kernel start.
-  a.common_send = nullptr;
-  a.common_send_bytes = 0;
-  if (prefetch_) {
-    const gpu::PeerPlan* first = nullptr;
-    bool same = true;
-    for (int p = 0; p < nranks_ && same; ++p) {
-      const gpu::PeerPlan& pp = a.peers[p];
-      if (p == rank_ || pp.rounds == 0) continue;
-      if (first == nullptr) first = &pp;
-      same = pp.send == first->send && pp.send_bytes == first->send_bytes;
-    }
-    if (same && first != nullptr && first->send != nullptr && first->send_bytes > 0) {
-      a.common_send = first->send;
-      a.common_send_bytes = first->send_bytes;
-    }
-  }
-  a.rounds_max = rounds_max;
-  a.reg.trigger_fence = fenceTriggers(first_round_max);
-  a.reg.simple = any_simple ? 1u : 0u;  // the kernel built with the simple protocol, if needed
-  // Decode size (one round with every partner): the resident kernel's blocks run it. Not,
-  // by default, when captured: a replay finds no instance after an idle exit, and its
-  // relaunch from another thread blocks inside the driver while the caller sits in a pageable
-  // copy on the legacy default stream behind the replay (H200, scripts/launch_block_probe.cu);
-  // a kernel node of the graph needs no relaunch (and was 1.1-4.5x faster in graphs,
-  // benchmarks/RESULTS.md).
-  if (persistent_ && rounds_max == 1) {
-    const bool captured = capturing(stream);
-    if (persistent_graphs_ || !captured) {
-      a.parts_per_block = partsFor(first_round_max, persistent_->blocks());
-      persistent_->enqueue(a, stream, captured);
-      return;
-    }
-  }
-  // One round with every partner, a block per 2 KiB part within the block budget: the
-  // one-round kernel, a thread per line (fewer threads for an op of one part).
-  const uint32_t parts = partsOf(first_round_max);
-  if (one_round_ && rounds_max == 1 && parts <= max_blocks_ && !any_simple) {
-    // Lines of part 0 (a whole part when there are several), at least the one credit line.
-    const uint32_t lines = gpu::payloadLines(static_cast<uint32_t>(first_round_max), 0);
-    const unsigned threads = ((lines ? lines : 1u) + 31) / 32 * 32;
-    a.parts_per_block = 1;
-    checkCuda(gpu::launchOneRound(a, parts, threads, static_cast<cudaStream_t>(stream), pdl_),
-              "launching the one-round collective kernel");
-    return;
-  }
-  const uint32_t blocks = blocksFor(first_round_max);
-  a.parts_per_block = partsFor(first_round_max, blocks);
-  checkCuda(gpu::launchCollective(a, blocks, static_cast<cudaStream_t>(stream), pdl_),
-            "launching the collective kernel");
-}
-
-void GpuCommunicator::allReduce(const void* in, void* out, size_t count, DType dtype, RedOp op,
-                                void* stream) {
-  comm_.checkReduction(dtype, op, "all_reduce");
-  auto& a = begin(kAllReduce);
-  const size_t bytes = count * dtypeSize(dtype);
-  for (int p = 0; p < nranks_; ++p) partner(p, in, bytes, p == rank_ ? out : nullptr, bytes);
-  a.mode = static_cast<uint8_t>(gpu::Mode::kReduce);
-  a.dtype = static_cast<uint8_t>(dtype);
-  a.redop = static_cast<uint8_t>(op);
-  a.local_in = in;
-  a.out = out;
-  launchCollective(stream);
-}
-
-void GpuCommunicator::reduceScatter(const void* in, void* out, size_t count, DType dtype, RedOp op,
-                                    void* stream) {
-  std::array<const void*, gpu::kMaxRanks> inputs;  // no allocation per op
-  const size_t bytes = count * dtypeSize(dtype);
-  for (int p = 0; p < nranks_; ++p)
-    inputs[static_cast<size_t>(p)] = static_cast<const unsigned char*>(in) + p * bytes;
-  reduceScatterV(inputs.data(), out, count, dtype, op, stream);
-}
-
-void GpuCommunicator::reduceScatterV(const void* const* inputs, void* out, size_t count,
-                                     DType dtype, RedOp op, void* stream) {
-  comm_.checkReduction(dtype, op, "reduce_scatter");
-  auto& a = begin(kReduceScatter);
-  const size_t bytes = count * dtypeSize(dtype);
-  for (int p = 0; p < nranks_; ++p) partner(p, inputs[p], bytes, p == rank_ ? out : nullptr, bytes);
-  a.mode = static_cast<uint8_t>(gpu::Mode::kReduce);
-  a.dtype = static_cast<uint8_t>(dtype);
-  a.redop = static_cast<uint8_t>(op);
-  a.local_in = inputs[rank_];
-  a.out = out;
-  launchCollective(stream);
-}
-
-void GpuCommunicator::reduce(const void* in, void* out, size_t count, DType dtype, RedOp op,
-                             int root, void* stream) {
-  comm_.checkReduction(dtype, op, "reduce");
-  comm_.checkRank(root, "reduce");
-  auto& a = begin(kReduce);
-  const size_t bytes = count * dtypeSize(dtype);
-  if (rank_ == root) {
-    for (int p = 0; p < nranks_; ++p)
-      partner(p, p == rank_ ? in : nullptr, p == rank_ ? bytes : 0, p == rank_ ? out : nullptr,
-              bytes);
-    a.mode = static_cast<uint8_t>(gpu::Mode::kReduce);
-    a.dtype = static_cast<uint8_t>(dtype);
-    a.redop = static_cast<uint8_t>(op);
-    a.local_in = in;
-    a.out = out;
-  } else {
-    partner(root, in, bytes, nullptr, 0);
-  }
-  launchCollective(stream);
-}
-
-void GpuCommunicator::allGather(const void* in, void* const* outs, size_t bytes, void* stream) {
-  begin(kAllGather);
-  for (int p = 0; p < nranks_; ++p) partner(p, in, bytes, outs[p], bytes);
-  launchCollective(stream);
-}
-
-void GpuCommunicator::gather(const void* in, void* const* outs, size_t bytes, int root,
-                             void* stream) {
-  comm_.checkRank(root, "gather");
-  begin(kGather);
-  if (rank_ == root) {
-    for (int p = 0; p < nranks_; ++p)
-      partner(p, p == rank_ ? in : nullptr, p == rank_ ? bytes : 0, outs[p], bytes);
-  } else {
-    partner(root, in, bytes, nullptr, 0);
-  }
-  launchCollective(stream);
-}
-
-void GpuCommunicator::scatter(const void* const* ins, void* out, size_t bytes, int root,
-                              void* stream) {
-  comm_.checkRank(root, "scatter");
-  begin(kScatter);
-  if (rank_ == root) {
-    for (int p = 0; p < nranks_; ++p)
-      partner(p, ins[p], bytes, p == rank_ ? out : nullptr, p == rank_ ? bytes : 0);
-  } else {
-    partner(root, nullptr, 0, out, bytes);
-  }
-  launchCollective(stream);
-}
-
-void GpuCommunicator::allToAll(const void* const* ins, const size_t* in_bytes, void* const* outs,
-                               const size_t* out_bytes, void* stream) {
-  if (in_bytes[rank_] != out_bytes[rank_]) {
-    throw InvalidArgument("resident: all_to_all: this rank sends itself " +
-                          std::to_string(in_bytes[rank_]) + " bytes but expects " +
-                          std::to_string(out_bytes[rank_]) + " from itself (split mismatch)");
-  }
-  begin(kAllToAll);
-  for (int p = 0; p < nranks_; ++p) partner(p, ins[p], in_bytes[p], outs[p], out_bytes[p]);
-  launchCollective(stream);
-}
-
-void GpuCommunicator::broadcast(void* buf, size_t bytes, int root, void* stream) {
-  comm_.checkRank(root, "broadcast");
-  begin(kBroadcast);
-  if (rank_ == root) {
-    for (int p = 0; p < nranks_; ++p)
-      if (p != rank_) partner(p, buf, bytes, nullptr, 0);
-  } else {
-    partner(root, nullptr, 0, buf, bytes);
-  }
-  launchCollective(stream);
-}
-
-void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t bytes, int peer,
-                                void* stream) {
-  checkUsable();
-  comm_.checkRank(peer, is_send ? "send" : "recv");
-  if (peer == rank_)
-    throw InvalidArgument(std::string("resident: ") + (is_send ? "send to" : "recv from") +
-                          " this rank itself is not supported");
-  gpu::P2PArgs a{};
-  a.reg = region_;
-  a.reg.timeout_ns = timeout_ns_.load(std::memory_order_relaxed);
-  a.send = src;
-  a.recv = dst;
-  a.bytes = bytes;
-  a.rank = rank_;
-  a.peer = peer;
-  a.rounds = roundsFor(bytes);
-  a.op_id = is_send ? kSend : kRecv;
-  const size_t first = bytes < region_.chunk ? bytes : region_.chunk;
-  a.reg.trigger_fence = fenceTriggers(first);
-  // p2p kernels of every peer and direction may be resident at once (each direction has its
-  // own stream, each with a PDL successor): together they get what one collective gets.
-  const uint32_t streams = 2u * static_cast<uint32_t>(nranks_ > 1 ? nranks_ - 1 : 1);
-  const uint32_t cap = max_blocks_ / streams > 0 ? max_blocks_ / streams : 1;
-  const uint32_t want = blocksFor(first);
-  const uint32_t blocks = want < cap ? want : cap;
-  a.parts_per_block = partsFor(first, blocks);
-  auto s = static_cast<cudaStream_t>(stream);
-  checkCuda(is_send ? gpu::launchSend(a, blocks, s, pdl_) : gpu::launchRecv(a, blocks, s, pdl_),
-            is_send ? "launching the send kernel" : "launching the recv kernel");
-}
-
-void GpuCommunicator::send(const void* buf, size_t bytes, int peer, void* stream) {
-  launchP2P(true, buf, nullptr, bytes, peer, stream);
-}
-
-void GpuCommunicator::recv(void* buf, size_t bytes, int peer, void* stream) {
-  launchP2P(false, nullptr, buf, bytes, peer, stream);
 }
 
 }  // namespace resident
