@@ -137,6 +137,7 @@ STAGES=${*:-build floors tests overhead bench}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/device_out}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: some stages run from another directory
 # Every test stage appends each failure's text here as it happens (tests/conftest.py), so a
 # stage cut off by its time bound still says why.
 export RESIDENT_TESTS_FAIL_LOG=${RESIDENT_TESTS_FAIL_LOG:-$OUT/test_failures.log}
@@ -400,23 +401,33 @@ if has bench-quick; then
   cuda_bench --quick --time-limit 75
 fi
 
-if has bench-ab; then
-  # The CUDA path's knobs side by side at 2 ranks (graph mode, the issue-3 targets' setting):
-  # defaults, prefetch on; on the proxy path memcpy instead of streaming stores, and fenced
-  # triggers ($RESIDENT_AB_BACKENDS, $RESIDENT_AB_SIZES override).
-  step "bench (cuda, knob A/B)"
+# The A/B benchmark of bench-ab and bench-ab-tree: 2 ranks, graph mode (the issue-3 targets'
+# setting), the five ops, sizes $RESIDENT_AB_SIZES (default $1) and backends
+# $RESIDENT_AB_BACKENDS (default $2) side by side, ratios to this call's floors, no new group
+# after $3 s, into $OUT/$4.json (the floors: ab_floors first).
+ab_floors() {  # the floors of this call, measured now when no stage did
   [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
+}
+ab_bench() {
   python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 2 \
-    --ops all_reduce,all_gather,reduce_scatter,all_to_all_single,send_recv --sizes "${RESIDENT_AB_SIZES:-8,4K,16K,64K}" \
-    --backends "${RESIDENT_AB_BACKENDS:-resident:path=direct,resident:path=direct:RESIDENT_GPU_PREFETCH=0,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_PROXY_STREAMING=0,resident:path=proxy:RESIDENT_GPU_TRIGGER_FENCE=1}" \
-    --floors "$OUT/floors.json" --timeout 30 --time-limit 200 \
-    --json "$OUT/bench_ab.json" > "$OUT/bench_ab.log" 2>&1 || status=1
+    --ops all_reduce,all_gather,reduce_scatter,all_to_all_single,send_recv \
+    --sizes "${RESIDENT_AB_SIZES:-$1}" --backends "${RESIDENT_AB_BACKENDS:-$2}" \
+    --floors "$OUT/floors.json" --timeout 30 --time-limit "$3" --json "$OUT/$4.json"
+}
+
+if has bench-ab; then
+  # The CUDA path's knobs side by side: defaults, prefetch on; on the proxy path memcpy instead
+  # of streaming stores, and fenced triggers.
+  step "bench (cuda, knob A/B)"
+  ab_floors
+  ab_bench 8,4K,16K,64K "resident:path=direct,resident:path=direct:RESIDENT_GPU_PREFETCH=0,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_PROXY_STREAMING=0,resident:path=proxy:RESIDENT_GPU_TRIGGER_FENCE=1" \
+    200 bench_ab > "$OUT/bench_ab.log" 2>&1 || status=1
   tail -n 70 "$OUT/bench_ab.log"
 fi
 
 if has bench-ab-tree; then
   step "bench (this tree against $RESIDENT_AB_TREE)"
-  [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
+  ab_floors
   if ! (cd "$RESIDENT_AB_TREE" && MAX_JOBS=16 python3 setup.py build_ext --inplace) \
       > "$OUT/build_ab_tree.log" 2>&1; then
     echo "build of $RESIDENT_AB_TREE failed"; tail -30 "$OUT/build_ab_tree.log"; status=1
@@ -428,13 +439,9 @@ if has bench-ab-tree; then
         # python -m puts the working directory first on sys.path (the spawned ranks inherit it),
         # so each run imports the package of its own tree; the log says which file it loaded.
         (cd "$dir" && python3 -c 'import resident_pg._C as c; print("module:", c.__file__)' &&
-          python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 2 \
-          --ops all_reduce,all_gather,reduce_scatter,all_to_all_single,send_recv \
-          --sizes "${RESIDENT_AB_SIZES:-8,16K,64K}" \
-          --backends "${RESIDENT_AB_BACKENDS:-resident:path=direct,resident:path=proxy}" \
-          --floors "$OUT/floors.json" --timeout 30 --time-limit 120 \
-          --json "$OUT/bench_ab_tree_${side}_$round.json") \
-          > "$OUT/bench_ab_tree_${side}_$round.log" 2>&1 || status=1
+          ab_bench 8,16K,64K "resident:path=direct,resident:path=proxy" 120 \
+            "bench_ab_tree_${side}_$round") > "$OUT/bench_ab_tree_${side}_$round.log" 2>&1 ||
+          status=1
         grep -E "^module:|^all_reduce|^send_recv" "$OUT/bench_ab_tree_${side}_$round.log"
       done
     done

@@ -30,8 +30,9 @@ def test_sources_found():
 def test_no_iostreams_in_the_extension():
     offenders = []
     for p in _sources():
-        for m in STREAM_HEADERS.finditer(p.read_text()):
-            line = p.read_text().count("\n", 0, m.start()) + 1
+        text = p.read_text()
+        for m in STREAM_HEADERS.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
             offenders.append(f"{p.relative_to(ROOT)}:{line}: <{m.group(1)}>")
     assert not offenders, ("iostreams in the extension (use stdio; see this test's docstring): "
                            + ", ".join(offenders))

@@ -139,7 +139,8 @@ bool GpuCommunicator::proxyPoll() {
       continue;
     }
     bool arrived = true;
-    if (r.kind == TriggerKind::kLines && r.peer < 64 && ((fused_peers_ >> r.peer) & 1) != 0) {
+    if (r.kind == TriggerKind::kLines && r.peer < gpu::kMaxRanks &&
+        ((fused_peers_ >> r.peer) & 1) != 0) {
       // RESIDENT_GPU_PROXY_FUSED_CHECK: the lines checked and copied in one pass, now. Marked
       // unflushed first: a flush inside the call (before a wait) fences what it copied so far.
       unflushed_lines = true;
