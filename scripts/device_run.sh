@@ -7,7 +7,7 @@
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
 #           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
 #           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
-#           launch-probe interference fault-probe poll-probe replica-probe pdl-probe ar8-probe proxy8-probe proxy-copy-probe
+#           launch-probe interference fault-probe poll-probe replica-probe pdl-probe ar8-probe ar64k-probe proxy8-probe proxy-copy-probe
 #           p2p-timeline proxy-trace
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
@@ -50,6 +50,10 @@
 #   ar8-probe:   scripts/ar8_probe.cu: the 2-rank 8 B all_reduce in a replayed graph, two
 #                processes under MPS: the library's collective kernel beside the least kernel of
 #                the design and variants between the two ($OUT/ar8_probe.jsonl, ~10 s).
+#   ar64k-probe: scripts/ar64k_probe.cu: the 2-rank 64 KiB LL all_reduce in a replayed graph, two
+#                processes under MPS: least kernels that order their stores and polls
+#                differently (blocks x lines per thread, polls issued L lines behind the stores),
+#                with each variant's SASS order of stores and loads ($OUT/ar64k_probe.jsonl, ~10 s).
 #   proxy8-probe: scripts/proxy8_probe.cu: the 2-rank 8 B all_reduce over the proxy path in a
 #                replayed graph, two processes under MPS with a proxy thread each: the least
 #                proxy path beside the library's kernel served by a least proxy
@@ -545,6 +549,14 @@ if has ar8-probe; then
   step "8 B all_reduce probe"
   run_probe ar8_probe "-O3 scripts/ar8_probe.cu kernels/collective_kernel.cu kernels/one_round_kernel.cu" \
     "${RESIDENT_AR8_PROBE_NODES:-200}" "${RESIDENT_AR8_PROBE_REPLAYS:-31}"
+fi
+
+if has ar64k-probe; then
+  step "64 KiB all_reduce store/poll order probe"
+  run_probe ar64k_probe "-O3 scripts/ar64k_probe.cu" \
+    "${RESIDENT_AR64K_PROBE_NODES:-100}" "${RESIDENT_AR64K_PROBE_REPLAYS:-31}"
+  cuobjdump --dump-sass /tmp/ar64k_probe 2>&1 | grep -E 'Function|STG|LDG|ST\.|LD\.' \
+    > "$OUT/ar64k_probe_sass.txt" || true
 fi
 
 if has proxy8-probe; then

@@ -1,0 +1,191 @@
+// Does the order in which a 64 KiB LL all_reduce issues its stores and its polls matter? Two
+// ranks as two processes on one GPU (under MPS, as the benchmark) exchange 8192 LL lines each
+// (64 KiB of payload, 128 KiB of lines) through mapped host memory, in place, uint64 SUM, in a
+// replayed graph of NODES back-to-back ops (PDL as the library); per-op time = replay time /
+// NODES, median over replays, per rank.
+//
+// Both ranks' lines cross the one GPU's PCIe link, and a read request may not pass the posted
+// writes issued before it on that link. The library's kernel (one 2 KiB part per block, 32
+// blocks) stores every line of the op and then polls: every poll then waits behind both ranks'
+// stores, and the reads' data comes back only after all the writes went up. Variants (blocks B x
+// lines per thread K = 32, line k of thread t of block b is (k*B + b)*256 + t, so step k of every
+// block covers one contiguous K-th of the buffer):
+//   lag L: the thread stores its lines in order and, after storing line k, issues the load of
+//          line k-L without waiting for it; the loads left are issued after the last store; then
+//          it checks every loaded line and polls again those not yet carrying the op's flag.
+//          L = K: every store first, then every load (the library's order; B32 K1 L1 is the
+//          library's shape).
+// Every variant checks every word of the result after the last replay.
+//
+//   nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Icsrc scripts/ar64k_probe.cu -o ar64k_probe &&
+//        ./ar64k_probe [NODES [REPLAYS]]
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "launch_device.cuh"
+#include "ll_device.cuh"
+#include "probe_device.cuh"
+#include "probe_util.hpp"
+
+namespace {
+
+using probe::check;
+
+constexpr int kThreadsPerBlock = 256;
+constexpr uint32_t kWords = 8192;                  // 64 KiB of uint64
+constexpr uint64_t kSlotBytes = kWords * 16ull;    // one op's LL lines
+constexpr uint64_t kSegBytes = 2 * kSlotBytes;     // two slots (ops alternate)
+constexpr uint64_t kTimeoutNs = 2000000000ull;
+
+struct Variant {
+  const char* name;
+  int blocks, k, lag;
+};
+// Each variant's own segments (flags restart at 1 with every variant's fresh op counter).
+const Variant kVariantList[] = {
+    {"b32-k1-lag1", 32, 1, 1}, {"b16-k2-lag2", 16, 2, 2}, {"b16-k2-lag1", 16, 2, 1},
+    {"b8-k4-lag4", 8, 4, 4},   {"b8-k4-lag2", 8, 4, 2},   {"b8-k4-lag1", 8, 4, 1},
+    {"b8-k4-lag0", 8, 4, 0},   {"b4-k8-lag8", 4, 8, 8},   {"b4-k8-lag2", 4, 8, 2},
+    {"b4-k8-lag1", 4, 8, 1},   {"b2-k16-lag2", 2, 16, 2}, {"b32-k1-lag1", 32, 1, 1},
+    {"b8-k4-lag1", 8, 4, 1}};
+constexpr int kVariants = sizeof(kVariantList) / sizeof(kVariantList[0]);
+constexpr size_t kSharedBytes = 4096 + kVariants * 2 * kSegBytes;
+
+struct Args {
+  uint32_t* seq;          // device: ops done
+  uint64_t* data;         // device: in and out (in place), kWords
+  unsigned char* mine;    // this rank's two slots (mapped host memory)
+  unsigned char* theirs;  // the peer's
+  int* error;             // device: a wait timed out
+};
+
+__device__ __forceinline__ void loadRaw(const unsigned char* p, uint4& v) {
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+}
+
+template <int K, int Lag>
+__global__ void __launch_bounds__(kThreadsPerBlock) exchange(const __grid_constant__ Args a) {
+  const uint32_t g = probe::enterOp(a.seq);
+  const uint64_t slot = (g & 1) * kSlotBytes;
+  const uint32_t b = blockIdx.x, nb = gridDim.x, t = threadIdx.x;
+  uint64_t v[K];
+  uint4 got[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = __ldcg(reinterpret_cast<const unsigned long long*>(a.data) +
+                                            (k * nb + b) * kThreadsPerBlock + t);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const uint64_t line = (k * nb + b) * kThreadsPerBlock + t;
+    resident::gpu::storeLine(a.theirs + slot + line * 16, v[k], g);
+    if (k >= Lag) {
+      const uint64_t earlier = ((k - Lag) * nb + b) * kThreadsPerBlock + t;
+      loadRaw(a.mine + slot + earlier * 16, got[k - Lag]);
+    }
+  }
+#pragma unroll
+  for (int k = K - Lag; k < K; ++k) {
+    const uint64_t line = (k * nb + b) * kThreadsPerBlock + t;
+    loadRaw(a.mine + slot + line * 16, got[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const uint64_t line = (k * nb + b) * kThreadsPerBlock + t;
+    uint64_t peer = static_cast<uint64_t>(got[k].x) | (static_cast<uint64_t>(got[k].z) << 32);
+    if (got[k].y != g || got[k].w != g) {
+      if (!probe::pollLine(a.mine + slot + line * 16, g, peer, a.error, kTimeoutNs)) return;
+    }
+    a.data[line] = v[k] + peer;
+  }
+}
+
+template <int K, int Lag>
+cudaError_t launchAs(const Args& a, int blocks, cudaStream_t s) {
+  return resident::gpu::launchKernel(exchange<K, Lag>, a, blocks, s, true, kThreadsPerBlock);
+}
+
+cudaError_t launchVariant(const Variant& v, const Args& a, cudaStream_t s) {
+  const int key = v.k * 100 + v.lag;
+  switch (key) {
+    case 101: return launchAs<1, 1>(a, v.blocks, s);
+    case 202: return launchAs<2, 2>(a, v.blocks, s);
+    case 201: return launchAs<2, 1>(a, v.blocks, s);
+    case 404: return launchAs<4, 4>(a, v.blocks, s);
+    case 402: return launchAs<4, 2>(a, v.blocks, s);
+    case 401: return launchAs<4, 1>(a, v.blocks, s);
+    case 400: return launchAs<4, 0>(a, v.blocks, s);
+    case 808: return launchAs<8, 8>(a, v.blocks, s);
+    case 802: return launchAs<8, 2>(a, v.blocks, s);
+    case 801: return launchAs<8, 1>(a, v.blocks, s);
+    case 1602: return launchAs<16, 2>(a, v.blocks, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+uint64_t initialWord(int rank, uint32_t i) {
+  uint64_t x = (static_cast<uint64_t>(rank) + 1) * 0x9e3779b97f4a7c15ull ^ (i * 0xbf58476d1ce4e5b9ull);
+  x ^= x >> 31;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 29);
+}
+
+int runRank(int rank, unsigned char* shared, int nodes, int replays) {
+  check(cudaSetDevice(0), "device");
+  auto* ctl = reinterpret_cast<probe::TwoRankControl*>(shared);
+  unsigned char* shared_d = probe::registerShared(shared, kSharedBytes);
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  std::vector<uint64_t> init(kWords), got(kWords);
+  for (uint32_t i = 0; i < kWords; ++i) init[i] = initialWord(rank, i);
+  uint64_t step = 1;
+  int status = 0;
+  for (int vi = 0; vi < kVariants; ++vi) {
+    const Variant& v = kVariantList[vi];
+    auto seg = [&](int r) { return shared_d + 4096 + (vi * 2 + r) * kSegBytes; };
+    uint64_t* data = nullptr;
+    check(cudaMalloc(&data, kWords * 8), "malloc");
+    check(cudaMemcpy(data, init.data(), kWords * 8, cudaMemcpyHostToDevice), "copy");
+    uint32_t* seq = nullptr;
+    check(cudaMalloc(&seq, 64), "malloc");
+    check(cudaMemset(seq, 0, 64), "memset");
+    int* error = nullptr;
+    check(cudaMalloc(&error, 64), "malloc");
+    check(cudaMemset(error, 0, 64), "memset");
+    const Args a{seq, data, seg(rank), seg(1 - rank), error};
+    bool ok = true;
+    std::vector<double> per_op = probe::timeTwoRankGraph(
+        s, nodes, replays, ctl, rank, step, ok, [&] { check(launchVariant(v, a, s), "launch"); });
+    int err = 0;
+    check(cudaMemcpy(got.data(), data, kWords * 8, cudaMemcpyDeviceToHost), "copy");
+    check(cudaMemcpy(&err, error, 4, cudaMemcpyDeviceToHost), "copy");
+    uint32_t wrong = 0;
+    for (uint32_t i = 0; i < kWords; ++i)
+      wrong += got[i] != probe::allReducedWord(initialWord(0, i) + initialWord(1, i), nodes,
+                                               static_cast<int>(per_op.size()));
+    const bool correct = ok && err == 0 && wrong == 0 && static_cast<int>(per_op.size()) == replays;
+    probe::recordVerdict(correct, status, ctl);
+    const auto at = [&](double q) { return probe::quantile(per_op, q); };
+    std::printf(
+        "{\"rank\": %d, \"variant\": \"%s\", \"blocks\": %d, \"lines_per_thread\": %d, \"lag\": %d, "
+        "\"nodes\": %d, \"correct\": %s, \"wrong_words\": %u, \"us_per_op\": %.3f, \"p10\": %.3f, "
+        "\"p90\": %.3f}\n",
+        rank, v.name, v.blocks, v.k, v.lag, nodes, correct ? "true" : "false", wrong, at(0.5),
+        at(0.1), at(0.9));
+    std::fflush(stdout);
+    probe::freeDevice({data, seq, error});
+    if (!correct) break;
+  }
+  check(cudaHostUnregister(shared), "unregister");
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return probe::twoRankGraphMain(argc, argv, kSharedBytes, runRank);
+}
