@@ -34,23 +34,26 @@ namespace {
 
 using probe::check;
 
-constexpr int kThreadsPerBlock = 256;
 constexpr uint32_t kWords = 8192;                  // 64 KiB of uint64
 constexpr uint64_t kSlotBytes = kWords * 16ull;    // one op's LL lines
 constexpr uint64_t kSegBytes = 2 * kSlotBytes;     // two slots (ops alternate)
 constexpr uint64_t kTimeoutNs = 200000000ull;  // 0.2 s
 
+// mode: 0 the exchange; 1 stores only (each op writes its lines to the peer and polls none);
+// 2 loads only (each op reads its own slot's lines once, whatever they carry): the two halves of
+// the exchange's traffic alone, both ranks at once.
 struct Variant {
   const char* name;
-  int blocks, k, lag;
+  int blocks, threads, k, lag, mode;
 };
 // Each variant's own segments (flags restart at 1 with every variant's fresh op counter).
 const Variant kVariantList[] = {
-    {"b32-k1-lag1", 32, 1, 1}, {"b16-k2-lag2", 16, 2, 2}, {"b16-k2-lag1", 16, 2, 1},
-    {"b8-k4-lag4", 8, 4, 4},   {"b8-k4-lag2", 8, 4, 2},   {"b8-k4-lag1", 8, 4, 1},
-    {"b8-k4-lag0", 8, 4, 0},   {"b4-k8-lag8", 4, 8, 8},   {"b4-k8-lag2", 4, 8, 2},
-    {"b4-k8-lag1", 4, 8, 1},   {"b2-k16-lag2", 2, 16, 2}, {"b32-k1-lag1", 32, 1, 1},
-    {"b8-k4-lag1", 8, 4, 1}};
+    {"b32-t256", 32, 256, 1, 1, 0},         {"b64-t128", 64, 128, 1, 1, 0},
+    {"b128-t64", 128, 64, 1, 1, 0},         {"b16-t512", 16, 512, 1, 1, 0},
+    {"store-only-b32", 32, 256, 1, 1, 1},   {"store-only-b64", 64, 128, 1, 1, 1},
+    {"load-only-b32", 32, 256, 1, 1, 2},    {"load-only-b64", 64, 128, 1, 1, 2},
+    {"b16-t256-k2-lag1", 16, 256, 2, 1, 0}, {"b32-t128-k2-lag1", 32, 128, 2, 1, 0},
+    {"b32-t256", 32, 256, 1, 1, 0},         {"b64-t128", 64, 128, 1, 1, 0}};
 constexpr int kVariants = sizeof(kVariantList) / sizeof(kVariantList[0]);
 constexpr size_t kSharedBytes = 4096 + kVariants * 2 * kSegBytes;
 
@@ -69,63 +72,60 @@ __device__ __forceinline__ void loadRaw(const unsigned char* p, uint4& v) {
                : "memory");
 }
 
-template <int K, int Lag>
-__global__ void __launch_bounds__(kThreadsPerBlock) exchange(const __grid_constant__ Args a) {
+template <int K, int Lag, int Mode>
+__global__ void __launch_bounds__(512) exchange(const __grid_constant__ Args a) {
   // One op counter per block (every block counts the same ops); a variant that failed once
   // does nothing more, so that it ends at once instead of timing out op after op.
   const uint32_t g = probe::enterOp(a.seq + blockIdx.x);
   if (*reinterpret_cast<volatile int*>(a.error) != 0) return;
   const uint64_t slot = (g & 1) * kSlotBytes;
-  const uint32_t b = blockIdx.x, nb = gridDim.x, t = threadIdx.x;
+  const uint32_t b = blockIdx.x, nb = gridDim.x, t = threadIdx.x, nt = blockDim.x;
   uint64_t v[K];
   uint4 got[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) v[k] = __ldcg(reinterpret_cast<const unsigned long long*>(a.data) +
-                                            (k * nb + b) * kThreadsPerBlock + t);
+                                            (k * nb + b) * nt + t);
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    const uint64_t line = (k * nb + b) * kThreadsPerBlock + t;
-    resident::gpu::storeLine(a.theirs + slot + line * 16, v[k], g);
-    if (k >= Lag) {
-      const uint64_t earlier = ((k - Lag) * nb + b) * kThreadsPerBlock + t;
+    const uint64_t line = (k * nb + b) * nt + t;
+    if (Mode != 2) resident::gpu::storeLine(a.theirs + slot + line * 16, v[k], g);
+    if (Mode != 1 && k >= Lag) {
+      const uint64_t earlier = ((k - Lag) * nb + b) * nt + t;
       loadRaw(a.mine + slot + earlier * 16, got[k - Lag]);
     }
   }
 #pragma unroll
   for (int k = K - Lag; k < K; ++k) {
-    const uint64_t line = (k * nb + b) * kThreadsPerBlock + t;
+    if (Mode == 1) break;
+    const uint64_t line = (k * nb + b) * nt + t;
     loadRaw(a.mine + slot + line * 16, got[k]);
   }
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    const uint64_t line = (k * nb + b) * kThreadsPerBlock + t;
+    const uint64_t line = (k * nb + b) * nt + t;
+    if (Mode == 1) {
+      a.data[line] = v[k] + 1;
+      continue;
+    }
     uint64_t peer = static_cast<uint64_t>(got[k].x) | (static_cast<uint64_t>(got[k].z) << 32);
-    if (got[k].y != g || got[k].w != g) {
+    if (Mode == 0 && (got[k].y != g || got[k].w != g)) {
       if (!probe::pollLine(a.mine + slot + line * 16, g, peer, a.error, kTimeoutNs)) return;
     }
     a.data[line] = v[k] + peer;
   }
 }
 
-template <int K, int Lag>
-cudaError_t launchAs(const Args& a, int blocks, cudaStream_t s) {
-  return resident::gpu::launchKernel(exchange<K, Lag>, a, blocks, s, true, kThreadsPerBlock);
+template <int K, int Lag, int Mode = 0>
+cudaError_t launchAs(const Args& a, int blocks, int threads, cudaStream_t s) {
+  return resident::gpu::launchKernel(exchange<K, Lag, Mode>, a, blocks, s, true, threads);
 }
 
 cudaError_t launchVariant(const Variant& v, const Args& a, cudaStream_t s) {
-  const int key = v.k * 100 + v.lag;
-  switch (key) {
-    case 101: return launchAs<1, 1>(a, v.blocks, s);
-    case 202: return launchAs<2, 2>(a, v.blocks, s);
-    case 201: return launchAs<2, 1>(a, v.blocks, s);
-    case 404: return launchAs<4, 4>(a, v.blocks, s);
-    case 402: return launchAs<4, 2>(a, v.blocks, s);
-    case 401: return launchAs<4, 1>(a, v.blocks, s);
-    case 400: return launchAs<4, 0>(a, v.blocks, s);
-    case 808: return launchAs<8, 8>(a, v.blocks, s);
-    case 802: return launchAs<8, 2>(a, v.blocks, s);
-    case 801: return launchAs<8, 1>(a, v.blocks, s);
-    case 1602: return launchAs<16, 2>(a, v.blocks, s);
+  if (v.mode == 1) return launchAs<1, 1, 1>(a, v.blocks, v.threads, s);
+  if (v.mode == 2) return launchAs<1, 1, 2>(a, v.blocks, v.threads, s);
+  switch (v.k * 100 + v.lag) {
+    case 101: return launchAs<1, 1>(a, v.blocks, v.threads, s);
+    case 201: return launchAs<2, 1>(a, v.blocks, v.threads, s);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -170,14 +170,16 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
     for (uint32_t i = 0; i < kWords; ++i)
       wrong += got[i] != probe::allReducedWord(initialWord(0, i) + initialWord(1, i), nodes,
                                                static_cast<int>(per_op.size()));
+    // The halves alone (modes 1, 2) compute no all_reduce: only that they completed.
+    if (v.mode != 0) wrong = 0;
     const bool correct = ok && err == 0 && wrong == 0 && static_cast<int>(per_op.size()) == replays;
     probe::recordVerdict(correct, status, ctl);
     const auto at = [&](double q) { return probe::quantile(per_op, q); };
     std::printf(
-        "{\"rank\": %d, \"variant\": \"%s\", \"blocks\": %d, \"lines_per_thread\": %d, \"lag\": %d, "
+        "{\"rank\": %d, \"variant\": \"%s\", \"blocks\": %d, \"threads\": %d, \"lines_per_thread\": %d, \"lag\": %d, "
         "\"nodes\": %d, \"correct\": %s, \"wrong_words\": %u, \"us_per_op\": %.3f, \"p10\": %.3f, "
         "\"p90\": %.3f}\n",
-        rank, v.name, v.blocks, v.k, v.lag, nodes, correct ? "true" : "false", wrong, at(0.5),
+        rank, v.name, v.blocks, v.threads, v.k, v.lag, nodes, correct ? "true" : "false", wrong, at(0.5),
         at(0.1), at(0.9));
     std::fflush(stdout);
     probe::freeDevice({data, seq, error});
