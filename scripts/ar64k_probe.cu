@@ -43,19 +43,29 @@ constexpr uint64_t kTimeoutNs = 200000000ull;  // 0.2 s
 // 2 loads only (each op reads its own slot's lines once, whatever they carry): the two halves of
 // the exchange's traffic alone, both ranks at once; 3 both halves at once in different blocks
 // (no dependency between them: does the link carry both directions at once?); 4, 5 the payload
-// + flags exchange (simpleExchange) with 8- or 16-byte stores; 6 the same without its fence.
+// + flags exchange (simpleExchange).
 struct Variant {
   const char* name;
   int blocks, threads, k, lag, mode;
 };
 // Each variant's own segments (flags restart at 1 with every variant's fresh op counter).
+// Simple variants (mode 4): k = words per thread, lag = writer fence * 10 + reader sync.
 const Variant kVariantList[] = {
-    {"ll-b64-t128", 64, 128, 1, 1, 0},       {"store-only-b64", 64, 128, 1, 1, 1},
-    {"load-only-b64", 64, 128, 1, 1, 2},     {"mixed-b128-t128", 128, 128, 1, 1, 3},
-    {"mixed-b64-t256", 64, 256, 1, 1, 3},    {"simple-b32-t256-w1", 32, 256, 1, 1, 4},
-    {"simple-b64-t128-w1", 64, 128, 1, 1, 4}, {"simple-b16-t256-w2", 16, 256, 2, 1, 5},
-    {"simple-b32-t128-w2", 32, 128, 2, 1, 5}, {"ll-b64-t128", 64, 128, 1, 1, 0},
-    {"simple-b32-t256-w1", 32, 256, 1, 1, 4}, {"simple-nofence-b32-t128-w2", 32, 128, 2, 1, 6}};
+    {"ll-b64-t128", 64, 128, 1, 1, 0},
+    {"simple-b16-t256-w2-f1", 16, 256, 2, 10, 4},
+    {"simple-b16-t256-w2-f2", 16, 256, 2, 20, 4},
+    {"simple-b16-t256-w2-f2-rfence", 16, 256, 2, 21, 4},
+    {"simple-b16-t256-w2-f2-acquire", 16, 256, 2, 22, 4},
+    {"simple-b8-t512-w2-f2", 8, 512, 2, 20, 4},
+    {"simple-b8-t256-w4-f2", 8, 256, 4, 20, 4},
+    {"simple-b4-t512-w4-f2", 4, 512, 4, 20, 4},
+    {"simple-b16-t512-w1-f2", 16, 512, 1, 20, 4},
+    {"simple-b32-t256-w1-f2-rfence", 32, 256, 1, 21, 4},
+    {"simple-b32-t256-w1-f2-acquire", 32, 256, 1, 22, 4},
+    {"simple-b8-t256-w4-f2-acquire", 8, 256, 4, 22, 4},
+    {"ll-b64-t128", 64, 128, 1, 1, 0},
+    {"simple-b16-t256-w2-f2", 16, 256, 2, 20, 4},
+    {"simple-b16-t256-w2-nofence", 16, 256, 2, 0, 4}};
 constexpr int kVariants = sizeof(kVariantList) / sizeof(kVariantList[0]);
 constexpr size_t kSharedBytes = 4096 + kVariants * 2 * kSegBytes;
 
@@ -133,12 +143,15 @@ __global__ void __launch_bounds__(512) exchange(const __grid_constant__ Args a) 
   }
 }
 
-// The payload + flags protocol, least form: each thread stores its Words payload words (one
-// vector store) into the peer's slot, then (Fence) a system-scope fence, a barrier, and thread
-// 0 raises the block's flag; the reader's thread 0 polls its own flag for the block, a
-// barrier, then every thread loads the peer's words. Fence = false is for timing only (the
-// flag may land before the payload).
-template <int Words, bool Fence>
+// The payload + flags protocol, least form: each thread stores its Words payload words (16-byte
+// vector stores; one 8-byte store when Words is 1) into the peer's slot; the writer's fence
+// (WFence): 0 none (timing only: the flag may land before the payload), 1 every thread
+// fences (system scope) before the block's barrier, 2 thread 0 alone fences after it (the
+// library's form: the fence is cumulative); then thread 0 raises the block's flag. The reader's
+// thread 0 polls its own flag for the block (RSync: 0 volatile loads, 1 volatile loads and a
+// system-scope fence after (the library's form), 2 acquire loads), a barrier, then every thread
+// loads the peer's words.
+template <int Words, int WFence, int RSync>
 __global__ void __launch_bounds__(512) simpleExchange(const __grid_constant__ Args a) {
   const uint32_t g = probe::enterOp(a.seq + blockIdx.x);
   if (*reinterpret_cast<volatile int*>(a.error) != 0) return;
@@ -147,34 +160,54 @@ __global__ void __launch_bounds__(512) simpleExchange(const __grid_constant__ Ar
   const uint64_t flag_off = slot + kWords * 8ull + blockIdx.x * 64ull;
   uint64_t v[Words], peer[Words];
 #pragma unroll
-  for (int w = 0; w < Words; ++w) v[w] = __ldcg(reinterpret_cast<const unsigned long long*>(a.data) + word + w);
+  for (int w = 0; w < Words; ++w)
+    v[w] = __ldcg(reinterpret_cast<const unsigned long long*>(a.data) + word + w);
   unsigned char* dst = a.theirs + slot + word * 8;
-  if (Words == 2)
-    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(dst), "l"(v[0]), "l"(v[Words - 1]) : "memory");
-  else
+  if (Words == 1) {
     resident::gpu::storeVolatile64(dst, v[0]);
-  if (Fence) __threadfence_system();
+  } else {
+#pragma unroll
+    for (int w = 0; w + 1 < Words; w += 2)
+      asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(dst + w * 8), "l"(v[w]),
+                   "l"(v[w + 1])
+                   : "memory");
+  }
+  if (WFence == 1) __threadfence_system();
   __syncthreads();
   __shared__ int stop;
   if (threadIdx.x == 0) {
+    if (WFence == 2) __threadfence_system();
     resident::gpu::storeVolatile64(a.theirs + flag_off, g);
     const uint64_t deadline = resident::gpu::globalTimerNs() + kTimeoutNs;
     stop = 0;
-    while (resident::gpu::loadVolatile64(a.mine + flag_off) != g) {
+    for (;;) {
+      uint64_t f;
+      if (RSync == 2)
+        asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(f) : "l"(a.mine + flag_off) : "memory");
+      else
+        f = resident::gpu::loadVolatile64(a.mine + flag_off);
+      if (f == g) break;
       if (resident::gpu::globalTimerNs() > deadline) {
         *a.error = 1;
         stop = 1;
         break;
       }
     }
+    if (RSync == 1) __threadfence_system();
   }
   __syncthreads();
   if (stop) return;
   const unsigned char* src = a.mine + slot + word * 8;
-  if (Words == 2)
-    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(peer[0]), "=l"(peer[Words - 1]) : "l"(src) : "memory");
-  else
+  if (Words == 1) {
     peer[0] = resident::gpu::loadVolatile64(src);
+  } else {
+#pragma unroll
+    for (int w = 0; w + 1 < Words; w += 2)
+      asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+                   : "=l"(peer[w]), "=l"(peer[w + 1])
+                   : "l"(src + w * 8)
+                   : "memory");
+  }
 #pragma unroll
   for (int w = 0; w < Words; ++w) a.data[word + w] = v[w] + peer[w];
 }
@@ -186,12 +219,24 @@ cudaError_t launchAs(const Args& a, int blocks, int threads, cudaStream_t s) {
 
 cudaError_t launchVariant(const Variant& v, const Args& a, cudaStream_t s) {
   if (v.mode == 3) return launchAs<1, 1, 3>(a, v.blocks, v.threads, s);
-  if (v.mode == 4)
-    return resident::gpu::launchKernel(simpleExchange<1, true>, a, v.blocks, s, true, v.threads);
-  if (v.mode == 5)
-    return resident::gpu::launchKernel(simpleExchange<2, true>, a, v.blocks, s, true, v.threads);
-  if (v.mode == 6)
-    return resident::gpu::launchKernel(simpleExchange<2, false>, a, v.blocks, s, true, v.threads);
+  if (v.mode == 4) {  // simple: k = words per thread, lag = writer fence * 10 + reader sync
+    const auto simple = [&](auto kernel) {
+      return resident::gpu::launchKernel(kernel, a, v.blocks, s, true, v.threads);
+    };
+    switch (v.k * 100 + v.lag) {
+      case 210: return simple(simpleExchange<2, 1, 0>);
+      case 220: return simple(simpleExchange<2, 2, 0>);
+      case 221: return simple(simpleExchange<2, 2, 1>);
+      case 222: return simple(simpleExchange<2, 2, 2>);
+      case 200: return simple(simpleExchange<2, 0, 0>);
+      case 420: return simple(simpleExchange<4, 2, 0>);
+      case 422: return simple(simpleExchange<4, 2, 2>);
+      case 120: return simple(simpleExchange<1, 2, 0>);
+      case 121: return simple(simpleExchange<1, 2, 1>);
+      case 122: return simple(simpleExchange<1, 2, 2>);
+      default: return cudaErrorInvalidValue;
+    }
+  }
   if (v.mode == 1) return launchAs<1, 1, 1>(a, v.blocks, v.threads, s);
   if (v.mode == 2) return launchAs<1, 1, 2>(a, v.blocks, v.threads, s);
   switch (v.k * 100 + v.lag) {
