@@ -40,6 +40,17 @@ __device__ __forceinline__ uint64_t loadVolatile64(const void* p) {
   return v;
 }
 
+// A load with acquire semantics at system scope: the loads after it (this thread's, and the
+// block's after a barrier) see what the writer stored before its release (a system-scope fence
+// and the flag store, or the proxy's transport signal). Cheaper than a volatile load followed by
+// a system-scope fence, which also waits for this thread's own stores still in flight (H200:
+// ~2 us of a 64 KiB all_reduce, scripts/ar64k_probe.cu).
+__device__ __forceinline__ uint64_t loadAcquire64(const void* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // A store the kernel issues at once (not kept in a register or merged): a payload word or a
 // credit word in mapped host memory. Global space stated, as for the loads.
 __device__ __forceinline__ void storeVolatile64(void* p, uint64_t v) {
@@ -130,6 +141,11 @@ struct Waiter {
   // Polls one 8-byte word until it equals `expected`; false when giving up.
   __device__ bool word(const unsigned char* p, uint64_t expected, int peer) {
     return until([&] { return loadVolatile64(p) == expected; }, peer);
+  }
+
+  // The same with acquire loads (loadAcquire64): for a flag that releases data stored before it.
+  __device__ bool acquireWord(const unsigned char* p, uint64_t expected, int peer) {
+    return until([&] { return loadAcquire64(p) == expected; }, peer);
   }
 };
 

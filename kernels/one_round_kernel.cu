@@ -43,6 +43,14 @@ struct Route {
   int peer;
 };
 
+// A partner exchanging the op with the simple protocol (simplePair; direct, the host
+// launches this kernel for no proxied one): the slots its flag for this block's part goes to and
+// comes from (Route::to and ::from then address the part's payload words). Null: LL lines.
+struct SimpleRoute {
+  unsigned char* to_slot;
+  const unsigned char* from_slot;
+};
+
 // What the block does after the wait for the previous kernel, resolved before it.
 struct Plan {
   Route route[kMaxRanks - 1];           // partners, in rank order
@@ -55,10 +63,13 @@ struct Plan {
   uint32_t below;       // routes to lower ranks: where this rank's own bytes fold in (reduce)
   uint32_t triggers;    // proxied routes
   bool mine_is_common;  // reduce: this rank's input is the common part (all_reduce)
+  SimpleRoute simple[kMaxRanks - 1];  // per route; written by the kernel built with Simple only
 };
 
 // Warp 0 (32 ranks per pass): the round state of every rank into `sh` (for advanceRounds), and
 // the block's partners, compacted in rank order, into the plan; lane 0 the rest of the plan.
+// Simple: routes of simple pairs address the slots' payload words (simpleWordOffset) and flags.
+template <bool Simple>
 __device__ inline void planBlock(const CollectiveArgs& a, Shared& sh, Plan& plan) {
   const Region& reg = a.reg;
   const uint32_t j = blockIdx.x, lane = threadIdx.x;
@@ -87,9 +98,20 @@ __device__ inline void planBlock(const CollectiveArgs& a, Shared& sh, Plan& plan
       const uint32_t slot = (g - 1) & 1;
       const uint64_t out_off = outCollOffset(reg, p, slot) + first_line;
       const uint64_t in_off = collInOffset(reg, a.rank, slot) + first_line;
-      Route& r = plan.route[n + __popc(partners & lower)];
+      const uint32_t idx = n + __popc(partners & lower);
+      Route& r = plan.route[idx];
       r.to = sh.remote[p] != nullptr ? sh.remote[p] + in_off : reg.outbox + out_off;
       r.from = collSlotFrom(reg, p, g) + first_line;
+      if constexpr (Simple) {
+        SimpleRoute& sr = plan.simple[idx];
+        sr = SimpleRoute{nullptr, nullptr};
+        if (simplePair(reg, p, pairRoundBytes(pp, 0, reg.chunk))) {
+          sr.to_slot = sh.remote[p] + (in_off - first_line);
+          sr.from_slot = collSlotFrom(reg, p, g);
+          r.to = sr.to_slot + simpleWordOffset(reg, j, 0);
+          r.from = sr.from_slot + simpleWordOffset(reg, j, 0);
+        }
+      }
       r.send = a.common_send == nullptr && pp.send != nullptr
                    ? static_cast<const unsigned char*>(pp.send) + part_off
                    : nullptr;
@@ -132,27 +154,37 @@ __device__ inline void planBlock(const CollectiveArgs& a, Shared& sh, Plan& plan
   }
 }
 
-// One partner's lines as this thread sees them.
+// One partner's lines (or, simple, payload words) as this thread sees them.
 struct Lane {
   unsigned char* to;          // this thread's line to the partner; null: it sends none
   const unsigned char* from;  // its line from the partner
   const unsigned char* send;  // its own word for the partner (null: the common word)
   unsigned char* recv;        // copy mode: where the partner's word goes
   uint32_t g, send_nb, recv_nb;
-  bool waits;  // it waits for a line from the partner (a payload or credit line)
+  bool waits;   // it waits for a line from the partner (a payload or credit line)
+  bool simple;  // payload words (the block waits for the partner's flag first)
   int peer;
 };
 
-__device__ __forceinline__ Lane laneOf(const Route& r, uint32_t t) {
+// Route i of the plan for thread t. Simple: the route may be a simple pair's.
+template <bool Simple>
+__device__ __forceinline__ Lane laneOf(const Plan& plan, uint32_t i, uint32_t t) {
+  const Route& r = plan.route[i];
   Lane l;
-  l.to = t < linesOfPart(r.send_bytes) ? r.to + t * 16 : nullptr;
-  l.from = r.from + t * 16;
+  l.simple = Simple && plan.simple[i].to_slot != nullptr;
+  if (l.simple) {
+    l.to = bytesOfLine(r.send_bytes, t) ? r.to + t * 8 : nullptr;
+    l.from = r.from + t * 8;
+  } else {
+    l.to = t < linesOfPart(r.send_bytes) ? r.to + t * 16 : nullptr;
+    l.from = r.from + t * 16;
+  }
   l.send = r.send != nullptr ? r.send + t * 8 : nullptr;
   l.recv = r.recv != nullptr ? r.recv + t * 8 : nullptr;
   l.g = r.g;
   l.send_nb = r.send != nullptr ? bytesOfLine(r.send_bytes, t) : 0u;
   l.recv_nb = bytesOfLine(r.recv_bytes, t);
-  l.waits = t < linesOfPart(r.recv_bytes);
+  l.waits = !l.simple && t < linesOfPart(r.recv_bytes);
   l.peer = r.peer;
   return l;
 }
@@ -160,6 +192,7 @@ __device__ __forceinline__ Lane laneOf(const Route& r, uint32_t t) {
 // This thread's share of the plan, in registers before the wait: its words' addresses and
 // sizes, its lines to and from the first partner (a block's only one at 2 ranks) and, for
 // thread 0, the first trigger, so that after the wait the common case reads no shared memory.
+template <bool Simple>
 struct ThreadPlan {
   const unsigned char* common;
   const unsigned char* self_send;
@@ -180,23 +213,24 @@ struct ThreadPlan {
         below(plan.below),
         triggers(plan.triggers),
         mine_is_common(plan.mine_is_common) {
-    if (n > 0) first = laneOf(plan.route[0], t);
+    if (n > 0) first = laneOf<Simple>(plan, 0, t);
     if (triggers > 0 && t == 0) trigger0 = plan.trigger[0];
   }
 
   __device__ Lane lane(const Plan& plan, uint32_t i, uint32_t t) const {
-    return i == 0 ? first : laneOf(plan.route[i], t);
+    return i == 0 ? first : laneOf<Simple>(plan, i, t);
   }
 };
 
 // The op's start: the plan and the round state (warp 0), the advance of the round numbers by
 // the last block to have read them, this thread's share of the plan, then the wait for the
 // previous kernel (pdlEnter), as enterCollective does for the general kernel.
-__device__ __forceinline__ ThreadPlan enterOneRound(const CollectiveArgs& a, Shared& sh,
-                                                    Plan& plan) {
-  if (threadIdx.x < 32) planBlock(a, sh, plan);
+template <bool Simple>
+__device__ __forceinline__ ThreadPlan<Simple> enterOneRound(const CollectiveArgs& a, Shared& sh,
+                                                            Plan& plan) {
+  if (threadIdx.x < 32) planBlock<Simple>(a, sh, plan);
   advanceOnceLoaded(a, sh);
-  const ThreadPlan tp(plan, threadIdx.x);
+  const ThreadPlan<Simple> tp(plan, threadIdx.x);
   pdlEnter();
   return tp;
 }
@@ -214,22 +248,36 @@ struct TriggerSpan {
 
 __device__ __forceinline__ void sendLane(const Lane& l, uint64_t common) {
   if (l.to == nullptr) return;
-  storeLine(l.to, l.send_nb ? loadBytes(l.send, l.send_nb) : common, l.g);
+  const uint64_t v = l.send_nb ? loadBytes(l.send, l.send_nb) : common;
+  if (l.simple)
+    storeVolatile64(l.to, v);
+  else
+    storeLine(l.to, v, l.g);
 }
 
 // The op's sending half, shared by both kernels so that they follow one protocol
 // (block-uniform): after the wait the trigger positions first thing, this thread's line to
 // every partner, and the prepared triggers, which the proxy posts once the lines' flags show.
 // Should a push give up (the op was aborted or timed out: Waiter::shouldStop raised `failed`),
-// the block's pollers see that and stop. `common`: this thread's common word. Returns the op's
+// the block's pollers see that and stop. `common`: this thread's common word. Simple: after a
+// barrier behind the block's payload words, a thread per simple partner raises the part's
+// flag (storeSimpleFlag: its system-scope fence covers every thread's words). Returns the op's
 // Waiter.
+template <bool Simple>
 __device__ __forceinline__ Waiter sendOneRound(const CollectiveArgs& a, const Plan& plan,
-                                               const ThreadPlan& tp, uint32_t t, uint64_t& common) {
+                                               const ThreadPlan<Simple>& tp, uint32_t t,
+                                               uint64_t& common) {
   const TriggerSpan span(a.reg, tp.triggers);
   Waiter w(a.reg, a.op_id);
   common = tp.common_nb ? loadBytes(tp.common, tp.common_nb) : 0;
   if (tp.n > 0) sendLane(tp.first, common);
-  for (uint32_t i = 1; i < tp.n; ++i) sendLane(laneOf(plan.route[i], t), common);
+  for (uint32_t i = 1; i < tp.n; ++i) sendLane(laneOf<Simple>(plan, i, t), common);
+  if constexpr (Simple) {
+    __syncthreads();
+    for (uint32_t i = t; i < tp.n; i += blockDim.x)
+      if (plan.simple[i].to_slot != nullptr)
+        storeSimpleFlag(plan.simple[i].to_slot, blockIdx.x, plan.route[i].g);
+  }
   if (tp.triggers != 0) {
     pushFromThread0([&] {
       if (!pushTriggerWords(w, span.pos, span.tail_seen, tp.trigger0)) return;
@@ -240,16 +288,42 @@ __device__ __forceinline__ Waiter sendOneRound(const CollectiveArgs& a, const Pl
   return w;
 }
 
-template <typename Acc>
+// Simple: the block waits (a thread per simple partner) for the partners' flags of its part,
+// acquire loads, then a barrier, after which every thread may load their payload words.
+// Block-uniform; false in every thread when the op gives up.
+template <bool Simple>
+__device__ __forceinline__ bool waitSimpleRoutes(Waiter& w, const Plan& plan,
+                                                 const ThreadPlan<Simple>& tp, uint32_t t) {
+  if constexpr (!Simple) return true;
+  bool fail = false;
+  for (uint32_t i = t; i < tp.n && !fail; i += blockDim.x)
+    if (plan.simple[i].from_slot != nullptr)
+      fail = !waitSimpleFlag(w, plan.simple[i].from_slot, blockIdx.x, plan.route[i].g,
+                             plan.route[i].peer);
+  return !__syncthreads_or(fail);
+}
+
+// A partner's word for this thread: its LL line (polled) or, simple, its payload word (after
+// waitSimpleRoutes). False when the op gives up.
+__device__ __forceinline__ bool receiveLane(Waiter& w, const Lane& l, uint64_t& v) {
+  if (l.simple) {
+    v = loadVolatile64(l.from);
+    return true;
+  }
+  return w.line(l.from, l.g, v, l.peer);
+}
+
+template <typename Acc, bool Simple>
 __global__ void __launch_bounds__(kThreads)
     oneRoundReduce(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
   __shared__ Plan plan;
   const uint32_t t = threadIdx.x;
-  const ThreadPlan tp = enterOneRound(a, sh, plan);
+  const ThreadPlan<Simple> tp = enterOneRound<Simple>(a, sh, plan);
   const uint64_t own = tp.self_nb && !tp.mine_is_common ? loadBytes(tp.self_send, tp.self_nb) : 0;
   uint64_t common;
-  Waiter w = sendOneRound(a, plan, tp, t, common);
+  Waiter w = sendOneRound<Simple>(a, plan, tp, t, common);
+  if (!waitSimpleRoutes<Simple>(w, plan, tp, t)) return;
   if (tp.self_nb == 0) return;
   const uint64_t mine = tp.mine_is_common ? common : own;
   Acc acc;
@@ -258,7 +332,7 @@ __global__ void __launch_bounds__(kThreads)
     uint64_t v = mine;
     if (k != tp.below) {
       const Lane l = tp.lane(plan, k < tp.below ? k : k - 1, t);
-      if (!w.line(l.from, l.g, v, l.peer)) return;
+      if (!receiveLane(w, l, v)) return;
     }
     if (k == 0)
       acc.first(v);
@@ -268,19 +342,22 @@ __global__ void __launch_bounds__(kThreads)
   storeBytes(tp.self_recv, acc.result(a.redop, a.nranks), tp.self_nb);
 }
 
+template <bool Simple>
 __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
   __shared__ Plan plan;
   const uint32_t t = threadIdx.x;
-  const ThreadPlan tp = enterOneRound(a, sh, plan);
+  const ThreadPlan<Simple> tp = enterOneRound<Simple>(a, sh, plan);
   uint64_t common;
-  Waiter w = sendOneRound(a, plan, tp, t, common);
+  Waiter w = sendOneRound<Simple>(a, plan, tp, t, common);
   if (tp.self_nb) storeBytes(tp.self_recv, loadBytes(tp.self_send, tp.self_nb), tp.self_nb);
+  if (!waitSimpleRoutes<Simple>(w, plan, tp, t)) return;
   for (uint32_t i = 0; i < tp.n; ++i) {
     const Lane l = tp.lane(plan, i, t);
-    if (!l.waits) continue;  // a credit line is waited for too (slot reuse)
+    // A credit line is waited for too (slot reuse); a simple partner's flag was.
+    if (!l.waits && !(l.simple && l.recv_nb)) continue;
     uint64_t v;
-    if (!w.line(l.from, l.g, v, l.peer)) return;
+    if (!receiveLane(w, l, v)) return;
     if (l.recv_nb) storeBytes(l.recv, v, l.recv_nb);
   }
 }
@@ -289,10 +366,14 @@ __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__
 
 cudaError_t launchOneRound(const CollectiveArgs& args, unsigned blocks, unsigned threads,
                            cudaStream_t stream, bool pdl) {
+  const bool simple = args.reg.simple != 0;
   if (args.mode != static_cast<uint8_t>(Mode::kReduce))
-    return launchKernel(oneRoundCopy, args, blocks, stream, pdl, threads);
+    return launchKernel(simple ? oneRoundCopy<true> : oneRoundCopy<false>, args, blocks, stream,
+                        pdl, threads);
   return withAcc(args.dtype, [&](auto acc) {
-    return launchKernel(oneRoundReduce<decltype(acc)>, args, blocks, stream, pdl, threads);
+    using Acc = decltype(acc);
+    return launchKernel(simple ? oneRoundReduce<Acc, true> : oneRoundReduce<Acc, false>, args,
+                        blocks, stream, pdl, threads);
   });
 }
 

@@ -99,14 +99,12 @@ __device__ inline bool pushSimpleRound(Waiter& w, unsigned long long pos,
                                        static_cast<uint64_t>(j1 - j0) * 16, TriggerKind::kFlag, g));
 }
 
-// Polls the flag of part j until it carries g; false when the op gives up. On success the
-// payload stores that preceded the flag are visible to this thread's later loads, and to the
-// block's after a barrier.
+// Polls the flag of part j until it carries g, with acquire loads; false when the op gives
+// up. On success the payload stores that preceded the flag are visible to this thread's later
+// loads, and to the block's after a barrier.
 __device__ __forceinline__ bool waitSimpleFlag(Waiter& w, const unsigned char* slot, uint32_t j,
                                                uint32_t g, int peer) {
-  if (!w.word(slot + simpleFlagWordOffset(j), simpleFlagWord(g), peer)) return false;
-  __threadfence_system();
-  return true;
+  return w.acquireWord(slot + simpleFlagWordOffset(j), simpleFlagWord(g), peer);
 }
 
 // Reader of parts [j0, j1) of a simple round carrying `round_bytes` from `peer` in `slot`:

@@ -34,10 +34,10 @@ namespace {
 
 using probe::check;
 
-constexpr uint32_t kWords = 8192;                  // 64 KiB of uint64
-constexpr uint64_t kSlotBytes = kWords * 16ull;    // one op's LL lines
-constexpr uint64_t kSegBytes = 2 * kSlotBytes;     // two slots (ops alternate)
-constexpr uint64_t kTimeoutNs = 200000000ull;  // 0.2 s
+constexpr uint32_t kWords = 8192;                // 64 KiB of uint64
+constexpr uint64_t kSlotBytes = kWords * 16ull;  // one op's LL lines
+constexpr uint64_t kSegBytes = 2 * kSlotBytes;   // two slots (ops alternate)
+constexpr uint64_t kTimeoutNs = 200000000ull;    // 0.2 s
 
 // mode: 0 the exchange; 1 stores only (each op writes its lines to the peer and polls none);
 // 2 loads only (each op reads its own slot's lines once, whatever they carry): the two halves of
@@ -50,22 +50,21 @@ struct Variant {
 };
 // Each variant's own segments (flags restart at 1 with every variant's fresh op counter).
 // Simple variants (mode 4): k = words per thread, lag = writer fence * 10 + reader sync.
-const Variant kVariantList[] = {
-    {"ll-b64-t128", 64, 128, 1, 1, 0},
-    {"simple-b16-t256-w2-f1", 16, 256, 2, 10, 4},
-    {"simple-b16-t256-w2-f2", 16, 256, 2, 20, 4},
-    {"simple-b16-t256-w2-f2-rfence", 16, 256, 2, 21, 4},
-    {"simple-b16-t256-w2-f2-acquire", 16, 256, 2, 22, 4},
-    {"simple-b8-t512-w2-f2", 8, 512, 2, 20, 4},
-    {"simple-b8-t256-w4-f2", 8, 256, 4, 20, 4},
-    {"simple-b4-t512-w4-f2", 4, 512, 4, 20, 4},
-    {"simple-b16-t512-w1-f2", 16, 512, 1, 20, 4},
-    {"simple-b32-t256-w1-f2-rfence", 32, 256, 1, 21, 4},
-    {"simple-b32-t256-w1-f2-acquire", 32, 256, 1, 22, 4},
-    {"simple-b8-t256-w4-f2-acquire", 8, 256, 4, 22, 4},
-    {"ll-b64-t128", 64, 128, 1, 1, 0},
-    {"simple-b16-t256-w2-f2", 16, 256, 2, 20, 4},
-    {"simple-b16-t256-w2-nofence", 16, 256, 2, 0, 4}};
+const Variant kVariantList[] = {{"ll-b64-t128", 64, 128, 1, 1, 0},
+                                {"simple-b16-t256-w2-f1", 16, 256, 2, 10, 4},
+                                {"simple-b16-t256-w2-f2", 16, 256, 2, 20, 4},
+                                {"simple-b16-t256-w2-f2-rfence", 16, 256, 2, 21, 4},
+                                {"simple-b16-t256-w2-f2-acquire", 16, 256, 2, 22, 4},
+                                {"simple-b8-t512-w2-f2", 8, 512, 2, 20, 4},
+                                {"simple-b8-t256-w4-f2", 8, 256, 4, 20, 4},
+                                {"simple-b4-t512-w4-f2", 4, 512, 4, 20, 4},
+                                {"simple-b16-t512-w1-f2", 16, 512, 1, 20, 4},
+                                {"simple-b32-t256-w1-f2-rfence", 32, 256, 1, 21, 4},
+                                {"simple-b32-t256-w1-f2-acquire", 32, 256, 1, 22, 4},
+                                {"simple-b8-t256-w4-f2-acquire", 8, 256, 4, 22, 4},
+                                {"ll-b64-t128", 64, 128, 1, 1, 0},
+                                {"simple-b16-t256-w2-f2", 16, 256, 2, 20, 4},
+                                {"simple-b16-t256-w2-nofence", 16, 256, 2, 0, 4}};
 constexpr int kVariants = sizeof(kVariantList) / sizeof(kVariantList[0]);
 constexpr size_t kSharedBytes = 4096 + kVariants * 2 * kSegBytes;
 
@@ -111,8 +110,8 @@ __global__ void __launch_bounds__(512) exchange(const __grid_constant__ Args a) 
   uint64_t v[K];
   uint4 got[K];
 #pragma unroll
-  for (int k = 0; k < K; ++k) v[k] = __ldcg(reinterpret_cast<const unsigned long long*>(a.data) +
-                                            (k * nb + b) * nt + t);
+  for (int k = 0; k < K; ++k)
+    v[k] = __ldcg(reinterpret_cast<const unsigned long long*>(a.data) + (k * nb + b) * nt + t);
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const uint64_t line = (k * nb + b) * nt + t;
@@ -183,7 +182,10 @@ __global__ void __launch_bounds__(512) simpleExchange(const __grid_constant__ Ar
     for (;;) {
       uint64_t f;
       if (RSync == 2)
-        asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(f) : "l"(a.mine + flag_off) : "memory");
+        asm volatile("ld.acquire.sys.global.u64 %0, [%1];"
+                     : "=l"(f)
+                     : "l"(a.mine + flag_off)
+                     : "memory");
       else
         f = resident::gpu::loadVolatile64(a.mine + flag_off);
       if (f == g) break;
@@ -224,30 +226,45 @@ cudaError_t launchVariant(const Variant& v, const Args& a, cudaStream_t s) {
       return resident::gpu::launchKernel(kernel, a, v.blocks, s, true, v.threads);
     };
     switch (v.k * 100 + v.lag) {
-      case 210: return simple(simpleExchange<2, 1, 0>);
-      case 220: return simple(simpleExchange<2, 2, 0>);
-      case 221: return simple(simpleExchange<2, 2, 1>);
-      case 222: return simple(simpleExchange<2, 2, 2>);
-      case 200: return simple(simpleExchange<2, 0, 0>);
-      case 420: return simple(simpleExchange<4, 2, 0>);
-      case 422: return simple(simpleExchange<4, 2, 2>);
-      case 120: return simple(simpleExchange<1, 2, 0>);
-      case 121: return simple(simpleExchange<1, 2, 1>);
-      case 122: return simple(simpleExchange<1, 2, 2>);
-      default: return cudaErrorInvalidValue;
+      case 210:
+        return simple(simpleExchange<2, 1, 0>);
+      case 220:
+        return simple(simpleExchange<2, 2, 0>);
+      case 221:
+        return simple(simpleExchange<2, 2, 1>);
+      case 222:
+        return simple(simpleExchange<2, 2, 2>);
+      case 200:
+        return simple(simpleExchange<2, 0, 0>);
+      case 420:
+        return simple(simpleExchange<4, 2, 0>);
+      case 422:
+        return simple(simpleExchange<4, 2, 2>);
+      case 120:
+        return simple(simpleExchange<1, 2, 0>);
+      case 121:
+        return simple(simpleExchange<1, 2, 1>);
+      case 122:
+        return simple(simpleExchange<1, 2, 2>);
+      default:
+        return cudaErrorInvalidValue;
     }
   }
   if (v.mode == 1) return launchAs<1, 1, 1>(a, v.blocks, v.threads, s);
   if (v.mode == 2) return launchAs<1, 1, 2>(a, v.blocks, v.threads, s);
   switch (v.k * 100 + v.lag) {
-    case 101: return launchAs<1, 1>(a, v.blocks, v.threads, s);
-    case 201: return launchAs<2, 1>(a, v.blocks, v.threads, s);
-    default: return cudaErrorInvalidValue;
+    case 101:
+      return launchAs<1, 1>(a, v.blocks, v.threads, s);
+    case 201:
+      return launchAs<2, 1>(a, v.blocks, v.threads, s);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
 uint64_t initialWord(int rank, uint32_t i) {
-  uint64_t x = (static_cast<uint64_t>(rank) + 1) * 0x9e3779b97f4a7c15ull ^ (i * 0xbf58476d1ce4e5b9ull);
+  uint64_t x =
+      (static_cast<uint64_t>(rank) + 1) * 0x9e3779b97f4a7c15ull ^ (i * 0xbf58476d1ce4e5b9ull);
   x ^= x >> 31;
   x *= 0x94d049bb133111ebull;
   return x ^ (x >> 29);
@@ -292,11 +309,12 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
     probe::recordVerdict(correct, status, ctl);
     const auto at = [&](double q) { return probe::quantile(per_op, q); };
     std::printf(
-        "{\"rank\": %d, \"variant\": \"%s\", \"blocks\": %d, \"threads\": %d, \"lines_per_thread\": %d, \"lag\": %d, "
+        "{\"rank\": %d, \"variant\": \"%s\", \"blocks\": %d, \"threads\": %d, "
+        "\"lines_per_thread\": %d, \"lag\": %d, "
         "\"nodes\": %d, \"correct\": %s, \"wrong_words\": %u, \"us_per_op\": %.3f, \"p10\": %.3f, "
         "\"p90\": %.3f}\n",
-        rank, v.name, v.blocks, v.threads, v.k, v.lag, nodes, correct ? "true" : "false", wrong, at(0.5),
-        at(0.1), at(0.9));
+        rank, v.name, v.blocks, v.threads, v.k, v.lag, nodes, correct ? "true" : "false", wrong,
+        at(0.5), at(0.1), at(0.9));
     std::fflush(stdout);
     probe::freeDevice({data, seq, error});
     if (!correct) break;

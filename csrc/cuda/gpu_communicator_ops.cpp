@@ -96,7 +96,8 @@ void GpuCommunicator::launchCollective(void* stream) {
   gpu::CollectiveArgs& a = args_;
   uint32_t rounds_max = 0;
   uint64_t first_round_max = 0;
-  bool any_simple = false;  // a partner exchanges this op with the simple protocol
+  bool any_simple = false;      // a partner exchanges this op with the simple protocol
+  bool simple_proxied = false;  // ... and is reached through the proxy
   for (int p = 0; p < nranks_; ++p) {
     const gpu::PeerPlan& pp = a.peers[p];
     if (pp.rounds == 0) continue;
@@ -104,7 +105,9 @@ void GpuCommunicator::launchCollective(void* stream) {
     const uint64_t b = pp.send_bytes > pp.recv_bytes ? pp.send_bytes : pp.recv_bytes;
     const uint64_t first = b < region_.chunk ? b : region_.chunk;
     first_round_max = first > first_round_max ? first : first_round_max;
-    any_simple |= p != rank_ && gpu::simplePair(a.reg, p, static_cast<uint32_t>(first));
+    const bool simple = p != rank_ && gpu::simplePair(a.reg, p, static_cast<uint32_t>(first));
+    any_simple |= simple;
+    simple_proxied |= simple && ((a.reg.proxied >> p) & 1u) != 0;
   }
   if (rounds_max == 0) return;  // nothing to exchange with anyone (e.g. a group of one)
   // The same bytes to every partner? Then their first word can be loaded at kernel start.
@@ -142,9 +145,11 @@ void GpuCommunicator::launchCollective(void* stream) {
     }
   }
   // One round with every partner, a block per 2 KiB part within the block budget: the
-  // one-round kernel, a thread per line (fewer threads for an op of one part).
+  // one-round kernel, a thread per line (fewer threads for an op of one part); with the simple
+  // protocol for direct partners (its build with Region::simple), not for proxied ones, whose
+  // payload and flags go as triggers (the general kernel's pushSimpleRound).
   const uint32_t parts = partsOf(first_round_max);
-  if (one_round_ && rounds_max == 1 && parts <= max_blocks_ && !any_simple) {
+  if (one_round_ && rounds_max == 1 && parts <= max_blocks_ && !simple_proxied) {
     // Lines of part 0 (a whole part when there are several), at least the one credit line.
     const uint32_t lines = gpu::payloadLines(static_cast<uint32_t>(first_round_max), 0);
     const unsigned threads = ((lines ? lines : 1u) + 31) / 32 * 32;
