@@ -47,24 +47,20 @@ constexpr uint64_t kTimeoutNs = 200000000ull;    // 0.2 s
 struct Variant {
   const char* name;
   int blocks, threads, k, lag, mode;
+  int layout = 0;  // simple: simpleExchange's Layout
 };
 // Each variant's own segments (flags restart at 1 with every variant's fresh op counter).
 // Simple variants (mode 4): k = words per thread, lag = writer fence * 10 + reader sync.
-const Variant kVariantList[] = {{"ll-b64-t128", 64, 128, 1, 1, 0},
-                                {"simple-b16-t256-w2-f1", 16, 256, 2, 10, 4},
-                                {"simple-b16-t256-w2-f2", 16, 256, 2, 20, 4},
-                                {"simple-b16-t256-w2-f2-rfence", 16, 256, 2, 21, 4},
-                                {"simple-b16-t256-w2-f2-acquire", 16, 256, 2, 22, 4},
-                                {"simple-b8-t512-w2-f2", 8, 512, 2, 20, 4},
-                                {"simple-b8-t256-w4-f2", 8, 256, 4, 20, 4},
-                                {"simple-b4-t512-w4-f2", 4, 512, 4, 20, 4},
-                                {"simple-b16-t512-w1-f2", 16, 512, 1, 20, 4},
-                                {"simple-b32-t256-w1-f2-rfence", 32, 256, 1, 21, 4},
-                                {"simple-b32-t256-w1-f2-acquire", 32, 256, 1, 22, 4},
-                                {"simple-b8-t256-w4-f2-acquire", 8, 256, 4, 22, 4},
-                                {"ll-b64-t128", 64, 128, 1, 1, 0},
-                                {"simple-b16-t256-w2-f2", 16, 256, 2, 20, 4},
-                                {"simple-b16-t256-w2-nofence", 16, 256, 2, 0, 4}};
+const Variant kVariantList[] = {
+    {"ll-b32-t256", 32, 256, 1, 1, 0},
+    {"simple-b32-t256-w1-f2-acquire", 32, 256, 1, 22, 4},
+    {"simple-b32-t256-w1-f2-acquire-liblayout", 32, 256, 1, 22, 4, 1},
+    {"simple-b32-t256-w1-f2-acquire-liblayout64", 32, 256, 1, 22, 4, 2},
+    {"simple-b16-t256-w2-f2-acquire", 16, 256, 2, 22, 4},
+    {"simple-b16-t256-w2-f2-acquire-liblayout", 16, 256, 2, 22, 4, 1},
+    {"simple-b32-t256-w1-f2-acquire", 32, 256, 1, 22, 4},
+    {"simple-b32-t256-w1-f2-acquire-liblayout", 32, 256, 1, 22, 4, 1},
+    {"ll-b32-t256", 32, 256, 1, 1, 0}};
 constexpr int kVariants = sizeof(kVariantList) / sizeof(kVariantList[0]);
 constexpr size_t kSharedBytes = 4096 + kVariants * 2 * kSegBytes;
 
@@ -150,18 +146,26 @@ __global__ void __launch_bounds__(512) exchange(const __grid_constant__ Args a) 
 // thread 0 polls its own flag for the block (RSync: 0 volatile loads, 1 volatile loads and a
 // system-scope fence after (the library's form), 2 acquire loads), a barrier, then every thread
 // loads the peer's words.
-template <int Words, int WFence, int RSync>
+template <int Words, int WFence, int RSync, int Layout = 0>
 __global__ void __launch_bounds__(512) simpleExchange(const __grid_constant__ Args a) {
   const uint32_t g = probe::enterOp(a.seq + blockIdx.x);
   if (*reinterpret_cast<volatile int*>(a.error) != 0) return;
   const uint64_t slot = (g & 1) * kSlotBytes;
   const uint64_t word = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * Words;
-  const uint64_t flag_off = slot + kWords * 8ull + blockIdx.x * 64ull;
+  // Layout 0: payload from the slot's start, an 8-byte flag per block 64 bytes apart after it;
+  // 1: the library's (flags first, a 16-byte line {0, g, 0, g} per block 16 bytes apart, the
+  // payload from 64 KiB); 2: the library's with the flag lines 64 bytes apart.
+  const uint64_t payload_off = Layout == 0 ? 0 : kWords * 8ull;
+  const uint64_t flag_off = Layout == 0   ? slot + kWords * 8ull + blockIdx.x * 64ull
+                            : Layout == 1 ? slot + blockIdx.x * 16ull
+                                          : slot + blockIdx.x * 64ull;
+  const uint64_t flag_word = Layout == 0 ? flag_off : flag_off + 8;
+  const uint64_t flag_value = Layout == 0 ? g : static_cast<uint64_t>(g) << 32;
   uint64_t v[Words], peer[Words];
 #pragma unroll
   for (int w = 0; w < Words; ++w)
     v[w] = __ldcg(reinterpret_cast<const unsigned long long*>(a.data) + word + w);
-  unsigned char* dst = a.theirs + slot + word * 8;
+  unsigned char* dst = a.theirs + slot + payload_off + word * 8;
   if (Words == 1) {
     resident::gpu::storeVolatile64(dst, v[0]);
   } else {
@@ -176,7 +180,10 @@ __global__ void __launch_bounds__(512) simpleExchange(const __grid_constant__ Ar
   __shared__ int stop;
   if (threadIdx.x == 0) {
     if (WFence == 2) __threadfence_system();
-    resident::gpu::storeVolatile64(a.theirs + flag_off, g);
+    if (Layout == 0)
+      resident::gpu::storeVolatile64(a.theirs + flag_off, g);
+    else
+      resident::gpu::storeLine(a.theirs + flag_off, 0, g);
     const uint64_t deadline = resident::gpu::globalTimerNs() + kTimeoutNs;
     stop = 0;
     for (;;) {
@@ -184,11 +191,11 @@ __global__ void __launch_bounds__(512) simpleExchange(const __grid_constant__ Ar
       if (RSync == 2)
         asm volatile("ld.acquire.sys.global.u64 %0, [%1];"
                      : "=l"(f)
-                     : "l"(a.mine + flag_off)
+                     : "l"(a.mine + flag_word)
                      : "memory");
       else
-        f = resident::gpu::loadVolatile64(a.mine + flag_off);
-      if (f == g) break;
+        f = resident::gpu::loadVolatile64(a.mine + flag_word);
+      if (f == flag_value) break;
       if (resident::gpu::globalTimerNs() > deadline) {
         *a.error = 1;
         stop = 1;
@@ -199,7 +206,7 @@ __global__ void __launch_bounds__(512) simpleExchange(const __grid_constant__ Ar
   }
   __syncthreads();
   if (stop) return;
-  const unsigned char* src = a.mine + slot + word * 8;
+  const unsigned char* src = a.mine + slot + payload_off + word * 8;
   if (Words == 1) {
     peer[0] = resident::gpu::loadVolatile64(src);
   } else {
@@ -225,7 +232,7 @@ cudaError_t launchVariant(const Variant& v, const Args& a, cudaStream_t s) {
     const auto simple = [&](auto kernel) {
       return resident::gpu::launchKernel(kernel, a, v.blocks, s, true, v.threads);
     };
-    switch (v.k * 100 + v.lag) {
+    switch (v.layout * 1000 + v.k * 100 + v.lag) {
       case 210:
         return simple(simpleExchange<2, 1, 0>);
       case 220:
@@ -246,6 +253,12 @@ cudaError_t launchVariant(const Variant& v, const Args& a, cudaStream_t s) {
         return simple(simpleExchange<1, 2, 1>);
       case 122:
         return simple(simpleExchange<1, 2, 2>);
+      case 1122:
+        return simple(simpleExchange<1, 2, 2, 1>);
+      case 2122:
+        return simple(simpleExchange<1, 2, 2, 2>);
+      case 1222:
+        return simple(simpleExchange<2, 2, 2, 1>);
       default:
         return cudaErrorInvalidValue;
     }
