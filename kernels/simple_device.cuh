@@ -9,7 +9,8 @@
 // signals, ordered behind the copy.
 //
 // Where it lives in a slot (2 x chunk bytes, see GpuLayout::slotBytes): payload in
-// [chunk, 2 x chunk); flag of part j on the LL line j of [0, chunk), written {0, g, 0, g}. A
+// [chunk, 2 x chunk); flag of part j on the 16-byte line at j x kSimpleFlagStride (a cache
+// line each) in [0, chunk), written {0, g, 0, g}. A
 // pair with the protocol on exchanges an op as LL lines only when both directions of its first
 // (largest) round carry at most its threshold, never above chunk/2 bytes — then the op has one
 // round, whose lines,
@@ -18,7 +19,7 @@
 // bytes) must never be read as an LL line, whose validity is two words equal to the
 // generation. Flag lines and LL lines share [0, chunk), and both hold only generations in their
 // flag words (older rounds of the slot hold older generations), so neither is mistaken for the
-// other. Per op, not per round: LL lines of part 0 cover the flags of parts 1..255 of the
+// other. Per op, not per round: LL lines of part 0 cover the flags of parts 1..63 of the
 // round two before in the same slot, which other blocks may not have read yet (a short LL last
 // round after simple rounds: one of the two likely causes of the H200 failure of session 18);
 // between ops the slot's earlier round was consumed whole (exchangedParts). The decision needs no
@@ -47,7 +48,7 @@ __device__ __forceinline__ uint64_t simpleWordOffset(const Region& reg, uint32_t
 // writers need no fence of their own.
 __device__ __forceinline__ void storeSimpleFlag(unsigned char* slot, uint32_t j, uint32_t g) {
   __threadfence_system();
-  storeLine(slot + static_cast<uint64_t>(j) * 16, 0, g);
+  storeLine(slot + static_cast<uint64_t>(j) * kSimpleFlagStride, 0, g);
 }
 
 // Direct writer, after its payload stores of parts [j0, j1): a barrier (the block's stores),
@@ -64,7 +65,7 @@ __device__ __forceinline__ void flagSimpleParts(unsigned char* slot, uint32_t j0
 // release semantics behind the payload it posted before. Its upper 4 bytes are an LL line's
 // flag word, so older lines and flags of the slot (older generations) never match.
 __device__ __forceinline__ uint64_t simpleFlagWordOffset(uint32_t j) {
-  return static_cast<uint64_t>(j) * 16 + 8;
+  return static_cast<uint64_t>(j) * kSimpleFlagStride + 8;
 }
 __device__ __forceinline__ uint64_t simpleFlagWord(uint32_t g) {
   return static_cast<uint64_t>(g) << 32;
@@ -95,8 +96,8 @@ __device__ inline bool pushSimpleRound(Waiter& w, unsigned long long pos,
                                      TriggerKind::kCopy, 0)))
     return false;
   return pushTriggerWords(w, pos, tail_seen,
-                          triggerWords(reg, peer, 0, remote_slot + static_cast<uint64_t>(j0) * 16,
-                                       static_cast<uint64_t>(j1 - j0) * 16, TriggerKind::kFlag, g));
+                          triggerWords(reg, peer, 0, remote_slot + j0 * kSimpleFlagStride,
+                                       (j1 - j0) * kSimpleFlagStride, TriggerKind::kFlag, g));
 }
 
 // Polls the flag of part j until it carries g, with acquire loads; false when the op gives

@@ -7,9 +7,10 @@
 //   copy:  `bytes` of the outbox; the trigger is fenced (they are in host memory before it is).
 //   lines: LL lines carrying `value` as their flag; pushed without a system-scope fence, as
 //          one 16-byte store: the proxy reads the lines' flags before it posts them.
-//   flag:  no bytes; the simple protocol's flags of `bytes`/16 parts whose flag lines start at
-//          the remote offset: the proxy signals `value` << 32 into the upper half (+8) of each
-//          line (kernels/simple_device.cuh), behind the copies it posted before.
+//   flag:  no bytes; the simple protocol's flags of `bytes`/kSimpleFlagStride parts whose flag
+//          lines start at the remote offset, kSimpleFlagStride apart: the proxy signals
+//          `value` << 32 into the upper half (+8) of each line (kernels/simple_device.cuh),
+//          behind the copies it posted before.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,12 @@ constexpr uint64_t kTriggerMaxLocal = 1ull << 31;   // local offset: 31 bits
 constexpr uint64_t kTriggerMaxRemote = 1ull << 32;  // remote offset: 32 bits
 
 enum class TriggerKind : uint32_t { kCopy = 0, kLines = 1, kFlag = 2 };
+
+// Bytes between the simple protocol's flag lines of consecutive parts: a cache line each.
+// Packed 16 bytes apart, four blocks' flags shared a line, and the writers' partial-line writes
+// and the readers' polls of one line cost a 2-rank 64 KiB all_reduce on the H200 ~5.5 us
+// (15.5 against 10.1 us, scripts/ar64k_probe.cu, session 30).
+constexpr uint64_t kSimpleFlagStride = 64;
 
 // Lap 0 expects the bit set, so zero-initialised memory reads as empty.
 RESIDENT_HOST_DEVICE inline uint64_t triggerLapBit(uint64_t pos, uint64_t capacity) {

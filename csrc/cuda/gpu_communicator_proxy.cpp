@@ -132,7 +132,7 @@ bool GpuCommunicator::proxyPoll() {
                                                     : TraceEvent::kPopLines,
                      static_cast<int>(r.peer), r.bytes);
     if (r.kind == TriggerKind::kFlag) {  // raised after the next post (flush)
-      for (uint64_t off = 0; off + 16 <= r.bytes; off += 16) {
+      for (uint64_t off = 0; off + 16 <= r.bytes; off += kSimpleFlagStride) {
         if (nflags == 64) flush();
         flags[nflags++] = {static_cast<int>(r.peer), r.remote_offset + off + 8, r.value};
       }

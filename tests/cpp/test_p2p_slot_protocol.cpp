@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "../csrc/core/trigger_encoding.hpp"
 #include "../kernels/rounds_device.cuh"
 #include "check.hpp"
 #include "random_schedule.hpp"
@@ -95,7 +96,8 @@ struct Model {
     const uint32_t bytes = roundBytes(m, r);
     std::vector<std::pair<uint64_t, uint64_t>> out;
     if (simpleOf(R, msgs[m])) {
-      out.push_back({16ull * j, 16ull * j + 16});
+      const uint64_t flag = resident::kSimpleFlagStride * j;
+      out.push_back({flag, flag + 16});
       const int64_t len = g::partLen(bytes, j);
       const uint64_t lo = R.chunk + static_cast<uint64_t>(j) * g::kPartPayload;
       out.push_back({lo, lo + (len < g::kPartPayload ? len : g::kPartPayload)});

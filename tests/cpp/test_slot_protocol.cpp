@@ -8,7 +8,8 @@
 //    consumed (a reader would see the wrong data, or wait forever for a line overwritten);
 //  - the exchange never deadlocks.
 // The bytes of a slot: part j as LL lines at [4096 j, 4096 j + 16 lines); with the simple
-// protocol its payload at [chunk + 2048 j, ...) and its flag on LL line j, [16 j, 16 j + 16).
+// protocol its payload at [chunk + 2048 j, ...) and its flag line at [64 j, 64 j + 16)
+// (kSimpleFlagStride).
 // As a check that the model can fail, the rules before session 18 (parts per round, protocol
 // per round) must show a violation: they lost data on the H200 (benchmarks/RESULTS.md).
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "../csrc/core/trigger_encoding.hpp"
 #include "../kernels/rounds_device.cuh"
 #include "check.hpp"
 #include "random_schedule.hpp"
@@ -109,7 +111,8 @@ struct Model {
     const uint32_t sb = g::roundBytes(op.bytes[from], r, R.chunk);
     std::vector<std::pair<uint64_t, uint64_t>> out;
     if (simpleIn(R, op, r)) {
-      out.push_back({16ull * j, 16ull * j + 16});
+      const uint64_t flag = resident::kSimpleFlagStride * j;
+      out.push_back({flag, flag + 16});
       const int64_t len = g::partLen(sb, j);
       if (len > 0) {
         const uint64_t lo = R.chunk + static_cast<uint64_t>(j) * g::kPartPayload;
