@@ -326,9 +326,9 @@ PATH_KNOBS = {
     "own": {"RESIDENT_GPU_P2P_STREAM": "own"},        # send/recv launched at once on their own streams
     # one block per op: several 2 KiB parts per block, one trigger over them (proxy path)
     "blocks1": {"RESIDENT_GPU_MAX_BLOCKS": "1"},
-    # payload + one flag per part for ops whose first round to a direct peer exceeds half a
-    # chunk (proxied peers follow RESIDENT_GPU_PROXY_SIMPLE_ABOVE)
-    "simple": {"RESIDENT_GPU_PROTOCOL": "simple"},
+    # direct peers: LL lines for every op (the default, simple, sends payload + one flag per part
+    # for ops whose first round to a direct peer exceeds half a chunk)
+    "ll": {"RESIDENT_GPU_PROTOCOL": "ll"},
     # proxied peers: payload + flags (raised by the proxy) for every op, 8 B included
     "psimple0": {"RESIDENT_GPU_PROXY_SIMPLE_ABOVE": "0"},
     # proxied peers: LL lines for every op (the default takes payload + flags above 32 KiB)
@@ -341,9 +341,9 @@ PATH_KNOBS = {
 }
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
 PATH_VARIANTS = ("direct+noprefetch", "direct+general", "proxy+general", "proxy+fence", "proxy+memcpy",
-                 "proxy+blocks1", "direct+simple", "proxy+psimple0", "proxy+pll", "proxy+pll+unfenced", "proxy+pll+unfenced+fused")
+                 "proxy+blocks1", "direct+ll", "proxy+psimple0", "proxy+pll", "proxy+pll+unfenced", "proxy+pll+unfenced+fused")
 # More ranks for the settings whose device code differs with the number of partners.
-WIDE_VARIANTS = ((4, "direct+simple"), (8, "direct+simple"), (4, "proxy+psimple0"),
+WIDE_VARIANTS = ((4, "direct+ll"), (8, "direct+ll"), (4, "proxy+psimple0"),
                  (8, "proxy+psimple0"))
 
 

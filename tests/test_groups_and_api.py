@@ -436,9 +436,10 @@ def _protocol_agreement_job(rank, ws):
         except Exception as e:  # noqa: BLE001
             return f"{type(e).__name__}: {e}"
 
-    out = {"protocol": attempt({"gpu_protocol": "simple"} if rank == 0 else None),
-           "path": attempt({"gpu_protocol": "simple", "path": "proxy" if rank == 0 else "auto"}),
-           "ll_paths": attempt({"path": "proxy" if rank == 0 else "auto"}),
+    # The default is simple: rank 0 asks for ll.
+    out = {"protocol": attempt({"gpu_protocol": "ll"} if rank == 0 else None),
+           "path": attempt({"path": "proxy" if rank == 0 else "auto"}),
+           "ll_paths": attempt({"gpu_protocol": "ll", "path": "proxy" if rank == 0 else "auto"}),
            "proxy_above": attempt({"gpu_proxy_simple_above": "0"} if rank == 0 else None)}
     g = dist.new_group([0, 1], backend="resident", pg_options={"gpu_protocol": "simple"})
     t = torch.arange(4, dtype=torch.int64) * (rank + 3)

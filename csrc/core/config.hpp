@@ -60,10 +60,11 @@ struct Config {
   // launched lazily, a blocking one on the caller's stream; own: on a stream per peer and
   // direction, launched when called (c10d/work_cuda.hpp, runCudaP2P).
   bool gpu_p2p_lazy = true;
-  // RESIDENT_GPU_PROTOCOL=ll|simple: how collective rounds reach direct peers. ll (default):
-  // LL lines (8 payload bytes and a flag per 16 bytes); simple: rounds of more than half a
-  // chunk as payload plus one flag per 2 KiB part (kernels/simple_device.cuh). All ranks agree.
-  bool gpu_protocol_simple = false;
+  // RESIDENT_GPU_PROTOCOL=ll|simple: how collective rounds reach direct peers. ll: LL lines
+  // (8 payload bytes and a flag per 16 bytes); simple (default since session 30, faster on the
+  // H200 wherever it applies): ops whose first round carries more than half a chunk as payload
+  // plus one flag per 2 KiB part (kernels/simple_device.cuh), LL lines below. All ranks agree.
+  bool gpu_protocol_simple = true;
   // RESIDENT_GPU_PROXY_SIMPLE_ABOVE=off|bytes: collective rounds to a proxied peer go as payload
   // plus one flag per 2 KiB part (signalled by the proxy after the payload) for ops whose first
   // round to that peer carries more than this many bytes (at most half a chunk: larger values
