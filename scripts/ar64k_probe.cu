@@ -1,21 +1,21 @@
-// Does the order in which a 64 KiB LL all_reduce issues its stores and its polls matter? Two
-// ranks as two processes on one GPU (under MPS, as the benchmark) exchange 8192 LL lines each
-// (64 KiB of payload, 128 KiB of lines) through mapped host memory, in place, uint64 SUM, in a
-// replayed graph of NODES back-to-back ops (PDL as the library); per-op time = replay time /
-// NODES, median over replays, per rank.
+// Where does a 2-rank 64 KiB all_reduce's time go on one GPU? Two ranks as two processes on one
+// GPU (under MPS, as the benchmark) exchange 64 KiB each through mapped host memory with least
+// kernels, in place, uint64 SUM, in a replayed graph of NODES back-to-back ops (PDL as the
+// library); per-op time = replay time / NODES, median over replays, per rank. Every variant that
+// computes the all_reduce checks every word of the result after the last replay.
 //
-// Both ranks' lines cross the one GPU's PCIe link, and a read request may not pass the posted
-// writes issued before it on that link. The library's kernel (one 2 KiB part per block, 32
-// blocks) stores every line of the op and then polls: every poll then waits behind both ranks'
-// stores, and the reads' data comes back only after all the writes went up. Variants (blocks B x
-// lines per thread K = 32, line k of thread t of block b is (k*B + b)*256 + t, so step k of every
-// block covers one contiguous K-th of the buffer):
-//   lag L: the thread stores its lines in order and, after storing line k, issues the load of
-//          line k-L without waiting for it; the loads left are issued after the last store; then
-//          it checks every loaded line and polls again those not yet carrying the op's flag.
-//          L = K: every store first, then every load (the library's order; B32 K1 L1 is the
-//          library's shape).
-// Every variant checks every word of the result after the last replay.
+// Variants (kVariantList; session 30 ran earlier lists too, see benchmarks/RESULTS.md):
+//   mode 0, LL lines (8 payload bytes per 16-byte line): blocks B x threads x lines per thread
+//     K, line k of thread t of block b at (k*B + b)*threads + t; the thread issues the poll of
+//     line k-L right after storing line k, without waiting for it (L = K: every store, then
+//     every poll, the library's order).
+//   modes 1, 2, 3: the LL stores alone, the loads alone, both in different blocks at once.
+//   mode 4, payload + flags (simpleExchange): payload words, the writer's fence, a flag per
+//     block, the reader's flag poll, then the payload loads; the fence's form, the reader's
+//     poll (volatile, volatile + fence, acquire) and the flags' layout are template knobs.
+// Found (H200, session 30): the link carries both directions at once, but an LL exchange pays them
+// in turn whatever the order of stores and polls; payload + flags was slow in the library for two
+// reasons, the reader's fence after its flag and flag lines packed four to a cache line.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Icsrc scripts/ar64k_probe.cu -o ar64k_probe &&
 //        ./ar64k_probe [NODES [REPLAYS]]
@@ -51,16 +51,15 @@ struct Variant {
 };
 // Each variant's own segments (flags restart at 1 with every variant's fresh op counter).
 // Simple variants (mode 4): k = words per thread, lag = writer fence * 10 + reader sync.
-const Variant kVariantList[] = {
-    {"ll-b32-t256", 32, 256, 1, 1, 0},
-    {"simple-b32-t256-w1-f2-acquire", 32, 256, 1, 22, 4},
-    {"simple-b32-t256-w1-f2-acquire-liblayout", 32, 256, 1, 22, 4, 1},
-    {"simple-b32-t256-w1-f2-acquire-liblayout64", 32, 256, 1, 22, 4, 2},
-    {"simple-b16-t256-w2-f2-acquire", 16, 256, 2, 22, 4},
-    {"simple-b16-t256-w2-f2-acquire-liblayout", 16, 256, 2, 22, 4, 1},
-    {"simple-b32-t256-w1-f2-acquire", 32, 256, 1, 22, 4},
-    {"simple-b32-t256-w1-f2-acquire-liblayout", 32, 256, 1, 22, 4, 1},
-    {"ll-b32-t256", 32, 256, 1, 1, 0}};
+const Variant kVariantList[] = {{"ll-b32-t256", 32, 256, 1, 1, 0},
+                                {"simple-b32-t256-w1-f2-acquire", 32, 256, 1, 22, 4},
+                                {"simple-b32-t256-w1-f2-acquire-liblayout", 32, 256, 1, 22, 4, 1},
+                                {"simple-b32-t256-w1-f2-acquire-liblayout64", 32, 256, 1, 22, 4, 2},
+                                {"simple-b16-t256-w2-f2-acquire", 16, 256, 2, 22, 4},
+                                {"simple-b16-t256-w2-f2-acquire-liblayout", 16, 256, 2, 22, 4, 1},
+                                {"simple-b32-t256-w1-f2-acquire", 32, 256, 1, 22, 4},
+                                {"simple-b32-t256-w1-f2-acquire-liblayout", 32, 256, 1, 22, 4, 1},
+                                {"ll-b32-t256", 32, 256, 1, 1, 0}};
 constexpr int kVariants = sizeof(kVariantList) / sizeof(kVariantList[0]);
 constexpr size_t kSharedBytes = 4096 + kVariants * 2 * kSegBytes;
 
@@ -86,23 +85,7 @@ __global__ void __launch_bounds__(512) exchange(const __grid_constant__ Args a) 
   const uint32_t g = probe::enterOp(a.seq + blockIdx.x);
   if (*reinterpret_cast<volatile int*>(a.error) != 0) return;
   const uint64_t slot = (g & 1) * kSlotBytes;
-  uint32_t b = blockIdx.x, nb = gridDim.x;
-  const uint32_t t = threadIdx.x, nt = blockDim.x;
-  if (Mode == 3) {  // half the blocks store, the other half load: no dependency between them
-    const bool storer = b < nb / 2;
-    nb /= 2;
-    b %= nb;
-    const uint64_t line = static_cast<uint64_t>(b) * nt + t;
-    const uint64_t v0 = __ldcg(reinterpret_cast<const unsigned long long*>(a.data) + line);
-    if (storer) {
-      resident::gpu::storeLine(a.theirs + slot + line * 16, v0, g);
-    } else {
-      uint4 x;
-      loadRaw(a.mine + slot + line * 16, x);
-      a.data[line] = v0 + x.x;
-    }
-    return;
-  }
+  const uint32_t b = blockIdx.x, nb = gridDim.x, t = threadIdx.x, nt = blockDim.x;
   uint64_t v[K];
   uint4 got[K];
 #pragma unroll
@@ -135,6 +118,25 @@ __global__ void __launch_bounds__(512) exchange(const __grid_constant__ Args a) 
       if (!probe::pollLine(a.mine + slot + line * 16, g, peer, a.error, kTimeoutNs)) return;
     }
     a.data[line] = v[k] + peer;
+  }
+}
+
+// Mode 3: half the blocks store their lines, the other half load theirs (whatever they carry):
+// both directions at once with no dependency between them.
+__global__ void __launch_bounds__(512) mixedHalves(const __grid_constant__ Args a) {
+  const uint32_t g = probe::enterOp(a.seq + blockIdx.x);
+  if (*reinterpret_cast<volatile int*>(a.error) != 0) return;
+  const uint64_t slot = (g & 1) * kSlotBytes;
+  const uint32_t half = gridDim.x / 2;
+  const bool storer = blockIdx.x < half;
+  const uint64_t line = static_cast<uint64_t>(blockIdx.x % half) * blockDim.x + threadIdx.x;
+  const uint64_t v0 = __ldcg(reinterpret_cast<const unsigned long long*>(a.data) + line);
+  if (storer) {
+    resident::gpu::storeLine(a.theirs + slot + line * 16, v0, g);
+  } else {
+    uint4 x;
+    loadRaw(a.mine + slot + line * 16, x);
+    a.data[line] = v0 + x.x;
   }
 }
 
@@ -227,7 +229,7 @@ cudaError_t launchAs(const Args& a, int blocks, int threads, cudaStream_t s) {
 }
 
 cudaError_t launchVariant(const Variant& v, const Args& a, cudaStream_t s) {
-  if (v.mode == 3) return launchAs<1, 1, 3>(a, v.blocks, v.threads, s);
+  if (v.mode == 3) return resident::gpu::launchKernel(mixedHalves, a, v.blocks, s, true, v.threads);
   if (v.mode == 4) {  // simple: k = words per thread, lag = writer fence * 10 + reader sync
     const auto simple = [&](auto kernel) {
       return resident::gpu::launchKernel(kernel, a, v.blocks, s, true, v.threads);
