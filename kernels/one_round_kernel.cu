@@ -97,7 +97,8 @@ __device__ inline void planBlock(const CollectiveArgs& a, Shared& sh, Plan& plan
       const uint32_t g = sh.base[p] + 1;
       const uint32_t slot = (g - 1) & 1;
       const uint64_t out_off = outCollOffset(reg, p, slot) + first_line;
-      const uint64_t in_off = collInOffset(reg, a.rank, slot) + first_line;
+      const uint64_t in_slot = collInOffset(reg, a.rank, slot);
+      const uint64_t in_off = in_slot + first_line;
       const uint32_t idx = n + __popc(partners & lower);
       Route& r = plan.route[idx];
       r.to = sh.remote[p] != nullptr ? sh.remote[p] + in_off : reg.outbox + out_off;
@@ -106,7 +107,7 @@ __device__ inline void planBlock(const CollectiveArgs& a, Shared& sh, Plan& plan
         SimpleRoute& sr = plan.simple[idx];
         sr = SimpleRoute{nullptr, nullptr};
         if (simplePair(reg, p, pairRoundBytes(pp, 0, reg.chunk))) {
-          sr.to_slot = sh.remote[p] + (in_off - first_line);
+          sr.to_slot = sh.remote[p] + in_slot;
           sr.from_slot = collSlotFrom(reg, p, g);
           r.to = sr.to_slot + simpleWordOffset(reg, j, 0);
           r.from = sr.from_slot + simpleWordOffset(reg, j, 0);
@@ -294,13 +295,16 @@ __device__ __forceinline__ Waiter sendOneRound(const CollectiveArgs& a, const Pl
 template <bool Simple>
 __device__ __forceinline__ bool waitSimpleRoutes(Waiter& w, const Plan& plan,
                                                  const ThreadPlan<Simple>& tp, uint32_t t) {
-  if constexpr (!Simple) return true;
-  bool fail = false;
-  for (uint32_t i = t; i < tp.n && !fail; i += blockDim.x)
-    if (plan.simple[i].from_slot != nullptr)
-      fail = !waitSimpleFlag(w, plan.simple[i].from_slot, blockIdx.x, plan.route[i].g,
-                             plan.route[i].peer);
-  return !__syncthreads_or(fail);
+  if constexpr (Simple) {
+    bool fail = false;
+    for (uint32_t i = t; i < tp.n && !fail; i += blockDim.x)
+      if (plan.simple[i].from_slot != nullptr)
+        fail = !waitSimpleFlag(w, plan.simple[i].from_slot, blockIdx.x, plan.route[i].g,
+                               plan.route[i].peer);
+    return !__syncthreads_or(fail);
+  } else {
+    return true;
+  }
 }
 
 // A partner's word for this thread: its LL line (polled) or, simple, its payload word (after
@@ -354,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__
   if (!waitSimpleRoutes<Simple>(w, plan, tp, t)) return;
   for (uint32_t i = 0; i < tp.n; ++i) {
     const Lane l = tp.lane(plan, i, t);
-    // A credit line is waited for too (slot reuse); a simple partner's flag was.
+    // An LL credit line is waited for too (slot reuse); a simple partner's flag was already.
     if (!l.waits && !(l.simple && l.recv_nb)) continue;
     uint64_t v;
     if (!receiveLane(w, l, v)) return;

@@ -35,7 +35,7 @@ __device__ __forceinline__ uint32_t loadAcquire32Gpu(const uint32_t* p) {
 __device__ __forceinline__ void storeRelease32Gpu(uint32_t* p, uint32_t v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ unsigned long long loadAcquire64(const unsigned long long* p) {
+__device__ __forceinline__ unsigned long long loadAcquire64Gpu(const unsigned long long* p) {
   unsigned long long v;
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads)
       } else {
         unsigned long long c;
         do {
-          c = loadAcquire64(&ps->cmd);
+          c = loadAcquire64Gpu(&ps->cmd);
         } while (static_cast<uint32_t>(c >> 32) != seq + 1);
         tag_sh = static_cast<uint32_t>(c);
       }

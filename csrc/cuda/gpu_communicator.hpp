@@ -83,6 +83,8 @@ class GpuCommunicator : public ProxyHandler {
     kRecv
   };
   gpu::CollectiveArgs& begin(OpId op);
+  // The region as an op's kernel sees it: the group's, with the group's current timeout.
+  gpu::Region opRegion() const;
   void partner(int p, const void* send, size_t send_bytes, void* recv, size_t recv_bytes);
   void launchCollective(void* stream);
   void launchP2P(bool is_send, const void* src, void* dst, size_t bytes, int peer, void* stream);

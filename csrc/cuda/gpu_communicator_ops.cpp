@@ -64,11 +64,16 @@ uint32_t GpuCommunicator::fenceTriggers(uint64_t first_round_bytes) const {
   return region_.trigger_fence != 0 || first_round_bytes >= fence_from_ ? 1u : 0u;
 }
 
+gpu::Region GpuCommunicator::opRegion() const {
+  gpu::Region r = region_;
+  r.timeout_ns = timeout_ns_.load(std::memory_order_relaxed);
+  return r;
+}
+
 gpu::CollectiveArgs& GpuCommunicator::begin(OpId op) {
   checkUsable();
   gpu::CollectiveArgs& a = args_;
-  a.reg = region_;
-  a.reg.timeout_ns = timeout_ns_.load(std::memory_order_relaxed);
+  a.reg = opRegion();
   a.local_in = nullptr;
   a.out = nullptr;
   a.rank = rank_;
@@ -286,8 +291,7 @@ void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t
     throw InvalidArgument(std::string("resident: ") + (is_send ? "send to" : "recv from") +
                           " this rank itself is not supported");
   gpu::P2PArgs a{};
-  a.reg = region_;
-  a.reg.timeout_ns = timeout_ns_.load(std::memory_order_relaxed);
+  a.reg = opRegion();
   a.send = src;
   a.recv = dst;
   a.bytes = bytes;
