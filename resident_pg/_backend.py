@@ -10,7 +10,6 @@ _OPTION_KEYS = (
     "proxy_spin_us", "proxy_cpu", "transport", "tcp_addr", "debug", "gpu_chunk_bytes",
     "gpu_max_blocks", "gpu_proxy_spin_us", "gpu_pdl", "gpu_prefetch", "gpu_one_round",
     "gpu_trigger_fence", "gpu_trigger_fence_from", "gpu_proxy_prefetch_bytes", "gpu_proxy_fused_check",
-    "gpu_proxy_flush_bytes",
     "gpu_proxy_streaming", "gpu_p2p_stream", "gpu_protocol", "gpu_proxy_simple_above", "gpu_proxy_trace",
     "gpu_persistent", "gpu_persistent_blocks",
     "gpu_persistent_idle_us", "gpu_persistent_slots", "gpu_persistent_graphs",

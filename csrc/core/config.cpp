@@ -93,8 +93,6 @@ void apply(Config& c, const std::string& key, const std::string& value) {
     c.gpu_proxy_prefetch_bytes = static_cast<uint32_t>(parseUnsigned(key, value, 0, 1u << 16));
   } else if (key == "gpu_proxy_fused_check") {
     c.gpu_proxy_fused_check = parseUnsigned(key, value, 0, 1) == 1;
-  } else if (key == "gpu_proxy_flush_bytes") {
-    c.gpu_proxy_flush_bytes = parseLimit(key, value, uint64_t{1} << 32, UINT64_MAX);
   } else if (key == "gpu_proxy_streaming") {
     c.gpu_proxy_streaming = parseUnsigned(key, value, 0, 1) == 1;
   } else if (key == "gpu_pdl") {
@@ -153,7 +151,6 @@ const char* kKeys[] = {"path",
                        "gpu_trigger_fence_from",
                        "gpu_proxy_prefetch_bytes",
                        "gpu_proxy_fused_check",
-                       "gpu_proxy_flush_bytes",
                        "gpu_proxy_streaming",
                        "gpu_p2p_stream",
                        "gpu_protocol",
@@ -196,7 +193,6 @@ std::string Config::describe() const {
          " gpu_trigger_fence_from=" + limitName(gpu_trigger_fence_from, UINT64_MAX) +
          " gpu_proxy_prefetch_bytes=" + std::to_string(gpu_proxy_prefetch_bytes) +
          " gpu_proxy_fused_check=" + (gpu_proxy_fused_check ? "1" : "0") +
-         " gpu_proxy_flush_bytes=" + limitName(gpu_proxy_flush_bytes, UINT64_MAX) +
          " gpu_proxy_streaming=" + (gpu_proxy_streaming ? "1" : "0") +
          " gpu_p2p_stream=" + (gpu_p2p_lazy ? "auto" : "own") +
          " gpu_protocol=" + (gpu_protocol_simple ? "simple" : "ll") +

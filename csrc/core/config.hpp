@@ -56,10 +56,6 @@ struct Config {
   // lines in one pass as it pops it (Transport::writeLandedLines); 0 checks them, then posts
   // the pass's writes sorted and merged.
   bool gpu_proxy_fused_check = true;
-  // RESIDENT_GPU_PROXY_FLUSH_BYTES=bytes|off: the proxy posts its batched copies (and raises
-  // the simple protocol's flags behind them) once they reach this many bytes within a pass,
-  // so the peer reads the first parts while the proxy copies the rest; off: at the pass's end.
-  uint64_t gpu_proxy_flush_bytes = UINT64_MAX;
   // RESIDENT_GPU_P2P_STREAM=auto|own: where a send/recv on CUDA tensors runs. auto (default):
   // launched lazily, a blocking one on the caller's stream; own: on a stream per peer and
   // direction, launched when called (c10d/work_cuda.hpp, runCudaP2P).

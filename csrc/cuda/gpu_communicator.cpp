@@ -86,8 +86,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       one_round_(comm.config().gpu_one_round),
       proxy_streaming_(comm.config().gpu_proxy_streaming),
       proxy_prefetch_(comm.config().gpu_proxy_prefetch_bytes),
-      fence_from_(comm.config().gpu_trigger_fence_from),
-      proxy_flush_(comm.config().gpu_proxy_flush_bytes) {
+      fence_from_(comm.config().gpu_trigger_fence_from) {
   if (nranks_ > gpu::kMaxRanks) {
     throw InvalidArgument("resident: CUDA tensors are supported in groups of at most " +
                           std::to_string(gpu::kMaxRanks) + " ranks; this group has " +

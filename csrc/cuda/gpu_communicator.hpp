@@ -122,7 +122,6 @@ class GpuCommunicator : public ProxyHandler {
   const bool proxy_streaming_;     // RESIDENT_GPU_PROXY_STREAMING: Transport::writeForDevice
   const uint32_t proxy_prefetch_;  // RESIDENT_GPU_PROXY_PREFETCH_BYTES: the line check's
   const uint64_t fence_from_;      // RESIDENT_GPU_TRIGGER_FENCE_FROM: fenceTriggers
-  const uint64_t proxy_flush_;     // RESIDENT_GPU_PROXY_FLUSH_BYTES: batched bytes that post
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;

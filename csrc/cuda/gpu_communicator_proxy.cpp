@@ -87,13 +87,9 @@ bool GpuCommunicator::proxyPoll() {
   // this was 4-15% faster than posting each part's copy and flags as they came, from 16 KiB.
   // Unfenced LL lines to a transport that fuses (shm) skip the batch: each trigger's lines are
   // checked and copied in one pass as it is popped, one fence per pass before the batch's posts
-  // (RESIDENT_GPU_PROXY_FUSED_CHECK; H200, session 26: 14-24% faster at 16-32 KiB). With
-  // RESIDENT_GPU_PROXY_FLUSH_BYTES the batch also goes out once it holds that many bytes, and
-  // the flags popped so far with it (each flag trigger follows its parts' copy in the FIFO, so
-  // their copies are in the batch or already posted).
+  // (RESIDENT_GPU_PROXY_FUSED_CHECK; H200, session 26: 14-24% faster at 16-32 KiB).
   BatchWrite batch[64];
   int n = 0;
-  uint64_t batched = 0;  // bytes in batch[0, n)
   struct Flag {
     int peer;
     uint64_t offset;
@@ -109,7 +105,6 @@ bool GpuCommunicator::proxyPoll() {
       unflushed_lines = false;
     }
     n = sortAndMergeWrites(batch, n);
-    batched = 0;
     for (int i = 0; i < n; ++i) {
       const size_t remote = comm_.gpuRegionOffset() + batch[i].remote;
       if (proxy_streaming_)
@@ -177,12 +172,10 @@ bool GpuCommunicator::proxyPoll() {
     const BatchWrite w{static_cast<int>(r.peer), r.local_offset, r.remote_offset, r.bytes};
     if (n > 0 && continuesWrite(batch[n - 1], w)) {  // in FIFO order already: no slot taken
       batch[n - 1].bytes += w.bytes;
-    } else {
-      if (n == 64) flush();
-      batch[n++] = w;
+      continue;
     }
-    batched += w.bytes;
-    if (batched >= proxy_flush_) flush();
+    if (n == 64) flush();
+    batch[n++] = w;
   }
   flush();
   if (popped > 0) ring_.publishTail();
