@@ -20,6 +20,8 @@
 #                floors stage in the same call the floors are measured first (~10 s).
 #   bench-quick: the same, short (~1 min in all).
 #   bench-cuda:  only the CUDA ladder (as in `bench`).
+#   bench-protocol: RESIDENT_GPU_PROTOCOL simple (default) beside ll, direct path, 2/4/8 ranks,
+#                graph, 64 KiB..1 MiB, twice each ($OUT/bench_protocol.json).
 #   bench-ab:    2 ranks, graph mode, both paths: the defaults beside RESIDENT_GPU_PREFETCH=0 and
 #                (proxy) RESIDENT_GPU_PROXY_STREAMING=0 and RESIDENT_GPU_TRIGGER_FENCE=1, side by
 #                side in one run ($OUT/bench_ab.json, ~1 min; $RESIDENT_AB_BACKENDS, $RESIDENT_AB_SIZES).
@@ -453,14 +455,15 @@ if has bench-ab-tree; then
 fi
 
 if has bench-protocol; then
-  # RESIDENT_GPU_PROTOCOL=ll (default) against simple, side by side: 2 and 4 ranks, direct path,
-  # graph and eager, the sizes around the switch (rounds over 32 KiB go simple).
+  # RESIDENT_GPU_PROTOCOL=simple (default) against ll, side by side: 2, 4 and 8 ranks, direct
+  # path, graph mode, sizes where a round to one peer carries over 32 KiB at some rank count
+  # (those go simple; smaller ones are LL lines under both settings).
   step "bench (cuda, protocol A/B)"
   [[ -x benchmarks/floors/build/floors ]] || bash benchmarks/floors/build.sh > "$OUT/floors_build.log" 2>&1
   [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
-  python3 -m resident_pg.bench --device cuda --mode graph,eager --world-sizes 2,4 \
-    --ops all_reduce,all_gather,reduce_scatter,all_to_all_single --sizes 4K,32K,48K,64K,256K \
-    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_PROTOCOL=simple" \
+  python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 2,4,8 \
+    --ops all_reduce,all_gather,reduce_scatter,all_to_all_single,send_recv --sizes 64K,256K,1M \
+    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_PROTOCOL=ll,resident:path=direct,resident:path=direct:RESIDENT_GPU_PROTOCOL=ll" \
     --floors "$OUT/floors.json" --timeout 30 --time-limit ${RESIDENT_BENCH_LIMIT_S:-200} \
     --json "$OUT/bench_protocol.json" > "$OUT/bench_protocol.log" 2>&1 || status=1
   tail -n 70 "$OUT/bench_protocol.log"
