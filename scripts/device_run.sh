@@ -20,8 +20,6 @@
 #                floors stage in the same call the floors are measured first (~10 s).
 #   bench-quick: the same, short (~1 min in all).
 #   bench-cuda:  only the CUDA ladder (as in `bench`).
-#   bench-protocol: RESIDENT_GPU_PROTOCOL simple (default) beside ll, direct path, 2/4/8 ranks,
-#                graph, 64 KiB..1 MiB, twice each ($OUT/bench_protocol.json).
 #   bench-ab:    2 ranks, graph mode, both paths: the defaults beside RESIDENT_GPU_PREFETCH=0 and
 #                (proxy) RESIDENT_GPU_PROXY_STREAMING=0 and RESIDENT_GPU_TRIGGER_FENCE=1, side by
 #                side in one run ($OUT/bench_ab.json, ~1 min; $RESIDENT_AB_BACKENDS, $RESIDENT_AB_SIZES).
@@ -127,8 +125,8 @@
 #                kernels resident_pg | tar -x -C abold`; built in place there), alternately,
 #                $RESIDENT_AB_TREE_RUNS rounds (default 2), the first side changing every round
 #                ($OUT/bench_ab_tree_{this,other}_N.{json,log}, ~1.5 min to build the other tree).
-#   bench-protocol: RESIDENT_GPU_PROTOCOL=ll vs simple, 2 and 4 ranks, direct path, graph and
-#                eager, 4 KiB..256 KiB ($OUT/bench_protocol.json; $RESIDENT_BENCH_LIMIT_S).
+#   bench-protocol: RESIDENT_GPU_PROTOCOL simple (the default) beside ll, twice each, direct path,
+#                2/4/8 ranks, graph, 64 KiB..1 MiB ($OUT/bench_protocol.json; $RESIDENT_BENCH_LIMIT_S).
 #   bench-p2p:   2 ranks, eager and graph, send/recv (and all_reduce) 8 B..1 MiB, both paths,
 #                each by default, direct also with RESIDENT_GPU_P2P_STREAM=own (at once, on a
 #                stream of their own), side by side ($OUT/bench_p2p.json, ~1 min). Other variants:
