@@ -48,6 +48,8 @@ def create_backend(dist_backend_opts, backend_options):
         dist_backend_opts.group_size,
         timeout,
         normalize_options(backend_options),
+        # errors name ranks as the user knows them (a subgroup's rank r is another global rank)
+        [int(r) for r in (getattr(dist_backend_opts, "global_ranks_in_group", None) or [])],
     )
     if "gpu_persistent=1" in pg.config().split():
         warnings.warn(PERSISTENT_WARNING, stacklevel=2)

@@ -19,12 +19,14 @@ PYBIND11_MODULE(_C, m) {
       m, "ProcessGroupResident")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout,
-                       const std::map<std::string, std::string>& options) {
-             return c10::make_intrusive<ProcessGroupResident>(store, rank, size, timeout, options);
+                       const std::map<std::string, std::string>& options,
+                       const std::vector<int>& global_ranks) {
+             return c10::make_intrusive<ProcessGroupResident>(store, rank, size, timeout, options,
+                                                              global_ranks);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::arg("options") = std::map<std::string, std::string>{},
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("global_ranks") = std::vector<int>{}, py::call_guard<py::gil_scoped_release>())
       .def("transport_for", &ProcessGroupResident::transportFor, py::arg("peer"),
            "Transport used to reach a peer: 'shm' (same host), 'tcp' (another host, or "
            "RESIDENT_TRANSPORT=tcp) or 'self'.")

@@ -155,7 +155,8 @@ size_t nbytes(const at::Tensor& t) {
 
 ProcessGroupResident::ProcessGroupResident(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int size, std::chrono::milliseconds timeout,
-                                           const std::map<std::string, std::string>& options)
+                                           const std::map<std::string, std::string>& options,
+                                           const std::vector<int>& global_ranks)
     : c10d::Backend(rank, size) {
   translateErrors([&] {
     Config cfg = Config::fromEnvironment(options);
@@ -163,7 +164,7 @@ ProcessGroupResident::ProcessGroupResident(const c10::intrusive_ptr<c10d::Store>
     cfg.gpu_region = cudaPathBuilt() && at::hasCUDA();
     C10dStoreBootstrap bootstrap(store);
     comm_ = std::make_shared<Communicator>(bootstrap, rank, size, cfg,
-                                           static_cast<uint64_t>(timeout.count()));
+                                           static_cast<uint64_t>(timeout.count()), global_ranks);
     inflight_.reserve(cfg.max_inflight);
     timeout_ms_ = static_cast<uint64_t>(timeout.count());
     return 0;

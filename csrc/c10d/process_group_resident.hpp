@@ -22,7 +22,8 @@ class ProcessGroupResident : public c10d::Backend {
  public:
   ProcessGroupResident(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout,
-                       const std::map<std::string, std::string>& options);
+                       const std::map<std::string, std::string>& options,
+                       const std::vector<int>& global_ranks = {});
   ~ProcessGroupResident() override;
 
   const std::string getBackendName() const override { return "resident"; }

@@ -20,6 +20,11 @@ class C10dStoreBootstrap : public BootstrapStore {
     const auto v = store_->get(key);
     return std::string(v.begin(), v.end());
   }
+  bool tryGet(const std::string& key, std::string* value) override {
+    if (!store_->check({key})) return false;
+    *value = get(key);
+    return true;
+  }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

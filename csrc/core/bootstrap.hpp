@@ -3,6 +3,8 @@
 // implement it in memory. Never used on the per-op path.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,10 +16,22 @@ class BootstrapStore {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // Blocks until the key exists (the store's own timeout applies) and returns its value.
   virtual std::string get(const std::string& key) = 0;
+  // Without blocking: true and the value if the key exists. The default blocks in get().
+  virtual bool tryGet(const std::string& key, std::string* value) {
+    *value = get(key);
+    return true;
+  }
 };
 
 // Every rank publishes `value` under `key`; returns all ranks' values, indexed by rank.
 std::vector<std::string> allGatherStrings(BootstrapStore& store, int rank, int size,
                                           const std::string& key, const std::string& value);
+// The same, polling for each missing value (tryGet every millisecond), so that a rank that died
+// is noticed: `check(r)` runs between polls while rank r's value is missing and throws to give
+// up. Throws TimeoutError naming the missing ranks after `timeout_ns`.
+std::vector<std::string> allGatherStrings(BootstrapStore& store, int rank, int size,
+                                          const std::string& key, const std::string& value,
+                                          uint64_t timeout_ns,
+                                          const std::function<void(int)>& check);
 
 }  // namespace resident

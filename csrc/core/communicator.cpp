@@ -9,6 +9,8 @@
 #include "core/ib/ib_caps.hpp"
 #include "core/ib/ib_transport.hpp"
 #include "core/log.hpp"
+#include "core/peer_monitor.hpp"
+#include "core/process_state.hpp"
 #include "core/routed_transport.hpp"
 #include "core/shm_transport.hpp"
 
@@ -16,6 +18,8 @@ namespace resident {
 namespace {
 
 constexpr uint32_t kFifoCapacity = 4096;
+// How often the proxy looks for peers that are gone (a poll() over pidfds, a load per peer).
+constexpr uint64_t kPeerCheckPeriodNs = 5ull * 1000 * 1000;
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -59,10 +63,12 @@ std::string localHostKey() {
 }
 
 Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Config& cfg,
-                           uint64_t timeout_ms)
+                           uint64_t timeout_ms, std::vector<int> global_ranks)
     : rank_(rank),
       nranks_(nranks),
       cfg_(cfg),
+      global_ranks_(global_ranks.size() == static_cast<size_t>(nranks) ? std::move(global_ranks)
+                                                                       : std::vector<int>{}),
       layout_(nranks, cfg.slots, cfg.slot_bytes),
       gpu_layout_(nranks, cfg.gpu_chunk_bytes) {
   if (nranks < 1 || rank < 0 || rank >= nranks) {
@@ -145,6 +151,8 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
     info.host = f[0].substr(0, f[0].find('/'));
     info.pid = std::stoi(f[1]);
     info.same_host = f[0] == host_key;
+    info.name =
+        resident::rankName(p, global_ranks_.empty() ? -1 : global_ranks_[static_cast<size_t>(p)]);
     group_tcp = group_tcp || f[0] != key0;
     if (std::to_string(cfg.slots) != f[4] || std::to_string(cfg.slot_bytes) != f[5]) {
       throw InvalidArgument("resident: rank " + std::to_string(p) + " uses RESIDENT_SLOTS=" + f[4] +
@@ -171,16 +179,44 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
     fields[static_cast<size_t>(p)] = f;
   }
   chooseTransports();
+  if (tcp_) {
+    std::vector<std::string> names;
+    for (const PeerInfo& info : peers_) names.push_back(info.name);
+    tcp_->setRankNames(std::move(names));
+  }
+  // From here on a same-host peer that dies is noticed, before this rank maps its segment or
+  // waits for it.
+  monitor_ = std::make_unique<PeerMonitor>(
+      rank, peers_, static_cast<const unsigned char*>(inbox_.data()), layout_);
+  auto alive = [&](int p) {
+    if (!monitor_->exited(p)) return;
+    const PeerInfo& info = peers_[static_cast<size_t>(p)];
+    throw CommError("resident: " + info.name + " (pid " + std::to_string(info.pid) + " on " +
+                    info.host +
+                    ") exited during process group creation (it crashed or was killed); rank " +
+                    std::to_string(rank) + " stopped waiting for it");
+  };
+  for (int p = 0; p < nranks; ++p)
+    if (p != rank) alive(p);
   std::vector<unsigned char*> bases(static_cast<size_t>(nranks), nullptr);
   for (int p = 0; p < nranks; ++p) {
     if (kinds_[static_cast<size_t>(p)] != "shm") continue;
     const auto& f = fields[static_cast<size_t>(p)];
-    peer_inboxes_[static_cast<size_t>(p)] = ShmSegment::open(f[2], std::stoull(f[3]));
+    try {
+      peer_inboxes_[static_cast<size_t>(p)] = ShmSegment::open(f[2], std::stoull(f[3]));
+    } catch (const CommError& e) {
+      const PeerInfo& info = peers_[static_cast<size_t>(p)];
+      throw CommError(std::string(e.what()) + " (the inbox of " + info.name + ", pid " +
+                      std::to_string(info.pid) +
+                      (processHasExited(info.pid) ? ", which has exited: it crashed or was killed "
+                                                    "during process group creation)"
+                                                  : ")"));
+    }
     bases[static_cast<size_t>(p)] =
         static_cast<unsigned char*>(peer_inboxes_[static_cast<size_t>(p)].data());
   }
   // Everyone has mapped everyone: names can go, so nothing outlives a crash in /dev/shm.
-  allGatherStrings(store, rank, nranks, "resident/mapped", "1");
+  allGatherStrings(store, rank, nranks, "resident/mapped", "1", timeout_ms * 1000000ull, alive);
   inbox_.unlinkName();
   shm_ = std::make_unique<ShmTransport>(bases);
   connectTcp(store, endpoints, group_tcp, timeout_ms);
@@ -291,9 +327,37 @@ void Communicator::connectTcp(BootstrapStore& store, const std::vector<std::stri
 void Communicator::deliverTcpEvents() {
   for (const auto& e : tcp_->takeEvents()) {
     if (e.fatal)
-      engine_->poison(e.reason);
+      peerFailed(e.peer, e.reason);
     else
       engine_->markPeerLost(e.peer, e.reason);
+  }
+}
+
+void Communicator::peerFailed(int dead, const std::string& reason) {
+  if (!engine_->poisoned() && dead_rank_ < 0) dead_rank_ = dead;
+  engine_->poison(reason);
+}
+
+void Communicator::checkPeers() {
+  peer_events_.clear();
+  monitor_->poll(peer_events_);
+  for (const auto& e : peer_events_) {
+    if (e.failed)
+      peerFailed(e.dead, e.reason);
+    else
+      engine_->markPeerLost(e.peer, e.reason);
+  }
+}
+
+void Communicator::tellPeers(uint64_t state) {
+  peers_told_ = true;
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    try {
+      transport_->signal(p, layout_.peerStateOffset(rank_), state);
+    } catch (const CommError& e) {
+      RLOG_INFO("rank %d: could not tell rank %d that this group stopped: %s", rank_, p, e.what());
+    }
   }
 }
 
@@ -306,6 +370,12 @@ void Communicator::shutdown() {
   shut_down_ = true;
   if (tcp_) tcp_->abort();  // a proxy waiting for a peer to take data gives up
   if (proxy_) proxy_->stop();
+  // The peers learn at once that this group is gone: orderly (destroy) or failed. With the
+  // proxy stopped, this thread is the only one using the transport.
+  if (engine_ && transport_ && !peers_told_ && !transport_failed_) {
+    tellPeers(engine_->poisoned() ? failedState() : kPeerStateLeft);
+    if (tcp_) tcp_->poll();
+  }
   // The engine (and its op pool) stays until destruction: Works may still hold handles.
   // Poisoned, it never touches the transport or the segments again.
   if (engine_) engine_->poison("the process group was shut down");
@@ -348,7 +418,21 @@ bool Communicator::proxyPass() {
   // Async ops nobody waits on are driven here, at the proxy's idle pace: a caller blocked
   // in wait() drives its own ops, and two spinning drivers would only contend for the core.
   if (engine_->hasActive() && !engine_->hasWaiters()) engine_->tryProgress();
+  const uint64_t now = nowNs();
+  if (now >= next_peer_check_ns_) {
+    next_peer_check_ns_ = now + kPeerCheckPeriodNs;
+    checkPeers();
+  }
+  // A failed group tells its peers, so that they stop now instead of at their timeout.
+  if (!peers_told_ && engine_->poisoned() && !transport_failed_) {
+    tellPeers(failedState());
+    moved = true;
+  }
   return moved;
+}
+
+uint64_t Communicator::failedState() const {
+  return kPeerStateFailed | (static_cast<uint64_t>(dead_rank_ + 1) << 8);
 }
 
 void Communicator::setExtraPoller(ProxyHandler* poller) {

@@ -16,6 +16,7 @@
 #include "core/fifo.hpp"
 #include "core/gpu_layout.hpp"
 #include "core/layout.hpp"
+#include "core/peer_monitor.hpp"
 #include "core/proxy.hpp"
 #include "core/shm_segment.hpp"
 #include "core/shm_transport.hpp"
@@ -32,7 +33,9 @@ namespace resident {
 
 class Communicator : public ProxyHandler {
  public:
-  Communicator(BootstrapStore& store, int rank, int nranks, const Config& cfg, uint64_t timeout_ms);
+  // `global_ranks[r]`: the global rank of group rank r, for messages (empty: the same).
+  Communicator(BootstrapStore& store, int rank, int nranks, const Config& cfg, uint64_t timeout_ms,
+               std::vector<int> global_ranks = {});
   ~Communicator() override;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -66,6 +69,11 @@ class Communicator : public ProxyHandler {
   std::string transportFor(int peer) const;
   std::string pathFor(int peer) const;
   int proxyCpu() const { return proxy_ ? proxy_->boundCpu() : -1; }
+  // How messages name group rank `p` ("rank 5", or "rank 5 (group rank 1)" in a subgroup).
+  std::string rankName(int p) const {
+    return p >= 0 && p < nranks_ ? peers_[static_cast<size_t>(p)].name
+                                 : "rank " + std::to_string(p);
+  }
 
   bool proxyPoll() override;
 
@@ -106,12 +114,20 @@ class Communicator : public ProxyHandler {
   void connectTcp(BootstrapStore& store, const std::vector<std::string>& endpoints, bool group_tcp,
                   uint64_t timeout_ms);
   void deliverTcpEvents();
+  // Peers gone (core/peer_monitor.hpp): a failed one poisons the group, one that left fails
+  // the ops that wait on it. Proxy pass only.
+  void checkPeers();
+  void peerFailed(int dead, const std::string& reason);
+  // Writes this rank's state word into every peer's inbox (kPeerStateLeft or failedState()).
+  void tellPeers(uint64_t state);
+  uint64_t failedState() const;
   // ib (csrc/core/ib/ib_connect.cpp): queue pairs to the peers whose transport is "ib".
   void connectIb(BootstrapStore& store);
   bool proxyPass();  // one proxy pass; proxyPoll turns a transport's CommError into poison
 
   const int rank_, nranks_;
   const Config cfg_;
+  const std::vector<int> global_ranks_;
   const InboxLayout layout_;
   ShmSegment inbox_;
   std::vector<ShmSegment> peer_inboxes_;
@@ -121,9 +137,14 @@ class Communicator : public ProxyHandler {
   std::unique_ptr<ShmTransport> shm_;
   std::unique_ptr<TcpTransport> tcp_;
   std::unique_ptr<ib::IbTransport> ib_;
-  std::vector<bool> peer_ib_;          // peer has an active RDMA port (from its descriptor)
-  std::vector<bool> peer_proxies_;     // peer runs RESIDENT_PATH=proxy (from its descriptor)
-  bool transport_failed_ = false;      // proxy thread only
+  std::vector<bool> peer_ib_;       // peer has an active RDMA port (from its descriptor)
+  std::vector<bool> peer_proxies_;  // peer runs RESIDENT_PATH=proxy (from its descriptor)
+  bool transport_failed_ = false;   // proxy thread only
+  std::unique_ptr<PeerMonitor> monitor_;
+  std::vector<PeerMonitor::Event> peer_events_;  // reused by checkPeers
+  uint64_t next_peer_check_ns_ = 0;
+  int dead_rank_ = -1;                 // the peer found dead that failed this group, if one did
+  bool peers_told_ = false;            // this rank's state word went out
   bool ib_local_ = false;              // this rank has an active RDMA port
   std::string ib_why_;                 // why this rank has no usable ib, for errors and logs
   std::unique_ptr<Transport> routed_;  // when peers use different transports

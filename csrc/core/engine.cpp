@@ -1,7 +1,5 @@
 #include "core/engine.hpp"
 
-#include <signal.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -14,7 +12,7 @@
 namespace resident {
 namespace {
 
-constexpr uint64_t kLivenessPeriodNs = 100ull * 1000 * 1000;
+constexpr uint64_t kLivenessPeriodNs = 2ull * 1000 * 1000;
 constexpr int kTriggerTypeShift = 40;
 constexpr int kTriggerRingShift = 32;
 
@@ -24,6 +22,11 @@ uint64_t triggerWord(TriggerType type, Ring ring, int peer) {
 }
 
 }  // namespace
+
+std::string rankName(int group_rank, int global_rank) {
+  if (global_rank < 0 || global_rank == group_rank) return "rank " + std::to_string(group_rank);
+  return "rank " + std::to_string(global_rank) + " (group rank " + std::to_string(group_rank) + ")";
+}
 
 Engine::Engine(int rank, int nranks, const Config& cfg, const InboxLayout& layout,
                unsigned char* inbox, Transport* transport, std::vector<PeerInfo> peers,
@@ -111,9 +114,9 @@ void Engine::runCallbacks() {
 Op* Engine::begin() {
   lock();
   if (poisoned()) {
-    const std::string reason = poison_reason_;
     unlock();
-    throw CommError("resident: the process group is unusable after an earlier error: " + reason);
+    throw CommError("resident: the process group is unusable after an earlier error: " +
+                    poisonReason());
   }
   const uint64_t deadline = nowNs() + timeout_ns_;
   Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
@@ -131,9 +134,9 @@ Op* Engine::begin() {
     backoff.pause();
     lock();
     if (poisoned()) {
-      const std::string reason = poison_reason_;
       unlock();
-      throw CommError("resident: the process group is unusable after an earlier error: " + reason);
+      throw CommError("resident: the process group is unusable after an earlier error: " +
+                      poisonReason());
     }
   }
   Op* op = free_.back();
@@ -300,9 +303,18 @@ void Engine::markPeerLost(int peer, const std::string& why) {
   flag.store(true, std::memory_order_release);  // publishes the reason
 }
 
+std::string Engine::poisonReason() const {
+  std::lock_guard<std::mutex> guard(poison_mu_);
+  return poison_reason_;
+}
+
 void Engine::failAllLocked(const std::string& reason, ErrorKind kind) {
-  if (!poisoned_.exchange(true)) {
-    poison_reason_ = reason;
+  if (!poisoned_.load(std::memory_order_relaxed)) {
+    {
+      std::lock_guard<std::mutex> guard(poison_mu_);
+      poison_reason_ = reason;
+    }
+    poisoned_.store(true, std::memory_order_release);
     RLOG_ERROR("%s", reason.c_str());
   }
   for (Op* op : active_) {
@@ -546,46 +558,29 @@ bool Engine::progressReduce(Op& op) {
 
 void Engine::checkDeadline(Op& op, uint64_t now) {
   const int peer = op.waiting_on;
-  const std::string peer_text = peer >= 0
-                                    ? "rank " + std::to_string(peer) + " (pid " +
-                                          std::to_string(peers_[static_cast<size_t>(peer)].pid) +
-                                          " on " + peers_[static_cast<size_t>(peer)].host + ")"
-                                    : std::string("its peers");
+  auto peer_text = [&] {
+    if (peer < 0) return std::string("its peers");
+    const PeerInfo& info = peers_[static_cast<size_t>(peer)];
+    return info.name + " (pid " + std::to_string(info.pid) + " on " + info.host + ")";
+  };
   if (now > op.deadline_ns) {
     throw TimeoutError("resident: " + op.describe() + " on rank " + std::to_string(rank_) +
                        " timed out after " + std::to_string((now - op.start_ns) / 1000000) +
-                       " ms waiting for " + peer_text +
+                       " ms waiting for " + peer_text() +
                        "; that rank may have crashed, hung, or called a different operation");
   }
-  // A peer on this host that exited, or one whose connection closed, will never answer: say
-  // so now rather than at the timeout.
+  // A peer that left (destroyed its group, or closed its connection with a goodbye) will never
+  // answer: say so now rather than at the timeout. A collective needs every rank; a send or
+  // receive only its peer. (Peers that died or failed poison the group: peer_monitor.hpp.)
   if (now - op.last_liveness_check_ns < kLivenessPeriodNs) return;
   op.last_liveness_check_ns = now;
-  // Name every peer found dead, not just the first: when one rank dies, others may exit after
-  // raising, so the awaited peer may be dead only because of another rank's death. Once it is
-  // found dead every other peer is checked too.
-  std::string dead;
-  int ndead = 0;
-  auto scan = [&](bool awaited_only) {
-    for (int p = 0; p < nranks_; ++p) {
-      if (p == rank_ || (peer >= 0 && (p == peer) != awaited_only)) continue;
-      const bool lost = lost_[p].load(std::memory_order_acquire);
-      if (lost && awaited_only) {
-        throw CommError(lost_why_[static_cast<size_t>(p)] + "; rank " + std::to_string(rank_) +
-                        " was waiting for it in " + op.describe());
-      }
-      const PeerInfo& info = peers_[static_cast<size_t>(p)];
-      if (lost || (info.same_host && info.pid > 0 && kill(info.pid, 0) != 0 && errno == ESRCH)) {
-        dead += std::string(ndead++ ? " and " : "") + "rank " + std::to_string(p) + " (pid " +
-                std::to_string(info.pid) + ")";
-      }
-    }
-  };
-  scan(true);
-  if (ndead > 0 && peer >= 0) scan(false);
-  if (ndead > 0) {
-    throw CommError("resident: " + dead + " exited" + " while rank " + std::to_string(rank_) +
-                    " waited in " + op.describe());
+  const bool collective = op.ring == kCollectiveRing;
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_ || (!collective && p != op.peer)) continue;
+    if (!lost_[p].load(std::memory_order_acquire)) continue;
+    throw CommError(lost_why_[static_cast<size_t>(p)] + "; rank " + std::to_string(rank_) +
+                    " was waiting " + (p == peer ? "for it " : "for " + peer_text() + " ") + "in " +
+                    op.describe());
   }
 }
 

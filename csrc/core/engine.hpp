@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,7 +24,13 @@ struct PeerInfo {
   int pid = 0;
   bool same_host = false;
   std::string host;
+  // How messages name the rank: "rank 5" (its global rank), plus "(group rank 1)" in a
+  // subgroup where the two differ.
+  std::string name;
 };
+
+// PeerInfo::name of group rank `group_rank`, global rank `global_rank` (-1: unknown).
+std::string rankName(int group_rank, int global_rank);
 
 enum class TriggerType : uint64_t { kTransmit = 1, kAck = 2 };
 
@@ -68,6 +75,8 @@ class Engine {
   // `why`. Called by the proxy thread; the first reason sticks.
   void markPeerLost(int peer, const std::string& why);
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
+  // Why the group was poisoned (empty while it is not). Any thread.
+  std::string poisonReason() const;
   uint64_t timeoutNs() const { return timeout_ns_; }
   void setTimeoutNs(uint64_t ns) { timeout_ns_ = ns; }
   int rank() const { return rank_; }
@@ -139,7 +148,8 @@ class Engine {
   std::atomic<bool> has_callbacks_{false};
   uint64_t coll_seq_ = 0;
   std::atomic<bool> poisoned_{false};
-  std::string poison_reason_;
+  mutable std::mutex poison_mu_;
+  std::string poison_reason_;                  // set once, under poison_mu_, before poisoned_
   std::unique_ptr<std::atomic<bool>[]> lost_;  // per peer, set once by markPeerLost
   std::vector<std::string> lost_why_;
 };

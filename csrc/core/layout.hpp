@@ -2,10 +2,13 @@
 // same on all ranks (computed from nranks, slots and slot_bytes), so a sender addresses a
 // peer's slot by offset alone, which is what a network transport needs.
 //
-//   [header line][ack lines: nranks x kRings][rings: nranks x kRings x slots x (header+payload)]
+//   [header line][ack lines: nranks x kRings][peer states: nranks words, whole lines]
+//   [rings: nranks x kRings x slots x (header+payload)]
 //
 // Ring (src, k) of rank r's inbox carries messages src -> r of kind k. Ack line (p, k) of
 // rank r's inbox is written by p: how many messages of ring (r, k) in p's inbox p consumed.
+// Peer state word p of rank r's inbox is written by p only: whether p's group is still up
+// (core/peer_monitor.hpp).
 #pragma once
 
 #include <atomic>
@@ -50,6 +53,13 @@ struct alignas(64) InboxHeader {
 };
 constexpr uint64_t kInboxMagic = 0x5245534944454e54ull;  // "RESIDENT"
 
+// Values of a peer state word.
+constexpr uint64_t kPeerStateUp = 0;
+constexpr uint64_t kPeerStateLeft = 1;  // the peer shut its group down (destroy, exit)
+// The peer's group failed; bits 8 and up: 1 + the rank it found dead (0: none, e.g. a timeout
+// or a mismatch).
+constexpr uint64_t kPeerStateFailed = 2;
+
 class InboxLayout {
  public:
   InboxLayout(int nranks, uint32_t slots, uint32_t slot_bytes)
@@ -59,8 +69,12 @@ class InboxLayout {
   size_t ackOffset(int peer, Ring ring) const {
     return kLine + (static_cast<size_t>(peer) * kRings + ring) * kLine;
   }
+  size_t peerStateOffset(int peer) const {
+    return kLine + nranks_ * kRings * kLine + static_cast<size_t>(peer) * sizeof(uint64_t);
+  }
   size_t ringOffset(int src, Ring ring) const {
-    return kLine + nranks_ * kRings * kLine +
+    const size_t state_lines = (nranks_ * sizeof(uint64_t) + kLine - 1) / kLine;
+    return kLine + nranks_ * kRings * kLine + state_lines * kLine +
            (static_cast<size_t>(src) * kRings + ring) * slots_ * slotStride();
   }
   size_t slotOffset(int src, Ring ring, uint64_t seq) const {

@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -16,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/process_state.hpp"
 
 namespace resident {
 namespace {
@@ -156,7 +156,8 @@ int ShmSegment::removeStale() {
     struct stat st;
     const std::string path = std::string("/dev/shm/") + ent->d_name;
     if (stat(path.c_str(), &st) != 0 || st.st_uid != me) continue;
-    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    // Gone, or a zombie nobody reaped yet (kill(pid, 0) still succeeds on those).
+    if (!processHasExited(static_cast<int>(pid))) continue;
     if (shm_unlink((std::string("/") + ent->d_name).c_str()) == 0) {
       ++removed;
       RLOG_INFO("removed stale shared segment %s of dead pid %ld", ent->d_name, pid);

@@ -59,10 +59,6 @@ bool sendSmall(int fd, const void* data, size_t n) {
   }
 }
 
-std::string rankText(int r) {
-  return "rank " + std::to_string(r);
-}
-
 }  // namespace
 
 std::string firstNonLoopbackIPv4() {

@@ -26,10 +26,6 @@ constexpr size_t kDirectSendMin = size_t{16} * 1024;
 constexpr uint64_t kMs = 1000000ull;
 constexpr uint64_t kGoodbyeNs = 200 * kMs;
 
-std::string rankText(int r) {
-  return "rank " + std::to_string(r);
-}
-
 }  // namespace
 
 UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
@@ -47,6 +43,15 @@ void UniqueFd::reset(int fd) {
 
 TcpTransport::~TcpTransport() {
   shutdown();
+}
+
+void TcpTransport::setRankNames(std::vector<std::string> names) {
+  names_ = std::move(names);
+}
+
+std::string TcpTransport::rankText(int r) const {
+  if (r >= 0 && static_cast<size_t>(r) < names_.size()) return names_[static_cast<size_t>(r)];
+  return "rank " + std::to_string(r);
 }
 
 bool TcpTransport::connected(int peer) const {

@@ -99,6 +99,8 @@ class TcpTransport : public Transport {
   void shutdown();
 
   bool connected(int peer) const;
+  // How errors name ranks (index: group rank), e.g. "rank 5 (group rank 1)"; default "rank r".
+  void setRankNames(std::vector<std::string> names);
   uint64_t rejectedConnections() const { return rejected_; }
 
  private:
@@ -141,6 +143,7 @@ class TcpTransport : public Transport {
   void retryLater(int peer, const std::string& why, uint64_t now);
   void drop(int peer, bool fatal, const std::string& reason);
   void lost(int peer, const char* how);
+  std::string rankText(int r) const;
 
   const int rank_, nranks_;
   unsigned char* const segment_;
@@ -161,6 +164,7 @@ class TcpTransport : public Transport {
   std::atomic<bool> abort_{false};
   std::vector<Event> events_;
   uint64_t rejected_ = 0;
+  std::vector<std::string> names_;
 };
 
 // The host's (network namespace's) first non-loopback IPv4 address that is up; "127.0.0.1"

@@ -322,12 +322,14 @@ std::string GpuCommunicator::deviceError() const {
   const auto code = static_cast<gpu::ErrorCode>(word & 0xff);
   const uint32_t op = (word >> 8) & 0xff;
   const int64_t peer = static_cast<int64_t>(word >> 16) - 1;
-  std::string msg = std::string("resident: a CUDA ") + opName(op) + " on rank " +
-                    std::to_string(rank_) + " gave up waiting for rank " + std::to_string(peer);
+  std::string msg = std::string("resident: a CUDA ") + opName(op) + " on " + comm_.rankName(rank_) +
+                    " gave up waiting for " + comm_.rankName(static_cast<int>(peer));
   if (code == gpu::ErrorCode::kTimeout)
     msg += ": timed out on the device after " +
            std::to_string(timeout_ns_.load(std::memory_order_relaxed) / 1000000) +
            " ms (the peer is dead, stuck, or called a different op)";
+  else if (comm_.engine().poisoned())
+    msg += ": " + comm_.engine().poisonReason();
   else
     msg += ": the process group was aborted or shut down";
   return msg + "; this process group can no longer be used";
@@ -337,6 +339,9 @@ void GpuCommunicator::checkUsable() const {
   if (shut_down_) throw CommError("resident: the process group was shut down");
   const std::string err = deviceError();
   if (!err.empty()) throw CommError(err);
+  if (comm_.engine().poisoned())
+    throw CommError("resident: the process group is unusable after an earlier error: " +
+                    comm_.engine().poisonReason());
 }
 
 }  // namespace resident

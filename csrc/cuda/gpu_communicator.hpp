@@ -140,6 +140,7 @@ class GpuCommunicator : public ProxyHandler {
   // RESIDENT_GPU_PERSISTENT_GRAPHS=resident: captured collectives go to the resident kernel too.
   bool persistent_graphs_ = false;
   std::atomic<bool> error_logged_{false};
+  bool kernels_aborted_ = false;  // proxy pass only: the abort word was raised for a failed group
   bool any_proxied_ = false;
   // Bit p: the proxy checks and copies peer p's unfenced lines in one pass as it pops them
   // (RESIDENT_GPU_PROXY_FUSED_CHECK, with streaming, on a transport that fuses: shm).

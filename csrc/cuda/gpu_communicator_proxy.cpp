@@ -77,6 +77,12 @@ bool GpuCommunicator::writeLinesAsTheyLand(const GpuWriteRequest& r, BeforeWait&
 }
 
 bool GpuCommunicator::proxyPoll() {
+  // A group that failed (a peer died, or told it failed) stops its kernels that still wait: they
+  // exit on the abort word, and the host reports the group's error.
+  if (!kernels_aborted_ && comm_.engine().poisoned()) {
+    kernels_aborted_ = true;
+    abortKernels();
+  }
   // First the credits (a peer's send may be waiting for one), then the FIFO.
   const bool credited = any_proxied_ && forwardCredits();
   // Drain what the kernels pushed into a batch of writes (fixed arrays, no allocation), posted

@@ -1,0 +1,97 @@
+#include "core/peer_monitor.hpp"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "core/log.hpp"
+#include "core/process_state.hpp"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434  // the same number on every architecture (Linux 5.3)
+#endif
+
+namespace resident {
+
+PeerMonitor::PeerMonitor(int rank, const std::vector<PeerInfo>& peers, const unsigned char* inbox,
+                         const InboxLayout& layout)
+    : rank_(rank),
+      peers_(peers),
+      inbox_(inbox),
+      layout_(layout),
+      pidfd_(peers.size(), -1),
+      left_(peers.size(), 0),
+      failed_(peers.size(), 0),
+      exited_(peers.size(), 0) {
+  for (size_t p = 0; p < peers_.size(); ++p) {
+    if (static_cast<int>(p) == rank_ || !peers_[p].same_host || peers_[p].pid <= 0) continue;
+    const long fd = syscall(SYS_pidfd_open, peers_[p].pid, 0);
+    if (fd >= 0) {
+      pidfd_[p] = static_cast<int>(fd);
+    } else {
+      pidfds_ok_ = false;
+      RLOG_INFO("rank %d: no pidfd for rank %zu (pid %d): %s; watching /proc instead", rank_, p,
+                peers_[p].pid, std::strerror(errno));
+      if (errno == ESRCH) exited_[p] = 1;  // already gone: reported at the first poll
+    }
+  }
+}
+
+PeerMonitor::~PeerMonitor() {
+  for (int fd : pidfd_)
+    if (fd >= 0) ::close(fd);
+}
+
+std::string PeerMonitor::who(int peer) const {
+  const PeerInfo& info = peers_[static_cast<size_t>(peer)];
+  return info.name + " (pid " + std::to_string(info.pid) + " on " + info.host + ")";
+}
+
+bool PeerMonitor::processExited(int peer) {
+  const size_t p = static_cast<size_t>(peer);
+  if (exited_[p]) return true;
+  if (pidfd_[p] >= 0) {
+    pollfd f{pidfd_[p], POLLIN, 0};
+    if (::poll(&f, 1, 0) > 0 && (f.revents & (POLLIN | POLLHUP | POLLERR)) != 0) exited_[p] = 1;
+  } else if (peers_[p].same_host && peers_[p].pid > 0) {
+    if (processHasExited(peers_[p].pid)) exited_[p] = 1;
+  }
+  return exited_[p] != 0;
+}
+
+void PeerMonitor::poll(std::vector<Event>& out) {
+  for (int p = 0; p < static_cast<int>(peers_.size()); ++p) {
+    const size_t i = static_cast<size_t>(p);
+    if (p == rank_ || failed_[i]) continue;
+    const uint64_t word = __atomic_load_n(
+        reinterpret_cast<const uint64_t*>(inbox_ + layout_.peerStateOffset(p)), __ATOMIC_ACQUIRE);
+    if ((word & 0xff) == kPeerStateFailed) {
+      failed_[i] = 1;
+      const int dead = static_cast<int>(word >> 8) - 1;
+      std::string reason = "resident: the process group of " + who(p) + " failed";
+      if (dead >= 0 && dead < static_cast<int>(peers_.size()) && dead != rank_)
+        reason += " after it found " + peers_[static_cast<size_t>(dead)].name + " dead";
+      out.push_back(Event{p, true, dead, reason});
+      continue;
+    }
+    if (word == kPeerStateLeft && !left_[i]) {
+      left_[i] = 1;
+      out.push_back(
+          Event{p, false, -1, "resident: " + who(p) + " destroyed its process group (or exited)"});
+    }
+    if (!left_[i] && processExited(p)) {
+      failed_[i] = 1;
+      out.push_back(Event{p, true, p,
+                          "resident: " + who(p) +
+                              " exited without destroying its process group (it crashed or was "
+                              "killed)"});
+    }
+  }
+}
+
+}  // namespace resident

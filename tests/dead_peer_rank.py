@@ -1,0 +1,98 @@
+"""One rank of a dead-peer job (tests/test_dead_peer.py starts it as a plain subprocess, so the
+test decides whether and when a killed rank is reaped).
+
+argv: a JSON object: rank, world_size, store_port, scenario, device, victim, timeout_s.
+Prints JSON lines on stdout: {"ready": ...} when the rank reached the point where it may be
+killed, and, for a survivor, {"result": {...}} with the wall-clock time it raised.
+"""
+
+import datetime
+import json
+import os
+import sys
+import time
+
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    rank, ws, victim = cfg["rank"], cfg["world_size"], cfg["victim"]
+    scenario, device = cfg["scenario"], cfg["device"]
+    import torch
+    import torch.distributed as dist
+
+    import resident_pg  # noqa: F401
+
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    store = dist.TCPStore("127.0.0.1", cfg["store_port"], None, is_master=False,
+                          timeout=datetime.timedelta(seconds=60))
+    timeout = datetime.timedelta(seconds=cfg["timeout_s"][rank])
+    if scenario == "creation":
+        if rank == victim:
+            say(ready=True)  # killed a moment after it started creating the group
+        else:
+            time.sleep(1.5)  # the victim is dead by the time the others create theirs
+    t_start = time.time()
+    try:
+        dist.init_process_group("resident", store=store, rank=rank, world_size=ws, timeout=timeout)
+    except Exception as e:  # noqa: BLE001
+        say(result={"raised": True, "t_raise": time.time(), "t_start": t_start,
+                    "where": "init", "type": type(e).__name__, "message": str(e)})
+        return
+    if scenario == "creation":
+        say(result={"raised": False, "where": "init"})
+        return
+    sub = dist.new_group([1, 2]) if scenario == "subgroup" else None
+    x = torch.arange(1, 1 + 1031, dtype=torch.float32, device=device) * (rank + 1)
+
+    def op(group=None):
+        t = x.clone()
+        dist.all_reduce(t, group=group)
+        if device == "cuda":
+            t.cpu()  # the host learns of a failed op at the next call
+        return t
+
+    for _ in range(3):  # every rank warms up on every group it belongs to
+        t = op()
+        if sub is not None and rank in (1, 2):
+            op(sub)
+    if victim < 0:  # a healthy job: the GPU (and MPS) still serve a fresh job after a kill
+        expected = torch.arange(1, 1 + 1031, dtype=torch.float64) * (ws * (ws + 1) // 2)
+        ok = torch.equal(t.cpu().double(), expected)
+        dist.destroy_process_group()
+        say(result={"raised": False, "healthy": ok})
+        return
+    if rank == victim:
+        say(ready=True)
+        time.sleep(600)  # stops calling; the parent kills it
+        return
+    if scenario == "stuck":
+        # The victim stays alive but never calls: the rank with the short timeout gives up at
+        # its timeout, and the others learn of it from that rank at once.
+        say(ready=True)
+    if scenario == "between_ops":
+        # Outside any op while the victim dies; the next op must fail at once.
+        while not os.path.exists(cfg["killed_marker"]):
+            time.sleep(0.01)
+        time.sleep(0.3)
+    t_start = time.time()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            op(sub if (scenario == "subgroup" and rank == 1) else None)
+        say(result={"raised": False})
+    except Exception as e:  # noqa: BLE001
+        say(result={"raised": True, "t_raise": time.time(), "t_start": t_start, "where": "op",
+                    "type": type(e).__name__, "message": str(e)})
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""A dead peer is noticed at once, on every transport and path; a stuck one at the timeout.
+
+Each job runs its ranks as plain subprocesses (tests/dead_peer_rank.py) so that the test decides
+whether a killed rank is reaped at once (as torchrun's agent does) or left a zombie (as a
+torch.multiprocessing parent that has not joined it yet). Survivors must raise a
+DistBackendError naming the dead rank within DETECT_S of its death (of their op's start when
+it died while they were outside any op):
+- during_op: the survivors wait inside an all_reduce when the victim is killed;
+- between_ops: the victim is killed while the survivors are outside any op;
+- subgroup: the victim and rank 1 form a subgroup; rank 1 waits on it, rank 0 on the world;
+- creation: the victim is killed while it creates the group, before the others start theirs;
+- stuck (alive, never calls): rank 0 gives up at its own short timeout, and rank 1, whose
+  timeout is long, learns it from rank 0 at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DETECT_S = 2.0
+WS = 3
+VICTIM = 2
+
+MODES = {  # what a user can turn on for CPU tensors
+    "shm": {},
+    "proxy": {"RESIDENT_PATH": "proxy"},
+    "tcp": {"RESIDENT_TRANSPORT": "tcp"},
+}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Rank:
+    def __init__(self, rank, cfg, env):
+        self.rank = rank
+        self.lines = []
+        self.ready = threading.Event()
+        self.result = None
+        self.done = threading.Event()
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "dead_peer_rank.py"), json.dumps(cfg)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.err = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg.get("ready"):
+                self.ready.set()
+            if "result" in msg:
+                self.result = msg["result"]
+                self.done.set()
+        self.done.set()
+
+    def describe(self):
+        return (f"rank {self.rank}: rc={self.proc.poll()} result={self.result}\n"
+                f"  stderr tail: {''.join(self.err[-15:])}")
+
+
+def run_job(scenario, device="cpu", env_extra=None, reap=True, victim=VICTIM, timeouts=None):
+    """Runs one job; returns (ranks, t_kill)."""
+    import torch.distributed as dist
+
+    port = _free_port()
+    store = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False)
+    marker = os.path.join(tempfile.mkdtemp(prefix="resident_dead_peer_"), "killed")
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), env.get("PYTHONPATH", "")])
+    timeouts = timeouts or [30] * WS
+    ranks = []
+    try:
+        for r in range(WS):
+            cfg = {"rank": r, "world_size": WS, "store_port": port, "scenario": scenario,
+                   "device": device, "victim": victim, "timeout_s": timeouts,
+                   "killed_marker": marker}
+            ranks.append(_Rank(r, cfg, env))
+        t_kill = None
+        if victim >= 0:
+            v = ranks[victim]
+            assert v.ready.wait(90), "the victim never got ready:\n" + v.describe()
+            time.sleep(0.3)
+            if scenario != "stuck":
+                v.proc.send_signal(signal.SIGKILL)
+                t_kill = time.time()
+                if reap:
+                    v.proc.wait()
+                open(marker, "w").close()
+        for r in ranks:
+            if r.rank != victim:
+                r.done.wait(90)
+        return ranks, t_kill
+    finally:
+        for r in ranks:
+            if r.proc.poll() is None and (r.rank != victim or reap or scenario == "stuck"):
+                r.proc.kill()
+        for r in ranks:
+            if r.proc.poll() is None:
+                r.proc.kill()
+            r.proc.wait()
+        del store
+
+
+def check_survivors(ranks, t_kill, victim=VICTIM, name=None):
+    name = f"rank {victim}" if name is None else name
+    problems = []
+    for r in ranks:
+        if r.rank == victim:
+            continue
+        res = r.result
+        if not res or not res.get("raised"):
+            problems.append(f"rank {r.rank} did not raise:\n{r.describe()}")
+            continue
+        since = max(t_kill or 0.0, res["t_start"])
+        took = res["t_raise"] - since
+        if took > DETECT_S:
+            problems.append(f"rank {r.rank} raised {took:.2f} s after the death "
+                            f"(limit {DETECT_S} s): {res['message']}")
+        if name not in res["message"]:
+            problems.append(f"rank {r.rank}'s error does not name {name}: {res['message']}")
+        if res["type"] != "DistBackendError":
+            problems.append(f"rank {r.rank} raised {res['type']}, not DistBackendError: "
+                            f"{res['message']}")
+    return problems
+
+
+@pytest.mark.resident_only
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("reap", [False, True], ids=["unreaped", "reaped"])
+@pytest.mark.parametrize("scenario", ["during_op", "between_ops"])
+def test_killed_peer_noticed_at_once(scenario, reap, mode):
+    ranks, t_kill = run_job(scenario, env_extra=MODES[mode], reap=reap)
+    problems = check_survivors(ranks, t_kill)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.resident_only
+@pytest.mark.parametrize("mode", ["shm", "tcp"])
+@pytest.mark.parametrize("scenario", ["subgroup", "creation"])
+def test_killed_peer_noticed_in_subgroup_and_creation(scenario, mode):
+    ranks, t_kill = run_job(scenario, env_extra=MODES[mode], reap=False)
+    problems = check_survivors(ranks, t_kill)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.resident_only
+@pytest.mark.parametrize("mode", ["shm", "tcp"])
+def test_stuck_peer_times_out_and_the_failure_spreads(mode):
+    # Rank 0 gives up after 2 s; rank 1 (timeout 60 s) must follow within DETECT_S of that.
+    ranks, _ = run_job("stuck", env_extra=MODES[mode], timeouts=[2, 60, 60])
+    r0, r1 = ranks[0].result, ranks[1].result
+    assert r0 and r0.get("raised") and "timed out" in r0["message"], ranks[0].describe()
+    assert r1 and r1.get("raised"), ranks[1].describe()
+    assert r1["t_raise"] - r0["t_raise"] <= DETECT_S, (r0, r1)
+    assert "rank 0" in r1["message"], r1["message"]
