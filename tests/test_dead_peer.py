@@ -174,3 +174,20 @@ def test_stuck_peer_times_out_and_the_failure_spreads(mode):
     assert r1 and r1.get("raised"), ranks[1].describe()
     assert r1["t_raise"] - r0["t_raise"] <= DETECT_S, (r0, r1)
     assert "rank 0" in r1["message"], r1["message"]
+
+
+@pytest.mark.gpu
+@pytest.mark.resident_only
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("reap", [False, True], ids=["unreaped", "reaped"])
+@pytest.mark.parametrize("scenario", ["during_op", "between_ops"])
+def test_killed_peer_noticed_cuda(scenario, reap, mode):
+    """CUDA tensors: the survivors' kernels waiting on the dead rank exit, the host raises naming
+    it, and the GPU (and the MPS server, with several ranks on one GPU) still serve a fresh job."""
+    ranks, t_kill = run_job(scenario, device="cuda", env_extra=MODES[mode], reap=reap)
+    problems = check_survivors(ranks, t_kill)
+    after, _ = run_job("healthy", device="cuda", env_extra=MODES[mode], victim=-1)
+    for r in after:
+        if not (r.result and r.result.get("healthy")):
+            problems.append(f"a fresh job after the kill failed:\n{r.describe()}")
+    assert not problems, "\n".join(problems)

@@ -189,16 +189,16 @@ def _two_exits_job(rank, ws):
 
 
 @pytest.mark.resident_only
-def test_error_names_the_first_dead_peer():
-    """Rank 2 waits on rank 0 only, and rank 1 dies first: rank 2 does not wait for rank 0's
-    death, it stops at rank 1's (the group cannot complete another collective) and names it."""
+def test_error_names_every_dead_peer():
+    """Rank 2 waits on rank 0, which exits after rank 1: the error names both (the root cause
+    is not always the awaited peer)."""
     outcomes = H.run_ranks_collect(_two_exits_job, WS, init_timeout_s=GROUP_TIMEOUT_S,
                                    timeout_s=60, stop_when_done=[2], destroy_grace_s=15)
     o = outcomes[2]
     assert o.status == "ok" and o.value["raised"], _describe(outcomes)
     msg = o.value["message"]
-    assert NAMES_RANK_1.search(msg), msg
-    assert o.value["elapsed"] <= GROUP_TIMEOUT_S, o.value
+    assert NAMES_RANK_1.search(msg) and re.search(r"rank\D{0,3}0\b", msg), msg
+    assert o.value["elapsed"] <= GROUP_TIMEOUT_S + SLACK_S, o.value
 
 
 def _stuck_here_for_good():

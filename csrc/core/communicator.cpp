@@ -84,6 +84,8 @@ Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Co
     ShmSegment::removeStale();
     throw;
   }
+  for (int p = 0; p < nranks; ++p) assist_ = assist_ || proxied_[static_cast<size_t>(p)];
+  if (assist_) engine_->setAssist(&Communicator::assistPass, this);
   proxy_ = std::make_unique<Proxy>(*this, cfg);
   proxy_->start();
   for (int p = 0; p < nranks; ++p) {
@@ -326,10 +328,12 @@ void Communicator::connectTcp(BootstrapStore& store, const std::vector<std::stri
 
 void Communicator::deliverTcpEvents() {
   for (const auto& e : tcp_->takeEvents()) {
-    if (e.fatal)
-      peerFailed(e.peer, e.reason);
-    else
-      engine_->markPeerLost(e.peer, e.reason);
+    if (e.fatal) {
+      peerFailed(e.peer, e.reason);  // what it wrote may be torn: the group stops
+    } else {
+      if (!e.goodbye && dead_rank_ < 0) dead_rank_ = e.peer;
+      engine_->markPeerLost(e.peer, e.reason, !e.goodbye);
+    }
   }
 }
 
@@ -342,10 +346,8 @@ void Communicator::checkPeers() {
   peer_events_.clear();
   monitor_->poll(peer_events_);
   for (const auto& e : peer_events_) {
-    if (e.failed)
-      peerFailed(e.dead, e.reason);
-    else
-      engine_->markPeerLost(e.peer, e.reason);
+    if (e.failed && e.dead >= 0 && dead_rank_ < 0) dead_rank_ = e.dead;
+    engine_->markPeerLost(e.peer, e.reason, e.failed);
   }
 }
 
@@ -370,6 +372,10 @@ void Communicator::shutdown() {
   shut_down_ = true;
   if (tcp_) tcp_->abort();  // a proxy waiting for a peer to take data gives up
   if (proxy_) proxy_->stop();
+  // No pass runs after this one (a waiting caller may be inside one): the transports are ours.
+  while (pass_lock_.test_and_set(std::memory_order_acquire)) cpuRelax();
+  passes_closed_ = true;
+  pass_lock_.clear(std::memory_order_release);
   // The peers learn at once that this group is gone: orderly (destroy) or failed. With the
   // proxy stopped, this thread is the only one using the transport.
   if (engine_ && transport_ && !peers_told_ && !transport_failed_) {
@@ -387,16 +393,28 @@ void Communicator::shutdown() {
 }
 
 bool Communicator::proxyPoll() {
+  // One thread at a time: the proxy thread, or a caller waiting on its op (assist).
+  if (pass_lock_.test_and_set(std::memory_order_acquire)) return false;
+  bool moved = false;
   // A network transport that fails (a post or completion error) throws CommError: the group
   // is then unusable, and its ops fail with the reason instead of the process terminating.
   try {
-    return proxyPass();
+    if (!passes_closed_) moved = proxyPass();
   } catch (const CommError& e) {
     if (!transport_failed_) RLOG_ERROR("%s", e.what());
     transport_failed_ = true;  // the transport stays failed: stop polling it
     engine_->poison(e.what());
-    return false;
   }
+  pass_lock_.clear(std::memory_order_release);
+  return moved;
+}
+
+bool Communicator::proxyStandby() const {
+  return assist_ && engine_->hasWaiters();
+}
+
+bool Communicator::assistPass(void* self) {
+  return static_cast<Communicator*>(self)->proxyPoll();
 }
 
 bool Communicator::proxyPass() {

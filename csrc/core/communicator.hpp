@@ -76,6 +76,7 @@ class Communicator : public ProxyHandler {
   }
 
   bool proxyPoll() override;
+  bool proxyStandby() const override;
 
   // Argument checks shared by the CPU and CUDA paths; throw InvalidArgument naming `what`.
   void checkRank(int r, const char* what) const;
@@ -143,8 +144,15 @@ class Communicator : public ProxyHandler {
   std::unique_ptr<PeerMonitor> monitor_;
   std::vector<PeerMonitor::Event> peer_events_;  // reused by checkPeers
   uint64_t next_peer_check_ns_ = 0;
-  int dead_rank_ = -1;                 // the peer found dead that failed this group, if one did
-  bool peers_told_ = false;            // this rank's state word went out
+  int dead_rank_ = -1;       // the peer found dead that failed this group, if one did
+  bool peers_told_ = false;  // this rank's state word went out
+  // Proxy passes run under this lock, by the proxy thread or by a caller waiting on an op
+  // (assistPass): with proxied peers a blocking op then needs no hand-off between threads, and on
+  // a small machine the proxy stands by instead of contending with the caller for a core.
+  std::atomic_flag pass_lock_ = ATOMIC_FLAG_INIT;
+  bool passes_closed_ = false;  // under pass_lock_: set by shutdown
+  bool assist_ = false;         // some peer is proxied: waiting callers run passes
+  static bool assistPass(void* self);
   bool ib_local_ = false;              // this rank has an active RDMA port
   std::string ib_why_;                 // why this rank has no usable ib, for errors and logs
   std::unique_ptr<Transport> routed_;  // when peers use different transports

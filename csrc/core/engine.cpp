@@ -225,7 +225,9 @@ void Engine::wait(OpHandle h, uint64_t timeout_ns) {
       if (op.error_kind == ErrorKind::kTimeout) throw TimeoutError(op.error);
       throw CommError(op.error);
     }
-    if (tryProgress())
+    bool moved = tryProgress();
+    if (assist_ != nullptr && assist_(assist_ctx_)) moved |= tryProgress();
+    if (moved)
       backoff.reset();
     else
       backoff.pause();
@@ -296,11 +298,23 @@ void Engine::poison(const std::string& reason) {
   runCallbacks();
 }
 
-void Engine::markPeerLost(int peer, const std::string& why) {
+void Engine::markPeerLost(int peer, const std::string& why, bool failed) {
   std::atomic<bool>& flag = lost_[peer];
+  if (failed && !any_failed_.load(std::memory_order_relaxed)) {
+    {
+      std::lock_guard<std::mutex> guard(poison_mu_);
+      first_failure_ = why;
+    }
+    any_failed_.store(true, std::memory_order_release);
+  }
   if (flag.load(std::memory_order_relaxed)) return;
   lost_why_[static_cast<size_t>(peer)] = why;
   flag.store(true, std::memory_order_release);  // publishes the reason
+}
+
+std::string Engine::firstPeerFailure() const {
+  std::lock_guard<std::mutex> guard(poison_mu_);
+  return first_failure_;
 }
 
 std::string Engine::poisonReason() const {
@@ -569,18 +583,29 @@ void Engine::checkDeadline(Op& op, uint64_t now) {
                        " ms waiting for " + peer_text() +
                        "; that rank may have crashed, hung, or called a different operation");
   }
-  // A peer that left (destroyed its group, or closed its connection with a goodbye) will never
-  // answer: say so now rather than at the timeout. A collective needs every rank; a send or
-  // receive only its peer. (Peers that died or failed poison the group: peer_monitor.hpp.)
+  // A peer that is gone (died, failed, or destroyed its group: peer_monitor.hpp) will never
+  // answer: say so now rather than at the timeout, if this op still needs it — a chunk to
+  // receive from it, or one to send that it must make room for. A peer that already did its
+  // part (e.g. left a barrier first) does not fail the op.
   if (now - op.last_liveness_check_ns < kLivenessPeriodNs) return;
   op.last_liveness_check_ns = now;
-  const bool collective = op.ring == kCollectiveRing;
   for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_ || (!collective && p != op.peer)) continue;
-    if (!lost_[p].load(std::memory_order_acquire)) continue;
-    throw CommError(lost_why_[static_cast<size_t>(p)] + "; rank " + std::to_string(rank_) +
-                    " was waiting " + (p == peer ? "for it " : "for " + peer_text() + " ") + "in " +
-                    op.describe());
+    if (p == rank_ || !lost_[p].load(std::memory_order_acquire)) continue;
+    const PeerTransfer& t = op.peers[static_cast<size_t>(p)];
+    const bool needs = op.kind == OpKind::kRecv ? p == op.peer
+                                                : (t.recvs && t.received < t.recv_chunks) ||
+                                                      (t.sends && t.sent < t.send_chunks);
+    if (!needs) continue;
+    // Name the other peers gone as well: the first one to go is often the root cause.
+    std::string also;
+    for (int q = 0; q < nranks_; ++q) {
+      if (q != p && q != rank_ && lost_[q].load(std::memory_order_acquire))
+        also += "; also gone: " + lost_why_[static_cast<size_t>(q)];
+    }
+    throw CommError(lost_why_[static_cast<size_t>(p)] + "; " +
+                    peers_[static_cast<size_t>(rank_)].name + " was waiting " +
+                    (p == peer ? "for it " : "for " + peer_text() + " ") + "in " + op.describe() +
+                    also);
   }
 }
 

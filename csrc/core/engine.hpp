@@ -68,12 +68,25 @@ class Engine {
   bool hasWaiters() const { return waiters_.load(std::memory_order_acquire) > 0; }
   // The proxy side of a trigger.
   void handleTrigger(const Trigger& t);
+  // A pass of the proxy's work (the trigger FIFO, the network transports) that wait() runs
+  // itself between its progress passes, so that a blocking op needs no hand-off to the proxy
+  // thread; returns true if it moved anything. Set once, before the first op.
+  void setAssist(bool (*fn)(void*), void* ctx) {
+    assist_ = fn;
+    assist_ctx_ = ctx;
+  }
 
   // Fails every active op and refuses new ones.
   void poison(const std::string& reason);
-  // A peer left (its network connection closed): an op found stuck waiting on it fails with
-  // `why`. Called by the proxy thread; the first reason sticks.
-  void markPeerLost(int peer, const std::string& why);
+  // A peer is gone: it left in order (destroyed its group), or `failed` (it died, or its group
+  // failed). An op that still needs something from or for it fails with `why` (and with it the
+  // group); ops that got all they needed from it finish. Proxy pass only; the first reason sticks.
+  void markPeerLost(int peer, const std::string& why, bool failed);
+  // Some peer died or its group failed (the CUDA path then aborts its kernels: the host cannot
+  // tell which peer a running kernel waits for).
+  bool anyPeerFailed() const { return any_failed_.load(std::memory_order_acquire); }
+  // Why the first peer that failed is gone (empty if none did). Any thread.
+  std::string firstPeerFailure() const;
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
   // Why the group was poisoned (empty while it is not). Any thread.
   std::string poisonReason() const;
@@ -147,10 +160,14 @@ class Engine {
   std::vector<std::pair<void (*)(void*), void*>> callbacks_;
   std::atomic<bool> has_callbacks_{false};
   uint64_t coll_seq_ = 0;
+  bool (*assist_)(void*) = nullptr;
+  void* assist_ctx_ = nullptr;
   std::atomic<bool> poisoned_{false};
   mutable std::mutex poison_mu_;
   std::string poison_reason_;                  // set once, under poison_mu_, before poisoned_
+  std::string first_failure_;                  // under poison_mu_
   std::unique_ptr<std::atomic<bool>[]> lost_;  // per peer, set once by markPeerLost
+  std::atomic<bool> any_failed_{false};
   std::vector<std::string> lost_why_;
 };
 

@@ -7,6 +7,12 @@
 #include "core/log.hpp"
 
 namespace resident {
+namespace {
+
+// While a waiting caller drives the transport, the proxy checks back this often.
+constexpr long kStandbySleepNs = 100 * 1000;
+
+}  // namespace
 
 bool pinCurrentThread(int cpu) {
   cpu_set_t allowed;
@@ -64,6 +70,12 @@ void Proxy::run() {
   while (!stop_.load(std::memory_order_acquire)) {
     const uint64_t want = spin_us_.load(std::memory_order_relaxed);
     if (want != spin_us) backoff.setSpinNs((spin_us = want) * 1000);
+    if (handler_.proxyStandby()) {
+      timespec ts{0, kStandbySleepNs};
+      nanosleep(&ts, nullptr);
+      backoff.reset();  // hot again as soon as the waiter is gone
+      continue;
+    }
     if (handler_.proxyPoll())
       backoff.reset();
     else

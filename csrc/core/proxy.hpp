@@ -16,6 +16,9 @@ class ProxyHandler {
   virtual ~ProxyHandler() = default;
   // One polling pass; returns true if it did anything.
   virtual bool proxyPoll() = 0;
+  // True while another thread does the passes (a caller waiting on its op drives the transport
+  // itself): the proxy thread then sleeps instead of contending for the core.
+  virtual bool proxyStandby() const { return false; }
 };
 
 class Proxy {

@@ -264,7 +264,7 @@ void TcpTransport::drop(int peer, bool fatal, const std::string& reason) {
   c.fd.reset();  // closing also removes it from the epoll set
   c.state = ConnState::kClosed;
   c.out.clear();
-  events_.push_back(Event{peer, fatal, reason});
+  events_.push_back(Event{peer, fatal, goodbye, reason});
 }
 
 void TcpTransport::shutdown() {

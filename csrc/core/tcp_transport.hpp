@@ -80,6 +80,7 @@ class TcpTransport : public Transport {
   struct Event {
     int peer;
     bool fatal;
+    bool goodbye;  // the peer shut its group down in order (it said goodbye first)
     std::string reason;
   };
   bool hasEvents() const { return !events_.empty(); }

@@ -77,10 +77,12 @@ bool GpuCommunicator::writeLinesAsTheyLand(const GpuWriteRequest& r, BeforeWait&
 }
 
 bool GpuCommunicator::proxyPoll() {
-  // A group that failed (a peer died, or told it failed) stops its kernels that still wait: they
-  // exit on the abort word, and the host reports the group's error.
-  if (!kernels_aborted_ && comm_.engine().poisoned()) {
+  // A group that failed, or a peer that died or failed, stops the kernels that still wait (the
+  // host cannot tell which peer a running kernel waits for): they exit on the abort word, and
+  // the host reports the error.
+  if (!kernels_aborted_ && (comm_.engine().poisoned() || comm_.engine().anyPeerFailed())) {
     kernels_aborted_ = true;
+    if (!comm_.engine().poisoned()) comm_.engine().poison(comm_.engine().firstPeerFailure());
     abortKernels();
   }
   // First the credits (a peer's send may be waiting for one), then the FIFO.
