@@ -1,6 +1,5 @@
-// The body of a collective, shared by the one-kernel-per-op path (collective_kernel.cu) and
-// the resident kernel (persistent_kernel.cu): every collective is an exchange with a set of
-// partner ranks in lockstep rounds. In round r each block writes its parts of the round's
+// The body of a collective kernel (collective_kernel.cu): every collective is an exchange with a
+// set of partner ranks in lockstep rounds. In round r each block writes its parts of the round's
 // payload to every partner as LL lines (or a one-line credit where it has nothing for that
 // partner), then waits for the partners' lines of the same parts, and reduces or copies them
 // into the output. A part's handler sends round r+1 only after it received round r from
@@ -170,8 +169,8 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   // Proxied: one trigger covers the block's parts as one range, which the proxy may check line
   // by line (unfenced triggers), so every part but the range's last is written whole (zero
   // payload past the message) — a partial or credit-only part inside the range would leave
-  // lines unwritten that the proxy waits for (seen with the resident kernel's several parts per
-  // block: a 4-rank uneven all_to_all timed out on the device).
+  // lines unwritten that the proxy waits for (with several parts per block, a 4-rank uneven
+  // all_to_all timed out on the device).
   const bool whole_parts = sh.remote[p] == nullptr;
   if (Simple && simplePair(reg, p, pairRoundBytes(pp, 0, reg.chunk))) {  // payload, flags
     for (uint32_t j = j0; j < j1; ++j) {
@@ -288,14 +287,14 @@ __device__ inline void loadRoundState(const CollectiveArgs& a, Shared& sh) {
   }
 }
 
-// Runs this block's share (block `block` of the op) of every round of collective `a`, whose
+// Runs this block's share of every round of collective `a`, whose
 // round state the caller loaded (loadRoundState); on return (block-uniform, after a barrier)
 // the block is done with the op. The caller advances DeviceState::coll_round (advanceRounds)
 // once every block has loaded it.
 template <bool Simple>
-__device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh, uint32_t block) {
+__device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh) {
   const uint32_t chunk = a.reg.chunk;
-  const uint32_t j0 = block * a.parts_per_block;
+  const uint32_t j0 = blockIdx.x * a.parts_per_block;
   // Optional (RESIDENT_GPU_PREFETCH): the first payload word, loaded before the trigger
   // reservation and the barrier rather than after them.
   uint64_t pre = 0;
@@ -374,7 +373,8 @@ __device__ inline void advanceRounds(const CollectiveArgs& a, const Shared& sh) 
   DeviceState* st = a.reg.state;
   for (int p = 0; p < a.nranks; ++p) {
     if (p == a.rank) continue;
-    // volatile: the resident kernel's blocks take turns at this, on different SMs.
+    // volatile: the next op's kernel reads it on other SMs, possibly while this one still
+    // runs (PDL).
     *reinterpret_cast<volatile uint32_t*>(&st->coll_round[p]) = sh.base[p] + a.peers[p].rounds;
   }
 }

@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(kThreads)
     collectiveKernel(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
   enterCollective(a, sh);
-  collectiveBody<Simple>(a, sh, blockIdx.x);
+  collectiveBody<Simple>(a, sh);
 }
 
 }  // namespace

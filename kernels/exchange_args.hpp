@@ -63,8 +63,7 @@ struct Region {
   // pushes triggers of LL lines unfenced and the proxy checks the lines' flags.
   uint32_t trigger_fence;
   // Per op: nonzero when a pair of the op exchanges it with the simple protocol (payload and one
-  // flag per part instead of LL lines, simple_device.cuh), so that the kernel built with it runs;
-  // the resident kernel is built with it whenever a pair could (simplePair).
+  // flag per part instead of LL lines, simple_device.cuh), so that the kernel built with it runs.
   uint32_t simple;
   // simplePair's rule: a pair goes simple for an op whose first round's larger direction carries
   // more than simple_above[rule] bytes (kSimpleNever: never; zero, as in a zeroed Region: always),

@@ -63,9 +63,8 @@ __device__ __forceinline__ void storeRelease64(void* p, uint64_t v) {
 
 // Up to 8 bytes of user memory (device) as one word; 8-, 4- and 2-byte pieces at their
 // alignment in one access, other tails and unaligned data bytewise (out of line: rare, and
-// its unrolled loop would sit between the hot path's instructions). Loads bypass L1 (which is
-// not coherent): the resident kernel reads buffers that other kernels rewrote since its
-// previous op, with no kernel boundary in between to invalidate L1.
+// its unrolled loop would sit between the hot path's instructions). Loads go to L2 (__ldcg),
+// bypassing L1.
 inline __device__ __noinline__ uint64_t loadBytewise(const unsigned char* p, uint32_t n) {
   uint64_t v = 0;
   for (uint32_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(__ldcg(p + i)) << (8 * i);

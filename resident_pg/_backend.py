@@ -1,6 +1,5 @@
 """Creation of ProcessGroupResident from torch.distributed's extended backend API."""
 
-import warnings
 from datetime import timedelta
 
 from resident_pg import _C
@@ -11,8 +10,11 @@ _OPTION_KEYS = (
     "gpu_max_blocks", "gpu_proxy_spin_us", "gpu_pdl", "gpu_prefetch", "gpu_one_round",
     "gpu_trigger_fence", "gpu_trigger_fence_from", "gpu_proxy_prefetch_bytes", "gpu_proxy_fused_check",
     "gpu_proxy_streaming", "gpu_p2p_stream", "gpu_protocol", "gpu_proxy_simple_above", "gpu_proxy_trace",
-    "gpu_persistent", "gpu_persistent_blocks",
-    "gpu_persistent_idle_us", "gpu_persistent_slots", "gpu_persistent_graphs",
+)
+# The persistent-kernel mode's keys: passed on to the core, whose error says why they are refused.
+_REMOVED_KEYS = (
+    "gpu_persistent", "gpu_persistent_blocks", "gpu_persistent_idle_us", "gpu_persistent_slots",
+    "gpu_persistent_graphs",
 )
 
 
@@ -32,7 +34,7 @@ def normalize_options(backend_options):
     out = {}
     for key, value in backend_options.items():
         k = str(key).lower().removeprefix("resident_")
-        if k not in _OPTION_KEYS:
+        if k not in _OPTION_KEYS and k not in _REMOVED_KEYS:
             raise ValueError(f"resident: unknown option {key!r} (known: {', '.join(_OPTION_KEYS)})")
         out[k] = str(value)
     return out
@@ -51,13 +53,4 @@ def create_backend(dist_backend_opts, backend_options):
         # errors name ranks as the user knows them (a subgroup's rank r is another global rank)
         [int(r) for r in (getattr(dist_backend_opts, "global_ranks_in_group", None) or [])],
     )
-    if "gpu_persistent=1" in pg.config().split():
-        warnings.warn(PERSISTENT_WARNING, stacklevel=2)
     return pg
-
-
-PERSISTENT_WARNING = (
-    "resident: RESIDENT_GPU_PERSISTENT=1 (the resident kernel) is slower for decode: on an H200 "
-    "(2/4/8 ranks) its eager ops were 1.1-2.1x slower than a kernel per op at 4 and 8 ranks and "
-    "at 64 KiB, and in CUDA graphs it gains nothing (captured ops get kernel nodes; handed to the "
-    "resident kernel they were 1.1-4.5x slower) (benchmarks/RESULTS.md); use the default (0)")

@@ -7,8 +7,7 @@ they do: as a package module, or as a top-level one when the bench runs as a pla
 * :class:`CudaDevice`: each rank uses GPU ``rank % device_count`` (on the GPU machine all ranks
   share one H200 under MPS); ``synchronize`` waits for the current stream, so a timed region
   ends when the ops it issued (ordered on that stream, as a blocking op is) have finished.
-  Not ``torch.cuda.synchronize()``: that also waits for every other stream of the process,
-  a resident kernel's (RESIDENT_GPU_PERSISTENT=1) included, which stays until it idles out.
+  Not ``torch.cuda.synchronize()``: that also waits for every other stream of the process.
 * :func:`graph_batch` (mode "graph"): ``count`` back-to-back steps captured into ONE CUDA graph
   (after a warm-up on a side stream, as torch recommends); one timed repetition is one replay
   followed by a synchronize, so the per-op time is replay time / count.

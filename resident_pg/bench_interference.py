@@ -4,21 +4,18 @@ Run as ``python -m resident_pg.bench_interference`` (needs CUDA; the ranks share
 ``resident_pg.bench --device cuda``: rank r on GPU ``r % device_count``, so several ranks on
 one GPU need the MPS daemon).
 
-For each mode (``perop``: RESIDENT_GPU_PERSISTENT=0, one kernel per op; ``persistent``:
-RESIDENT_GPU_PERSISTENT=1 with RESIDENT_GPU_PERSISTENT_IDLE_US=0, the resident kernel never
-idles out (with CUDA_MODULE_LOADING=EAGER, which that needs), and
-RESIDENT_GPU_PERSISTENT_GRAPHS=resident, so that the captured all_reduces are its;
-``persistent500ms``: the same with a 500 ms idle exit) one set of ``--ws`` rank processes is spawned (rendezvous through a TCPStore hosted
-by this process, as resident_pg.bench).  Each rank times a bf16 decode-shaped GEMM
+For each mode (``default``: the configuration the environment gives; ``proxy``: the same with
+RESIDENT_PATH=proxy, every write through the spinning proxy thread) one set of ``--ws`` rank
+processes is spawned (rendezvous through a TCPStore hosted by this process, as
+resident_pg.bench).  Each rank times a bf16 decode-shaped GEMM
 ``x[batch, K] @ W[K, N]`` (default K=4096, N=14336), ``--gemm-reps`` of them captured into one
 CUDA graph; one sample = one replay timed with CUDA events / gemm-reps; reported: median (p10,
 p90) over ``--reps`` replays, max over the ranks that time the GEMM (``--gemm-ranks``).  All
 ranks start each replay together (a barrier through the store).  Conditions, in this order:
 
-* ``baseline``: before the process group exists (no CUDA path, no resident kernel);
+* ``baseline``: before the process group exists (no CUDA path);
 * ``alone``: the group exists and its CUDA path is installed (one eager all_reduce before each
-  batch, not timed), no communication during the timing; in the persistent modes the resident
-  kernel is spinning (checked after each batch);
+  batch, not timed), no communication during the timing;
 * ``concurrent SIZE``: a second stream on every rank replays graphs of ``--comm-ops``
   back-to-back all_reduces (SUM, float32, SIZE bytes) over the whole GEMM replay (the replay
   count is planned from the alone timings so that the communication covers the GEMM window;
@@ -27,9 +24,9 @@ ranks start each replay together (a barrier through the store).  Conditions, in 
   ``alone µs``: the same all_reduce graphs timed without the GEMM.
 
 ``vs baseline`` is the GEMM median of the condition / the baseline median of the same rank
-and launch (max over ranks).  Every device-wide synchronization is avoided after the group
-exists (stream and event synchronization only, graphs captured without torch.cuda.graph's
-synchronize), since a resident kernel that never idles out would make it wait forever.
+and launch (max over ranks).  After the group exists, only streams and events are synchronized
+(graphs are captured without torch.cuda.graph's device-wide synchronize), so that each timing
+waits for the work it measures and nothing else.
 """
 
 from __future__ import annotations
@@ -51,20 +48,12 @@ import traceback
 from typing import Any, Dict, List, Optional, Sequence
 
 SCHEMA = "resident_pg.bench_interference/1"
-# Captured all_reduces go to the resident kernel (RESIDENT_GPU_PERSISTENT_GRAPHS=resident):
-# with the default (kernel nodes) the graphs here would not use it at all.
-_PERSISTENT = {"RESIDENT_GPU_PERSISTENT": "1", "RESIDENT_GPU_PERSISTENT_GRAPHS": "resident"}
+# Settings each mode adds to the rank processes' environment.
 MODES = {
-    "perop": {"RESIDENT_GPU_PERSISTENT": "0"},
-    # A resident kernel that never leaves needs eager module loading (the backend refuses
-    # IDLE_US=0 under lazy loading, PyTorch's default: a kernel's first launch would wait for it
-    # forever); set before the rank process starts CUDA.
-    "persistent": {**_PERSISTENT, "RESIDENT_GPU_PERSISTENT_IDLE_US": "0",
-                   "CUDA_MODULE_LOADING": "EAGER"},
-    # stays through the timings, leaves between phases
-    "persistent500ms": {**_PERSISTENT, "RESIDENT_GPU_PERSISTENT_IDLE_US": "500000"},
+    "default": {},
+    "proxy": {"RESIDENT_PATH": "proxy"},
 }
-DEFAULT_MODES = "perop,persistent"
+DEFAULT_MODES = "default"
 DEFAULT_BATCHES = "1,8,64"
 DEFAULT_SIZES = "8,64K"
 DEFAULT_SHAPE = "4096x14336"
@@ -230,7 +219,7 @@ def format_table(rows: Sequence[Dict[str, Any]], title: str) -> str:
     print(f"\n== {title}", file=out)
     bench_cuda.print_table(head, lines, "", out)
     if "!" in notes:
-        print("  ! a correctness or mode check FAILED in this launch (see errors)", file=out)
+        print("  ! a correctness check FAILED in this launch (see errors)", file=out)
     if "~" in notes:
         print("  ~ the all_reduces covered less than 95% of some GEMM replay", file=out)
     return out.getvalue()
@@ -244,8 +233,7 @@ def format_table(rows: Sequence[Dict[str, Any]], title: str) -> str:
 def capture_graph(fn, count: int, stream, warmup: int = 2):
     """``count`` calls of ``fn`` captured into one CUDA graph on ``stream``, after ``warmup``
     eager calls there.  Unlike torch.cuda.graph, no device-wide synchronize and no
-    empty_cache (which synchronizes too): a resident kernel that never idles out would make
-    them wait forever.  Stream synchronization only."""
+    empty_cache (which synchronizes too): stream synchronization only."""
     import torch
 
     stream.wait_stream(torch.cuda.current_stream())
@@ -263,16 +251,6 @@ def capture_graph(fn, count: int, stream, warmup: int = 2):
             g.capture_end()
     stream.synchronize()
     return g
-
-
-def _pstatus():
-    import torch
-    import torch.distributed as dist
-
-    try:
-        return dict(dist.group.WORLD._get_backend(torch.device("cuda")).persistent_status())
-    except Exception as e:  # an older build: no persistent_status
-        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> None:
@@ -305,7 +283,7 @@ def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> No
         reps, n_gemm, k_ops = cfg["reps"], cfg["gemm_reps"], cfg["comm_ops"]
         res: Dict[str, Any] = {"rank": rank, "times_gemm": times_gemm, "device": dev.info(),
                                "gemm": {}, "comm_alone": {}, "concurrent": {}, "plan": {},
-                               "check_errors": [], "status": {}}
+                               "check_errors": []}
 
         # everything allocated and the GEMM graphs captured before the group exists
         phase = "GEMM set-up"
@@ -326,8 +304,6 @@ def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> No
 
         def ev():
             return torch.cuda.Event(enable_timing=True)
-
-        counts = {"issued": 0}  # all_reduces run on the GPU since the status "installed"
 
         def time_gemm(b: int) -> List[float]:
             samples = []
@@ -371,7 +347,6 @@ def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> No
                 for j in range(m):
                     g.replay()
                     marks[j + 1].record(comm_stream)
-            counts["issued"] += m * k_ops
             marks[-1].synchronize()
             if with_gemm is not None:
                 g1.synchronize()
@@ -395,13 +370,7 @@ def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> No
             if not bool((got == ws * (ws + 1) / 2).all()):
                 res["check_errors"].append(f"{what}: got {got.tolist()}")
 
-        eager_all_reduce("warm-up all_reduce")  # installs the CUDA path (and the resident kernel)
-        res["status"]["installed"] = _pstatus()
-        want = cfg["env"].get("RESIDENT_GPU_PERSISTENT") == "1"
-        enabled = res["status"]["installed"].get("enabled")
-        if enabled is not None and enabled != want:
-            res["check_errors"].append(f"RESIDENT_GPU_PERSISTENT={cfg['env'].get('RESIDENT_GPU_PERSISTENT')} "
-                                       f"but persistent_status() says enabled={enabled}")
+        eager_all_reduce("warm-up all_reduce")  # installs the CUDA path
 
         phase = "all_reduce graphs"
         comm_graphs = {}
@@ -417,7 +386,6 @@ def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> No
             with torch.cuda.stream(comm_stream):
                 comm_graphs[s].replay()
             comm_stream.synchronize()
-            counts["issued"] += k_ops + 2  # + the eager warm-up calls of capture_graph
             expect = ws * (ws + 1) / 2 * float(ws) ** (k_ops - 1) * 2.0 ** -e_scale
             got = buf.cpu()
             if checkable and not bool(((got - expect).abs() <= 1e-5 * expect).all()):
@@ -441,18 +409,9 @@ def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> No
         phase = "alone"
         res["gemm"]["alone"] = {}
         for b in cfg["batches"]:
-            # One eager all_reduce before each batch (not timed): it relaunches a resident
-            # kernel that idled out, so that an idle time shorter than the whole phase (8 ranks
-            # on one GPU take > 500 ms) still leaves it spinning through the batch's timing.
+            # One checked eager all_reduce before each batch (not timed).
             eager_all_reduce(f"all_reduce before alone batch {b}")
-            counts["issued"] += 1
             res["gemm"]["alone"][str(b)] = time_gemm(b)
-            st = res["status"][f"alone batch {b}"] = _pstatus()
-            if want and st.get("running") is False:
-                res["check_errors"].append("RESIDENT_GPU_PERSISTENT_IDLE_US="
-                                           f"{cfg['env'].get('RESIDENT_GPU_PERSISTENT_IDLE_US')}, but "
-                                           f"the resident kernel was not running after the alone "
-                                           f"timing of batch {b}: {st}")
         progress("alone")
 
         for s, g in comm_graphs.items():
@@ -491,28 +450,15 @@ def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> No
             if bool((got != 0).any()):
                 res["check_errors"].append(f"{cond}: sums of zeros are not zero: {got[:4].tolist()}")
             progress(cond)
-        res["status"]["end"] = _pstatus()
-        res["issued"] = counts["issued"]
-        if want and "served" in res["status"]["installed"]:
-            # every all_reduce here is <= 64 KiB: the resident kernel must have served them all
-            s0 = res["status"]["installed"]["served"]
-            deadline = time.time() + 2.0
-            while res["status"]["end"].get("served", 0) - s0 < counts["issued"] and time.time() < deadline:
-                time.sleep(0.01)
-                res["status"]["end"] = _pstatus()
-            grew = res["status"]["end"].get("served", 0) - s0
-            if grew < counts["issued"]:
-                res["check_errors"].append(f"the resident kernel served {grew} ops of the "
-                                           f"{counts['issued']} all_reduces run")
         barrier()
         q.put(("result", rank, res))
         phase = "destroy_process_group"
-        dist.destroy_process_group()  # stops the resident kernel
+        dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - report everything to the parent
         q.put(("fatal", rank, f"[{phase}] {type(e).__name__}: {e}\n" + traceback.format_exc(limit=8)))
         try:
             if dist is not None and dist.is_initialized():
-                dist.destroy_process_group()  # a spinning resident kernel would block the exit
+                dist.destroy_process_group()
         except BaseException:  # noqa: BLE001
             pass
         raise SystemExit(1)
@@ -605,13 +551,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "Slowdown a resident communicator causes to a concurrent bf16 decode GEMM, per mode\n"
-            "(perop: a kernel per collective; persistent: the resident kernel, never idling out).\n"
+            "(default: the environment's configuration; proxy: RESIDENT_PATH=proxy).\n"
             "Conditions: baseline (no process group), alone (CUDA path installed, no\n"
             "communication), concurrent SIZE (all_reduce graphs on a second stream during the\n"
             "GEMM).  Needs CUDA; ranks sharing one GPU need the MPS daemon."),
         epilog=(
             "examples:\n"
-            "  python -m resident_pg.bench_interference                  # 2 ranks, both modes\n"
+            "  python -m resident_pg.bench_interference                  # 2 ranks, default mode\n"
+            "  python -m resident_pg.bench_interference --modes default,proxy\n"
             "  python -m resident_pg.bench_interference --batches 1 --sizes 8 --reps 11\n"
             "  python -m resident_pg.bench_interference --json interference.json\n"))
     p.add_argument("--ws", type=int, default=2, help="ranks [%(default)s]")

@@ -34,16 +34,15 @@ CONFIG = [("RESIDENT_DEBUG", "off"), ("RESIDENT_PATH", "auto"), ("RESIDENT_TRANS
           ("RESIDENT_GPU_P2P_STREAM", "auto"),
           ("RESIDENT_GPU_PROTOCOL", "simple"), ("RESIDENT_GPU_PROXY_SIMPLE_ABOVE", "32768"),
           ("RESIDENT_GPU_PROXY_TRACE", "(off)"),
-          ("RESIDENT_GPU_PERSISTENT", "0"),
-          ("RESIDENT_GPU_PERSISTENT_BLOCKS", "4"), ("RESIDENT_GPU_PERSISTENT_IDLE_US", "2000"),
-          ("RESIDENT_GPU_PERSISTENT_GRAPHS", "kernel"), ("RESIDENT_GPU_PERSISTENT_SLOTS", "1024"),
           ("RESIDENT_VLLM", "0"),
           ("RESIDENT_VLLM_MAX_BYTES", "65536"), ("RESIDENT_VLLM_TIMEOUT_S", "1800")]
 NOT_RUNTIME = {"RESIDENT_TEST_BACKEND", "RESIDENT_NO_CUDA"}  # read by tests / setup.py only
+# The persistent-kernel mode's variables: group creation fails while one is set (docs/decisions.md).
+REMOVED = ("RESIDENT_GPU_PERSISTENT", "RESIDENT_GPU_PERSISTENT_BLOCKS", "RESIDENT_GPU_PERSISTENT_IDLE_US",
+           "RESIDENT_GPU_PERSISTENT_SLOTS", "RESIDENT_GPU_PERSISTENT_GRAPHS")
 CHOICES = {"RESIDENT_PATH": ("auto", "direct", "proxy"), "RESIDENT_TRANSPORT": ("auto", "shm", "tcp", "ib"),
            "RESIDENT_GPU_P2P_STREAM": ("auto", "own"),
-           "RESIDENT_GPU_PROTOCOL": ("ll", "simple"),
-           "RESIDENT_GPU_PERSISTENT_GRAPHS": ("kernel", "resident")}
+           "RESIDENT_GPU_PROTOCOL": ("ll", "simple")}
 NEEDS = {"cpu": {"cpu"}, "cuda": {"cpu", "cuda"}, "rdma": {"cpu", "rdma"}}
 ALL = ("cpu", "cuda", "rdma")
 # CUdevice_attribute values, the same numbers as cudaDeviceAttr's
@@ -432,15 +431,11 @@ def diagnose(env=None, root="/"):
         if cfg[name]["value"].lower() not in choices:
             add(C, name, "WARN", f"{cfg[name]['value']!r} is not one of {', '.join(choices)}: "
                 "group creation will fail", f"unset {name} or set one of {', '.join(choices)}")
-    never_idle = (cfg["RESIDENT_GPU_PERSISTENT"]["value"] == "1"
-                  and cfg["RESIDENT_GPU_PERSISTENT_IDLE_US"]["value"].strip() == "0")
-    if never_idle and env.get("CUDA_MODULE_LOADING", "").upper() != "EAGER":
-        # PyTorch sets LAZY when unset; a lazy kernel load waits for a kernel that never leaves
-        add(C, "RESIDENT_GPU_PERSISTENT_IDLE_US", "WARN", "0 (the resident kernel never leaves) "
-            "needs CUDA_MODULE_LOADING=EAGER: groups refuse it under lazy loading, PyTorch's default",
-            "export CUDA_MODULE_LOADING=EAGER before starting Python, or set an idle time > 0")
+    for name in sorted(k for k in env if k in REMOVED):
+        add(C, name, "WARN", "the persistent-kernel mode was removed (a kernel per op was measured "
+            "faster, docs/decisions.md): group creation fails while this is set", f"unset {name}")
     for name in sorted(k for k in env if k.startswith("RESIDENT_")):
-        if name not in cfg and name not in NOT_RUNTIME:
+        if name not in cfg and name not in NOT_RUNTIME and name not in REMOVED:
             add(C, name, "WARN", "not a resident setting (typo?)", "see README.md, Configuration")
     return dict(facts, checks=checks)
 

@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(256) libCopy(const __grid_constant__ Collectiv
     *reinterpret_cast<volatile uint32_t*>(&sink) = x;  // keeps the loads
   }
   enterCollective(a, sh);
-  collectiveBody<false>(a, sh, blockIdx.x);
+  collectiveBody<false>(a, sh);
 }
 
 struct Variant {

@@ -4,10 +4,10 @@
 # benchmark under MPS, and leave full logs and JSON under $OUT.
 #
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
-#   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-persistent
-#           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-persistent bench-quick doctor examples multi-gpu
-#           persistent-debug p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own persistent-ab
-#           launch-probe interference fault-probe poll-probe replica-probe pdl-probe ar8-probe ar64k-probe proxy8-probe proxy-copy-probe
+#   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2
+#           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-quick doctor examples multi-gpu
+#           p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own
+#           interference poll-probe replica-probe pdl-probe ar8-probe ar64k-probe proxy8-probe proxy-copy-probe
 #           p2p-timeline proxy-trace
 #           (default: build floors tests overhead bench)
 #   On a machine with several GPUs every stage but multi-gpu runs on GPU 0 alone.
@@ -23,20 +23,11 @@
 #   bench-ab:    2 ranks, graph mode, both paths: the defaults beside RESIDENT_GPU_PREFETCH=0 and
 #                (proxy) RESIDENT_GPU_PROXY_STREAMING=0 and RESIDENT_GPU_TRIGGER_FENCE=1, side by
 #                side in one run ($OUT/bench_ab.json, ~1 min; $RESIDENT_AB_BACKENDS, $RESIDENT_AB_SIZES).
-#   bench-persistent: the CUDA ladder of resident (a kernel per op),
-#                resident:RESIDENT_GPU_PERSISTENT=1 (the resident kernel for eager ops, default
-#                idle exit; graphs get kernel nodes) and the same with a 500 ms idle time and
-#                RESIDENT_GPU_PERSISTENT_GRAPHS=resident (captured ops to the resident kernel too)
-#                side by side, 2, 4 and 8 ranks, all_reduce, all_to_all_single at 8 B, 4 KiB,
-#                64 KiB, eager and graph ($OUT/bench_persistent.json, no new group after
-#                $RESIDENT_BENCH_LIMIT_S, default 240 s; ratios to the floors when a floors stage
-#                ran in the same call),
-#                then the interference benchmark: a bf16 decode GEMM alone and next to all_reduces,
-#                per mode ($OUT/interference_ws<N>.json, ~1 min per world size; $RESIDENT_INTERFERENCE_LIMIT_S).
-#   interference: only the interference benchmark of bench-persistent (modes
-#                $RESIDENT_INTERFERENCE_MODES, default perop,persistent; also persistent500ms;
+#   interference: the interference benchmark: a bf16 decode GEMM alone and next to all_reduces,
+#                per mode ($RESIDENT_INTERFERENCE_MODES, default "default"; "proxy": RESIDENT_PATH=proxy;
 #                world sizes $RESIDENT_INTERFERENCE_WS, default "2", e.g. "2 4 8";
-#                $OUT/interference_ws<N>.{json,log}).
+#                $OUT/interference_ws<N>.{json,log}, ~1 min per world size;
+#                $RESIDENT_INTERFERENCE_LIMIT_S).
 #   poll-probe:  scripts/ll_poll_probe.cu: LL lines through mapped host memory, writer and
 #                reader kernels in one process, serial and with the reader polling first, per
 #                poll mode and block count, the credit wait, a late sender with abort-word
@@ -68,16 +59,12 @@
 #                all_reduce at 8 B, 16 KiB, 64 KiB and all_gather at 64 KiB) with the proxy's timeline
 #                on (RESIDENT_GPU_PROXY_TRACE), summarised by scripts/proxy_trace_summary.py
 #                ($OUT/trace_summary_<op>_<size>.json; raw timelines in $OUT/proxy_traces.tgz).
-#   fault-probe: scripts/persistent_fault_probe.py, the interference sequence step by step with a
-#                device check after each step, per variant ($RESIDENT_FAULT_VARIANTS)
-#                ($OUT/fault_probe.log).
 #   doctor:      python -m resident_pg.doctor (text and --json).
 #   examples:    the TP and EP decode examples on the GPU (2 ranks under MPS, CUDA graphs,
 #                --check against gloo), batch 1 and 8.
-#   gpu-tests:   the GPU-marked tests but the persistent mode's (gpu-tests-persistent)
-#                ($OUT/gpu_tests.log; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 480 s;
-#                only those pytest -k "$RESIDENT_GPU_TESTS_K" selects, when set, here and in
-#                gpu-tests-persistent);
+#   gpu-tests:   the GPU-marked tests ($OUT/gpu_tests.log; stopped after
+#                $RESIDENT_GPU_TESTS_LIMIT_S, default 480 s; only those pytest
+#                -k "$RESIDENT_GPU_TESTS_K" selects, when set);
 #                `tests` runs everything.
 #   multi-gpu:   (issue 7; needs >= 2 GPUs, e.g. the nvidia-h200-x2 kind) one rank per GPU, no
 #                MPS: the GPU tests at ws = number of GPUs, then the CUDA ladder of resident
@@ -87,21 +74,6 @@
 #                $OUT/bench_nccl.png; tests bounded by $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s,
 #                the ladder by $RESIDENT_BENCH_LIMIT_S, default 420 s). Prints a skip line on a
 #                machine with one GPU.
-#   persistent-ab: the persistent suite's 2-rank main jobs: proxy, direct, and direct with
-#                RESIDENT_PROXY_SPIN_US=200000 ($OUT/persistent_ab.log, ~6 min at most); other runs
-#                with RESIDENT_AB_RUNS="ws2-direct| ws2-direct|VAR=VALUE ...".
-#   launch-probe: scripts/launch_block_probe.cu (does a launch from one thread block while another
-#                thread waits on a stream held by a stream wait-value?), cooperative and plain
-#                launch x the main thread in a pageable copy / pinned copy / stream synchronize (wait
-#                as a stream op or a graph node), then plain launches with 3/7/15 streams created
-#                between the two (8 and 32 hardware queues, MPS), and plain launches of a kernel
-#                with a 128 B / 2 KiB / 8 KiB stack frame, and with the wait and copy on the
-#                legacy default stream (RESIDENT_LAUNCH_PROBE_SETS picks among
-#                "basic queues legacy stack"),
-#                without and with MPS ($OUT/launch_probe.jsonl, ~1 min at most).
-#   persistent-debug: scripts/persistent_probe.py, 2 and 4 ranks, both paths (RESIDENT_DEBUG=debug),
-#                then the persistent suite at 2 ranks to its first failure
-#                ($OUT/persistent_debug.log).
 #   p2p-debug:   scripts/p2p_probe.py (blocking send/recv ping-pong, irecv before isend;
 #                RESIDENT_DEBUG=debug, RESIDENT_GPU_P2P_STREAM=auto unless set) on both paths,
 #                then the send/recv call-order suite at 2 ranks to its first failure
@@ -131,10 +103,6 @@
 #                each by default, direct also with RESIDENT_GPU_P2P_STREAM=own (at once, on a
 #                stream of their own), side by side ($OUT/bench_p2p.json, ~1 min). Other variants:
 #                RESIDENT_P2P_BACKENDS (bench --backends), RESIDENT_P2P_SIZES (bench --sizes).
-#   gpu-tests-persistent: only tests/test_cuda_persistent*.py, the persistent mode
-#                (RESIDENT_GPU_PERSISTENT=1) at 2, 4 and 8 ranks (RESIDENT_GPU_TESTS_WS picks
-#                others; $OUT/gpu_tests_persistent.log, ~1.5 min; stopped after
-#                $RESIDENT_GPU_TESTS_LIMIT_S, default 300 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGES=${*:-build floors tests overhead bench}
@@ -198,51 +166,6 @@ mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 nvidia-cuda-mps-control -d && sleep 1
 trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
 
-if has launch-probe; then
-  step "launch probe"
-  # One probe run: MPS(no-mps|mps) QUEUES LAUNCH WAIT STREAMS_BETWEEN PRIORITY STACK_BYTES
-  probe() {
-    local pipe=$CUDA_MPS_PIPE_DIRECTORY res
-    [[ $1 == no-mps ]] && { pipe=/tmp/no-mps; mkdir -p "$pipe"; }
-    res=$(CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_DEVICE_MAX_CONNECTIONS=$2 timeout 20 \
-      /tmp/launch_block_probe "$3" "$4" "$5" "$6" "$7" 2>&1 | tail -1)
-    [[ $res == "{"* ]] || res="{\"error\": \"no result (stuck?): ${res//\"/}\"}"
-    echo "{\"mps\": \"$1\", \"connections\": $2, \"result\": $res}"
-  }
-  if nvcc -std=c++17 -O2 -arch=sm_90 scripts/launch_block_probe.cu -o /tmp/launch_block_probe \
-      > "$OUT/launch_probe_build.log" 2>&1; then
-    sets=${RESIDENT_LAUNCH_PROBE_SETS:-basic queues legacy stack}
-    {
-      # cooperative / plain launch x the main thread's wait, without and with MPS
-      if [[ " $sets " == *" basic "* ]]; then
-        for mps in no-mps mps; do for launch in coop plain; do
-          for wait in pageable pinned sync graph-pageable; do probe $mps 8 $launch $wait 0 high 0; done
-        done; done
-      fi
-      # plain launches with streams created in between (B may share A's hardware queue)
-      if [[ " $sets " == *" queues "* ]]; then
-        for conn in 8 32; do for extra in 3 7 15; do for prio in high normal; do
-          probe mps $conn plain pageable $extra $prio 0
-        done; done; done
-      fi
-      # the wait and the main thread's copy on the legacy default stream (PyTorch's default)
-      if [[ " $sets " == *" legacy "* ]]; then
-        for launch in plain coop; do for wait in legacy-pageable legacy-pinned legacy-sync; do
-          probe mps 8 $launch $wait 0 high 0
-        done; done
-      fi
-      # plain launches of a kernel with a stack frame (local memory) of 128 B / 2 / 8 KiB
-      if [[ " $sets " == *" stack "* ]]; then
-        for mps in no-mps mps; do for stack in 128 2048 8192; do
-          probe $mps 8 plain pageable 0 high $stack
-        done; done
-      fi
-    } | tee "$OUT/launch_probe.jsonl"
-  else
-    status=1; tail -20 "$OUT/launch_probe_build.log"
-  fi
-fi
-
 if has floors; then
   step "floors"
   bash benchmarks/floors/build.sh > "$OUT/floors_build.log" 2>&1 || status=1
@@ -260,7 +183,6 @@ if has gpu-tests; then
   step "gpu tests"
   # Bounded, so that a hang still leaves the log and the later stages inside the call's limit.
   bounded "${RESIDENT_GPU_TESTS_LIMIT_S:-480}" python3 -m pytest -q -m gpu tests \
-    --ignore=tests/test_cuda_persistent.py --ignore=tests/test_cuda_persistent_never_idle.py \
     ${RESIDENT_GPU_TESTS_K:+-k "$RESIDENT_GPU_TESTS_K"} \
     -p no:cacheprovider -rf --durations=15 \
     > "$OUT/gpu_tests.log" 2>&1 || status=1
@@ -278,17 +200,6 @@ if has gpu-tests-ws2; then
   tail -5 "$OUT/gpu_tests_ws2.log"
 fi
 
-if has gpu-tests-persistent; then
-  step "gpu tests (persistent mode)"
-  RESIDENT_GPU_TESTS_WS=${RESIDENT_GPU_TESTS_WS:-2,4,8} bounded "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
-    python3 -m pytest -q tests/test_cuda_persistent.py tests/test_cuda_persistent_never_idle.py \
-    ${RESIDENT_GPU_TESTS_K:+-k "$RESIDENT_GPU_TESTS_K"} \
-    -p no:cacheprovider -rf > "$OUT/gpu_tests_persistent.log" 2>&1 || status=1
-  tail -5 "$OUT/gpu_tests_persistent.log"
-fi
-
-# Diagnostics of the resident kernel: the probe (logs, status after each step) on both paths,
-# then the persistent suite at 2 ranks up to its first failure, verbose.
 if has p2p-debug; then
   step "send/recv probe"
   for path in ${RESIDENT_PROBE_PATHS:-direct proxy}; do
@@ -329,37 +240,6 @@ if has p2p-order-probe; then
     timeout -k 5 "${RESIDENT_PROBE_LIMIT_S:-100}" \
     python3 scripts/p2p_order_probe.py > "$OUT/p2p_order_probe.log" 2>&1 || status=1
   grep -E "^rank" "$OUT/p2p_order_probe.log" | tail -40
-fi
-
-# Issue 5's open question: why the 2-rank direct job of the persistent suite fails while the
-# proxy job passes. The proxy job first, then the direct job, then the direct job with the
-# proxy thread kept hot (it alone relaunches an idle-exited resident kernel).
-if has persistent-ab; then
-  step "persistent suite, 2 ranks: proxy job, direct job, direct job with a hot proxy thread"
-  # RESIDENT_AB_RUNS: the runs, "KEY|ENV" separated by spaces (ENV may be empty).
-  for run in ${RESIDENT_AB_RUNS:-ws2-proxy| ws2-direct| ws2-direct|RESIDENT_PROXY_SPIN_US=200000}; do
-    k=${run%%|*}; e=${run#*|}
-    echo "== -k \"test_persistent and $k\" ${e:-(defaults)}" | tee -a "$OUT/persistent_ab.log"
-    bounded 150 env RESIDENT_GPU_TESTS_WS=2 $e python3 -m pytest -q tests/test_cuda_persistent.py \
-      -k "test_persistent and $k" -p no:cacheprovider -rf >> "$OUT/persistent_ab.log" 2>&1 || status=1
-    tail -n 1 "$OUT/persistent_ab.log"
-  done
-fi
-
-if has persistent-debug; then
-  step "persistent probe"
-  for ws in 2 4; do
-    for path in direct proxy; do
-      echo "== probe ws=$ws path=$path" >> "$OUT/persistent_debug.log"
-      timeout 60 python3 scripts/persistent_probe.py --ws "$ws" --path "$path" \
-        >> "$OUT/persistent_debug.log" 2>&1 || { status=1; echo "probe (ws $ws, $path) failed"; }
-    done
-  done
-  grep -E "^\[rank|exit codes|Error|error" "$OUT/persistent_debug.log" | head -60
-  step "persistent suite, 2 ranks, to the first failure"
-  RESIDENT_GPU_TESTS_WS=2 bounded 150 python3 -m pytest -x -q tests/test_cuda_persistent.py \
-    -p no:cacheprovider -rf >> "$OUT/persistent_debug.log" 2>&1 || status=1
-  tail -n 40 "$OUT/persistent_debug.log"
 fi
 
 if has overhead; then
@@ -488,24 +368,12 @@ if has bench-p2p; then
   tail -n 40 "$OUT/bench_p2p.log"
 fi
 
-if has bench-persistent; then
-  step "bench (cuda, persistent mode A/B)"
-  floors_opt=()
-  [[ -s "$OUT/floors.json" ]] && floors_opt=(--floors "$OUT/floors.json")
-  python3 -m resident_pg.bench --device cuda --mode eager,graph --world-sizes 2,4,8 \
-    --ops all_reduce,all_to_all_single --sizes 8,4K,64K \
-    --backends "resident,resident:RESIDENT_GPU_PERSISTENT=1,resident:RESIDENT_GPU_PERSISTENT=1:RESIDENT_GPU_PERSISTENT_IDLE_US=500000:RESIDENT_GPU_PERSISTENT_GRAPHS=resident" \
-    ${floors_opt[@]+"${floors_opt[@]}"} --timeout 30 --time-limit ${RESIDENT_BENCH_LIMIT_S:-240} \
-    --json "$OUT/bench_persistent.json" > "$OUT/bench_persistent.log" 2>&1 || status=1
-  tail -n 60 "$OUT/bench_persistent.log"
-fi
-
-if has bench-persistent || has interference; then
+if has interference; then
   # One run per world size in $RESIDENT_INTERFERENCE_WS (default 2): interference_ws<N>.*
   for ws in ${RESIDENT_INTERFERENCE_WS:-2}; do
     step "bench (interference: GEMM next to the communicator, per mode, $ws ranks)"
     timeout $(( ${RESIDENT_INTERFERENCE_LIMIT_S:-120} + 120 )) python3 -m resident_pg.bench_interference \
-      --ws "$ws" --modes "${RESIDENT_INTERFERENCE_MODES:-perop,persistent}" \
+      --ws "$ws" --modes "${RESIDENT_INTERFERENCE_MODES:-default}" \
       --time-limit ${RESIDENT_INTERFERENCE_LIMIT_S:-120} --timeout 60 \
       --json "$OUT/interference_ws$ws.json" > "$OUT/interference_ws$ws.log" 2>&1 || status=1
     tail -n 30 "$OUT/interference_ws$ws.log"
@@ -604,14 +472,6 @@ if has proxy-trace; then
       "$OUT/trace_summary_$label.json" || status=1
   done
   tar czf "$OUT/proxy_traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces"
-fi
-
-if has fault-probe; then
-  step "persistent fault probe"
-  timeout 400 python3 scripts/persistent_fault_probe.py \
-    --variants "${RESIDENT_FAULT_VARIANTS:-idle0 idle30s idle500ms idle0-nogemm idle0-kernelgraphs idle0-noeager idle0-blocks1}" \
-    > "$OUT/fault_probe.log" 2>&1 || status=1
-  grep -E "^== |^summary|FAULT" "$OUT/fault_probe.log" | head -40
 fi
 
 if has multi-gpu; then

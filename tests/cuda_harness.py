@@ -19,8 +19,7 @@ dry run a "graph" is its capture function called eagerly on every replay.
 
 Shared helpers besides the data ones: :func:`warm_up_on_side_stream` and
 :func:`capture_replay` (graph programs with ``name``, ``fill``, ``step``, ``check``), and rank
-0's side of a device-side timeout, :func:`timeout_phase` (test_cuda_faults,
-test_cuda_persistent).
+0's side of a device-side timeout, :func:`timeout_phase` (test_cuda_faults).
 
 ``RESIDENT_GPU_TESTS_WS`` (default ``2,4,8``) limits the world sizes of the
 collective and graph jobs.  ``RESIDENT_GPU_TESTS_TIME_SCALE`` multiplies every job timeout (default 1 on
@@ -224,7 +223,7 @@ def capture_replay(step):
     return g.replay
 
 
-# ---- device-side timeout (rank 0's side; used by test_cuda_faults, test_cuda_persistent) ---
+# ---- device-side timeout (rank 0's side; used by test_cuda_faults) ---
 
 DEVICE_LIMIT_S = 30  # GPU work after a timed-out collective must complete within this
 NAMES_RANK_1 = re.compile(r"rank\D{0,3}1\b", re.IGNORECASE)
@@ -426,7 +425,7 @@ class GpuJobCache:
 
 
 def device_timeout_problems(v: dict, desc: str, limit_s: float, what: str) -> tuple:
-    """Checks of a device-side timeout job's outcome ``v`` (test_cuda_faults, test_cuda_persistent):
+    """Checks of a device-side timeout job's outcome ``v`` (test_cuda_faults):
     (problems with the GPU not hanging, problems with the host error). ``what``: how rank 1 failed
     its peer; ``limit_s``: by when the error must have surfaced."""
     gpu = []

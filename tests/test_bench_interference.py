@@ -15,15 +15,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_parse_args_defaults_and_errors(capsys):
     a = BI.parse_args([])
-    assert (a.ws, a.batches, a.sizes, a.modes) == (2, [1, 8, 64], [8, 65536], ["perop", "persistent"])
+    assert (a.ws, a.batches, a.sizes, a.modes) == (2, [1, 8, 64], [8, 65536], ["default"])
     assert a.shape == (4096, 14336) and a.reps == 21 and a.time_limit is None and a.json is None
-    a = BI.parse_args(["--ws", "4", "--batches", "1,64", "--sizes", "8,4K", "--modes", "persistent",
+    a = BI.parse_args(["--ws", "4", "--batches", "1,64", "--sizes", "8,4K", "--modes", "proxy,default",
                        "--shape", "1024x2048", "--reps", "5", "--time-limit", "60", "--json", "x.json"])
-    assert (a.ws, a.batches, a.sizes, a.modes, a.shape) == (4, [1, 64], [8, 4096], ["persistent"],
-                                                            (1024, 2048))
+    assert (a.ws, a.batches, a.sizes, a.modes, a.shape) == (4, [1, 64], [8, 4096],
+                                                            ["proxy", "default"], (1024, 2048))
     assert a.time_limit == 60.0 and a.json == "x.json"
-    for bad in (["--modes", "nccl"], ["--shape", "4096"], ["--batches", "0"], ["--sizes", "3"],
-                ["--reps", "0"], ["--gemm-ranks", "1"]):
+    for bad in (["--modes", "nccl"], ["--modes", "persistent"], ["--shape", "4096"],
+                ["--batches", "0"], ["--sizes", "3"], ["--reps", "0"], ["--gemm-ranks", "1"]):
         with pytest.raises(SystemExit) as e:
             BI.parse_args(bad)
         assert e.value.code == 2, bad
@@ -62,7 +62,7 @@ def _rank(times_gemm, scale, check_errors=()):
 
 
 def test_summarize_and_table():
-    rows = BI.summarize("persistent", {0: _rank(True, 1.0), 1: _rank(True, 2.0)}, [1, 8], [8])
+    rows = BI.summarize("proxy", {0: _rank(True, 1.0), 1: _rank(True, 2.0)}, [1, 8], [8])
     assert [(r["condition"], r["batch"]) for r in rows] == [
         ("baseline", 1), ("baseline", 8), ("alone", 1), ("alone", 8),
         ("concurrent 8 B", 1), ("concurrent 8 B", 8)]
@@ -75,16 +75,16 @@ def test_summarize_and_table():
     assert "allreduce_us" not in by[("alone", 1)]
 
     # only rank 0 times the GEMM; a failed check marks every row of the mode
-    rows2 = BI.summarize("perop", {0: _rank(True, 1.0), 1: _rank(False, 1.0, ["wrong"])}, [1], [8])
+    rows2 = BI.summarize("default", {0: _rank(True, 1.0), 1: _rank(False, 1.0, ["wrong"])}, [1], [8])
     assert rows2[1]["gemm_median_us"] == 11.0 and all(r["check"] == "FAILED" for r in rows2)
 
     text = BI.format_table(rows + rows2, "interference test")
     assert "== interference test" in text
     for word in ("mode", "condition", "GEMM µs", "vs baseline", "all_reduce µs", "overlap",
-                 "concurrent 8 B", "2.200x", "90%~", "persistent", "perop"):
+                 "concurrent 8 B", "2.200x", "90%~", "proxy", "default"):
         assert word in text, word
     assert "\n\n" in text.split("-----", 1)[1]  # a blank line between the modes
-    assert "! a correctness or mode check FAILED" in text and "~ the all_reduces covered" in text
+    assert "! a correctness check FAILED" in text and "~ the all_reduces covered" in text
 
 
 def _cuda_available():

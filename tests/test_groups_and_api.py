@@ -350,42 +350,11 @@ def test_harness_reports_rank_exception_and_kills_hung_ranks():
 
 
 # --------------------------------------------------------------------------
-# the resident-kernel knobs on a CPU-only group
+# knob validation at group creation
 # --------------------------------------------------------------------------
 
 
-def _persistent_status_job(rank, ws):
-    import torch
-    import torch.distributed as dist
-
-    import warnings
-
-    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
-    status = backend.persistent_status()
-    t = torch.arange(5, dtype=torch.int64) * (rank + 1)
-    dist.all_reduce(t)  # CPU ops are unaffected by the CUDA-only mode
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        dist.new_group([0, 1], backend="resident")  # the mode on (environment): a warning
-        dist.new_group([0, 1], backend="resident", pg_options={"gpu_persistent": "0"})  # none
-    return {"status": status, "config": backend.config(), "sum": t.tolist(),
-            "warnings": [str(w.message) for w in caught]}
-
-
-@pytest.mark.resident_only
-def test_persistent_mode_knobs_on_a_cpu_group():
-    env = {"RESIDENT_GPU_PERSISTENT": "1", "RESIDENT_GPU_PERSISTENT_BLOCKS": "2",
-           "RESIDENT_GPU_PERSISTENT_IDLE_US": "5000", "RESIDENT_GPU_PERSISTENT_GRAPHS": "resident"}
-    per_rank = H.run_ranks(_persistent_status_job, 2, env=env, timeout_s=60)
-    for r in per_rank:
-        assert r["status"] == {"enabled": True, "installed": False}, r
-        assert "gpu_persistent=1 gpu_persistent_blocks=2 gpu_persistent_idle_us=5000" in r["config"]
-        assert "gpu_persistent_graphs=resident" in r["config"], r["config"]
-        assert r["sum"] == [0, 3, 6, 9, 12]
-        assert len(r["warnings"]) == 1 and "slower for decode" in r["warnings"][0], r["warnings"]
-
-
-def _bad_persistent_job(rank, ws):
+def _init_outcome_job(rank, ws):
     import torch.distributed as dist
 
     try:
@@ -397,15 +366,12 @@ def _bad_persistent_job(rank, ws):
 
 
 @pytest.mark.resident_only
-@pytest.mark.parametrize("var,value", [("RESIDENT_GPU_PERSISTENT_BLOCKS", "0"),
-                                       ("RESIDENT_GPU_PERSISTENT", "yes"),
-                                       ("RESIDENT_GPU_PERSISTENT_SLOTS", "8"),
-                                       ("RESIDENT_GPU_TRIGGER_FENCE", "2"),
+@pytest.mark.parametrize("var,value", [("RESIDENT_GPU_TRIGGER_FENCE", "2"),
                                        ("RESIDENT_GPU_PROXY_STREAMING", "2"),
                                        ("RESIDENT_GPU_ONE_ROUND", "2"),
                                        ("RESIDENT_GPU_MAX_BLOCKS", "65")])
-def test_persistent_knobs_are_validated(var, value):
-    out = H.run_ranks(_bad_persistent_job, 1, env={var: value}, init=False, timeout_s=60)[0]
+def test_gpu_knobs_are_validated(var, value):
+    out = H.run_ranks(_init_outcome_job, 1, env={var: value}, init=False, timeout_s=60)[0]
     assert "invalid value" in out and var.lower().replace("resident_", "") in out, out
 
 
@@ -414,15 +380,61 @@ def test_persistent_knobs_are_validated(var, value):
     ("RESIDENT_GPU_P2P_STREAM", "caller", "auto or own", "own"),
     ("RESIDENT_GPU_PROTOCOL", "ll128", "ll or simple", "simple"),
     ("RESIDENT_GPU_PROXY_SIMPLE_ABOVE", "lots", "off or a byte count in [0, 1048576]", "off"),
-    ("RESIDENT_GPU_TRIGGER_FENCE_FROM", "lots", "off or a byte count in [0, 4294967296]", "off"),
-    ("RESIDENT_GPU_PERSISTENT_GRAPHS", "graph", "kernel or resident", "resident")])
+    ("RESIDENT_GPU_TRIGGER_FENCE_FROM", "lots", "off or a byte count in [0, 4294967296]", "off")])
 def test_choice_knobs_are_validated(var, bad, choices, good):
     """A knob with named choices takes only those; anything else fails the group's creation
     with a message that names the variable and the choices."""
-    out = H.run_ranks(_bad_persistent_job, 1, env={var: bad}, init=False, timeout_s=60)[0]
+    out = H.run_ranks(_init_outcome_job, 1, env={var: bad}, init=False, timeout_s=60)[0]
     assert f"{var} must be {choices}" in out and bad in out, out
-    ok = H.run_ranks(_bad_persistent_job, 1, env={var: good}, init=False, timeout_s=60)[0]
+    ok = H.run_ranks(_init_outcome_job, 1, env={var: good}, init=False, timeout_s=60)[0]
     assert ok == "no error", ok
+
+
+REMOVED_PERSISTENT_VARS = ("RESIDENT_GPU_PERSISTENT", "RESIDENT_GPU_PERSISTENT_BLOCKS",
+                           "RESIDENT_GPU_PERSISTENT_IDLE_US", "RESIDENT_GPU_PERSISTENT_SLOTS",
+                           "RESIDENT_GPU_PERSISTENT_GRAPHS")
+
+
+@pytest.mark.resident_only
+@pytest.mark.parametrize("var", REMOVED_PERSISTENT_VARS)
+def test_persistent_mode_variables_fail_group_creation(var):
+    """The backend has no persistent-kernel mode: any of its variables, with any value (0
+    included), fails the group's creation with a ValueError that names the variable and says
+    why, instead of being ignored."""
+    for value in ("1", "0"):
+        out = H.run_ranks(_init_outcome_job, 1, env={var: value}, init=False, timeout_s=60)[0]
+        assert out.startswith("ValueError: ") and f"{var} is not supported" in out, out
+        assert "a kernel per op was measured faster" in out and "docs/decisions.md" in out, out
+
+
+def _persistent_option_job(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    outcomes = {}
+    for key in ("gpu_persistent", "RESIDENT_GPU_PERSISTENT_IDLE_US"):
+        try:
+            dist.new_group([0], backend="resident", pg_options={key: "0"})
+            outcomes[key] = "no error"
+        except Exception as e:  # noqa: BLE001
+            outcomes[key] = f"{type(e).__name__}: {e}"
+    t = torch.arange(6, dtype=torch.int64) + rank
+    dist.all_reduce(t)  # the world group is unaffected
+    return {"outcomes": outcomes, "sum": t.tolist()}
+
+
+@pytest.mark.resident_only
+def test_persistent_mode_options_fail_group_creation():
+    """The same names as pg_options: new_group raises ValueError naming the option and its
+    variable; the groups that exist keep working."""
+    out = H.run_ranks(_persistent_option_job, 1, timeout_s=60)[0]
+    got = out["outcomes"]
+    for key, var in (("gpu_persistent", "RESIDENT_GPU_PERSISTENT"),
+                     ("RESIDENT_GPU_PERSISTENT_IDLE_US", "RESIDENT_GPU_PERSISTENT_IDLE_US")):
+        text = got[key]
+        assert text.startswith("ValueError: ") and f"({var}) is not supported" in text, text
+        assert "a kernel per op was measured faster" in text, text
+    assert out["sum"] == list(range(6))
 
 
 def _protocol_agreement_job(rank, ws):

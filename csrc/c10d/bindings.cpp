@@ -35,27 +35,7 @@ PYBIND11_MODULE(_C, m) {
       .def("config", &ProcessGroupResident::describeConfig,
            "The effective RESIDENT_* configuration of this group.")
       .def("proxy_cpu", &ProcessGroupResident::proxyCpu,
-           "CPU the proxy thread is pinned to, or -1.")
-      .def(
-          "persistent_status",
-          [](const ProcessGroupResident& pg) {
-            py::dict d;
-            d["enabled"] = pg.persistentEnabled();
-            for (const auto& kv : pg.persistentStatus()) {
-              if (kv.first == "installed" || kv.first == "running" || kv.first == "queued")
-                d[kv.first.c_str()] = kv.second != 0;
-              else
-                d[kv.first.c_str()] = kv.second;
-            }
-            return d;
-          },
-          "The resident kernel (RESIDENT_GPU_PERSISTENT): enabled, installed (after the first "
-          "CUDA op), running, queued (launched, not yet begun: behind other GPU work), "
-          "launches, exits, served (ops it completed), graph_slots_used, "
-          "slots, blocks; and the hand-off's state (what a stuck op waits for): mailbox (the "
-          "tag of the op handed over, 0: none), issued / eager_done (stamps of the last eager "
-          "op handed to a stream / completed), polls (the proxy thread's looks), in_launch "
-          "(a launch of the kernel is in progress).");
+           "CPU the proxy thread is pinned to, or -1.");
   m.def(
       "transports",
       [] {

@@ -30,10 +30,6 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator&, std::shared_ptr<GpuComm
 
 void flushPendingP2P() {}
 
-std::map<std::string, int64_t> persistentStatusOf(const std::shared_ptr<GpuCommunicator>&) {
-  return {{"installed", 0}};
-}
-
 void shutdownCuda(std::shared_ptr<GpuCommunicator>&, std::shared_ptr<CudaStreams>&) {}
 
 }  // namespace resident

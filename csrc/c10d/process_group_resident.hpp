@@ -79,8 +79,6 @@ class ProcessGroupResident : public c10d::Backend {
   std::string pathFor(int peer) const { return comm_->pathFor(peer); }
   std::string describeConfig() const { return comm_->config().describe(); }
   int proxyCpu() const { return comm_->proxyCpu(); }
-  bool persistentEnabled() const { return comm_->config().gpu_persistent; }
-  std::map<std::string, int64_t> persistentStatus() const { return persistentStatusOf(gpu_); }
 
  private:
   c10::intrusive_ptr<WorkResident> makeWork(c10d::OpType type, const char* title,

@@ -94,23 +94,6 @@ class CudaStreams {
   }
   // An event done with: back to the pool, or destroyed if it was recorded inside a capture
   // (not reused after one).
-  // Everything this group would otherwise create on first use: every peer's p2p streams and
-  // order events, the last-op event and a few pooled events. For a resident kernel that never
-  // leaves (RESIDENT_GPU_PERSISTENT_IDLE_US=0): creating a stream while it runs waits for it
-  // (cuStreamCreateWithPriority, H200 under MPS, session 18), so these come before its launch.
-  void createAllUpFront(int nranks, int self) {
-    for (int p = 0; p < nranks; ++p) {
-      if (p == self) continue;
-      for (bool send : {false, true}) {
-        p2p(p, send);
-        tail(p, send);
-      }
-    }
-    lastEnd();
-    std::vector<cudaEvent_t> spare(8);
-    for (cudaEvent_t& e : spare) e = get();
-    for (cudaEvent_t e : spare) put(e);
-  }
   void giveBack(cudaEvent_t e, bool captured) {
     if (captured)
       cudaEventDestroy(e);
@@ -498,15 +481,10 @@ c10::Device cudaPathFor(Communicator& comm, std::shared_ptr<GpuCommunicator>& gp
   const c10::Device device = first.device();
   c10::cuda::CUDAGuard guard(device);
   if (!gpu) {
-    // The streams first (torch's stream pool of the device included): the GPU communicator
-    // may launch a resident kernel, behind which a stream's creation can wait.
     auto made = std::make_shared<CudaStreams>(device.index(), comm.size());
-    const Config& cfg = comm.config();
-    if (cfg.gpu_persistent && cfg.gpu_persistent_idle_us == 0)
-      made->createAllUpFront(comm.size(), comm.rank());
     gpu = std::make_shared<GpuCommunicator>(comm, device.index(), timeout_ms);
     streams = std::move(made);
-    if (cfg.gpu_p2p_lazy) streams->flusher_ = sharedFlusher();
+    if (comm.config().gpu_p2p_lazy) streams->flusher_ = sharedFlusher();
   } else if (gpu->device() != device.index()) {
     throw InvalidArgument(
         "resident: this group's CUDA path is on cuda:" + std::to_string(gpu->device()) +
@@ -609,28 +587,6 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<Gp
   }
   if (capture == 0) streams->flusher_->notePending();
   return work;
-}
-
-std::map<std::string, int64_t> persistentStatusOf(const std::shared_ptr<GpuCommunicator>& gpu) {
-  std::map<std::string, int64_t> out{{"installed", gpu ? 1 : 0}};
-  const std::optional<PersistentStatus> status =
-      gpu ? gpu->persistentStatus() : std::optional<PersistentStatus>();
-  if (!status) return out;
-  const PersistentStatus& s = *status;
-  out["running"] = s.running ? 1 : 0;
-  out["queued"] = s.queued ? 1 : 0;
-  out["launches"] = s.launches;
-  out["exits"] = s.exits;
-  out["served"] = s.served;
-  out["graph_slots_used"] = s.graph_slots_used;
-  out["slots"] = s.slots;
-  out["blocks"] = s.blocks;
-  out["mailbox"] = s.mailbox;
-  out["issued"] = s.issued;
-  out["eager_done"] = s.eager_done;
-  out["polls"] = static_cast<int64_t>(s.polls);
-  out["in_launch"] = s.in_launch ? 1 : 0;
-  return out;
 }
 
 void shutdownCuda(std::shared_ptr<GpuCommunicator>& gpu, std::shared_ptr<CudaStreams>& streams) {

@@ -8,7 +8,6 @@
 #include <c10/util/FunctionRef.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -114,10 +113,6 @@ void flushPendingP2P();
 // The flusher thread's launch (core/pending_flusher.hpp): the pending op, if it is still op
 // `number` (a lazy op nobody launched within a tick, e.g. the host blocked on a peer instead).
 void flushStalePendingP2P(uint64_t number);
-
-// The resident kernel's counters (RESIDENT_GPU_PERSISTENT) as name -> value; "installed" is 0
-// before the group's first CUDA op.
-std::map<std::string, int64_t> persistentStatusOf(const std::shared_ptr<GpuCommunicator>& gpu);
 
 // Shuts the CUDA path down (waits for its kernels, releases registrations).
 void shutdownCuda(std::shared_ptr<GpuCommunicator>& gpu, std::shared_ptr<CudaStreams>& streams);

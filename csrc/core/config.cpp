@@ -110,20 +110,6 @@ void apply(Config& c, const std::string& key, const std::string& value) {
   } else if (key == "gpu_proxy_simple_above") {
     c.gpu_proxy_simple_above =
         static_cast<uint32_t>(parseLimit(key, value, 1u << 20, kGpuSimpleNever));
-  } else if (key == "gpu_persistent") {
-    c.gpu_persistent = parseUnsigned(key, value, 0, 1) == 1;
-  } else if (key == "gpu_persistent_blocks") {
-    c.gpu_persistent_blocks = static_cast<uint32_t>(parseUnsigned(key, value, 1, 64));
-  } else if (key == "gpu_persistent_idle_us") {
-    c.gpu_persistent_idle_us = parseUnsigned(key, value, 0, 600000000);
-  } else if (key == "gpu_persistent_graphs") {
-    if (value != "kernel" && value != "resident")
-      throw InvalidArgument(
-          "resident: RESIDENT_GPU_PERSISTENT_GRAPHS must be kernel or resident, got '" + value +
-          "'");
-    c.gpu_persistent_graphs_resident = value == "resident";
-  } else if (key == "gpu_persistent_slots") {
-    c.gpu_persistent_slots = static_cast<uint32_t>(parseUnsigned(key, value, 16, 65536));
   } else if (key == "debug") {
     // Handled by the logger (RESIDENT_DEBUG); accepted here so that it is not an error.
   } else {
@@ -156,16 +142,40 @@ const char* kKeys[] = {"path",
                        "gpu_protocol",
                        "gpu_proxy_simple_above",
                        "gpu_proxy_trace",
-                       "tcp_addr",
-                       "gpu_persistent",
-                       "gpu_persistent_blocks",
-                       "gpu_persistent_idle_us",
-                       "gpu_persistent_slots",
-                       "gpu_persistent_graphs"};
+                       "tcp_addr"};
+
+// The persistent-kernel mode's names. The backend has no such mode (a kernel per op was
+// measured faster, docs/decisions.md); setting one fails the group's creation rather than
+// being ignored, so that a script written for the mode does not silently measure another one.
+const char* kRemovedKeys[] = {"gpu_persistent", "gpu_persistent_blocks", "gpu_persistent_idle_us",
+                              "gpu_persistent_slots", "gpu_persistent_graphs"};
+
+std::string variableName(const char* key) {
+  std::string var = "RESIDENT_";
+  for (const char* p = key; *p; ++p) var += static_cast<char>(std::toupper(*p));
+  return var;
+}
+
+void rejectRemoved(const std::string& name, const char* remedy) {
+  throw InvalidArgument("resident: " + name +
+                        " is not supported: the persistent-kernel mode was removed from "
+                        "resident_pg because a kernel per op was measured faster (see "
+                        "docs/decisions.md); " +
+                        remedy);
+}
 
 }  // namespace
 
 Config Config::fromEnvironment(const std::map<std::string, std::string>& options) {
+  for (const char* key : kRemovedKeys) {
+    const std::string var = variableName(key);
+    if (std::getenv(var.c_str()) != nullptr) rejectRemoved(var, "unset it");
+  }
+  for (const auto& kv : options)
+    for (const char* key : kRemovedKeys)
+      if (kv.first == key)
+        rejectRemoved("option '" + kv.first + "' (" + variableName(key) + ")",
+                      "leave it out of pg_options");
   Config c;
   for (const char* key : kKeys) {
     std::string var = "RESIDENT_";
@@ -197,12 +207,7 @@ std::string Config::describe() const {
          " gpu_p2p_stream=" + (gpu_p2p_lazy ? "auto" : "own") +
          " gpu_protocol=" + (gpu_protocol_simple ? "simple" : "ll") +
          " gpu_proxy_simple_above=" + limitName(gpu_proxy_simple_above, kGpuSimpleNever) +
-         (gpu_proxy_trace.empty() ? "" : " gpu_proxy_trace=" + gpu_proxy_trace) +
-         " gpu_persistent=" + (gpu_persistent ? "1" : "0") +
-         " gpu_persistent_blocks=" + std::to_string(gpu_persistent_blocks) +
-         " gpu_persistent_idle_us=" + std::to_string(gpu_persistent_idle_us) +
-         " gpu_persistent_slots=" + std::to_string(gpu_persistent_slots) +
-         " gpu_persistent_graphs=" + (gpu_persistent_graphs_resident ? "resident" : "kernel");
+         (gpu_proxy_trace.empty() ? "" : " gpu_proxy_trace=" + gpu_proxy_trace);
 }
 
 std::string limitName(uint64_t value, uint64_t off_value) {

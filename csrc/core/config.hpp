@@ -74,17 +74,6 @@ struct Config {
   // (core/proxy_trace.hpp) and writes it to <prefix>.rank<r>.<n>.tsv when the group is
   // destroyed; empty (default): off.
   std::string gpu_proxy_trace;
-  // RESIDENT_GPU_PERSISTENT=0|1: decode-size collectives run on a resident kernel per group
-  // (handed over by stream memory operations) instead of one kernel per op.
-  bool gpu_persistent = false;
-  uint32_t gpu_persistent_blocks = 4;      // RESIDENT_GPU_PERSISTENT_BLOCKS
-  uint64_t gpu_persistent_idle_us = 2000;  // RESIDENT_GPU_PERSISTENT_IDLE_US (0: never leave)
-  uint32_t gpu_persistent_slots = 1024;    // RESIDENT_GPU_PERSISTENT_SLOTS: descriptor table
-  // RESIDENT_GPU_PERSISTENT_GRAPHS=kernel|resident: where a collective captured in a CUDA graph
-  // runs in persistent mode. kernel (default): a kernel node of its own, as without the mode;
-  // resident: handed to the resident kernel, which a replay after an idle exit must relaunch
-  // from another thread (see persistent_channel.hpp).
-  bool gpu_persistent_graphs_resident = false;
   // Not a variable: set by the adapter when this process can use CUDA, so that the segment
   // carries the GPU region (CPU-only processes do not pay for it).
   bool gpu_region = false;

@@ -49,8 +49,8 @@ std::vector<int> parseCpuList(const std::string& text) {
 // Every kernel loaded before a device's first op of the process: under lazy module loading
 // (CUDA's default) a first launch may wait for the context's running kernels, such as a recv
 // spinning for that very launch's peer (collective_launch.hpp). Once per device, before any of
-// our kernels can be running there (the collective and persistent kernels are loaded by
-// their occupancy queries).
+// our kernels can be running there (the collective kernels are loaded by their occupancy
+// queries).
 void loadKernelsOnce(int device) {
   static std::mutex mu;
   static std::set<int> loaded;
@@ -64,7 +64,7 @@ void loadKernelsOnce(int device) {
 // cudaMemcpy from pageable memory may return before the copy completes, ordered only on the
 // legacy default stream, while a first op may run on a non-blocking stream (a send/recv's
 // own). A stream of its own, not a device-wide synchronize, which would wait for the kernels
-// of other groups of the process (a resident kernel waiting for a peer, for one).
+// of other groups of the process (a kernel waiting for a peer, for one).
 void writeDeviceState(gpu::DeviceState* dst, const gpu::DeviceState& src) {
   cudaStream_t s = nullptr;
   checkCuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -169,9 +169,8 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   const uint32_t proxy_above = cfg.gpu_proxy_simple_above;
   region_.simple_above[1] =
       proxy_above == kGpuSimpleNever ? gpu::kSimpleNever : std::min(proxy_above, lay.chunk / 2);
-  // Could any op be simple? Then the kernels that must take any op (the resident kernel) are
-  // built with it, and the residency budget below is that of the heavier build. (Region::simple
-  // itself is set per op, in launchCollective.)
+  // Could any op be simple? Then the residency budget below is that of the heavier build.
+  // (Region::simple itself is set per op, in launchCollective.)
   bool simple_possible = false;
   for (int p = 0; p < nranks_; ++p)
     simple_possible |=
@@ -187,9 +186,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   int local_ranks = 0;
   for (int p = 0; p < nranks_; ++p) local_ranks += comm.sameHost(p) ? 1 : 0;
   const int per_gpu = (local_ranks + devices - 1) / (devices > 0 ? devices : 1);
-  const int resident_blocks = cfg.gpu_persistent ? static_cast<int>(cfg.gpu_persistent_blocks) : 0;
-  // What the resident kernels of the ranks sharing this GPU hold for their lifetime.
-  const int capacity = gpu::residentBlocksPerSm(simple_possible) * sms - resident_blocks * per_gpu;
+  const int capacity = gpu::residentBlocksPerSm(simple_possible) * sms;
   // Per rank: a collective kernel and its PDL successor (2 x max_blocks_), plus p2p kernels
   // on up to 2(n-1) streams that share another 2 x max_blocks_ (see launchP2P): 4 x
   // max_blocks_ per rank, so every rank sharing the GPU stays resident at once.
@@ -199,24 +196,6 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   if (cfg.gpu_max_blocks != 0 && cfg.gpu_max_blocks < max_blocks_) max_blocks_ = cfg.gpu_max_blocks;
   RLOG_INFO("rank %d: %d SMs, %d resident blocks, %d ranks per GPU -> at most %u blocks per op",
             rank_, sms, capacity, per_gpu, max_blocks_);
-  persistent_graphs_ = cfg.gpu_persistent_graphs_resident;
-  if (cfg.gpu_persistent) {
-    try {
-      DeviceGuard guard(device);
-      RelaxedCapture relaxed;
-      persistent_ = std::make_unique<PersistentChannel>(
-          device, cfg.gpu_persistent_blocks, cfg.gpu_persistent_slots, cfg.gpu_persistent_idle_us,
-          timeout_ms, simple_possible,
-          // A descriptor's meaningful bytes: the header and this group's peers.
-          offsetof(gpu::CollectiveArgs, peers) +
-              static_cast<size_t>(nranks_) * sizeof(gpu::PeerPlan),
-          &state_->failed,
-          reinterpret_cast<const uint64_t*>(region_.local + GpuLayout::kAbortWord));
-    } catch (...) {
-      shutdown();
-      throw;
-    }
-  }
   comm.setExtraPoller(this);
   if (any_proxied_ && comm.proxy() != nullptr) {
     comm.proxy()->setSpinUs(comm.config().gpu_proxy_spin_us);
@@ -270,10 +249,6 @@ void GpuCommunicator::shutdown() {
   comm_.setExtraPoller(nullptr);  // waits until the proxy is outside proxyPoll
   if (trace_) writeTrace();
   if (region_.local != nullptr) {
-    // The resident kernel leaves after its current op (aborted above); then the one-op
-    // kernels are waited for below. Stopped, not destroyed: other threads may still read its
-    // status or stuck error (persistent_ lives as long as this communicator).
-    if (persistent_) persistent_->stop();
     // Kernels of this communicator exit once they see the abort word; wait for them before
     // the memory they write goes away.
     DeviceGuard guard(device_);
@@ -298,11 +273,6 @@ void GpuCommunicator::writeTrace() {
   trace_.reset();
 }
 
-std::optional<PersistentStatus> GpuCommunicator::persistentStatus() const {
-  if (!persistent_) return std::nullopt;
-  return persistent_->status();
-}
-
 void GpuCommunicator::abortKernels() {
   unsigned char* gpu_base = comm_.segmentBase() + comm_.gpuRegionOffset();
   __atomic_store_n(reinterpret_cast<uint64_t*>(gpu_base + GpuLayout::kAbortWord), 1ull,
@@ -311,10 +281,6 @@ void GpuCommunicator::abortKernels() {
 
 std::string GpuCommunicator::deviceError() const {
   if (shut_down_) return final_error_;
-  if (persistent_) {
-    std::string stuck = persistent_->stuckError();
-    if (!stuck.empty()) return stuck;
-  }
   const unsigned char* gpu_base = comm_.segmentBase() + comm_.gpuRegionOffset();
   const uint64_t word = __atomic_load_n(
       reinterpret_cast<const uint64_t*>(gpu_base + GpuLayout::kErrorWord), __ATOMIC_ACQUIRE);

@@ -11,7 +11,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,7 +20,6 @@
 #include "core/gpu_layout.hpp"
 #include "core/ll_line_check.hpp"
 #include "core/proxy_trace.hpp"
-#include "cuda/persistent_channel.hpp"
 #include "exchange_args.hpp"
 
 namespace resident {
@@ -52,13 +50,7 @@ class GpuCommunicator : public ProxyHandler {
   void send(const void* buf, size_t bytes, int peer, void* stream);
   void recv(void* buf, size_t bytes, int peer, void* stream);
 
-  void setTimeoutMs(uint64_t ms) {
-    timeout_ns_.store(ms * 1000000ull, std::memory_order_relaxed);
-    if (persistent_) persistent_->setTimeoutMs(ms);
-  }
-  // The resident kernel's status (RESIDENT_GPU_PERSISTENT=1), or none (mode off, or shut
-  // down). Any thread, also while another one shuts this communicator down.
-  std::optional<PersistentStatus> persistentStatus() const;
+  void setTimeoutMs(uint64_t ms) { timeout_ns_.store(ms * 1000000ull, std::memory_order_relaxed); }
   // Empty while no kernel gave up; otherwise why, naming the op and the peer.
   std::string deviceError() const;
   // Makes every kernel of this communicator still waiting give up (shutdown, abort).
@@ -133,12 +125,6 @@ class GpuCommunicator : public ProxyHandler {
   std::vector<void*> registered_;
   TriggerRingView ring_;
   gpu::CollectiveArgs args_{};  // reused by every collective launch (no allocation per op)
-  // Created in the constructor, stopped at shutdown and destroyed only with this object, so
-  // that every op's usability check (deviceError) and status readers on other threads use
-  // it without a lock.
-  std::unique_ptr<PersistentChannel> persistent_;
-  // RESIDENT_GPU_PERSISTENT_GRAPHS=resident: captured collectives go to the resident kernel too.
-  bool persistent_graphs_ = false;
   std::atomic<bool> error_logged_{false};
   bool kernels_aborted_ = false;  // proxy pass only: the abort word was raised for a failed group
   bool any_proxied_ = false;

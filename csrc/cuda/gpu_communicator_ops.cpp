@@ -1,7 +1,7 @@
 // How each op of the CUDA path becomes one kernel launch on the caller's stream: the op's
 // partners and byte counts into the reused CollectiveArgs (begin, partner), the block count and
 // protocol choices (blocksFor, fenceTriggers), and the launch itself (launchCollective,
-// launchP2P), to the kernel per op or, for eager ops in persistent mode, the resident kernel.
+// launchP2P).
 // Set-up, shutdown and status are in gpu_communicator.cpp; the proxy side in
 // gpu_communicator_proxy.cpp.
 #include <cuda_runtime.h>
@@ -20,13 +20,6 @@ namespace {
 static_assert(static_cast<int>(DType::kUInt8) == 6 && static_cast<int>(RedOp::kBXor) == 7,
               "kernels/reduce_device.cuh mirrors the DType and RedOp codes");
 
-bool capturing(void* stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  checkCuda(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status),
-            "cudaStreamIsCapturing");
-  return status == cudaStreamCaptureStatusActive;
-}
-
 }  // namespace
 
 uint32_t GpuCommunicator::roundsFor(size_t bytes) const {
@@ -40,8 +33,8 @@ namespace {
 uint32_t partsOf(uint64_t first_round_bytes) {
   return gpu::partsOf(static_cast<uint32_t>(first_round_bytes));
 }
-// Parts per block over `blocks` blocks (never zero: blocksFor and the resident kernel's count
-// are at least one; the guard keeps a broken count from dividing by zero).
+// Parts per block over `blocks` blocks (never zero: blocksFor's count is at least one; the
+// guard keeps a broken count from dividing by zero).
 uint32_t partsFor(uint64_t first_round_bytes, uint32_t blocks) {
   blocks = std::max(blocks, 1u);
   return (partsOf(first_round_bytes) + blocks - 1) / blocks;
@@ -135,20 +128,6 @@ void GpuCommunicator::launchCollective(void* stream) {
   a.rounds_max = rounds_max;
   a.reg.trigger_fence = fenceTriggers(first_round_max);
   a.reg.simple = any_simple ? 1u : 0u;  // the kernel built with the simple protocol, if needed
-  // Decode size (one round with every partner): the resident kernel's blocks run it. Not,
-  // by default, when captured: a replay finds no instance after an idle exit, and its
-  // relaunch from another thread blocks inside the driver while the caller sits in a pageable
-  // copy on the legacy default stream behind the replay (H200, scripts/launch_block_probe.cu);
-  // a kernel node of the graph needs no relaunch (and was 1.1-4.5x faster in graphs,
-  // benchmarks/RESULTS.md).
-  if (persistent_ && rounds_max == 1) {
-    const bool captured = capturing(stream);
-    if (persistent_graphs_ || !captured) {
-      a.parts_per_block = partsFor(first_round_max, persistent_->blocks());
-      persistent_->enqueue(a, stream, captured);
-      return;
-    }
-  }
   // One round with every partner, a block per 2 KiB part within the block budget: the
   // one-round kernel, a thread per line (fewer threads for an op of one part); with the simple
   // protocol for direct partners (its build with Region::simple), not for proxied ones, whose

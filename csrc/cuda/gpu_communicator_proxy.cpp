@@ -187,7 +187,6 @@ bool GpuCommunicator::proxyPoll() {
   }
   flush();
   if (popped > 0) ring_.publishTail();
-  if (persistent_ && persistent_->poll()) ++popped;  // relaunched an idle resident kernel
   if (!error_logged_.load(std::memory_order_relaxed)) {
     const std::string err = deviceError();
     if (!err.empty()) {
