@@ -15,9 +15,12 @@ they do: as a package module, or as a top-level one when the bench runs as a pla
 * :func:`graph_check`: the correctness check of a cell, captured into a graph and replayed twice
   with fresh inputs and poisoned outputs in between: a backend whose ops are not really captured
   (replay does nothing) fails it instead of timing as "fast".
-* floors: :func:`load_floors` reads the JSON of ``benchmarks/floors/build/floors --json``;
-  :func:`floor_for` gives the floor a cell is held to; :func:`cuda_target_lines` evaluates the
-  targets of :data:`CUDA_TARGETS`; :func:`print_cuda_tables` prints µs and ratios to the floor.
+* floors: :func:`load_floors` reads the JSON of ``benchmarks/floors/build/floors --json`` and/or
+  ``build/tcp_floor --json`` (several files pooled); :func:`row_floor_kind` says which floor a
+  row is held to (GPU, GPU + tcp for CUDA tensors over tcp, tcp for CPU tensors over tcp) and
+  :func:`floor_for` gives its value; :func:`evaluate_targets` evaluates the targets of
+  :data:`CUDA_TARGETS` and :data:`TCP_TARGETS`; :func:`print_cuda_tables` and
+  :func:`print_tcp_floor_table` print µs and ratios to the floors.
 """
 
 from __future__ import annotations
