@@ -7,8 +7,10 @@ One subplot per (world size, op): a row per world size, a column per op.  One li
 (path or backend, mode) -- e.g. "resident direct, graph" -- with its p10-p90 band; cells whose
 correctness check failed are marked with a red x, cells without a result are left out.  The
 floors (benchmarks/floors) are dashed: the SM data floor (N bytes GPU->host->GPU) over size, and
-the cross-process flag floor (the 8 B floor) as a horizontal line.  They come from --floors, else
-from the first bench JSON that embeds them (metadata.floors.contents, written by --floors).
+the cross-process flag floor (the 8 B floor) as a horizontal line; the tcp one-way floor
+(benchmarks/floors/build/tcp_floor), when the floors hold it, dash-dotted over size.  They come
+from --floors, else from the first bench JSON that embeds them (metadata.floors.contents,
+written by --floors).
 
 Needs matplotlib (present on the GPU machine); without it the script says so and exits with 2.
 """
@@ -65,7 +67,8 @@ def collect(docs: List[dict]) -> Dict[Tuple[int, str], Dict[str, List[dict]]]:
     return out
 
 
-def find_floors(docs: List[dict], path: Optional[str]) -> Optional[Dict[str, Any]]:
+def find_floors(docs: List[dict], path) -> Optional[Dict[str, Any]]:
+    """The floors of --floors (a path or a list of them), else those a bench JSON embeds."""
     bc = _bench_cuda()
     if path:
         return bc.load_floors(path)
@@ -133,12 +136,16 @@ def plot(docs: List[dict], paths: List[str], floors: Optional[Dict[str, Any]], o
                 if bad:
                     ax.plot([p["size"] for p in bad], [p["median"] for p in bad], "x", color="red",
                             ms=8, mew=2, label="wrong result" if (i, j) == (0, 0) else None)
-            if floors:
+            if floors and floors.get("data_floor_sm_us"):
                 ds = sorted((int(k), v) for k, v in floors["data_floor_sm_us"].items())
                 ax.plot([s for s, _ in ds], [v for _, v in ds], "--", color="black", lw=1.1,
                         label="floor: data GPU->host->GPU (SM)")
                 ax.axhline(floors["cross_process_flag_us"], ls=":", color="dimgray", lw=1.1,
                            label="floor: cross-process flag (8 B)")
+            if floors and floors.get("tcp_one_way_us"):
+                ts = sorted((int(k), v) for k, v in floors["tcp_one_way_us"].items())
+                ax.plot([s for s, _ in ts], [v for _, v in ts], "-.", color="tab:brown", lw=1.1,
+                        label="floor: tcp one-way (loopback)")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.grid(True, which="both", alpha=0.3)
@@ -171,8 +178,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bench_json", nargs="+", help="JSON files written by resident_pg.bench --json")
-    ap.add_argument("--floors", help="floors JSON (benchmarks/floors/build/floors --json); "
-                                     "default: the one embedded in a bench JSON, if any")
+    ap.add_argument("--floors", action="append",
+                    help="floors JSON (benchmarks/floors/build/floors --json and/or "
+                         "build/tcp_floor --json; repeat for both); default: the floors "
+                         "embedded in a bench JSON, if any")
     ap.add_argument("--no-floors", action="store_true", help="do not draw the floors")
     ap.add_argument("-o", "--out", default="latency.png", help="PNG to write [%(default)s]")
     ap.add_argument("--world-sizes", help="comma list (default: all in the files)")

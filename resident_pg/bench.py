@@ -56,7 +56,11 @@ lower-case keys go to the group as ``pg_options`` ({"path": "proxy"}), upper-cas
 keys (``resident:RESIDENT_PATH=proxy``) are set in that group's rank processes'
 environment.  Without a baseline (cuda: there is none, NCCL cannot run two
 ranks on one GPU), ``--floors floors.json`` gives each cuda row its ratio to the
-physical floor (benchmarks/floors) and the run prints the CUDA targets.
+physical floor (benchmarks/floors) and the run prints the CUDA targets.  Rows over
+tcp (``resident:transport=tcp``, or RESIDENT_TRANSPORT=tcp) are held to the tcp
+floors (``--floors tcp_floors.json``, from benchmarks/floors/build/tcp_floor; the
+option repeats, the files' results are pooled): CUDA tensors to the GPU floor plus
+the tcp one-way floor at that size, CPU tensors to the tcp one-way floor.
 """
 
 from __future__ import annotations
@@ -276,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
             "  python -m resident_pg.bench --device cuda --floors floors.json --json c.json\n"
             "      # GPU: resident direct vs proxy path, eager and graph modes, ratios to\n"
             "      # the floors of benchmarks/floors (run under MPS when ranks share a GPU)\n"
+            "  python -m resident_pg.bench --device cuda --mode graph --world-sizes 2 \\\n"
+            "      --backends resident,resident:transport=tcp \\\n"
+            "      --floors floors.json --floors tcp_floors.json   # the tcp path beside shm\n"
+            "  python -m resident_pg.bench --backends resident:transport=tcp,gloo \\\n"
+            "      --floors tcp_floors.json    # CPU tensors over tcp: ratio to the tcp floor\n"
             "  python resident_pg/bench.py --backends gloo    # same, without importing the\n"
             "                                                 # resident_pg package (extension)\n"))
     g = p.add_argument_group("what to run")
@@ -305,11 +314,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--baseline", default=None, metavar="LABEL",
                    help="backend label that ratios are computed against [cpu: gloo, else the "
                         "first backend; cuda: none]")
-    g.add_argument("--floors", metavar="PATH",
-                   help="floors JSON of benchmarks/floors/build/floors --json: cuda rows get "
-                        "median / floor (8 B: cross-process flag floor; larger: SM data floor "
-                        "at that size) and the CUDA targets are evaluated; the file goes into "
-                        "the JSON metadata")
+    g.add_argument("--floors", metavar="PATH", action="append",
+                   help="floors JSON of benchmarks/floors/build/floors --json and/or "
+                        "build/tcp_floor --json (repeat the option for both; their results are "
+                        "pooled): cuda rows get median / floor (8 B: cross-process flag floor; "
+                        "larger: SM data floor at that size; over tcp: that plus the tcp "
+                        "one-way floor at that size), cpu rows over tcp median / tcp one-way "
+                        "floor, and the targets are evaluated; the files go into the JSON "
+                        "metadata")
     g.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="extra module to import in the ranks before init (for other plugin "
                         "backends; 'resident' imports resident_pg by itself); may repeat")
@@ -384,6 +396,14 @@ TIMING_DEFAULTS = {
 }
 
 
+def _transport_of(name: str, pg_options: Dict[str, str], env: Dict[str, str]) -> Optional[str]:
+    """The transport a variant asks for: pg_options, else its env, else the inherited env."""
+    if name != "resident":
+        return None
+    return (pg_options.get("transport") or env.get("RESIDENT_TRANSPORT")
+            or os.environ.get("RESIDENT_TRANSPORT") or "auto")
+
+
 def _path_of(name: str, pg_options: Dict[str, str], env: Dict[str, str]) -> Optional[str]:
     """The path a variant asks for: pg_options, else its env, else the inherited env."""
     if name != "resident":
@@ -451,9 +471,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             floors = common._bench_cuda().load_floors(args.floors)
             meta["floors"] = {k: floors[k] for k in ("path", "cross_process_flag_us",
                                                      "gpu_cpu_gpu_flag_us", "data_floor_sm_us",
-                                                     "warnings", "contents")}
+                                                     "tcp_one_way_us", "tcp_one_way_variant",
+                                                     "tcp_netns_one_way_us", "warnings",
+                                                     "contents")}
         except (OSError, ValueError) as e:
-            meta["floors"] = {"path": os.path.abspath(args.floors),
+            meta["floors"] = {"path": " + ".join(os.path.abspath(p) for p in args.floors),
                               "error": f"{type(e).__name__}: {e}"}
             _log(f"  WARNING: --floors {args.floors}: {e}; no ratios to the floors")
     _log(f"resident_pg.bench: backends {labels}, world sizes {world_sizes}, "
@@ -504,9 +526,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 g.errors.append({"attempt": -1, "status": "path_mismatch",
                                  "error": f"asked for path {configured!r}, ranks report "
                                           f"{seen} (resident_pg.describe)"})
+            transport = _transport_of(backend, pg_options, venv)
+            seen_t = sorted({t for i in g.rank_info.values() for t in i.get("transports", [])})
+            if transport in ("shm", "tcp", "ib") and seen_t and seen_t != [transport]:
+                g.errors.append({"attempt": -1, "status": "transport_mismatch",
+                                 "error": f"asked for transport {transport!r}, ranks report "
+                                          f"{seen_t} (resident_pg.describe)"})
             tags = {"device": device, "mode": mode, "variant": variant,
                     "path": seen[0] if len(seen) == 1 else configured,
-                    "path_configured": configured, "pg_options": pg_options,
+                    "path_configured": configured,
+                    "transport": seen_t[0] if len(seen_t) == 1 else transport,
+                    "transport_configured": transport, "pg_options": pg_options,
                     "env_options": venv}
             grows = report.aggregate(g, tags)
             for r in grows:
@@ -549,7 +579,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     if "device" in i), None)
         meta["gpu"] = gpu
         meta["cuda_mps_pipe_directory"] = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
-        common._bench_cuda().annotate_rows(rows, floors)
+    common._bench_cuda().annotate_rows(rows, floors)  # cpu: the rows over tcp
 
     git = meta["git"]
     print(f"resident_pg.bench on {meta['hostname']} ({meta['cpu_count']} cpus, load "
@@ -575,6 +605,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             args.rounds)
         tline = report.target_line(rows, labels)
         target_doc = {**common.TARGET, "line": tline}
+        bc = common._bench_cuda()
+        over_tcp = any(bc.row_floor_kind(r) == "tcp" for r in rows)
+        if floors and over_tcp:
+            bc.print_tcp_floor_table(rows, world_sizes, labels, ops, sizes, floors)
+        if floors or over_tcp:  # the tcp target of CPU tensors
+            results = bc.evaluate_targets(rows, floors, sizes, device="cpu")
+            tline = "\n".join([tline] + [t["line"] for t in results])
+            target_doc.update(tcp_targets=results, line=tline)
     print("\n" + tline)
     if errors:
         print(f"\n{len(errors)} problem(s):")

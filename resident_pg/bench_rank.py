@@ -166,6 +166,8 @@ def _rank_info(backend: str, dev, device: str) -> Dict[str, Any]:
                     desc = resident_pg.describe(device=d)
                     info["paths"] = sorted({p["path"] for r, p in desc["peers"].items()
                                             if r != desc["rank"]})
+                    info["transports"] = sorted({p["transport"] for r, p in
+                                                 desc["peers"].items() if r != desc["rank"]})
                     info["describe_device"] = d
                     break
                 except Exception as e:  # e.g. no such backend object for that device

@@ -15,9 +15,10 @@
 #   at the end), so a stage cut off by its time bound still says why.
 #   bench:       CPU ladder ($OUT/bench.json, ~1.5 min on the H200 host) and CUDA ladder
 #                (resident direct + proxy path, eager + graph mode, 2/4/8 ranks on the one
-#                GPU under MPS, ratios to $OUT/floors.json: $OUT/bench_cuda.json, ~2-3 min,
-#                no new group after 4 min) and its plot $OUT/latency_cuda.png.  Without a
-#                floors stage in the same call the floors are measured first (~10 s).
+#                GPU under MPS, ratios to $OUT/floors.json and, for rows over tcp,
+#                $OUT/tcp_floors.json: $OUT/bench_cuda.json, ~2-3 min, no new group after
+#                4 min) and its plot $OUT/latency_cuda.png.  Without a floors stage in the same
+#                call the floors are measured first (~20 s).
 #   bench-quick: the same, short (~1 min in all).
 #   bench-cuda:  only the CUDA ladder (as in `bench`).
 #   bench-ab:    2 ranks, graph mode, both paths: the defaults beside RESIDENT_GPU_PREFETCH=0 and
@@ -166,11 +167,24 @@ mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 nvidia-cuda-mps-control -d && sleep 1
 trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
 
+# The tcp floors (benchmarks/floors/tcp_floor: loopback, and two network namespaces on a veth
+# pair, which needs root and iproute2) into $OUT/tcp_floors.json, its table appended to
+# floors.log (at most 8 files come back from $OUT).
+tcp_floors() {
+  { [[ -x benchmarks/floors/build/tcp_floor ]] || bash benchmarks/floors/build.sh; } \
+    >> "$OUT/floors_build.log" 2>&1 \
+    && { echo "== tcp_floor"; benchmarks/floors/build/tcp_floor --json "$OUT/tcp_floors.json"; } \
+    >> "$OUT/floors.log" 2>&1 \
+    || { status=1; echo "tcp_floor failed (see floors*.log): rows over tcp have no ratios"; }
+}
+
 if has floors; then
   step "floors"
   bash benchmarks/floors/build.sh > "$OUT/floors_build.log" 2>&1 || status=1
   benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1 || status=1
   tail -25 "$OUT/floors.log"
+  tcp_floors
+  tail -24 "$OUT/floors.log"
 fi
 
 if has tests; then
@@ -260,8 +274,12 @@ cuda_bench() {  # extra bench options, e.g. --quick
       && benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1 \
       || { status=1; echo "floors failed (see floors*.log): the cuda bench has no ratios"; }
   fi
+  [[ -s "$OUT/tcp_floors.json" ]] || tcp_floors
+  local tcp_opt=()
+  [[ -s "$OUT/tcp_floors.json" ]] && tcp_opt=(--floors "$OUT/tcp_floors.json")
   step "bench (cuda)"
-  python3 -m resident_pg.bench --device cuda --floors "$OUT/floors.json" --timeout 30 "$@" \
+  python3 -m resident_pg.bench --device cuda --floors "$OUT/floors.json" \
+    ${tcp_opt[@]+"${tcp_opt[@]}"} --timeout 30 "$@" \
     --json "$OUT/bench_cuda.json" > "$OUT/bench_cuda.log" 2>&1 || status=1
   tail -n 60 "$OUT/bench_cuda.log"
   # (its log goes to the end of bench_cuda.log: at most 8 files come back from $OUT)

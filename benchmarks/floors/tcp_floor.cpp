@@ -1,0 +1,666 @@
+// tcp_floor.cpp: one-way latency floor of a busy-polled TCP ping-pong between two processes, on
+// loopback and between two network namespaces joined by a veth pair. Standalone (no torch, no
+// CUDA); see README.md for what each row means and how to run it.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+[[noreturn]] static void Die(const char* file, int line, const char* what) {
+  fprintf(stderr, "%s:%d: %s: %s\n", file, line, what, strerror(errno));
+  exit(2);
+}
+// A failed POSIX call of the parent's own set-up prints file:line and exits with status 2.
+#define PCK(cond)                                \
+  do {                                           \
+    if (!(cond)) Die(__FILE__, __LINE__, #cond); \
+  } while (0)
+
+namespace {
+
+constexpr size_t kSizes[] = {8, 1 << 10, 8 << 10, 64 << 10, 256 << 10};
+constexpr int kNumSizes = 5;
+enum Recv : int { kSpin = 0, kEpoll = 1 };
+constexpr int kNumRecv = 2;
+const char* kRecvName[] = {"spin_recv", "epoll_recv"};
+const char* kNames[] = {"tcp_loopback", "tcp_netns"};
+
+constexpr uint64_t kMs = 1000000ull;
+constexpr uint64_t kWaitNs = 10000 * kMs;    // any single wait of the ping-pong
+constexpr uint64_t kBudgetNs = 10000 * kMs;  // one (receive method, size) block, warm-up included
+constexpr uint64_t kSetupNs = 30000 * kMs;   // listen / connect / namespace commands
+constexpr uint64_t kLast = 1ull << 63;       // set in a message's first word: the block's last
+constexpr int kMinSamples = 10;              // fewer timed round trips fail the row
+
+// Namespaces and their veth ends; the lock keeps two runs of this program off the same names.
+const char* kNsA = "resident_floor_a";
+const char* kNsB = "resident_floor_b";
+const char* kAddrA = "10.214.0.1";
+const char* kAddrB = "10.214.0.2";
+const char* kLockPath = "/run/resident_floor.lock";
+
+uint64_t NowNs() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec);
+}
+
+enum Err : int32_t { kOk = 0, kTimeout, kPeerClosed, kMismatch, kSysError, kNotRun };
+const char* ErrName(int e) {
+  const char* n[] = {"ok", "timeout", "peer_closed", "mismatch", "sys_error", "not_run"};
+  return e >= 0 && e <= kNotRun ? n[e] : "?";
+}
+
+// What one end reports about one (receive method, size) block: kNotRun until it starts it.
+struct Side {
+  int32_t err;
+  char msg[120];
+};
+struct Block {
+  Side client, server;
+  uint64_t round_trips;  // completed, warm-up included
+  uint64_t timed;        // samples written
+  int32_t truncated;     // the block's budget ran out before --iters timed round trips
+};
+// Shared by the parent and both ends (an anonymous shared mapping made before the forks).
+struct Shared {
+  std::atomic<int32_t> port;  // 0 until the server listens, -1 if it failed to
+  Side setup_client, setup_server;
+  Block blocks[kNumRecv][kNumSizes];
+  double samples[1];  // [kNumRecv][kNumSizes][iters], one-way µs
+};
+
+struct Opts {
+  std::vector<std::string> only;
+  long iters = 10000;
+  long warmup = 1000;
+  std::string json;
+  bool corrupt = false;  // the client spoils each block's last message (the program's own test)
+  bool Want(const char* n) const {
+    return only.empty() || std::find(only.begin(), only.end(), n) != only.end();
+  }
+};
+
+void SetMsg(Side* s, int32_t err, const std::string& m) {
+  if (s->err != kOk) return;  // keep the first failure
+  s->err = err;
+  snprintf(s->msg, sizeof(s->msg), "%s", m.c_str());
+}
+
+// The payload of a block: random bytes, the same on both ends (seeded by size and method).
+std::vector<uint8_t> Payload(size_t n, int recv) {
+  std::mt19937_64 rng(0x7cf1003 + n * 31 + size_t(recv));
+  std::vector<uint8_t> p(n);
+  for (auto& b : p) b = uint8_t(rng());
+  return p;
+}
+uint64_t Word0(const uint8_t* p) {
+  uint64_t w;
+  memcpy(&w, p, 8);
+  return w;
+}
+
+// The busy-polled socket of one end. Every wait spins on a non-blocking call and stops at its
+// deadline, checked every 256 spins.
+class Conn {
+ public:
+  explicit Conn(int fd) : fd_(fd) {}
+  ~Conn() {
+    if (ep_ >= 0) close(ep_);
+    close(fd_);
+  }
+  // Method kEpoll receives as the library's proxy does: epoll_wait with timeout 0, then recv
+  // until the socket is drained. The epoll set exists only while that method runs, so that the
+  // spin method's receive path carries no epoll callback.
+  int32_t Use(int recv, std::string* why) {
+    if (ep_ >= 0) close(ep_), ep_ = -1;
+    recv_ = recv;
+    if (recv != kEpoll) return kOk;
+    ep_ = epoll_create1(EPOLL_CLOEXEC);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    if (ep_ < 0 || epoll_ctl(ep_, EPOLL_CTL_ADD, fd_, &ev) != 0) {
+      *why = std::string("epoll: ") + strerror(errno);
+      return kSysError;
+    }
+    return kOk;
+  }
+  int32_t Send(const uint8_t* p, size_t n, std::string* why) {
+    const uint64_t end = NowNs() + kWaitNs;
+    for (uint32_t spins = 0; n > 0; ++spins) {
+      const ssize_t k = send(fd_, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (k > 0) {
+        p += k, n -= size_t(k);
+      } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        return Fail(errno == EPIPE || errno == ECONNRESET ? kPeerClosed : kSysError, "send", why);
+      } else if ((spins & 255) == 255 && NowNs() > end) {
+        return Fail(kTimeout, "send", why);
+      }
+    }
+    return kOk;
+  }
+  int32_t Recv(uint8_t* p, size_t n, std::string* why) {
+    const uint64_t end = NowNs() + kWaitNs;
+    epoll_event evs[4];
+    for (uint32_t spins = 0; n > 0; ++spins) {
+      if (recv_ == kSpin || epoll_wait(ep_, evs, 4, 0) > 0) {
+        for (;;) {  // drain: several reads when the message came in several segments
+          const ssize_t k = recv(fd_, p, n, MSG_DONTWAIT);
+          if (k > 0) {
+            p += k, n -= size_t(k);
+            if (n == 0 || recv_ == kSpin) break;
+            continue;
+          }
+          if (k == 0) return Fail(kPeerClosed, "recv: connection closed", why, false);
+          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+          return Fail(errno == ECONNRESET ? kPeerClosed : kSysError, "recv", why);
+        }
+      }
+      if ((spins & 255) == 255 && NowNs() > end) return Fail(kTimeout, "recv", why);
+    }
+    return kOk;
+  }
+
+ private:
+  static int32_t Fail(int32_t err, const char* what, std::string* why, bool with_errno = true) {
+    *why = std::string(what) + (err == kTimeout ? ": no progress for 10 s"
+                                : with_errno    ? std::string(": ") + strerror(errno)
+                                                : "");
+    return err;
+  }
+  int fd_, ep_ = -1, recv_ = kSpin;
+};
+
+void TuneSocket(int fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+// Waits (poll, not on the measured path) until fd is ready for `events` or the deadline passes.
+bool WaitFd(int fd, short events, uint64_t end) {
+  for (;;) {
+    const uint64_t now = NowNs();
+    if (now >= end) return false;
+    pollfd p{fd, events, 0};
+    const int r = poll(&p, 1, int((end - now) / kMs) + 1);
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+sockaddr_in Addr(const char* ip, int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  inet_pton(AF_INET, ip, &a.sin_addr);
+  return a;
+}
+
+// The echo end: listens on `ip`, publishes its port, then for every block receives each message,
+// checks its sequence number (every message) and its bytes (the first and the last), and sends
+// it back.
+int ServerMain(Shared* sh, const char* ip) {
+  std::string why;
+  const int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in a = Addr(ip, 0);
+  socklen_t len = sizeof(a);
+  if (lfd < 0 || bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(lfd, 1) ||
+      getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    SetMsg(&sh->setup_server, kSysError, std::string("listen on ") + ip + ": " + strerror(errno));
+    sh->port.store(-1);
+    return 1;
+  }
+  sh->port.store(ntohs(a.sin_port));
+  if (!WaitFd(lfd, POLLIN, NowNs() + kSetupNs)) {
+    SetMsg(&sh->setup_server, kTimeout, "no connection within 30 s");
+    return 1;
+  }
+  const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+  close(lfd);
+  if (fd < 0) return SetMsg(&sh->setup_server, kSysError, strerror(errno)), 1;
+  TuneSocket(fd);
+  Conn c(fd);
+  for (int v = 0; v < kNumRecv; ++v) {
+    for (int s = 0; s < kNumSizes; ++s) {
+      const size_t n = kSizes[s];
+      Side* me = &sh->blocks[v][s].server;
+      me->err = kOk;
+      const std::vector<uint8_t> want = Payload(n, v);
+      std::vector<uint8_t> buf(n);
+      if (int32_t e = c.Use(v, &why)) return SetMsg(me, e, why), 1;
+      for (uint64_t seq = 0;; ++seq) {
+        if (int32_t e = c.Recv(buf.data(), n, &why)) return SetMsg(me, e, why), 1;
+        const uint64_t w = Word0(buf.data()) ^ Word0(want.data());
+        const bool last = (w & kLast) != 0;
+        if ((w & ~kLast) != seq) {  // every message: its first word (all of an 8 B one)
+          SetMsg(me, kMismatch,
+                 "sequence " + std::to_string(w & ~kLast) + ", expected " + std::to_string(seq));
+        }
+        if ((seq == 0 || last) && memcmp(buf.data() + 8, want.data() + 8, n - 8) != 0) {
+          SetMsg(me, kMismatch, "payload differs at round trip " + std::to_string(seq));
+        }
+        if (int32_t e = c.Send(buf.data(), n, &why)) return SetMsg(me, e, why), 1;
+        if (last) break;
+      }
+    }
+  }
+  return 0;
+}
+
+// The timing end: connects, then per block sends warm-up + --iters messages and times each
+// round trip (one-way = half of it); the first and the last echo are checked byte for byte.
+int ClientMain(Shared* sh, const Opts& o, const char* ip) {
+  std::string why;
+  const uint64_t setup_end = NowNs() + kSetupNs;
+  int port = 0;
+  while ((port = sh->port.load()) == 0 && NowNs() < setup_end) usleep(1000);
+  if (port <= 0) return SetMsg(&sh->setup_client, kNotRun, "the server never listened"), 1;
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const sockaddr_in a = Addr(ip, port);
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (fd < 0 ||
+      (connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) != 0 &&
+       errno != EINPROGRESS) ||
+      !WaitFd(fd, POLLOUT, setup_end) || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 ||
+      err != 0) {
+    const std::string e = strerror(err ? err : errno);
+    SetMsg(&sh->setup_client, kSysError, std::string("connect to ") + ip + ": " + e);
+    return 1;
+  }
+  TuneSocket(fd);
+  Conn c(fd);
+  int status = 0;
+  for (int v = 0; v < kNumRecv; ++v) {
+    for (int s = 0; s < kNumSizes; ++s) {
+      const size_t n = kSizes[s];
+      Block* b = &sh->blocks[v][s];
+      double* out = sh->samples + (size_t(v) * kNumSizes + size_t(s)) * size_t(o.iters);
+      const std::vector<uint8_t> base = Payload(n, v);
+      std::vector<uint8_t> msg = base, echo(n);
+      b->client.err = kOk;
+      if (int32_t e = c.Use(v, &why)) return SetMsg(&b->client, e, why), 1;
+      const uint64_t total = uint64_t(o.warmup + o.iters), start = NowNs();
+      for (uint64_t seq = 0;; ++seq) {
+        const bool last = seq + 1 == total || NowNs() - start > kBudgetNs;
+        const uint64_t w = Word0(base.data()) ^ seq ^ (last ? kLast : 0);
+        memcpy(msg.data(), &w, 8);
+        if (last && o.corrupt) msg[n > 8 ? n - 1 : 0] ^= 0x5a;
+        const uint64_t t0 = NowNs();
+        if (int32_t e = c.Send(msg.data(), n, &why)) return SetMsg(&b->client, e, why), 1;
+        if (int32_t e = c.Recv(echo.data(), n, &why)) return SetMsg(&b->client, e, why), 1;
+        const uint64_t t1 = NowNs();
+        b->round_trips = seq + 1;
+        if (seq >= uint64_t(o.warmup)) out[b->timed++] = double(t1 - t0) / 2e3;
+        if ((seq == 0 || last) && echo != msg) {
+          SetMsg(&b->client, kMismatch, "echo differs at round trip " + std::to_string(seq));
+          status = 1;
+        }
+        if (last) {
+          b->truncated = seq + 1 < total;
+          break;
+        }
+      }
+    }
+  }
+  return status;
+}
+
+// ---- network namespaces ----
+
+volatile sig_atomic_t g_netns_up = 0;
+volatile pid_t g_children[2] = {-1, -1};
+
+// What `ip netns del` does: detach the namespace's bind mount and remove its file. Only
+// async-signal-safe calls, so that the signal handler can use it too.
+void RemoveNetns() {
+  for (const char* ns : {kNsA, kNsB}) {
+    char path[64] = "/var/run/netns/";
+    strncat(path, ns, sizeof(path) - strlen(path) - 1);
+    umount2(path, MNT_DETACH);
+    unlink(path);
+  }
+  g_netns_up = 0;
+}
+
+void OnSignal(int sig) {
+  for (pid_t p : g_children) {
+    if (p > 0) kill(p, SIGKILL);
+  }
+  if (g_netns_up) RemoveNetns();
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+// Runs `ip ARGS...` with a deadline; returns "" or why it failed (its stderr, trimmed).
+std::string Ip(std::vector<std::string> args) {
+  int pfd[2];
+  PCK(pipe2(pfd, O_CLOEXEC) == 0);
+  fflush(stdout), fflush(stderr);
+  const pid_t pid = fork();
+  PCK(pid >= 0);
+  if (pid == 0) {
+    dup2(pfd[1], 1), dup2(pfd[1], 2);
+    std::vector<char*> argv{const_cast<char*>("ip")};
+    for (auto& a : args) argv.push_back(&a[0]);
+    argv.push_back(nullptr);
+    execvp("ip", argv.data());
+    fprintf(stderr, "cannot run `ip` (iproute2): %s", strerror(errno));
+    _exit(127);
+  }
+  close(pfd[1]);
+  std::string out;
+  const uint64_t end = NowNs() + kSetupNs;
+  char buf[256];
+  while (WaitFd(pfd[0], POLLIN, end)) {
+    const ssize_t k = read(pfd[0], buf, sizeof(buf));
+    if (k <= 0) break;
+    out.append(buf, size_t(k));
+  }
+  close(pfd[0]);
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) == 0) {
+    if (NowNs() > end) kill(pid, SIGKILL);
+    usleep(1000);
+  }
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return "";
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  std::string cmd = "ip";
+  for (auto& a : args) cmd += " " + a;
+  return "`" + cmd + "` failed: " + (out.empty() ? "no output" : out);
+}
+
+// Creates the two namespaces joined by a veth pair; returns "" or why not (then none is left).
+std::string SetUpNetns(int* lock_fd) {
+  if (geteuid() != 0) return "network namespaces need root";
+  *lock_fd = open(kLockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (*lock_fd < 0) return std::string("cannot open ") + kLockPath + ": " + strerror(errno);
+  for (const uint64_t end = NowNs() + kSetupNs; flock(*lock_fd, LOCK_EX | LOCK_NB) != 0;) {
+    if (NowNs() > end) return "another tcp_floor run held " + std::string(kLockPath) + " for 30 s";
+    usleep(10000);
+  }
+  // Under the lock no other run uses these names: any found were left by a killed run.
+  struct stat st;
+  for (const char* ns : {kNsA, kNsB}) {
+    if (stat((std::string("/var/run/netns/") + ns).c_str(), &st) == 0) Ip({"netns", "del", ns});
+  }
+  g_netns_up = 1;  // from here on a signal removes whatever exists
+  std::vector<std::vector<std::string>> cmds = {
+      {"netns", "add", kNsA},
+      {"netns", "add", kNsB},
+      {"-n", kNsA, "link", "add", "rfloor_a", "type", "veth", "peer", "name", "rfloor_b", "netns",
+       kNsB},
+      {"-n", kNsA, "addr", "add", std::string(kAddrA) + "/24", "dev", "rfloor_a"},
+      {"-n", kNsB, "addr", "add", std::string(kAddrB) + "/24", "dev", "rfloor_b"},
+      {"-n", kNsA, "link", "set", "rfloor_a", "up"},
+      {"-n", kNsB, "link", "set", "rfloor_b", "up"},
+  };
+  for (auto& c : cmds) {
+    const std::string why = Ip(c);
+    if (!why.empty()) return RemoveNetns(), why;
+  }
+  return "";
+}
+
+// Enters a named network namespace (what `ip netns exec` does before it runs its command).
+bool EnterNetns(const char* ns, Side* report) {
+  const std::string path = std::string("/var/run/netns/") + ns;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+    SetMsg(report, kSysError, "setns " + path + ": " + strerror(errno));
+    return false;
+  }
+  close(fd);
+  return true;
+}
+
+// ---- results ----
+
+struct Result {
+  std::string name, variant;
+  size_t bytes = 0;
+  std::string note;
+  bool ok = false, skipped = false;
+  double median = NAN, p10 = NAN, p90 = NAN;
+  size_t n = 0;
+};
+
+void Summarize(Result* r, std::vector<double> v) {
+  r->n = v.size();
+  if (v.empty()) return;
+  std::sort(v.begin(), v.end());
+  auto q = [&](double p) {
+    const double x = p * double(v.size() - 1);
+    const size_t lo = size_t(x), hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (v[hi] - v[lo]) * (x - double(lo));
+  };
+  r->median = q(0.5), r->p10 = q(0.1), r->p90 = q(0.9);
+}
+
+// One placement: server and client forked (each entering its namespace first when `netns`),
+// the parent waiting on both with a deadline; one row per (receive method, size).
+void RunPlacement(const char* name, bool netns, const Opts& o, std::vector<Result>& out) {
+  const size_t bytes = sizeof(Shared) + sizeof(double) * kNumRecv * kNumSizes * size_t(o.iters);
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  PCK(mem != MAP_FAILED);
+  Shared* sh = new (mem) Shared();
+  for (auto& row : sh->blocks) {
+    for (Block& b : row) b.client.err = b.server.err = kNotRun;
+  }
+  const char* ip = netns ? kAddrB : "127.0.0.1";
+  const pid_t parent = getpid();
+  for (int i = 0; i < 2; ++i) {
+    fflush(stdout), fflush(stderr);
+    const pid_t pid = fork();
+    PCK(pid >= 0);
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the parent
+      if (getppid() != parent) _exit(3);
+      Side* setup = i == 0 ? &sh->setup_server : &sh->setup_client;
+      if (netns && !EnterNetns(i == 0 ? kNsB : kNsA, setup)) {
+        if (i == 0) sh->port.store(-1);
+        _exit(1);
+      }
+      _exit(i == 0 ? ServerMain(sh, ip) : ClientMain(sh, o, ip));
+    }
+    g_children[i] = pid;
+  }
+  // Each wait of the ends is bounded; this bound covers all of them.
+  const uint64_t end = NowNs() + kSetupNs + kNumRecv * kNumSizes * (kBudgetNs + 2 * kWaitNs);
+  int st[2] = {0, 0};
+  bool reaped[2] = {false, false}, killed = false;
+  while (!(reaped[0] && reaped[1])) {
+    for (int i = 0; i < 2; ++i) {
+      if (!reaped[i]) reaped[i] = waitpid(g_children[i], &st[i], WNOHANG) == g_children[i];
+    }
+    if (!killed && NowNs() > end) {
+      for (int i = 0; i < 2; ++i) {
+        if (!reaped[i]) kill(g_children[i], SIGKILL);
+      }
+      killed = true;
+    }
+    usleep(20000);
+  }
+  g_children[0] = g_children[1] = -1;
+  std::string ends;
+  for (int i = 0; i < 2; ++i) {
+    if (!WIFEXITED(st[i]) || WEXITSTATUS(st[i]) != 0) {
+      ends += std::string(i ? " client" : " server") + "_exit=" +
+              (WIFEXITED(st[i]) ? std::to_string(WEXITSTATUS(st[i]))
+                                : "signal" + std::to_string(WTERMSIG(st[i])));
+    }
+  }
+  if (killed) ends += " killed_after_deadline";
+  std::string setup;
+  for (const Side* s : {&sh->setup_server, &sh->setup_client}) {
+    if (s->err != kOk) setup += std::string(" setup: ") + s->msg;
+  }
+  for (int v = 0; v < kNumRecv; ++v) {
+    for (int s = 0; s < kNumSizes; ++s) {
+      const Block& b = sh->blocks[v][s];
+      Result r;
+      r.name = name, r.variant = kRecvName[v], r.bytes = kSizes[s];
+      const double* smp = sh->samples + (size_t(v) * kNumSizes + size_t(s)) * size_t(o.iters);
+      Summarize(&r, std::vector<double>(smp, smp + b.timed));
+      r.ok = b.client.err == kOk && b.server.err == kOk && b.timed >= kMinSamples;
+      r.note = "round_trips=" + std::to_string(b.round_trips) + " client=" + ErrName(b.client.err) +
+               " server=" + ErrName(b.server.err);
+      if (b.truncated) r.note += " budget_truncated";
+      for (const Side* side : {&b.client, &b.server}) {
+        if (side->err != kOk && side->msg[0]) r.note += std::string(" (") + side->msg + ")";
+      }
+      if (!r.ok) r.note += setup + ends;
+      out.push_back(r);
+    }
+  }
+  sh->~Shared();
+  munmap(mem, bytes);
+}
+
+// ---- output ----
+
+std::string JsonStr(const std::string& x) {
+  std::string o = "\"";
+  for (char c : x) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += (c == '\n' || c == '\t') ? ' ' : c;
+  }
+  return o + "\"";
+}
+std::string JsonNum(double x) {
+  char b[32];
+  snprintf(b, sizeof(b), "%.4f", x);
+  return std::isfinite(x) ? b : "null";
+}
+
+void WriteJson(const std::string& path, const Opts& o, const std::vector<Result>& res) {
+  FILE* f = fopen(path.c_str(), "w");
+  PCK(f != nullptr);
+  char host[256] = "?", date[32];
+  gethostname(host, sizeof(host) - 1);
+  utsname u{};
+  uname(&u);
+  const time_t now = time(nullptr);
+  strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+  fprintf(f, "{\"program\": \"tcp_floor\", \"host\": %s, \"cpus\": %ld, \"kernel\": %s, ",
+          JsonStr(host).c_str(), sysconf(_SC_NPROCESSORS_ONLN), JsonStr(u.release).c_str());
+  fprintf(f, "\"date\": \"%s\", \"iters\": %ld, \"warmup\": %ld, \"results\": [", date, o.iters,
+          o.warmup);
+  for (size_t i = 0; i < res.size(); ++i) {
+    const Result& r = res[i];
+    fprintf(f,
+            "%s\n  {\"name\": %s, \"variant\": %s, \"bytes\": %zu, \"median_us\": %s, "
+            "\"p10_us\": %s, \"p90_us\": %s, \"samples\": %zu, \"unit\": %s, \"ok\": %s, "
+            "\"skipped\": %s, \"note\": %s}",
+            i ? "," : "", JsonStr(r.name).c_str(), JsonStr(r.variant).c_str(), r.bytes,
+            JsonNum(r.median).c_str(), JsonNum(r.p10).c_str(), JsonNum(r.p90).c_str(), r.n,
+            JsonStr("us one-way (round trip / 2)").c_str(), r.ok ? "true" : "false",
+            r.skipped ? "true" : "false", JsonStr(r.note).c_str());
+  }
+  fprintf(f, "\n]}\n");
+  PCK(fclose(f) == 0);
+}
+
+void Usage() {
+  fprintf(stderr,
+          "usage: tcp_floor [--only NAME[,NAME]] [--iters N] [--json PATH] [--corrupt]\n"
+          "  names: tcp_loopback tcp_netns\n"
+          "  --corrupt: spoil each block's last message (checks that the far side notices)\n");
+  exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  Opts o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--only" && i + 1 < argc) {
+      for (std::string rest = argv[++i]; !rest.empty();) {
+        const size_t c = rest.find(',');
+        const std::string nm = rest.substr(0, c);
+        rest = c == std::string::npos ? "" : rest.substr(c + 1);
+        if (nm != kNames[0] && nm != kNames[1]) Usage();
+        o.only.push_back(nm);
+      }
+    } else if (a == "--iters" && i + 1 < argc) {
+      o.iters = std::min(std::max(atol(argv[++i]), long(kMinSamples)), 1000000L);
+    } else if (a == "--json" && i + 1 < argc) {
+      o.json = argv[++i];
+    } else if (a == "--corrupt") {
+      o.corrupt = true;
+    } else {
+      Usage();
+    }
+  }
+  o.warmup = std::min(std::max(o.iters / 10, 10L), 1000L);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, OnSignal);
+  printf("tcp_floor: %ld cpus, iters %ld, warm-up %ld round trips per row\n",
+         sysconf(_SC_NPROCESSORS_ONLN), o.iters, o.warmup);
+
+  std::vector<Result> res;
+  if (o.Want("tcp_loopback")) {
+    printf("running tcp_loopback\n");
+    RunPlacement("tcp_loopback", false, o, res);
+  }
+  if (o.Want("tcp_netns")) {
+    printf("running tcp_netns\n");
+    int lock_fd = -1;
+    const std::string why = SetUpNetns(&lock_fd);
+    if (why.empty()) {
+      RunPlacement("tcp_netns", true, o, res);
+      RemoveNetns();
+    } else {
+      Result r;
+      r.name = "tcp_netns", r.skipped = true, r.note = "not run: " + why;
+      res.push_back(r);
+    }
+    if (lock_fd >= 0) close(lock_fd);
+  }
+
+  bool all_ok = true;
+  printf("\n%-13s %-10s %7s %9s %9s %9s %6s  %s\n", "name", "variant", "bytes", "median_us",
+         "p10_us", "p90_us", "n", "note");
+  for (const Result& r : res) {
+    all_ok &= r.ok || r.skipped;
+    printf("%-13s %-10s %7zu %9.3f %9.3f %9.3f %6zu  %s%s\n", r.name.c_str(),
+           r.variant.empty() ? "-" : r.variant.c_str(), r.bytes, r.median, r.p10, r.p90, r.n,
+           r.ok || r.skipped ? "" : "FAILED ", r.note.c_str());
+  }
+  if (!o.json.empty()) {
+    WriteJson(o.json, o, res);
+    printf("wrote %s\n", o.json.c_str());
+  }
+  return all_ok ? 0 : 1;
+}

@@ -1,0 +1,180 @@
+"""benchmarks/floors/tcp_floor.cpp: built with g++, run briefly. Its JSON has a passing row per
+placement, receive method and size, which the bench's floor loader accepts; a spoiled message is
+noticed on the far side; the network namespaces it makes are gone afterwards, also after a
+SIGTERM, and without root the namespace row says why it did not run. CPU only, no torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SRC = os.path.join(REPO, "benchmarks", "floors", "tcp_floor.cpp")
+SIZES = [8, 1024, 8192, 65536, 262144]
+METHODS = ["spin_recv", "epoll_recv"]
+NETNS = ["resident_floor_a", "resident_floor_b"]
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        pytest.skip(f"no C++ compiler ({cxx})")
+    exe = str(tmp_path_factory.mktemp("tcp_floor") / "tcp_floor")
+    subprocess.run([cxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-o", exe, SRC],
+                   check=True, timeout=300)
+    return exe
+
+
+def _run(program, tmp_path, *args, timeout=240, **kw):
+    out = tmp_path / "tcp.json"
+    proc = subprocess.run([program, *args, "--json", str(out)], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+    doc = json.loads(out.read_text()) if out.exists() else None
+    return proc, doc
+
+
+def _netns_present():
+    return [n for n in NETNS if os.path.exists(f"/var/run/netns/{n}")]
+
+
+def _can_make_netns():
+    return os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+def test_loopback_rows_pass_and_load_as_floors(program, tmp_path):
+    proc, doc = _run(program, tmp_path, "--only", "tcp_loopback", "--iters", "200")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = doc["results"]
+    assert [(r["variant"], r["bytes"]) for r in rows] == [(m, n) for m in METHODS for n in SIZES]
+    for r in rows:
+        assert r["name"] == "tcp_loopback" and r["ok"] is True and not r["skipped"], r
+        assert 0 < r["p10_us"] <= r["median_us"] <= r["p90_us"], r
+        assert "client=ok server=ok" in r["note"], r
+        # a block cut by its time budget still has its samples; otherwise all of --iters
+        assert r["samples"] == 200 or "budget_truncated" in r["note"], r
+    assert doc["program"] == "tcp_floor" and doc["iters"] == 200 and doc["cpus"] >= 1
+    import resident_pg.bench_cuda as bc
+    floors = bc.load_floors(str(tmp_path / "tcp.json"))
+    for n in SIZES:
+        want = min(r["median_us"] for r in rows if r["bytes"] == n)
+        assert floors["tcp_one_way_us"][str(n)] == pytest.approx(want)
+    assert "median_us" in proc.stdout and "wrote" in proc.stdout
+
+
+def test_a_spoiled_message_fails_its_row(program, tmp_path):
+    """--corrupt flips a byte of each block's last message before it is sent: the far side's
+    check fails every row (at 8 B the byte is in the message's sequence word)."""
+    proc, doc = _run(program, tmp_path, "--only", "tcp_loopback", "--iters", "20", "--corrupt")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert len(doc["results"]) == len(SIZES) * len(METHODS)
+    for r in doc["results"]:
+        assert r["ok"] is False and "server=mismatch" in r["note"], r
+        assert ("sequence" if r["bytes"] == 8 else "payload differs") in r["note"], r
+    assert "FAILED" in proc.stdout
+
+
+def test_bad_option_is_a_usage_error(program):
+    proc = subprocess.run([program, "--only", "tcp_nowhere"], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 2 and "usage: tcp_floor" in proc.stderr
+
+
+def test_netns_rows_and_cleanup(program, tmp_path):
+    """Between the namespaces when this machine allows it (root, iproute2); otherwise one
+    skipped row saying why. Either way no namespace of the program is left."""
+    proc, doc = _run(program, tmp_path, "--only", "tcp_netns", "--iters", "100")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = doc["results"]
+    if _can_make_netns() and not any(r.get("skipped") for r in rows):
+        assert [(r["variant"], r["bytes"]) for r in rows] == [
+            (m, n) for m in METHODS for n in SIZES]
+        assert all(r["ok"] and r["name"] == "tcp_netns" for r in rows), rows
+    else:
+        (row,) = rows
+        assert row["skipped"] is True and row["note"].startswith("not run: "), row
+    assert _netns_present() == []
+
+
+def test_netns_row_says_why_without_root(program, tmp_path):
+    if os.geteuid() != 0:
+        proc, doc = _run(program, tmp_path, "--only", "tcp_netns", "--iters", "20")
+    else:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: cannot drop root for this check")
+        # a directory that user 65534 can reach: pytest's own tmp_path may be private to root
+        with tempfile.TemporaryDirectory(dir="/tmp") as d:
+            os.chmod(d, 0o777)
+            exe, out = os.path.join(d, "tcp_floor"), os.path.join(d, "tcp.json")
+            shutil.copy(program, exe)
+            proc = subprocess.run(
+                [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", exe, "--only",
+                 "tcp_netns", "--iters", "20", "--json", out],
+                capture_output=True, text=True, timeout=60)
+            with open(out) as f:
+                doc = json.load(f)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = doc["results"]
+    assert row["skipped"] is True and row["ok"] is False
+    assert row["note"] == "not run: network namespaces need root", row
+
+
+def test_sigterm_removes_the_namespaces(program, tmp_path):
+    if not _can_make_netns():
+        pytest.skip("network namespaces need root and iproute2 (`ip`)")
+    proc = subprocess.Popen([program, "--only", "tcp_netns", "--iters", "1000000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.time() + 60
+        while len(_netns_present()) < 2 and proc.poll() is None and time.time() < end:
+            time.sleep(0.05)
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            if "not run:" in out:
+                pytest.skip(f"namespaces not made here: {out.strip().splitlines()[-1]}")
+            pytest.fail(f"exited early: {out}{err}")
+        assert len(_netns_present()) == 2
+        time.sleep(0.5)  # the two ends are inside by now, or on their way in
+        children = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGTERM
+    assert _netns_present() == []
+    end = time.time() + 10
+    while any(_alive(p) for p in children) and time.time() < end:
+        time.sleep(0.05)
+    assert not [p for p in children if _alive(p)], "an end outlived the program"
+
+
+def _children(pid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    out.append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
