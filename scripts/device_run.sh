@@ -5,7 +5,7 @@
 #
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
 #   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2
-#           overhead bench bench-cuda bench-ab bench-protocol bench-small bench-p2p bench-quick doctor examples multi-gpu
+#           overhead bench bench-cuda bench-tcp bench-ab bench-protocol bench-small bench-p2p bench-quick doctor examples multi-gpu
 #           p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own
 #           interference poll-probe replica-probe pdl-probe ar8-probe ar64k-probe proxy8-probe proxy-copy-probe
 #           p2p-timeline proxy-trace
@@ -296,6 +296,30 @@ fi
 if has bench-cuda; then
   cuda_bench --time-limit 240
 fi
+# The network path on one host: CUDA tensors over tcp (RESIDENT_TRANSPORT=tcp) beside the proxy
+# path over shm, 2 ranks, graph and eager, the five ops at 8 B-64 KiB, ratios to this call's
+# floors (the tcp rows to GPU + tcp + GPU); then CPU tensors over tcp beside shm and gloo
+# ($OUT/bench_tcp_cuda.{json,log}, $OUT/bench_tcp_cpu.{json,log}; ~3 min).
+if has bench-tcp; then
+  [[ -s "$OUT/floors.json" ]] || benchmarks/floors/build/floors --json "$OUT/floors.json" > "$OUT/floors.log" 2>&1
+  [[ -s "$OUT/tcp_floors.json" ]] || tcp_floors
+  step "bench (cuda over tcp)"
+  python3 -m resident_pg.bench --device cuda --mode graph,eager --world-sizes 2 \
+    --ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor,all_to_all_single,send_recv \
+    --sizes "${RESIDENT_TCP_SIZES:-8,1K,16K,64K}" \
+    --backends "${RESIDENT_TCP_BACKENDS:-resident:transport=tcp,resident:path=proxy}" \
+    --floors "$OUT/floors.json" --floors "$OUT/tcp_floors.json" --timeout 30 \
+    --time-limit "${RESIDENT_BENCH_LIMIT_S:-150}" \
+    --json "$OUT/bench_tcp_cuda.json" > "$OUT/bench_tcp_cuda.log" 2>&1 || status=1
+  tail -n 45 "$OUT/bench_tcp_cuda.log"
+  step "bench (cpu over tcp)"
+  python3 -m resident_pg.bench --world-sizes 2 --sizes 8,1K,64K \
+    --backends resident:transport=tcp,resident,gloo --floors "$OUT/tcp_floors.json" \
+    --timeout 30 --time-limit 90 \
+    --json "$OUT/bench_tcp_cpu.json" > "$OUT/bench_tcp_cpu.log" 2>&1 || status=1
+  tail -n 30 "$OUT/bench_tcp_cpu.log"
+fi
+
 if has bench-quick; then
   step "bench (cpu, quick)"
   python3 -m resident_pg.bench --quick --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
