@@ -47,15 +47,17 @@ pytestmark = C.module_marks()
 
 WS = C.WORLD_SIZES
 TCP = "proxy+tcp"
-# Knobs of the proxied peers' protocol and the proxy's kernel shapes (cuda_harness.PATH_KNOBS).
-VARIANTS = [(2, f"proxy+{k}+tcp") for k in ("psimple0", "pll", "general", "blocks1")]
-VARIANTS += [(4, "proxy+psimple0+tcp"), (4, "proxy+pll+tcp")]
+# Knobs that change what crosses tcp (cuda_harness.PATH_KNOBS): payload + flags for every op,
+# LL lines for every op, one trigger over several parts (one block per op).
+VARIANTS = [(2, "proxy+psimple0+tcp"), (2, "proxy+pll+tcp"), (2, "proxy+blocks1+tcp"),
+            (4, "proxy+psimple0+tcp")]
 COLL_KEYS = [(ws, TCP) for ws in WS] + [k for k in VARIANTS if k[0] in WS]
 P2P_KEYS = [(ws, p) for ws in WS for p in (TCP, "proxy+own+tcp") if ws <= 4 or p == TCP]
 GRAPH_KEYS = [(ws, TCP) for ws in WS]
 NETNS_LAYOUTS = {2: [0, 1], 4: [0, 0, 1, 1]}  # rank -> namespace index
 NETNS_KEYS = [(ws, "auto") for ws in NETNS_LAYOUTS if ws in WS]
 SUB_GRAPH_REPLAYS = 3
+SUBGROUP_TIMEOUT_S = 60  # an op on a subgroup that hangs fails, naming itself, after this
 
 
 def _marks(ws):
@@ -281,12 +283,16 @@ def _subgroups(rank, ws):
     """Subgroups (subgroup_ranks) alive at once beside the world: their transports and paths,
     eager ops on each in turn (twice), async ops on all of them in flight together, CUDA
     graphs captured on each. Digests: the reductions of the group of every rank."""
+    import datetime
+
     import torch.distributed as dist
 
     errs, digs = [], {}
     groups = []
+    timeout = datetime.timedelta(seconds=SUBGROUP_TIMEOUT_S * C.TIME_SCALE)
     for name, ranks in subgroup_ranks(ws):
-        g = dist.new_group(ranks)  # collective over the world: every rank, in the same order
+        # collective over the world: every rank, in the same order
+        g = dist.new_group(ranks, timeout=timeout)
         if rank in ranks:
             groups.append((name, ranks, g))
     for name, ranks, g in groups:
