@@ -4,7 +4,7 @@
 # benchmark under MPS, and leave full logs and JSON under $OUT.
 #
 #   usage: bash scripts/device_run.sh [STAGE...]   (OUT defaults to ./device_out)
-#   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2
+#   stages: build build-if-needed floors tests gpu-tests gpu-tests-ws2 gpu-tests-tcp
 #           overhead bench bench-cuda bench-tcp bench-ab bench-protocol bench-small bench-p2p bench-quick doctor examples multi-gpu
 #           p2p-debug p2p-order-suite p2p-order-probe gpu-tests-own
 #           interference poll-probe replica-probe pdl-probe ar8-probe ar64k-probe proxy8-probe proxy-copy-probe
@@ -63,9 +63,9 @@
 #   doctor:      python -m resident_pg.doctor (text and --json).
 #   examples:    the TP and EP decode examples on the GPU (2 ranks under MPS, CUDA graphs,
 #                --check against gloo), batch 1 and 8.
-#   gpu-tests:   the GPU-marked tests ($OUT/gpu_tests.log; stopped after
-#                $RESIDENT_GPU_TESTS_LIMIT_S, default 480 s; only those pytest
-#                -k "$RESIDENT_GPU_TESTS_K" selects, when set);
+#   gpu-tests:   the GPU-marked tests but the tcp transport's (gpu-tests-tcp)
+#                ($OUT/gpu_tests.log; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 480 s;
+#                only those pytest -k "$RESIDENT_GPU_TESTS_K" selects, when set);
 #                `tests` runs everything.
 #   multi-gpu:   (issue 7; needs >= 2 GPUs, e.g. the nvidia-h200-x2 kind) one rank per GPU, no
 #                MPS: the GPU tests at ws = number of GPUs, then the CUDA ladder of resident
@@ -90,6 +90,14 @@
 #                ($OUT/p2p_order_probe.log; RESIDENT_PROBE_PATH, RESIDENT_PROBE_LIMIT_S).
 #   gpu-tests-ws2: the collectives, send/recv call-order and graph suites at 2 ranks only
 #                ($OUT/gpu_tests_ws2.log, ~2.5 min).
+#   gpu-tests-tcp: tests/test_cuda_tcp.py, CUDA tensors over the tcp transport: the collectives,
+#                send/recv call-order and graph suites' cases with RESIDENT_TRANSPORT=tcp at 2, 4
+#                and 8 ranks (8: the reduced dtypes), subgroups, and ranks in network namespaces
+#                (2 ranks in 2 namespaces; 4 laid out [0,0,1,1]: shm inside, tcp across). It says
+#                first whether network namespaces can be made here (`ip netns add` as root; the
+#                namespace tests skip, saying why, where not) ($OUT/gpu_tests_tcp.log; stopped
+#                after $RESIDENT_GPU_TESTS_LIMIT_S, default 480 s; $RESIDENT_GPU_TESTS_WS limits the
+#                world sizes, $RESIDENT_GPU_TESTS_K selects).
 #   bench-small: 2 ranks, graph mode, 8 B / 64 B / 4 KiB, both paths ($OUT/bench_small.json, ~20 s).
 #   bench-ab-tree: this tree against another revision, side by side in one call: the bench-ab
 #                run ($RESIDENT_AB_BACKENDS, $RESIDENT_AB_SIZES), from this tree and from
@@ -197,10 +205,32 @@ if has gpu-tests; then
   step "gpu tests"
   # Bounded, so that a hang still leaves the log and the later stages inside the call's limit.
   bounded "${RESIDENT_GPU_TESTS_LIMIT_S:-480}" python3 -m pytest -q -m gpu tests \
-    ${RESIDENT_GPU_TESTS_K:+-k "$RESIDENT_GPU_TESTS_K"} \
+    --ignore=tests/test_cuda_tcp.py ${RESIDENT_GPU_TESTS_K:+-k "$RESIDENT_GPU_TESTS_K"} \
     -p no:cacheprovider -rf --durations=15 \
     > "$OUT/gpu_tests.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests.log"
+fi
+
+# CUDA tensors over tcp: on one host with RESIDENT_TRANSPORT=tcp, and between network
+# namespaces when this machine can make them (said first, with why not).
+if has gpu-tests-tcp; then
+  step "gpu tests over tcp"
+  if [[ $(id -u) != 0 ]]; then
+    netns="no: not root"
+  elif ! command -v ip > /dev/null; then
+    netns="no: iproute2 (ip) is not installed"
+  elif why=$(ip netns add "rpcheck$$" 2>&1); then
+    ip netns del "rpcheck$$"
+    netns="yes (ip netns add as root worked)"
+  else
+    netns="no: ip netns add failed: $why"
+  fi
+  echo "network namespaces: $netns" | tee "$OUT/gpu_tests_tcp.log"
+  RESIDENT_GPU_TESTS_WS=${RESIDENT_GPU_TESTS_WS:-2,4,8} bounded "${RESIDENT_GPU_TESTS_LIMIT_S:-480}" \
+    python3 -m pytest -q -m gpu tests/test_cuda_tcp.py ${RESIDENT_GPU_TESTS_K:+-k "$RESIDENT_GPU_TESTS_K"} \
+    -p no:cacheprovider -rfs --durations=15 >> "$OUT/gpu_tests_tcp.log" 2>&1 || status=1
+  grep -m 5 "^SKIPPED" "$OUT/gpu_tests_tcp.log" | cut -c1-300  # e.g. why no namespaces
+  tail -5 "$OUT/gpu_tests_tcp.log"
 fi
 
 # A short check for a short device budget: the collectives suite (every op x dtype x size,

@@ -337,7 +337,13 @@ PATH_KNOBS = {
     "unfenced": {"RESIDENT_GPU_TRIGGER_FENCE_FROM": "off"},
     # the proxy checks and copies unfenced lines in one pass as it pops each trigger
     "fused": {"RESIDENT_GPU_PROXY_FUSED_CHECK": "1"},
+    # every peer over the tcp transport, even on one host (the cross-host path; every peer is
+    # then proxied, so it goes with the proxy path: RESIDENT_PATH=direct refuses to form)
+    "tcp": {"RESIDENT_TRANSPORT": "tcp"},
 }
+# Knobs that choose the transport rather than a setting of the CUDA path: a path with only
+# these runs a suite's whole matrix, not the reduced one of the variants.
+TRANSPORT_KNOBS = ("tcp",)
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
 PATH_VARIANTS = ("direct+noprefetch", "direct+general", "proxy+general", "proxy+fence", "proxy+memcpy",
                  "proxy+blocks1", "direct+ll", "proxy+psimple0", "proxy+pll", "proxy+pll+unfenced", "proxy+pll+unfenced+fused")
@@ -354,11 +360,18 @@ def path_env(path):
     return env
 
 
+def is_variant(path) -> bool:
+    """Whether ``path`` sets knobs of the CUDA path (the transport's knobs do not count)."""
+    return any(k not in TRANSPORT_KNOBS for k in path.split("+")[1:])
+
+
 class GpuJobCache:
     """Like dist_harness.JobCache, keyed by (ws, path): each job runs with
     RESIDENT_PATH=path, init=False (the rank sets its device, then initialises),
     and exactly the cases pytest selected.  It also records the /dev/shm entries
-    named resident* that appeared during the job and were still there after it."""
+    named resident* that appeared during the job and were still there after it.
+    ``env`` given to :meth:`check` (e.g. network namespaces, only known to a fixture) is added
+    to the environment of the key's job when it runs."""
 
     def __init__(self, registry, job_fn, test_name, timeout_s=90, init_timeout_s=30):
         self.registry = registry
@@ -381,7 +394,7 @@ class GpuJobCache:
             and it.callspec.params.get("path") == path
         }
 
-    def get(self, key, session, ids=None):
+    def get(self, key, session, ids=None, env=None):
         if key not in self.results:
             ws, path = key
             if ids is None:
@@ -390,7 +403,8 @@ class GpuJobCache:
             before = set(H.list_shm())
             t0 = time.monotonic()
             try:
-                per_rank = H.run_ranks(self.job_fn, ws, args=(ids,), env=path_env(path), init=False,
+                per_rank = H.run_ranks(self.job_fn, ws, args=(ids,), env={**path_env(path), **(env or {})},
+                                       init=False,
                                        timeout_s=self.timeout_s * TIME_SCALE,
                                        init_timeout_s=self.init_timeout_s)
                 self.results[key] = (per_rank, None)
@@ -411,8 +425,8 @@ class GpuJobCache:
             H.remove_shm(left)
         return left, self.results[key][1] is not None
 
-    def check(self, cid, key, session):
-        per_rank, job_err = self.get(key, session)
+    def check(self, cid, key, session, env=None):
+        per_rank, job_err = self.get(key, session, env=env)
         if job_err is not None:
             pytest.fail(f"the ws={key[0]} path={key[1]} job of {self.test_name} failed as a whole:\n"
                         f"{job_err}", pytrace=False)

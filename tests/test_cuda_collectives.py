@@ -612,7 +612,7 @@ def _params(keys=JOB_KEYS + VARIANT_KEYS):
     out = []
     for ws, path in keys:
         for cid in CASES:
-            reduced = ws >= 8 or "+" in path
+            reduced = ws >= 8 or C.is_variant(path)
             if reduced and CASE_DTYPE[cid] not in (None,) + REDUCED_DTYPES:
                 continue
             out.append(pytest.param(cid, ws, path, id=f"{cid}-ws{ws}-{path}"))

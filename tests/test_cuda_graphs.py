@@ -280,23 +280,26 @@ def graphs_job(rank, ws, _ids=None):
 _RESULTS: dict = {}
 
 
+def run_graphs_job(ws, env):
+    """graphs_job in ``ws`` ranks with ``env``: (per-rank results, None), or (None, why the job
+    failed as a whole)."""
+    try:
+        return H.run_ranks(graphs_job, ws, env=env, init=False, timeout_s=90 * C.TIME_SCALE,
+                           init_timeout_s=20), None
+    except H.RanksFailed as e:
+        return None, str(e)
+
+
 def _job(key):
     if key not in _RESULTS:
         ws, path = key
-        try:
-            _RESULTS[key] = (H.run_ranks(graphs_job, ws, env=C.path_env(path), init=False,
-                                         timeout_s=90 * C.TIME_SCALE, init_timeout_s=20), None)
-        except H.RanksFailed as e:
-            _RESULTS[key] = (None, str(e))
+        _RESULTS[key] = run_graphs_job(ws, C.path_env(path))
     return _RESULTS[key]
 
 
-@pytest.mark.parametrize("ws,path", JOB_KEYS, ids=[f"ws{w}-{p}" for w, p in JOB_KEYS])
-@pytest.mark.parametrize("item", ITEMS)
-def test_cuda_graph(item, ws, path):
-    per_rank, err = _job((ws, path))
-    if err is not None:
-        pytest.fail(f"the ws={ws} path={path} CUDA-graph job failed as a whole:\n{err}", pytrace=False)
+def item_problems(per_rank, item, ws):
+    """The problems of one item of a graphs job: every rank's errors, then (when there are
+    none) every digest that differs from rank 0's."""
     problems = [f"rank {r}: {e}" for r, res in enumerate(per_rank) for e in res["items"][item]]
     if not problems:
         d0 = per_rank[0]["digests"][item]
@@ -305,4 +308,14 @@ def test_cuda_graph(item, ws, path):
                 if per_rank[r]["digests"][item].get(k) != v:
                     problems.append(f"{k}: rank {r} result {per_rank[r]['digests'][item].get(k)} "
                                     f"differs from rank 0 result {v}")
+    return problems
+
+
+@pytest.mark.parametrize("ws,path", JOB_KEYS, ids=[f"ws{w}-{p}" for w, p in JOB_KEYS])
+@pytest.mark.parametrize("item", ITEMS)
+def test_cuda_graph(item, ws, path):
+    per_rank, err = _job((ws, path))
+    if err is not None:
+        pytest.fail(f"the ws={ws} path={path} CUDA-graph job failed as a whole:\n{err}", pytrace=False)
+    problems = item_problems(per_rank, item, ws)
     assert not problems, f"{item} ws={ws} path={path}:\n" + "\n".join(problems[:40])
