@@ -60,6 +60,18 @@ std::exception_ptr WorkResident::exception() const {
   }
 }
 
+int WorkResident::sourceRank() const {
+  const c10d::OpType type = retrieveOpType();
+  if ((type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) || ops_.size() != 1)
+    return c10d::Work::sourceRank();  // torch's error: not a recv
+  if (!finished_.load(std::memory_order_acquire) || failed_) {
+    C10_THROW_ERROR(ValueError,
+                    "resident: the sender of a recv is known once the recv completed "
+                    "successfully; call wait() first");
+  }
+  return Communicator::sourceOf(ops_[0]);
+}
+
 bool WorkResident::wait(std::chrono::milliseconds timeout) {
   Engine& engine = comm_->engine();
   const uint64_t timeout_ns =

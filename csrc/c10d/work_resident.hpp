@@ -26,6 +26,8 @@ class WorkResident : public c10d::Work {
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   std::vector<at::Tensor> result() override { return outputs_; }
+  // A recv's sender (for a recv from any source: the peer whose message it took), once done.
+  int sourceRank() const override;
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void synchronize() override {}
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;

@@ -155,6 +155,8 @@ Op* Engine::begin() {
   op->error.clear();
   op->released = false;
   op->bound = false;
+  op->any_source = false;
+  op->any_source_buf = nullptr;
   op->waiting_on = -1;
   op->on_done = nullptr;
   op->on_done_ctx = nullptr;
@@ -354,6 +356,8 @@ bool Engine::progressOp(Op& op) {
 }
 
 bool Engine::opFinished(const Op& op) const {
+  // A recv from any source has no transfer until a message is matched to it.
+  if (op.any_source && !op.bound) return false;
   for (int p = 0; p < nranks_; ++p) {
     const PeerTransfer& t = op.peers[static_cast<size_t>(p)];
     if (t.sends) {
