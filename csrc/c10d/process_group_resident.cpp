@@ -32,7 +32,22 @@ void append(std::string& s, const c10::Device& d) {
   s += d.str();
 }
 void append(std::string& s, c10::Layout l) {
-  s += l == c10::kStrided ? "strided" : "non-strided";
+  switch (l) {
+    case c10::kStrided:
+      s += "strided";
+      break;
+    case c10::kSparse:
+      s += "sparse (COO)";
+      break;
+    case c10::kSparseCsr:
+    case c10::kSparseCsc:
+    case c10::kSparseBsr:
+    case c10::kSparseBsc:
+      s += "sparse (compressed)";
+      break;
+    default:
+      s += "non-strided";
+  }
 }
 void append(std::string& s, c10::IntArrayRef a) {
   s += "[";
