@@ -557,7 +557,7 @@ void Engine::checkDeadline(Op& op, uint64_t now) {
                                     : std::string("its peers");
   if (now > op.deadline_ns) {
     throw TimeoutError("resident: " + op.describe() + " on rank " + std::to_string(rank_) +
-                       " timed out after " + std::to_string((now - op.start_ns) / 1000000) +
+                       ": Timed out after " + std::to_string((now - op.start_ns) / 1000000) +
                        " ms waiting for " + peer_text +
                        "; that rank may have crashed, hung, or called a different operation");
   }
