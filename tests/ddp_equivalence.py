@@ -3,9 +3,11 @@ and test_cuda_ddp.py run, once with resident and once with gloo, and the compari
 they return.
 
 The model (8 linear layers of 1000 x 1000, 32 MB of float32 parameters) is built from a seed
-on every rank; every rank trains on its own seeded batch for a few SGD steps. Configurations:
-DDP's own allreduce with its default 25 MB buckets, the same with 1 MB buckets (many buckets in
-flight at once), and the comm hooks torch ships that go through ``Work.get_future()``:
+on every rank; every rank trains on its own seeded batch for a few SGD steps. DDP reduces the
+first step's gradients as one 32 MB bucket and then rebuilds its buckets by its cap.
+Configurations: DDP's own allreduce with its default 25 MB cap, the same with a 1 MB cap (a
+bucket per parameter, many in flight at once), and the comm hooks torch ships that go through
+``Work.get_future()``:
 ``allreduce_hook`` and ``fp16_compress_hook``. Each rank returns a digest of its parameters
 after every step (all ranks must agree: DDP keeps replicas equal) and rank 0 its parameters.
 
@@ -88,8 +90,11 @@ def train(rank, ws, config, device):
         loss.backward()
         opt.step()
         digests.append(_digest(_flat_params(model)))
+    # DDP starts with every gradient in one bucket and rebuilds its buckets, by its cap, in
+    # the order gradients became ready in the first step.
     logging = ddp._get_ddp_logging_data()
-    bucket_sizes = [int(s) for s in str(logging.get("bucket_sizes", "")).split(",") if s.strip()]
+    sizes = logging.get("rebuilt_bucket_sizes") or logging.get("bucket_sizes", "")
+    bucket_sizes = [int(s) for s in str(sizes).split(",") if s.strip()]
     params = _flat_params(model).numpy() if rank == 0 else None
     return {"digests": digests, "bucket_sizes": bucket_sizes, "params": params,
             "backend": dist.get_backend()}

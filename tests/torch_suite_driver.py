@@ -202,8 +202,10 @@ def _main_single(args) -> int:
     if args.k:
         names = [n for n in names if re.search(args.k, n)]
     t0 = time.monotonic()
-    log = open(args.log, "w") if args.log else sys.stderr
-    outcomes = run_tests(cls, names, log)
+    if args.log:  # the ranks' output too: they write to the stderr they inherit
+        log_file = open(args.log, "w")
+        os.dup2(log_file.fileno(), sys.stderr.fileno())
+    outcomes = run_tests(cls, names, sys.stderr)
     elapsed = time.monotonic() - t0
     problems = check_against_expected(args.backend, args.world_size, outcomes) if args.check else []
     c = counts(outcomes)
@@ -266,7 +268,7 @@ def main(argv=None) -> int:
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("-k", default="", help="only tests whose name matches this regex")
     p.add_argument("--json", default="", help="write the outcomes here")
-    p.add_argument("--log", default="", help="the suite's own output (default: stderr)")
+    p.add_argument("--log", default="", help="the suite's and the ranks' output (default: stderr)")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="report only; do not compare with the expected list")
     p.add_argument("--compare", action="store_true", help="run gloo and resident, compare")
