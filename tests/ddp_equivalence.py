@@ -139,3 +139,17 @@ def problems(per_rank_a, per_rank_b, ws, names=("resident", "gloo")) -> list:
                 out.append(f"{config}: {names[0]} and {names[1]} parameters differ by {err.max():.3g} "
                            f"relative (tolerance {rel}) at {i}: {pa[i]} vs {pb[i]}")
     return out
+
+
+def differences(per_rank_a, per_rank_b) -> dict:
+    """Per configuration: how many of rank 0's final parameters differ, and the largest
+    relative difference (for the test's report)."""
+    import numpy as np
+
+    out = {}
+    for config in per_rank_a[0]:
+        pa, pb = per_rank_a[0][config]["params"], per_rank_b[0][config]["params"]
+        rel = np.abs(pa - pb) / np.maximum(np.abs(pb), 1e-3)
+        out[config] = (int(np.count_nonzero(pa.view(np.uint32) != pb.view(np.uint32))),
+                       float(rel.max()))
+    return out

@@ -31,5 +31,7 @@ def test_cuda_ddp_matches_gloo():
         results[backend] = H.run_ranks(cuda_ddp_job, WS, args=(E.CONFIGS,), backend=backend,
                                        init=False, env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
                                        timeout_s=240 * C.TIME_SCALE, init_timeout_s=60)
+    for config, (n, rel) in E.differences(results["resident"], results["gloo"]).items():
+        print(f"{config}: {n} parameters differ from gloo's, max relative difference {rel:.3g}")
     problems = E.problems(results["resident"], results["gloo"], WS)
     assert not problems, "\n".join(problems)

@@ -18,5 +18,7 @@ def test_ddp_matches_gloo(ws):
     for backend in ("resident", "gloo"):
         results[backend] = H.run_ranks(E.job, ws, args=(E.CONFIGS,), backend=backend,
                                        timeout_s=240, init_timeout_s=60)
+    for config, (n, rel) in E.differences(results["resident"], results["gloo"]).items():
+        print(f"ws{ws} {config}: {n} parameters differ from gloo's, max relative difference {rel:.3g}")
     problems = E.problems(results["resident"], results["gloo"], ws)
     assert not problems, "\n".join(problems)

@@ -202,10 +202,17 @@ def _main_single(args) -> int:
     if args.k:
         names = [n for n in names if re.search(args.k, n)]
     t0 = time.monotonic()
-    if args.log:  # the ranks' output too: they write to the stderr they inherit
+    saved_stdout = None
+    if args.log:  # the suite's prints and the ranks' output too: they inherit these descriptors
         log_file = open(args.log, "w")
+        sys.stdout.flush()
+        saved_stdout = os.dup(sys.stdout.fileno())
+        os.dup2(log_file.fileno(), sys.stdout.fileno())
         os.dup2(log_file.fileno(), sys.stderr.fileno())
     outcomes = run_tests(cls, names, sys.stderr)
+    if saved_stdout is not None:
+        sys.stdout.flush()
+        os.dup2(saved_stdout, sys.stdout.fileno())
     elapsed = time.monotonic() - t0
     problems = check_against_expected(args.backend, args.world_size, outcomes) if args.check else []
     c = counts(outcomes)
