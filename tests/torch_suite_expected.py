@@ -25,15 +25,15 @@ class Expect:
 PROFILER_EVENTS = (
     "resident's Work does not yet record the profiler event torch's suite looks for (an event "
     "named 'resident:<op>' that ends when the op completes, with the op's input shapes, as "
-    "gloo's): issue 40 point 2, being done on branch prof")
+    "gloo's): issue 40 point 2 (open)")
 PROFILER_CORRUPTION = (
     "memory corruption under torch.autograd.profiler.profile(record_shapes=True): the Work's "
     "record function is started and never finished, and a later profiler session overwrites "
     "tensor metadata (a result comes back with the wrong shape) or crashes the rank: issue 34 "
-    "point 1, being fixed on branch prof")
+    "point 1 (open)")
 SEQUENCE_NUMBERS = (
     "resident has no group sequence numbers yet (getSequenceNumberForGroup): all_gather_object "
-    "on a subgroup asks for one; issue 40 point 1, being done on branch prof")
+    "on a subgroup asks for one; issue 40 point 1 (open)")
 BACKEND_NAME_CUSTOM = (
     "DDP's logging data records ProcessGroup::getBackendName(), which torch 2.14 reports as "
     "'custom' for every backend registered through Backend.register_backend (gloo is built in); "
