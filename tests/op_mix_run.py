@@ -72,11 +72,12 @@ def _restore_env(saved: dict) -> None:
 
 
 def run_modes(rank, ws, job: dict, hooks: Hooks) -> dict:
-    """job: {"modes": [(mode id, env)], "seeds": [...], "steps": int, "device": "cpu"|"cuda",
-    "timeout_s": group timeout}. Returns {"<mode>/<seed>": result of run_seed}."""
+    """job: {"modes": [(mode id, env)], "seeds": [...], "steps": int, "device": the tensors'
+    device, "caps": "cpu" | "cuda" (whose plans), "timeout_s": the groups' timeout}.
+    Returns {"<mode>/<seed>": the result of run_seed}."""
     import torch.distributed as dist
 
-    caps = op_mix.CPU_CAPS if job["device"] == "cpu" else op_mix.CUDA_CAPS
+    caps = op_mix.CPU_CAPS if job["caps"] == "cpu" else op_mix.CUDA_CAPS
     out = {}
     for mode_id, env in job["modes"]:
         saved = _apply_env(env)
@@ -248,7 +249,6 @@ class _Seed:
             fill(f"replay{i}")
             replay()
             check(f"replay {i}")
-        self.hooks.finish()
 
 
 def run_seed(rank, plan, mode_id, device, hooks, timeout_s) -> dict:
@@ -264,6 +264,8 @@ def run_seed(rank, plan, mode_id, device, hooks, timeout_s) -> dict:
         for step in plan.steps:
             s.step(step)
         s.graph()
+        s.where = "waiting for the device"
+        hooks.finish()
         s.where = "the closing barrier (before the subgroups are destroyed)"
         dist.barrier()
         s.where = "destroying the subgroups"
@@ -295,6 +297,8 @@ def problems_of(per_rank, key) -> list:
         else:
             if v["fatal"]:
                 fatal.append(f"rank {r}: {v['fatal']}")
+            elif v["ops"] == 0:
+                out.append(f"rank {r}: ran no op")
             out += [f"rank {r}: {p}" for p in v["problems"]]
     runs = [(r, res[key]) for r, res in enumerate(per_rank) if "plan" in res.get(key, {})]
     plans = {v["plan"] for _r, v in runs}
@@ -315,9 +319,9 @@ class OpMixJobs:
     items pytest selected; ``job_fn(rank, ws, job)`` runs in each rank."""
 
     def __init__(self, job_fn, test_name, test_file, device, *, per_mode, timeout_s,
-                 group_timeout_s=30, spawn_env=None):
+                 group_timeout_s=30, spawn_env=None, caps=None):
         self.job_fn, self.test_name, self.test_file = job_fn, test_name, test_file
-        self.device, self.per_mode = device, per_mode
+        self.device, self.per_mode, self.caps = device, per_mode, caps or device
         self.timeout_s, self.group_timeout_s = timeout_s, group_timeout_s
         self.spawn_env = spawn_env or (lambda env: {})
         self.modes = dict(op_mix.modes())
@@ -339,7 +343,7 @@ class OpMixJobs:
             mode_ids = [m for m in self.modes if any(s[0] == m for s in sel)]
             seeds = sorted({s[1] for s in sel})
             job = {"modes": [(m, self.modes[m]) for m in mode_ids], "seeds": seeds,
-                   "steps": op_mix.default_steps(), "device": self.device,
+                   "steps": op_mix.default_steps(), "device": self.device, "caps": self.caps,
                    "timeout_s": self.group_timeout_s}
             env = self.spawn_env(self.modes[key[1]]) if self.per_mode else {}
             t0 = time.monotonic()
@@ -356,7 +360,7 @@ class OpMixJobs:
         steps = os.environ.get("RESIDENT_OPMIX_STEPS")
         env = f"RESIDENT_OPMIX_SEEDS={seed}" + (f" RESIDENT_OPMIX_STEPS={steps}" if steps else "")
         return (f"rerun: {env} python -m pytest -q {self.test_file} -k 'ws{ws}-{mode}-seed'\n"
-                f"the plan: python tests/op_mix.py --seed {seed} --ws {ws} --device {self.device}"
+                f"the plan: python tests/op_mix.py --seed {seed} --ws {ws} --device {self.caps}"
                 + (f" --steps {steps}" if steps else ""))
 
     def check(self, ws, mode, seed, session):

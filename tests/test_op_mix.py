@@ -24,7 +24,7 @@ import op_mix
 from op_mix_run import Hooks, OpMixJobs, problems_of, run_modes
 
 WORLD_SIZES = (2, 3, 4)
-SEEDS = op_mix.seeds_from_env(default=(1, 2))
+SEEDS = op_mix.seeds_from_env(default=(1, 2, 3))
 MODE_IDS = [m for m, _env in op_mix.modes()]
 GROUP_TIMEOUT_S = 30
 
@@ -122,7 +122,8 @@ def test_seed_lists_from_the_environment(monkeypatch):
 
 
 def test_problems_of_reports_fatal_first_and_digests_that_differ():
-    ok = {"problems": [], "fatal": None, "plan": "p", "digests": {"s1/o0/all_reduce": "A"}}
+    ok = {"problems": [], "fatal": None, "plan": "p", "ops": 3,
+          "digests": {"s1/o0/all_reduce": "A"}}
     other = dict(ok, digests={"s1/o0/all_reduce": "B"})
     assert problems_of([{"m/1": ok}, {"m/1": ok}], "m/1") == []
     assert "must be bitwise alike" in problems_of([{"m/1": ok}, {"m/1": other}], "m/1")[0]
@@ -131,6 +132,7 @@ def test_problems_of_reports_fatal_first_and_digests_that_differ():
     assert got[0].startswith("rank 1: step 3") and "rank 2: no" in got
     assert "rank 3: the run did not happen" in got
     assert "different plans" in problems_of([{"m/1": ok}, {"m/1": dict(ok, plan="q")}], "m/1")[-1]
+    assert problems_of([{"m/1": ok}, {"m/1": dict(ok, ops=0)}], "m/1") == ["rank 1: ran no op"]
 
 
 # --------------------------------------------------------------------------
