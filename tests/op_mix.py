@@ -432,9 +432,15 @@ class _Gen:
         return Step(index, "sync", [self.op(groups)])
 
     def graph(self, groups) -> list:
-        k = int(self.rng.integers(2, 6))
-        ops = [(self.op(groups, capturable=True, world=(j == 0)), self.coin(0.4)) for j in range(k)]
-        return [ops[int(i)] for i in self.rng.permutation(k)]
+        # An all_reduce of the world with data: every rank's graph captures a kernel (a rank
+        # outside the other ops' groups would otherwise capture an empty graph).
+        first = OpSpec("all_reduce", 0)
+        self._all_reduce(first, self.ws)
+        first.n = max(1, first.n)
+        k = int(self.rng.integers(1, 5))
+        ops = [(first, self.coin(0.4))]
+        ops += [(self.op(groups, capturable=True), self.coin(0.4)) for _ in range(k)]
+        return [ops[int(i)] for i in self.rng.permutation(len(ops))]
 
 
 def default_steps() -> int:

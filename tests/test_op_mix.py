@@ -54,6 +54,15 @@ def _kinds(plan):
     return {op.kind for s in plan.steps for op in s.ops}
 
 
+def test_every_kind_has_an_op_and_the_left_out_ones_are_named():
+    from op_mix_objects import OBJECT_OPS
+    from op_mix_ops import OPS
+
+    assert set(OPS) | set(OBJECT_OPS) == set(op_mix.KINDS)
+    assert not set(OPS) & set(OBJECT_OPS)
+    assert not set(op_mix.UNSUPPORTED) & set(op_mix.KINDS)
+
+
 def test_plan_is_a_function_of_its_seed():
     a = op_mix.make_plan(11, 4, op_mix.CPU_CAPS)
     b = op_mix.make_plan(11, 4, op_mix.CPU_CAPS)
@@ -70,7 +79,7 @@ def test_plans_cover_every_kind_dtype_op_and_group_shape(caps):
         for seed in range(1, 9):
             plan = op_mix.make_plan(seed, ws, caps)
             assert _kinds(plan) == expected, f"seed {seed} ws {ws}: kinds {expected - _kinds(plan)} missing"
-            assert any(op.group == 0 for op, _a in plan.graph)
+            assert any(op.kind == "all_reduce" and op.group == 0 and op.n for op, _a in plan.graph)
             assert all(op_mix.KINDS[op.kind].capturable for op, _a in plan.graph)
             if ws >= 3:
                 sub = plan.groups[1].ranks
