@@ -92,7 +92,8 @@ def run_modes(rank, ws, job: dict, hooks: Hooks) -> dict:
                 res = run_seed(rank, plan, mode_id, job["device"], hooks, job["timeout_s"])
                 out[f"{mode_id}/{seed}"] = res
                 if res["fatal"]:
-                    broken = f"not run: seed {seed} raised before it on this rank"
+                    broken = (f"not run: seed {seed} failed on this rank before it "
+                              "(the group may be broken)")
         except Exception as e:  # noqa: BLE001  (group creation)
             for seed in job["seeds"]:
                 out.setdefault(f"{mode_id}/{seed}", {"not_run": f"mode {mode_id}: {_exc(e)}"})
@@ -106,7 +107,19 @@ def run_modes(rank, ws, job: dict, hooks: Hooks) -> dict:
                     if res is not None and "problems" in res:
                         res["problems"].append(f"destroy_process_group: {_exc(e)}")
             _restore_env(saved)
+        # Every rank leaves the mode before any starts the next, also after an error that
+        # some ranks saw only at the group timeout: a failure stays in its mode's items.
+        _store_barrier(f"opmix/done/{mode_id}", rank, ws, 3 * job["timeout_s"] + 60)
     return out
+
+
+def _store_barrier(tag, rank, ws, timeout_s) -> None:
+    """A barrier through the parent's TCPStore (never through the backend under test)."""
+    import datetime
+
+    store = H.connect_store()
+    store.set(f"{tag}/{rank}", b"1")
+    store.wait([f"{tag}/{r}" for r in range(ws)], datetime.timedelta(seconds=timeout_s))
 
 
 def _exc(e: BaseException) -> str:
