@@ -58,6 +58,20 @@ def event_problems(events, expected: dict, label: str, prefix: str = "resident:"
     return errs
 
 
+def gpu_annotation_problems(prof, expected: dict, label: str) -> list:
+    """A torch.profiler session with CUDA activity: each collective's event must also be on the
+    GPU, where the profiler annotates the kernels launched inside a user-scope event with its
+    name. (Not send/recv, whose kernel may be launched after the call returns, nor barrier, a
+    host-side op.)"""
+    from torch.autograd import DeviceType
+
+    on_gpu = {e.name for e in prof.events() if e.device_type == DeviceType.CUDA}
+    return [f"{label}: no GPU-side '{name}' (the kernels launched inside the event)"
+            for name in sorted(expected)
+            if name not in ("resident:send", "resident:recv", "resident:barrier")
+            and name not in on_gpu]
+
+
 def _fill(key, r, shape, device):
     n = 1
     for s in shape:

@@ -17,7 +17,7 @@ import datetime
 import pytest
 
 import dist_harness as H
-from profiled_ops import event_problems, events_of, profiler, run_round
+from profiled_ops import event_problems, events_of, gpu_annotation_problems, profiler, run_round
 
 pytestmark = pytest.mark.resident_only
 
@@ -34,7 +34,12 @@ def _fail_on_errors(per_rank):
 # --------------------------------------------------------------------------
 
 
-def _profiled_sessions_job(rank, ws, sessions):
+def profiled_sessions_job(rank, ws, sessions, device="cpu", cuda_activity=False):
+    """Every op in `sessions` profiling sessions per profiler and sync/async; then all-reduces of
+    4 elements, each in a session of its own, then a session of the other profiler. With
+    `cuda_activity` (CUDA tensors on a GPU) the profilers also trace the device, and each
+    collective of a sync torch.profiler session must show on the GPU too: the profiler's
+    annotation of the kernels launched inside the op's event."""
     import torch
     import torch.distributed as dist
 
@@ -44,27 +49,28 @@ def _profiled_sessions_job(rank, ws, sessions):
         for async_op in (False, True):
             for s in range(sessions):
                 label = f"{kind} {'async' if async_op else 'sync'} session {s}"
-                with profiler(kind) as prof:
-                    e1, exp = run_round(rank, ws, f"prof/{kind}/{async_op}/{s}", async_op=async_op)
+                with profiler(kind, cuda=cuda_activity) as prof:
+                    e1, exp = run_round(rank, ws, f"prof/{kind}/{async_op}/{s}", device=device,
+                                        async_op=async_op)
                     errs += e1
                     if sub is not None and rank in (0, ws - 1):
-                        e2, exp2 = run_round(rank, ws, f"sub/{kind}/{async_op}/{s}",
+                        e2, exp2 = run_round(rank, ws, f"sub/{kind}/{async_op}/{s}", device=device,
                                              async_op=async_op, group=sub)
                         errs += e2
                         for name, shapes in exp2.items():
                             exp.setdefault(name, []).extend(shapes)
                 errs += event_problems(events_of(prof), exp, label)
-    # All-reduces of 4 elements, each in a profiling session of its own, then a session of the
-    # other profiler.
+                if cuda_activity and kind == "torch" and not async_op:
+                    errs += gpu_annotation_problems(prof, exp, label)
     for i in range(5):
-        t = torch.full((4,), float(rank + i))
+        t = torch.full((4,), float(rank + i), device=device)
         with torch.autograd.profiler.profile(record_shapes=True) as prof:
             dist.all_reduce(t)
         if t.tolist() != [float(sum(r + i for r in range(ws)))] * 4:
             errs.append(f"all_reduce in session {i}: {t.tolist()}")
         errs += event_problems(events_of(prof), {"resident:all_reduce": [[[4]]]}, f"short {i}")
     with profiler("torch") as prof:
-        t = torch.ones(4)
+        t = torch.ones(4, device=device)
         dist.all_reduce(t)
     errs += event_problems(events_of(prof), {"resident:all_reduce": [[[4]]]}, "short torch")
     return errs
@@ -73,7 +79,7 @@ def _profiled_sessions_job(rank, ws, sessions):
 @pytest.mark.parametrize("ws", [2, 3])
 def test_profiler_events_in_repeated_sessions(ws):
     # Python's own allocator would absorb a stray write into a freed block; malloc reports it.
-    _fail_on_errors(H.run_ranks(_profiled_sessions_job, ws, args=(3,), timeout_s=240,
+    _fail_on_errors(H.run_ranks(profiled_sessions_job, ws, args=(3,), timeout_s=240,
                                 env={"PYTHONMALLOC": "malloc"}))
 
 
@@ -172,13 +178,7 @@ def _seq_agreement(pg, rank, ws, tag, members, expected=None) -> list:
     return errs
 
 
-def _backend_of(pg):
-    import torch
-
-    return pg._get_backend(torch.device("cpu"))
-
-
-def _debug_job(rank, ws, level):
+def debug_job(rank, ws, level, device="cpu"):
     import torch
     import torch.distributed as dist
 
@@ -188,7 +188,7 @@ def _debug_job(rank, ws, level):
     world = dist.group.WORLD
     members = [0, ws - 1] if ws > 2 else [0, 1]  # not contiguous at 3 ranks
     sub = dist.new_group(members)
-    backend = _backend_of(world)
+    backend = world._get_backend(torch.device(device))
     name = type(backend).__name__
     inner = type(backend.wrapped_pg).__name__ if level == "DETAIL" else name
     want = "_ProcessGroupWrapper" if level == "DETAIL" else "ProcessGroupResident"
@@ -198,11 +198,12 @@ def _debug_job(rank, ws, level):
 
     collectives = 0
     for i, async_op in enumerate((False, True)):
-        e, exp = run_round(rank, ws, f"dbg/{level}/{i}", async_op=async_op)
+        e, exp = run_round(rank, ws, f"dbg/{level}/{i}", device=device, async_op=async_op)
         errs += e
         collectives += sum(len(v) for k, v in exp.items() if k not in ("resident:send", "resident:recv"))
         if rank in members:
-            errs += run_round(rank, ws, f"dbgsub/{level}/{i}", async_op=async_op, group=sub)[0]
+            errs += run_round(rank, ws, f"dbgsub/{level}/{i}", device=device, async_op=async_op,
+                              group=sub)[0]
     errs += _seq_agreement(world, rank, ws, "world", range(ws), expected=collectives)
     if rank in members:
         errs += _seq_agreement(sub, rank, ws, "sub", members)
@@ -220,9 +221,12 @@ def _debug_job(rank, ws, level):
         # Shapes differ on the last rank, then the op: torch's wrapper names the mismatch on every
         # rank before the backend runs anything, and the group keeps working.
         last = rank == ws - 1
-        for what, fn in (("shape", lambda: dist.all_reduce(torch.ones(5 if last else 4))),
-                         ("op", lambda: dist.broadcast(torch.ones(4), 0) if last
-                          else dist.all_reduce(torch.ones(4)))):
+        def ones(n):
+            return torch.ones(n, device=device)
+
+        for what, fn in (("shape", lambda: dist.all_reduce(ones(5 if last else 4))),
+                         ("op", lambda: dist.broadcast(ones(4), 0) if last
+                          else dist.all_reduce(ones(4)))):
             try:
                 fn()
                 errs.append(f"mismatched {what}: no error")
@@ -230,7 +234,7 @@ def _debug_job(rank, ws, level):
                 if "Detected mismatch between collectives on ranks" not in str(e):
                     errs.append(f"mismatched {what}: {str(e)[:300]}")
         errs += _seq_agreement(world, rank, ws, "after mismatch", range(ws))
-    t = torch.full((3,), float(rank + 1))
+    t = torch.full((3,), float(rank + 1), device=device)
     dist.all_reduce(t)
     if t.tolist() != [float(sum(range(1, ws + 1)))] * 3:
         errs.append(f"{level}: all_reduce at the end: {t.tolist()}")
@@ -240,5 +244,5 @@ def _debug_job(rank, ws, level):
 @pytest.mark.parametrize("level", ["OFF", "INFO", "DETAIL"])
 @pytest.mark.parametrize("ws", [2, 3])
 def test_debug_levels_and_sequence_numbers(ws, level):
-    _fail_on_errors(H.run_ranks(_debug_job, ws, args=(level,), timeout_s=180,
+    _fail_on_errors(H.run_ranks(debug_job, ws, args=(level,), timeout_s=180,
                                 env={"TORCH_DISTRIBUTED_DEBUG": level}))
