@@ -190,10 +190,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::cudaOp(c10d::OpType type, c
                                                             const std::vector<at::Tensor>& outputs,
                                                             const std::vector<at::Tensor>& inputs,
                                                             bool async_op, F&& launch) {
-  return translateErrors([&] {
+  auto work = translateErrors([&] {
     return runCudaOp(*comm_, gpu_, cuda_streams_, timeout_ms_, rank_, type, title, outputs, inputs,
                      async_op, launch);
   });
+  ++seq_;
+  return work;
 }
 
 ProcessGroupResident::~ProcessGroupResident() {
@@ -214,6 +216,7 @@ void ProcessGroupResident::shutdown() {
   if (!comm_) return;
   shutdownCuda(gpu_, cuda_streams_);  // before the segments it registered go away
   comm_->shutdown();                  // fails what is in flight, stops the proxy, unmaps segments
+  for (const auto& work : inflight_) work->endRecord();  // aborted: their profiler events end
   inflight_.clear();
 }
 
@@ -232,6 +235,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::submit(c10::intrusive_ptr<W
                      [](const c10::intrusive_ptr<WorkResident>& w) { return w->isCompleted(); }),
       inflight_.end());
   inflight_.push_back(work);
+  if (!c10d::isP2POp(work->retrieveOpType())) ++seq_;
   return work;
 }
 

@@ -75,6 +75,13 @@ class ProcessGroupResident : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
+  // The number of collectives this group has issued (send and recv do not count, as in
+  // ProcessGroupNCCL): equal on ranks that issued the same collectives, which torch's
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL wrapper checks before each one.
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
+  // It starts at 0 on every rank when the group is created: nothing to agree on.
+  void setSequenceNumberForGroup() override {}
+
   void setTimeout(std::chrono::milliseconds timeout) override;
   void abort() override;
   void shutdown() override;
@@ -118,6 +125,7 @@ class ProcessGroupResident : public c10d::Backend {
   std::shared_ptr<GpuCommunicator> gpu_;  // created on the first CUDA op
   std::shared_ptr<CudaStreams> cuda_streams_;
   uint64_t timeout_ms_ = 0;
+  uint64_t seq_ = 0;  // collectives issued (getSequenceNumberForGroup)
 };
 
 }  // namespace resident

@@ -1,0 +1,504 @@
+"""Seeded random op mixes for the resident backend: a seed becomes a plan that every rank builds
+alike (the subgroups, the steps and their ops, the ops of a final CUDA-graph phase).
+
+A plan is pure data (no torch): :func:`make_plan` turns ``(seed, world size, capabilities)``
+into groups and steps; op_mix_ops.py runs and checks each op, op_mix_run.py runs a plan inside
+a rank. Every random choice comes from ``numpy.random.default_rng`` seeded with the plan's seed,
+so a failing sequence is rerun exactly from its seed (``RESIDENT_OPMIX_SEEDS``), and
+``python tests/op_mix.py --seed S --ws N [--device cuda]`` prints it.
+
+What a plan covers: every op kind of :data:`KINDS` x the dtypes each takes (reductions: the
+seven reduction dtypes with every reduce op valid for the dtype; data movement also bool and
+int8) x sizes from empty to ~100k elements (odd sizes and the 2 KiB / 32 KiB / 64 KiB / 128 KiB
+boundaries of the CPU slots and the GPU rounds favoured) x groups (the world and one to three
+subgroups from ``dist.new_group``: a second communicator over every rank, single ranks, and
+rank subsets that are not contiguous) x sync / async (single async ops waited at once, and
+batches of async ops waited in a random order, some through ``get_future()``, some polled).
+Every kind is drawn at least once per plan before the draws become weighted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+REDUCE_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8")
+MOVE_DTYPES = REDUCE_DTYPES + ("bool", "int8")  # data movement: any dtype
+FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
+FLOAT_OPS = ("SUM", "AVG", "MIN", "MAX", "PRODUCT")
+INT_OPS = FLOAT_OPS + ("BAND", "BOR", "BXOR")
+ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8,
+            "uint8": 1, "bool": 1, "int8": 1}
+MAX_ELEMS = 100_003
+# Byte counts where the transfer changes shape: a GPU part (2 KiB), half a GPU round (the simple
+# protocol's threshold), one CPU slot / GPU round (64 KiB), two of them.
+BOUNDARY_BYTES = (2048, 32768, 65536, 131072)
+
+# The settings every sequence runs under. An axis is (name, {value: environment}); the modes are
+# the product of the axes, so one more line here adds a dimension to both test modules, e.g.
+#     ("debug", {"OFF": {"TORCH_DISTRIBUTED_DEBUG": "OFF"}, "DETAIL": {...}}),
+# (op_mix_run applies a mode's environment before the mode's groups are created and calls
+# torch.distributed.set_debug_level_from_env() after setting it).
+MODE_AXES = [
+    ("mode", {"default": {}, "proxy": {"RESIDENT_PATH": "proxy"},
+              "tcp": {"RESIDENT_TRANSPORT": "tcp"}}),
+]
+
+# Op kinds torch.distributed has that the backend does not implement; test_op_mix checks that
+# each still raises, so that implementing one fails that test until it joins KINDS.
+UNSUPPORTED = {
+    "all_gather_coalesced": "dist.all_gather_coalesced (the list form, deprecated in torch) "
+                            "reaches Backend::allgather_coalesced, which resident does not override",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Caps:
+    """What the device's path promises beyond the common ground; part of the plan's input."""
+
+    device: str
+    # CPU: send/recv tags match messages in any order; CUDA ignores tags (issue order matches).
+    p2p_tags: bool
+    # CPU: the coalesced forms take tensors of different dtypes in one call.
+    coalesced_dtype_mix: bool
+    graph_replays: int
+
+
+CPU_CAPS = Caps("cpu", p2p_tags=True, coalesced_dtype_mix=True, graph_replays=3)
+CUDA_CAPS = Caps("cuda", p2p_tags=False, coalesced_dtype_mix=False, graph_replays=4)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    weight: int
+    min_group: int = 1      # smallest group it runs on
+    batchable: bool = True  # may be issued with async_op=True
+    capturable: bool = True  # may be captured into a CUDA graph
+    needs: str = ""         # a Caps flag it needs
+
+
+KINDS = {
+    "all_reduce": Kind(10),
+    "all_reduce_coalesced": Kind(3),
+    "broadcast": Kind(5),
+    "reduce": Kind(4),
+    "all_gather": Kind(4),
+    "all_gather_into_tensor": Kind(5),
+    "all_gather_into_tensor_coalesced": Kind(2),
+    "gather": Kind(3),
+    "scatter": Kind(3),
+    "reduce_scatter": Kind(3),
+    "reduce_scatter_tensor": Kind(4),
+    "reduce_scatter_tensor_coalesced": Kind(2),
+    "all_to_all_single": Kind(5),
+    "all_to_all": Kind(3),
+    "p2p_pairs": Kind(4, min_group=2),
+    "p2p_ring": Kind(4, min_group=2),
+    "p2p_tagged": Kind(2, min_group=2, needs="p2p_tags"),
+    "batch_isend_irecv": Kind(3, min_group=2),
+    "barrier": Kind(2, capturable=False),
+    "broadcast_object_list": Kind(1, batchable=False, capturable=False),
+    "all_gather_object": Kind(1, batchable=False, capturable=False),
+    "gather_object": Kind(1, batchable=False, capturable=False),
+    "scatter_object_list": Kind(1, batchable=False, capturable=False),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    index: int
+    ranks: tuple  # global ranks, sorted (a group's rank i is ranks[i])
+
+    def label(self) -> str:
+        return "world" if self.index == 0 else f"g{self.index}{list(self.ranks)}"
+
+
+@dataclasses.dataclass
+class OpSpec:
+    """One op. ``n`` is elements per rank (per chunk for scatter / reduce_scatter, per unit of
+    the split matrix for all_to_all); ``root``, ``pairs``, ``shift`` are group ranks."""
+
+    kind: str
+    group: int
+    dtype: Optional[str] = None
+    n: int = 0
+    redop: Optional[str] = None
+    root: int = 0
+    variant: str = ""
+    dtypes: tuple = ()   # coalesced: one dtype per tensor
+    sizes: tuple = ()    # coalesced: elements per tensor; p2p_tagged: per message
+    splits: tuple = ()   # all_to_all(_single): splits[s][d] = rows s sends to d
+    cols: int = 1        # all_to_all_single "rows": elements per row
+    pairs: tuple = ()    # p2p_pairs: (first sender, other); p2p_tagged: one (sender, receiver)
+    shift: int = 1       # p2p_ring, batch_isend_irecv: send to rank + shift
+    tags: tuple = ()     # p2p tags (unique within a plan)
+    order: tuple = ()    # p2p_tagged: the receiver's posting order
+
+    def describe(self, groups) -> str:
+        g = groups[self.group]
+        parts = [self.kind]
+        if self.redop:
+            parts.append(self.redop)
+        if self.dtypes:
+            parts.append("dtypes=" + ",".join(self.dtypes))
+        elif self.dtype:
+            parts.append(self.dtype)
+        if self.sizes:
+            parts.append(f"sizes={list(self.sizes)}")
+        elif self.kind not in ("barrier",):
+            parts.append(f"n={self.n}")
+        if self.variant:
+            parts.append(self.variant)
+        if self.kind in ("broadcast", "reduce", "gather", "scatter", "broadcast_object_list",
+                         "gather_object", "scatter_object_list"):
+            parts.append(f"root={self.root}")
+        if self.splits:
+            parts.append(f"splits={[list(r) for r in self.splits]}")
+        if self.cols != 1:
+            parts.append(f"cols={self.cols}")
+        if self.pairs:
+            parts.append(f"pairs={[list(p) for p in self.pairs]}")
+        if self.kind in ("p2p_ring", "batch_isend_irecv"):
+            parts.append(f"shift={self.shift}")
+        if self.order:
+            parts.append(f"recv order={list(self.order)}")
+        return " ".join(parts) + f" on {g.label()}"
+
+
+@dataclasses.dataclass
+class Step:
+    index: int
+    mode: str  # "sync", "async" (one op, waited at once) or "batch" (async ops, then waits)
+    ops: list
+
+
+@dataclasses.dataclass
+class Plan:
+    seed: int
+    ws: int
+    caps: Caps
+    groups: list
+    steps: list
+    graph: list  # [(OpSpec, async_op)]: the ops captured into one CUDA graph and replayed
+
+    def text(self) -> str:
+        lines = [f"op mix seed {self.seed}, {self.ws} ranks, {self.caps.device}: "
+                 + ", ".join(g.label() for g in self.groups)]
+        for s in self.steps:
+            for j, op in enumerate(s.ops):
+                lines.append(f"step {s.index} [{s.mode}] op {j}: {op.describe(self.groups)}")
+        for j, (op, a) in enumerate(self.graph):
+            lines.append(f"graph op {j} [{'async' if a else 'sync'}]: {op.describe(self.groups)}")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# Generation
+# --------------------------------------------------------------------------
+
+
+class _Gen:
+    def __init__(self, seed: int, ws: int, caps: Caps):
+        import numpy as np
+
+        self.rng = np.random.default_rng([seed, ws, 0x6F706D78])
+        self.ws = ws
+        self.caps = caps
+        self.next_tag = 1
+        self.deck = []  # kinds not drawn yet in this plan
+
+    def choice(self, seq):
+        return seq[int(self.rng.integers(len(seq)))]
+
+    def coin(self, p: float) -> bool:
+        return bool(self.rng.random() < p)
+
+    def tags(self, k: int) -> tuple:
+        t = tuple(range(self.next_tag, self.next_tag + k))
+        self.next_tag += k
+        return t
+
+    # ---- groups -------------------------------------------------------------
+
+    def groups(self) -> list:
+        ws = self.ws
+        out = [Group(0, tuple(range(ws)))]
+        for i in range(int(self.rng.integers(1, 4))):
+            if i == 0 and ws >= 3:
+                ranks = self._non_contiguous()
+            elif self.coin(0.2):
+                ranks = tuple(range(ws))  # a second communicator over every rank
+            elif self.coin(0.15):
+                ranks = (int(self.rng.integers(ws)),)
+            else:
+                k = int(self.rng.integers(2, ws + 1))
+                ranks = tuple(sorted(int(r) for r in self.rng.choice(ws, size=k, replace=False)))
+            out.append(Group(len(out), ranks))
+        return out
+
+    def _non_contiguous(self) -> tuple:
+        while True:
+            k = int(self.rng.integers(2, self.ws))
+            ranks = tuple(sorted(int(r) for r in self.rng.choice(self.ws, size=k, replace=False)))
+            if ranks[-1] - ranks[0] + 1 != len(ranks):
+                return ranks
+
+    # ---- sizes and dtypes ---------------------------------------------------
+
+    def size(self, dtype: str, empty: bool = True, cap: int = MAX_ELEMS) -> int:
+        r = self.rng.random()
+        if empty and r < 0.04:
+            return 0
+        if r < 0.14:
+            b = self.choice(BOUNDARY_BYTES) // ITEMSIZE[dtype] + int(self.rng.integers(-1, 2))
+            return max(1, min(b, cap))
+        if r < 0.40:
+            n = int(self.rng.integers(1, 17))
+        elif r < 0.72:
+            n = int(self.rng.integers(17, 2049))
+        elif r < 0.92:
+            n = int(self.rng.integers(2049, 20001))
+        else:
+            n = int(self.rng.integers(20001, MAX_ELEMS + 1))
+        if n % 2 == 0 and self.coin(0.5):
+            n += 1
+        return max(1, min(n, cap))
+
+    def per_peer(self, dtype: str, gsize: int) -> int:
+        """Elements per peer for kinds whose volume grows with the group."""
+        n = self.size(dtype)
+        return 0 if n == 0 else max(1, n // gsize)
+
+    def redop(self, dtypes) -> str:
+        floats = any(d in FLOAT_DTYPES for d in dtypes)
+        return self.choice(FLOAT_OPS if floats else INT_OPS)
+
+    # ---- ops ----------------------------------------------------------------
+
+    def allowed(self, batchable: bool, capturable: bool) -> list:
+        return [k for k, v in KINDS.items()
+                if (not v.needs or getattr(self.caps, v.needs))
+                and (v.batchable or not batchable) and (v.capturable or not capturable)]
+
+    def kind(self, batchable: bool, capturable: bool) -> str:
+        allowed = self.allowed(batchable, capturable)
+        for i, k in enumerate(self.deck):
+            if k in allowed:
+                return self.deck.pop(i)
+        w = [KINDS[k].weight for k in allowed]
+        total = float(sum(w))
+        return str(self.rng.choice(allowed, p=[x / total for x in w]))
+
+    def op(self, groups, batchable=False, capturable=False, world=False) -> OpSpec:
+        kind = self.kind(batchable, capturable)
+        fits = [g for g in groups if len(g.ranks) >= KINDS[kind].min_group]
+        g = groups[0] if world or self.coin(0.5) else self.choice(fits)
+        if len(g.ranks) < KINDS[kind].min_group:
+            g = groups[0]
+        spec = OpSpec(kind, g.index)
+        getattr(self, "_" + kind)(spec, len(g.ranks))
+        return spec
+
+    def _reduction(self, s: OpSpec):
+        s.dtype = self.choice(REDUCE_DTYPES)
+        s.redop = self.redop([s.dtype])
+
+    def _all_reduce(self, s, gs):
+        self._reduction(s)
+        s.n = self.size(s.dtype)
+
+    def _coalesced(self, s, dtypes_from, per_peer_of, mix=True):
+        k = int(self.rng.integers(1, 5))
+        if mix and self.caps.coalesced_dtype_mix and self.coin(0.5):
+            s.dtypes = tuple(self.choice(dtypes_from) for _ in range(k))
+        else:
+            s.dtypes = (self.choice(dtypes_from),) * k
+        s.sizes = tuple(per_peer_of(d) for d in s.dtypes)
+
+    def _all_reduce_coalesced(self, s, gs):
+        # dist.all_reduce_coalesced takes one dtype; all_reduce calls in a coalescing manager
+        # reach the backend's allreduce_coalesced with several
+        s.variant = self.choice(("api", "manager"))
+        self._coalesced(s, REDUCE_DTYPES, self.size, mix=s.variant == "manager")
+        s.redop = self.redop(s.dtypes)
+
+    def _broadcast(self, s, gs):
+        s.dtype = self.choice(MOVE_DTYPES)
+        s.n = self.size(s.dtype)
+        s.root = int(self.rng.integers(gs))
+
+    def _reduce(self, s, gs):
+        self._all_reduce(s, gs)
+        s.root = int(self.rng.integers(gs))
+
+    def _all_gather(self, s, gs):
+        s.dtype = self.choice(MOVE_DTYPES)
+        s.n = self.per_peer(s.dtype, gs)
+
+    def _all_gather_into_tensor(self, s, gs):
+        self._all_gather(s, gs)
+        s.variant = self.choice(("cat", "stack"))
+
+    def _all_gather_into_tensor_coalesced(self, s, gs):
+        self._coalesced(s, MOVE_DTYPES, lambda d: self.per_peer(d, gs))
+
+    def _gather(self, s, gs):
+        self._all_gather(s, gs)
+        s.root = int(self.rng.integers(gs))
+
+    def _scatter(self, s, gs):
+        self._gather(s, gs)
+
+    def _reduce_scatter(self, s, gs):
+        self._reduction(s)
+        s.n = self.per_peer(s.dtype, gs)
+
+    def _reduce_scatter_tensor(self, s, gs):
+        self._reduce_scatter(s, gs)
+        s.variant = self.choice(("cat", "stack"))
+
+    def _reduce_scatter_tensor_coalesced(self, s, gs):
+        self._coalesced(s, REDUCE_DTYPES, lambda d: self.per_peer(d, gs))
+        s.redop = self.redop(s.dtypes)
+
+    def _split_matrix(self, gs: int, m: int) -> tuple:
+        """Uneven splits with zeros: row s = what group rank s sends to each d."""
+        zero_p = 0.25 if gs > 1 else 0.0
+        return tuple(tuple(0 if self.coin(zero_p) else int(self.rng.integers(0, 2 * m + 2))
+                           for _ in range(gs)) for _ in range(gs))
+
+    def _all_to_all_single(self, s, gs):
+        s.dtype = self.choice(MOVE_DTYPES)
+        m = self.per_peer(s.dtype, gs)
+        s.variant = self.choice(("even", "uneven", "rows"))
+        if s.variant == "even":
+            s.n = m
+            return
+        if s.variant == "rows":
+            s.cols = int(self.rng.integers(2, 9))
+            m = max(1, m // s.cols) if m else 0
+        s.n = m
+        s.splits = self._split_matrix(gs, m)
+
+    def _all_to_all(self, s, gs):
+        s.dtype = self.choice(MOVE_DTYPES)
+        s.n = self.per_peer(s.dtype, gs)
+        s.splits = self._split_matrix(gs, s.n)
+
+    def _p2p_pairs(self, s, gs):
+        s.dtype = self.choice(MOVE_DTYPES)
+        s.n = self.size(s.dtype)
+        order = [int(r) for r in self.rng.permutation(gs)]
+        s.pairs = tuple((order[i], order[i + 1]) for i in range(0, gs - 1, 2))
+        s.tags = self.tags(1)
+
+    def _p2p_ring(self, s, gs):
+        s.dtype = self.choice(MOVE_DTYPES)
+        s.n = self.size(s.dtype)
+        s.shift = int(self.rng.integers(1, gs))
+        s.tags = self.tags(1)
+
+    def _p2p_tagged(self, s, gs):
+        s.dtype = self.choice(MOVE_DTYPES)
+        k = int(self.rng.integers(2, 5))
+        s.sizes = tuple(self.size(s.dtype, cap=20001) for _ in range(k))
+        a, b = (int(r) for r in self.rng.choice(gs, size=2, replace=False))
+        s.pairs = ((a, b),)
+        s.tags = self.tags(k)
+        s.order = tuple(int(i) for i in self.rng.permutation(k))
+
+    def _batch_isend_irecv(self, s, gs):
+        self._p2p_ring(s, gs)
+
+    def _barrier(self, s, gs):
+        pass
+
+    def _object(self, s, gs):
+        s.n = int(self.rng.integers(1, 5))  # objects per rank (broadcast_object_list)
+        s.root = int(self.rng.integers(gs))
+
+    _broadcast_object_list = _all_gather_object = _gather_object = _scatter_object_list = _object
+
+    # ---- steps and the graph phase ------------------------------------------
+
+    def step(self, index: int, groups) -> Step:
+        r = self.rng.random()
+        if r < 0.25:
+            k = int(self.rng.integers(2, 6))
+            return Step(index, "batch", [self.op(groups, batchable=True) for _ in range(k)])
+        if r < 0.45:
+            return Step(index, "async", [self.op(groups, batchable=True)])
+        return Step(index, "sync", [self.op(groups)])
+
+    def graph(self, groups) -> list:
+        # An all_reduce of the world with data: every rank's graph captures a kernel (a rank
+        # outside the other ops' groups would otherwise capture an empty graph).
+        first = OpSpec("all_reduce", 0)
+        self._all_reduce(first, self.ws)
+        first.n = max(1, first.n)
+        k = int(self.rng.integers(1, 5))
+        ops = [(first, self.coin(0.4))]
+        ops += [(self.op(groups, capturable=True), self.coin(0.4)) for _ in range(k)]
+        return [ops[int(i)] for i in self.rng.permutation(len(ops))]
+
+
+def default_steps() -> int:
+    return int(os.environ.get("RESIDENT_OPMIX_STEPS", "40"))
+
+
+def make_plan(seed: int, ws: int, caps: Caps, steps: Optional[int] = None) -> Plan:
+    g = _Gen(seed, ws, caps)
+    groups = g.groups()
+    g.deck = [str(k) for k in g.rng.permutation(sorted(g.allowed(False, False)))]
+    n_steps = default_steps() if steps is None else steps
+    body = [g.step(i, groups) for i in range(n_steps)]
+    graph = g.graph(groups)
+    return Plan(seed, ws, caps, groups, body, graph)
+
+
+def modes(axes=None) -> list:
+    """[(mode id, environment)] over the product of MODE_AXES."""
+    out = [("", {})]
+    for _name, values in (MODE_AXES if axes is None else axes):
+        out = [(f"{mid}-{v}" if mid else v, {**env, **venv})
+               for mid, env in out for v, venv in values.items()]
+    return out
+
+
+def seeds_from_env(default) -> list:
+    """RESIDENT_OPMIX_SEEDS: '7', '1,5,9' or '100-199' (ranges inclusive, may be mixed)."""
+    spec = os.environ.get("RESIDENT_OPMIX_SEEDS", "").strip()
+    if not spec:
+        return list(default)
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out.extend(range(int(lo), int(hi) + 1))
+        else:
+            out.append(int(part))
+    if not out:
+        raise ValueError(f"RESIDENT_OPMIX_SEEDS={spec!r} names no seed")
+    return out
+
+
+def _main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Print the op mix of a seed.")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--ws", type=int, required=True)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--steps", type=int, default=None)
+    a = p.parse_args(argv)
+    caps = CPU_CAPS if a.device == "cpu" else CUDA_CAPS
+    print(make_plan(a.seed, a.ws, caps, a.steps).text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

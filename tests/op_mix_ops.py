@@ -1,0 +1,575 @@
+"""The tensor op kinds of an op mix (op_mix.KINDS; the object collectives: op_mix_objects.py):
+each issues its torch.distributed call on static buffers and checks what it got against a
+reference it computes itself.
+
+An op object lives on one rank of its group. ``fill(key)`` generates every member's input from
+(key, global rank) with reference_data.make_input (bool besides), copies this rank's into the
+static buffers (created on the first fill, reused afterwards: a captured CUDA graph reads them)
+and resets the outputs to a sentinel; ``issue(async_op)`` makes the call and returns the Works
+still to wait on (none when synchronous); ``check()`` returns the mismatches, references in
+numpy / float64 (reductions in rank order 0..n-1, float16 / bfloat16 accumulated in float32 and
+rounded once, integers bitwise, data movement bitwise). ``digests`` holds the outputs every
+member of the group must have bitwise alike.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from reference_data import (
+    compare_exact,
+    compare_reduction,
+    digest,
+    make_input,
+    reference_reduce,
+    rng_for,
+)
+
+from op_mix import FLOAT_DTYPES
+
+SENTINEL = {"uint8": 123, "int8": -77, "bool": True, "int32": -77, "int64": -77}
+
+
+def make_data(key: str, rank: int, n: int, dtype: str, kind: str = "normal"):
+    """Deterministic input of a rank (a CPU tensor); any rank regenerates any other's."""
+    if dtype == "bool":
+        return torch.from_numpy(rng_for(key, rank).integers(0, 2, size=n).astype(bool))
+    return make_input(key, rank, n, dtype, kind)
+
+
+def data_kind(op: str, dtype: str) -> str:
+    if op == "PRODUCT" and dtype in FLOAT_DTYPES:
+        return "near1"  # products of N(0, 3) values leave the float range
+    if op == "AVG" and dtype not in FLOAT_DTYPES:
+        return "avg"
+    return "normal"
+
+
+class Member:
+    """Where an op runs: this rank's place in the op's group, the device, the data key."""
+
+    def __init__(self, plan, spec, rank: int, pg, device: str, key: str, local_rng):
+        self.ranks = plan.groups[spec.group].ranks
+        self.rank = rank
+        self.me = self.ranks.index(rank)
+        self.size = len(self.ranks)
+        self.pg = pg  # None: the default group
+        self.device = device
+        self.key = key
+        self.rng = local_rng  # this rank's own choices (posting orders)
+
+    def glob(self, group_rank: int) -> int:
+        return self.ranks[group_rank]
+
+
+class MixOp:
+    def __init__(self, spec, m: Member):
+        self.spec, self.m = spec, m
+        self.buf = {}
+        self.outputs = []  # names of the buffers the op writes (in creation order)
+        self.digests = {}
+        self.errors = []
+
+    # ---- helpers -------------------------------------------------------------
+
+    def data(self, fill_key, tag, group_rank, n, dtype=None, kind="normal"):
+        return make_data(f"{self.m.key}/{fill_key}/{tag}", self.m.glob(group_rank), n,
+                         dtype or self.spec.dtype, kind)
+
+    def put(self, name, host_tensor):
+        """Static buffer ``name`` holding a copy of host_tensor (same shape on every fill)."""
+        if name in self.buf:
+            self.buf[name].copy_(host_tensor)
+        else:
+            self.buf[name] = host_tensor.to(self.m.device, copy=True)
+        return self.buf[name]
+
+    def out(self, name, shape, dtype=None):
+        dtype = dtype or self.spec.dtype
+        value = SENTINEL.get(dtype, -77.25)
+        if name in self.buf:
+            self.buf[name].fill_(value)
+        else:
+            self.buf[name] = torch.full(shape, value, dtype=getattr(torch, dtype),
+                                        device=self.m.device)
+            self.outputs.append(name)
+        return self.buf[name]
+
+    @staticmethod
+    def host(t):
+        return t.detach().to("cpu", copy=True)
+
+    def same(self, name, ref, what):
+        self.errors += compare_exact(self.host(self.buf[name]), ref, what)
+
+    def unchanged(self, name, ref):
+        self.errors += compare_exact(self.host(self.buf[name]), ref, f"input {name} modified")
+
+    def reduced(self, name, inputs, op, dtype, what, shared=True):
+        got = self.host(self.buf[name])
+        self.errors += compare_reduction(got, reference_reduce(inputs, op, dtype), inputs, op,
+                                         dtype, what)
+        if shared:
+            self.digests[what] = digest(got)
+
+    @property
+    def pg(self):
+        return self.m.pg
+
+    def redop(self):
+        return getattr(dist.ReduceOp, self.spec.redop)
+
+    def check(self):
+        self.errors, self.digests = [], {}
+        self.verify()
+        return self.errors
+
+    # ---- per kind --------------------------------------------------------------
+
+    def fill(self, fill_key):
+        raise NotImplementedError
+
+    def issue(self, async_op):
+        raise NotImplementedError
+
+    def verify(self):
+        raise NotImplementedError
+
+
+def _works(w):
+    return [] if w is None else [w]
+
+
+class AllReduce(MixOp):
+    def fill(self, k):
+        s = self.spec
+        kind = data_kind(s.redop, s.dtype)
+        self.ins = [self.data(k, "x", r, s.n, kind=kind) for r in range(self.m.size)]
+        self.put("x", self.ins[self.m.me])
+
+    def issue(self, a):
+        return _works(dist.all_reduce(self.buf["x"], op=self.redop(), group=self.pg, async_op=a))
+
+    def verify(self):
+        self.reduced("x", self.ins, self.spec.redop, self.spec.dtype, "all_reduce")
+
+
+class Reduce(AllReduce):
+    def issue(self, a):
+        return _works(dist.reduce(self.buf["x"], dst=self.m.glob(self.spec.root), op=self.redop(),
+                                  group=self.pg, async_op=a))
+
+    def verify(self):
+        if self.m.me == self.spec.root:
+            self.reduced("x", self.ins, self.spec.redop, self.spec.dtype, "reduce", shared=False)
+
+
+class AllReduceCoalesced(MixOp):
+    def fill(self, k):
+        s = self.spec
+        self.ins = []
+        for i, (dt, n) in enumerate(zip(s.dtypes, s.sizes)):
+            kind = data_kind(s.redop, dt)
+            self.ins.append([self.data(k, f"x{i}", r, n, dt, kind) for r in range(self.m.size)])
+            self.put(f"x{i}", self.ins[i][self.m.me])
+
+    def issue(self, a):
+        ts = [self.buf[f"x{i}"] for i in range(len(self.spec.dtypes))]
+        if self.spec.variant == "api":
+            return _works(dist.all_reduce_coalesced(ts, op=self.redop(), group=self.pg, async_op=a))
+        with dist._coalescing_manager(group=self.pg, async_ops=a) as cm:
+            for t in ts:
+                dist.all_reduce(t, op=self.redop(), group=self.pg)
+        return [cm] if a else []
+
+    def verify(self):
+        for i, dt in enumerate(self.spec.dtypes):
+            self.reduced(f"x{i}", self.ins[i], self.spec.redop, dt, f"tensor {i}")
+
+
+class Broadcast(MixOp):
+    def fill(self, k):
+        self.ref = self.data(k, "x", self.spec.root, self.spec.n)
+        self.put("x", self.data(k, "x", self.m.me, self.spec.n))
+
+    def issue(self, a):
+        return _works(dist.broadcast(self.buf["x"], src=self.m.glob(self.spec.root), group=self.pg,
+                                     async_op=a))
+
+    def verify(self):
+        self.same("x", self.ref, "broadcast")
+
+
+class AllGather(MixOp):
+    def fill(self, k):
+        s, gs = self.spec, self.m.size
+        self.ins = [self.data(k, "x", r, s.n) for r in range(gs)]
+        self.put("x", self.ins[self.m.me])
+        for r in range(gs):
+            self.out(f"o{r}", (s.n,))
+
+    def issue(self, a):
+        outs = [self.buf[f"o{r}"] for r in range(self.m.size)]
+        return _works(dist.all_gather(outs, self.buf["x"], group=self.pg, async_op=a))
+
+    def verify(self):
+        for r in range(self.m.size):
+            self.same(f"o{r}", self.ins[r], f"from group rank {r}")
+        self.unchanged("x", self.ins[self.m.me])
+
+
+class AllGatherIntoTensor(MixOp):
+    def fill(self, k):
+        s, gs = self.spec, self.m.size
+        self.ins = [self.data(k, "x", r, s.n) for r in range(gs)]
+        self.put("x", self.ins[self.m.me])
+        self.out("o", (gs, s.n) if s.variant == "stack" else (gs * s.n,))
+
+    def issue(self, a):
+        return _works(dist.all_gather_into_tensor(self.buf["o"], self.buf["x"], group=self.pg,
+                                                  async_op=a))
+
+    def verify(self):
+        self.same("o", torch.cat(self.ins).reshape(self.buf["o"].shape), "gathered")
+        self.unchanged("x", self.ins[self.m.me])
+
+
+class AllGatherIntoTensorCoalesced(MixOp):
+    def fill(self, k):
+        s, gs = self.spec, self.m.size
+        self.ins = []
+        for i, (dt, n) in enumerate(zip(s.dtypes, s.sizes)):
+            self.ins.append([self.data(k, f"x{i}", r, n, dt) for r in range(gs)])
+            self.put(f"x{i}", self.ins[i][self.m.me])
+            self.out(f"o{i}", (gs * n,), dt)
+
+    def issue(self, a):
+        with dist._coalescing_manager(group=self.pg, async_ops=a) as cm:
+            for i in range(len(self.spec.dtypes)):
+                dist.all_gather_into_tensor(self.buf[f"o{i}"], self.buf[f"x{i}"], group=self.pg)
+        return [cm] if a else []
+
+    def verify(self):
+        for i in range(len(self.spec.dtypes)):
+            self.same(f"o{i}", torch.cat(self.ins[i]), f"tensor {i}")
+
+
+class Gather(MixOp):
+    def fill(self, k):
+        s = self.spec
+        self.ins = [self.data(k, "x", r, s.n) for r in range(self.m.size)]
+        self.put("x", self.ins[self.m.me])
+        if self.m.me == s.root:
+            for r in range(self.m.size):
+                self.out(f"o{r}", (s.n,))
+
+    def issue(self, a):
+        outs = ([self.buf[f"o{r}"] for r in range(self.m.size)] if self.m.me == self.spec.root
+                else None)
+        return _works(dist.gather(self.buf["x"], gather_list=outs, dst=self.m.glob(self.spec.root),
+                                  group=self.pg, async_op=a))
+
+    def verify(self):
+        if self.m.me == self.spec.root:
+            for r in range(self.m.size):
+                self.same(f"o{r}", self.ins[r], f"from group rank {r}")
+        self.unchanged("x", self.ins[self.m.me])
+
+
+class Scatter(MixOp):
+    def fill(self, k):
+        s = self.spec
+        self.chunks = [self.data(k, f"c{d}", s.root, s.n) for d in range(self.m.size)]
+        if self.m.me == s.root:
+            for d in range(self.m.size):
+                self.put(f"c{d}", self.chunks[d])
+        self.out("o", (s.n,))
+
+    def issue(self, a):
+        lst = ([self.buf[f"c{d}"] for d in range(self.m.size)] if self.m.me == self.spec.root
+               else None)
+        return _works(dist.scatter(self.buf["o"], scatter_list=lst, src=self.m.glob(self.spec.root),
+                                   group=self.pg, async_op=a))
+
+    def verify(self):
+        self.same("o", self.chunks[self.m.me], "scattered chunk")
+
+
+class ReduceScatter(MixOp):
+    def fill(self, k):
+        s, gs = self.spec, self.m.size
+        kind = data_kind(s.redop, s.dtype)
+        self.ins = [[self.data(k, f"d{d}", r, s.n, kind=kind) for d in range(gs)] for r in range(gs)]
+        for d in range(gs):
+            self.put(f"x{d}", self.ins[self.m.me][d])
+        self.out("o", (s.n,))
+
+    def issue(self, a):
+        src = [self.buf[f"x{d}"] for d in range(self.m.size)]
+        return _works(dist.reduce_scatter(self.buf["o"], src, op=self.redop(), group=self.pg,
+                                          async_op=a))
+
+    def verify(self):
+        me = self.m.me
+        chunks = [self.ins[r][me] for r in range(self.m.size)]
+        self.reduced("o", chunks, self.spec.redop, self.spec.dtype, "reduce_scatter", shared=False)
+        for d in range(self.m.size):
+            self.unchanged(f"x{d}", self.ins[me][d])
+
+
+class ReduceScatterTensor(MixOp):
+    def fill(self, k):
+        s, gs = self.spec, self.m.size
+        kind = data_kind(s.redop, s.dtype)
+        self.ins = [self.data(k, "x", r, gs * s.n, kind=kind) for r in range(gs)]
+        x = self.ins[self.m.me]
+        self.put("x", x.reshape(gs, s.n) if s.variant == "stack" else x)
+        self.out("o", (s.n,))
+
+    def issue(self, a):
+        return _works(dist.reduce_scatter_tensor(self.buf["o"], self.buf["x"], op=self.redop(),
+                                                 group=self.pg, async_op=a))
+
+    def verify(self):
+        n, me = self.spec.n, self.m.me
+        chunks = [x[me * n:(me + 1) * n] for x in self.ins]
+        self.reduced("o", chunks, self.spec.redop, self.spec.dtype, "reduce_scatter", shared=False)
+        self.errors += compare_exact(self.host(self.buf["x"]).reshape(-1), self.ins[me],
+                                     "input x modified")
+
+
+class ReduceScatterTensorCoalesced(MixOp):
+    def fill(self, k):
+        s, gs = self.spec, self.m.size
+        self.ins = []
+        for i, (dt, n) in enumerate(zip(s.dtypes, s.sizes)):
+            kind = data_kind(s.redop, dt)
+            self.ins.append([self.data(k, f"x{i}", r, gs * n, dt, kind) for r in range(gs)])
+            self.put(f"x{i}", self.ins[i][self.m.me])
+            self.out(f"o{i}", (n,), dt)
+
+    def issue(self, a):
+        with dist._coalescing_manager(group=self.pg, async_ops=a) as cm:
+            for i in range(len(self.spec.dtypes)):
+                dist.reduce_scatter_tensor(self.buf[f"o{i}"], self.buf[f"x{i}"], op=self.redop(),
+                                           group=self.pg)
+        return [cm] if a else []
+
+    def verify(self):
+        me = self.m.me
+        for i, (dt, n) in enumerate(zip(self.spec.dtypes, self.spec.sizes)):
+            chunks = [x[me * n:(me + 1) * n] for x in self.ins[i]]
+            self.reduced(f"o{i}", chunks, self.spec.redop, dt, f"tensor {i}", shared=False)
+
+
+class AllToAllSingle(MixOp):
+    def _splits(self):
+        s, gs = self.spec, self.m.size
+        if s.variant == "even":
+            return [[s.n] * gs for _ in range(gs)]
+        return [list(r) for r in s.splits]
+
+    def fill(self, k):
+        s, gs, me = self.spec, self.m.size, self.m.me
+        sp = self._splits()
+        self.ins = [self.data(k, "x", r, sum(sp[r]) * s.cols).reshape(-1, s.cols) for r in range(gs)]
+        if s.variant != "rows":
+            self.ins = [x.reshape(-1) for x in self.ins]
+        self.put("x", self.ins[me])
+        rows = sum(sp[r][me] for r in range(gs))
+        self.out("o", (rows, s.cols) if s.variant == "rows" else (rows,))
+
+    def issue(self, a):
+        s, me, gs = self.spec, self.m.me, self.m.size
+        if s.variant == "even":
+            return _works(dist.all_to_all_single(self.buf["o"], self.buf["x"], group=self.pg,
+                                                 async_op=a))
+        sp = self._splits()
+        return _works(dist.all_to_all_single(self.buf["o"], self.buf["x"],
+                                             output_split_sizes=[sp[r][me] for r in range(gs)],
+                                             input_split_sizes=sp[me], group=self.pg, async_op=a))
+
+    def verify(self):
+        sp, me = self._splits(), self.m.me
+        parts = [self.ins[r][sum(sp[r][:me]):sum(sp[r][:me + 1])] for r in range(self.m.size)]
+        self.same("o", torch.cat(parts), "received")
+        self.unchanged("x", self.ins[me])
+
+
+class AllToAll(MixOp):
+    def fill(self, k):
+        s, gs, me = self.spec, self.m.size, self.m.me
+        self.ins = [[self.data(k, f"to{d}", r, s.splits[r][d]) for d in range(gs)] for r in range(gs)]
+        for d in range(gs):
+            self.put(f"x{d}", self.ins[me][d])
+            self.out(f"o{d}", (s.splits[d][me],))
+
+    def issue(self, a):
+        gs = self.m.size
+        return _works(dist.all_to_all([self.buf[f"o{d}"] for d in range(gs)],
+                                      [self.buf[f"x{d}"] for d in range(gs)], group=self.pg,
+                                      async_op=a))
+
+    def verify(self):
+        me = self.m.me
+        for r in range(self.m.size):
+            self.same(f"o{r}", self.ins[r][me], f"from group rank {r}")
+
+
+def _wait_all(works):
+    for w in works:
+        w.wait()
+    return []
+
+
+class P2PPairs(MixOp):
+    """Disjoint pairs exchange one message each way; the pair's first rank sends first."""
+
+    def fill(self, k):
+        self.peer = self.first = None
+        for a, b in self.spec.pairs:
+            if self.m.me in (a, b):
+                self.first = self.m.me == a
+                self.peer = b if self.first else a
+        if self.peer is None:
+            return
+        self.ref = self.data(k, "x", self.peer, self.spec.n)
+        self.mine = self.data(k, "x", self.m.me, self.spec.n)
+        self.put("x", self.mine)
+        self.out("o", (self.spec.n,))
+
+    def issue(self, a):
+        if self.peer is None:
+            return []
+        peer, tag = self.m.glob(self.peer), self.spec.tags[0]
+        x, o = self.buf["x"], self.buf["o"]
+        if not a:
+            if self.first:
+                dist.send(x, dst=peer, group=self.pg, tag=tag)
+                dist.recv(o, src=peer, group=self.pg, tag=tag)
+            else:
+                dist.recv(o, src=peer, group=self.pg, tag=tag)
+                dist.send(x, dst=peer, group=self.pg, tag=tag)
+            return []
+        if self.first:
+            return [dist.isend(x, dst=peer, group=self.pg, tag=tag),
+                    dist.irecv(o, src=peer, group=self.pg, tag=tag)]
+        return [dist.irecv(o, src=peer, group=self.pg, tag=tag),
+                dist.isend(x, dst=peer, group=self.pg, tag=tag)]
+
+    def verify(self):
+        if self.peer is not None:
+            self.same("o", self.ref, f"from group rank {self.peer}")
+            self.unchanged("x", self.mine)
+
+
+class P2PRing(MixOp):
+    """isend to rank + shift, irecv from rank - shift; this rank picks which to post first."""
+
+    def fill(self, k):
+        s, gs, me = self.spec, self.m.size, self.m.me
+        self.right, self.left = (me + s.shift) % gs, (me - s.shift) % gs
+        self.recv_first = bool(self.m.rng.integers(2))
+        self.ref = self.data(k, "x", self.left, s.n)
+        self.mine = self.data(k, "x", me, s.n)
+        self.put("x", self.mine)
+        self.out("o", (s.n,))
+
+    def post(self):
+        tag = self.spec.tags[0]
+        recv = (dist.irecv, self.buf["o"], self.m.glob(self.left))
+        send = (dist.isend, self.buf["x"], self.m.glob(self.right))
+        order = (recv, send) if self.recv_first else (send, recv)
+        return [fn(t, peer, group=self.pg, tag=tag) for fn, t, peer in order]
+
+    def issue(self, a):
+        works = self.post()
+        return works if a else _wait_all(works)
+
+    def verify(self):
+        self.same("o", self.ref, f"from group rank {self.left}")
+        self.unchanged("x", self.mine)
+
+
+class BatchIsendIrecv(P2PRing):
+    def post(self):
+        tag = self.spec.tags[0]
+        recv = dist.P2POp(dist.irecv, self.buf["o"], self.m.glob(self.left), self.pg, tag)
+        send = dist.P2POp(dist.isend, self.buf["x"], self.m.glob(self.right), self.pg, tag)
+        return dist.batch_isend_irecv([recv, send] if self.recv_first else [send, recv])
+
+
+class P2PTagged(MixOp):
+    """One sender, one receiver, several messages with distinct tags; the receiver posts its
+    irecvs in another order than the sends (CPU: tags match them)."""
+
+    def fill(self, k):
+        s = self.spec
+        (self.src, self.dst), = s.pairs
+        self.msgs = [self.data(k, f"m{i}", self.src, n) for i, n in enumerate(s.sizes)]
+        if self.m.me == self.src:
+            for i, t in enumerate(self.msgs):
+                self.put(f"m{i}", t)
+        elif self.m.me == self.dst:
+            for i, n in enumerate(s.sizes):
+                self.out(f"o{i}", (n,))
+
+    def issue(self, a):
+        s, works = self.spec, []
+        if self.m.me == self.src:
+            peer = self.m.glob(self.dst)
+            works = [dist.isend(self.buf[f"m{i}"], dst=peer, group=self.pg, tag=s.tags[i])
+                     for i in range(len(s.sizes))]
+        elif self.m.me == self.dst:
+            peer = self.m.glob(self.src)
+            works = [dist.irecv(self.buf[f"o{i}"], src=peer, group=self.pg, tag=s.tags[i])
+                     for i in s.order]
+        return works if a else _wait_all(works)
+
+    def verify(self):
+        for i, t in enumerate(self.msgs):
+            if self.m.me == self.dst:
+                self.same(f"o{i}", t, f"message {i} (tag {self.spec.tags[i]})")
+            elif self.m.me == self.src:
+                self.unchanged(f"m{i}", t)
+
+
+class Barrier(MixOp):
+    def fill(self, k):
+        pass
+
+    def issue(self, a):
+        return _works(dist.barrier(group=self.pg, async_op=a))
+
+    def verify(self):
+        pass
+
+
+OPS = {
+    "all_reduce": AllReduce,
+    "all_reduce_coalesced": AllReduceCoalesced,
+    "broadcast": Broadcast,
+    "reduce": Reduce,
+    "all_gather": AllGather,
+    "all_gather_into_tensor": AllGatherIntoTensor,
+    "all_gather_into_tensor_coalesced": AllGatherIntoTensorCoalesced,
+    "gather": Gather,
+    "scatter": Scatter,
+    "reduce_scatter": ReduceScatter,
+    "reduce_scatter_tensor": ReduceScatterTensor,
+    "reduce_scatter_tensor_coalesced": ReduceScatterTensorCoalesced,
+    "all_to_all_single": AllToAllSingle,
+    "all_to_all": AllToAll,
+    "p2p_pairs": P2PPairs,
+    "p2p_ring": P2PRing,
+    "p2p_tagged": P2PTagged,
+    "batch_isend_irecv": BatchIsendIrecv,
+    "barrier": Barrier,
+}
+
+
+def make_op(spec, member: Member) -> MixOp:
+    from op_mix_objects import OBJECT_OPS
+
+    return (OPS.get(spec.kind) or OBJECT_OPS[spec.kind])(spec, member)

@@ -1,0 +1,269 @@
+"""Seeded random op mixes on CPU tensors (tests/op_mix.py): 2, 3 and 4 ranks, every mode a user
+can turn on for CPU tensors (op_mix.MODE_AXES: the default, RESIDENT_PATH=proxy,
+RESIDENT_TRANSPORT=tcp, which on one host runs tcp between the ranks).
+
+One spawned job per world size runs every selected (mode, seed): per mode it sets the mode's
+environment, creates the default group, runs each seed's sequence (subgroups, ~40 steps of
+sync ops, async ops and batches of async ops waited in random orders, then the graph phase run
+eagerly: warm-up and replays with fresh data) and destroys the group. Each (world size, mode,
+seed) is one pytest item; a failure names the seed, step, op, dtype, size, group and rank and
+how to rerun the seed. ``RESIDENT_OPMIX_SEEDS`` (e.g. ``1-200``) runs other seeds (a soak),
+``RESIDENT_OPMIX_STEPS`` longer sequences.
+
+The other tests here check the generator itself (determinism, coverage), that each op's check
+can fail (a corrupted output is reported), and that the op kinds left out are still
+unsupported by the backend.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import dist_harness as H
+import op_mix
+from op_mix_run import Hooks, OpMixJobs, problems_of, run_modes
+
+WORLD_SIZES = (2, 3, 4)
+SEEDS = op_mix.seeds_from_env(default=(1, 2, 3))
+MODE_IDS = [m for m, _env in op_mix.modes()]
+GROUP_TIMEOUT_S = 30
+
+
+def op_mix_job(rank, ws, job):
+    return run_modes(rank, ws, job, Hooks())
+
+
+JOBS = OpMixJobs(op_mix_job, "test_op_mix", "tests/test_op_mix.py", "cpu", per_mode=False,
+                 timeout_s=lambda runs: 120 + 90 * runs, group_timeout_s=GROUP_TIMEOUT_S)
+
+PARAMS = [pytest.param(ws, mode, seed, id=f"ws{ws}-{mode}-seed{seed}")
+          for ws in WORLD_SIZES for mode in MODE_IDS for seed in SEEDS]
+
+
+@pytest.mark.parametrize("ws,mode,seed", PARAMS)
+def test_op_mix(ws, mode, seed, request):
+    JOBS.check(ws, mode, seed, request.session)
+
+
+# torch's debug levels, each over a mix in the default mode: DETAIL wraps every group in torch's
+# ProcessGroupWrapper, which checks each collective's fingerprint (sequence number, op, shapes)
+# across the ranks before the backend runs it. A mode axis of their own rather than a factor of
+# MODE_AXES: three times every mode would triple the test's time for little more coverage.
+DEBUG_LEVELS = ("OFF", "INFO", "DETAIL")
+DEBUG_MODES = op_mix.modes([("debug", {lvl: {"TORCH_DISTRIBUTED_DEBUG": lvl} for lvl in DEBUG_LEVELS})])
+DEBUG_SEEDS = op_mix.seeds_from_env(default=(4,))
+DEBUG_JOBS = OpMixJobs(op_mix_job, "test_op_mix_debug_levels", "tests/test_op_mix.py", "cpu",
+                       per_mode=False, timeout_s=lambda runs: 120 + 120 * runs,
+                       group_timeout_s=GROUP_TIMEOUT_S, modes=DEBUG_MODES)
+
+
+@pytest.mark.parametrize("ws,mode,seed", [
+    pytest.param(ws, lvl, seed, id=f"ws{ws}-{lvl}-seed{seed}")
+    for ws in (2, 3) for lvl in DEBUG_LEVELS for seed in DEBUG_SEEDS])
+def test_op_mix_debug_levels(ws, mode, seed, request):
+    DEBUG_JOBS.check(ws, mode, seed, request.session)
+    per_rank, _err, _wall = DEBUG_JOBS.get((ws,), request.session)
+    want = "_ProcessGroupWrapper(ProcessGroupResident)" if mode == "DETAIL" else "ProcessGroupResident"
+    if H.IS_RESIDENT:
+        assert [r.get(f"{mode}/backend") for r in per_rank] == [want] * ws
+
+
+# --------------------------------------------------------------------------
+# The generator
+# --------------------------------------------------------------------------
+
+
+def _kinds(plan):
+    return {op.kind for s in plan.steps for op in s.ops}
+
+
+def test_every_kind_has_an_op_and_the_left_out_ones_are_named():
+    from op_mix_objects import OBJECT_OPS
+    from op_mix_ops import OPS
+
+    assert set(OPS) | set(OBJECT_OPS) == set(op_mix.KINDS)
+    assert not set(OPS) & set(OBJECT_OPS)
+    assert not set(op_mix.UNSUPPORTED) & set(op_mix.KINDS)
+
+
+def test_plan_is_a_function_of_its_seed():
+    a = op_mix.make_plan(11, 4, op_mix.CPU_CAPS)
+    b = op_mix.make_plan(11, 4, op_mix.CPU_CAPS)
+    c = op_mix.make_plan(12, 4, op_mix.CPU_CAPS)
+    assert a.text() == b.text()
+    assert a.text() != c.text()
+
+
+@pytest.mark.parametrize("caps", [op_mix.CPU_CAPS, op_mix.CUDA_CAPS], ids=["cpu", "cuda"])
+def test_plans_cover_every_kind_dtype_op_and_group_shape(caps):
+    expected = {k for k, v in op_mix.KINDS.items() if not v.needs or getattr(caps, v.needs)}
+    reductions, moved, modes, shapes, waits = set(), set(), set(), set(), 0
+    for ws in (2, 3, 4, 8):
+        for seed in range(1, 9):
+            plan = op_mix.make_plan(seed, ws, caps)
+            missing = expected - _kinds(plan)
+            assert not missing, f"seed {seed} ws {ws}: kinds {missing} not drawn"
+            assert any(op.kind == "all_reduce" and op.group == 0 and op.n for op, _a in plan.graph)
+            assert all(op_mix.KINDS[op.kind].capturable for op, _a in plan.graph)
+            if ws >= 3:
+                sub = plan.groups[1].ranks
+                assert sub[-1] - sub[0] + 1 != len(sub), f"{sub} is contiguous"
+            shapes |= {len(g.ranks) for g in plan.groups}
+            for s in plan.steps:
+                modes.add(s.mode)
+                waits += s.mode == "batch"
+                for op in s.ops:
+                    if op.redop and op.dtype:
+                        reductions.add((op.redop, op.dtype))
+                    elif op.dtype:
+                        moved.add(op.dtype)
+                    assert not (s.mode != "sync" and not op_mix.KINDS[op.kind].batchable)
+                    if caps.device == "cuda" and op.dtypes:
+                        assert len(set(op.dtypes)) == 1, "CUDA coalesced ops take one dtype"
+    valid = {(o, d) for d in op_mix.REDUCE_DTYPES
+             for o in (op_mix.FLOAT_OPS if d in op_mix.FLOAT_DTYPES else op_mix.INT_OPS)}
+    assert reductions == valid, f"never drawn: {sorted(valid - reductions)}"
+    assert moved == set(op_mix.MOVE_DTYPES)
+    assert modes == {"sync", "async", "batch"} and waits > 50
+    assert {1, 2, 3, 4, 8} <= shapes
+
+
+def test_sizes_span_empty_to_100k_with_odd_and_boundary_sizes():
+    sizes = [op.n for seed in range(1, 6) for s in op_mix.make_plan(seed, 3, op_mix.CPU_CAPS).steps
+             for op in s.ops if op.kind in ("all_reduce", "broadcast", "p2p_ring")]
+    assert 0 in sizes and 1 in sizes and max(sizes) > 50_000 and max(sizes) <= op_mix.MAX_ELEMS
+    assert sum(n % 2 for n in sizes) > len(sizes) // 3
+
+
+def test_modes_are_the_product_of_the_axes():
+    axes = op_mix.MODE_AXES + [("debug", {"OFF": {"TORCH_DISTRIBUTED_DEBUG": "OFF"},
+                                          "DETAIL": {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}})]
+    got = dict(op_mix.modes(axes))
+    assert got["proxy-DETAIL"] == {"RESIDENT_PATH": "proxy", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+    assert len(got) == 2 * len(op_mix.modes())
+    assert [m for m, _ in op_mix.modes()] == ["default", "proxy", "tcp"]
+
+
+def test_seed_lists_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RESIDENT_OPMIX_SEEDS", "3, 10-12,7")
+    assert op_mix.seeds_from_env((1,)) == [3, 10, 11, 12, 7]
+    monkeypatch.setenv("RESIDENT_OPMIX_SEEDS", ",")
+    with pytest.raises(ValueError, match="RESIDENT_OPMIX_SEEDS"):
+        op_mix.seeds_from_env((1,))
+    monkeypatch.delenv("RESIDENT_OPMIX_SEEDS")
+    assert op_mix.seeds_from_env((1, 2)) == [1, 2]
+
+
+def test_problems_of_reports_fatal_first_and_digests_that_differ():
+    ok = {"problems": [], "fatal": None, "plan": "p", "ops": 3,
+          "digests": {"s1/o0/all_reduce": "A"}}
+    other = dict(ok, digests={"s1/o0/all_reduce": "B"})
+    assert problems_of([{"m/1": ok}, {"m/1": ok}], "m/1") == []
+    assert "must be bitwise alike" in problems_of([{"m/1": ok}, {"m/1": other}], "m/1")[0]
+    bad = dict(ok, fatal="step 3: raised DistBackendError", problems=["x"])
+    got = problems_of([{"m/1": ok}, {"m/1": bad}, {"m/1": {"not_run": "no"}}, {}], "m/1")
+    assert got[0].startswith("rank 1: step 3") and "rank 2: no" in got
+    assert "rank 3: the run did not happen" in got
+    assert "different plans" in problems_of([{"m/1": ok}, {"m/1": dict(ok, plan="q")}], "m/1")[-1]
+    assert problems_of([{"m/1": ok}, {"m/1": dict(ok, ops=0)}], "m/1") == ["rank 1: ran no op"]
+
+
+# --------------------------------------------------------------------------
+# The checks can fail; the kinds left out are unsupported
+# --------------------------------------------------------------------------
+
+
+def _spec_with_data(gen, kind, groups):
+    """An op of ``kind`` on the 2-rank world whose data is not empty."""
+    for _ in range(100):
+        spec = op_mix.OpSpec(kind, 0)
+        getattr(gen, "_" + kind)(spec, 2)
+        if kind == "all_to_all_single" and spec.variant != "even":
+            if any(spec.splits[s][d] for s in range(2) for d in range(2) if s != d):
+                return spec
+        elif kind == "all_to_all":
+            if any(spec.splits[s][d] for s in range(2) for d in range(2) if s != d):
+                return spec
+        elif kind == "p2p_tagged":
+            if all(spec.sizes):
+                return spec
+        elif (spec.n > 0 or spec.sizes) and all(spec.sizes):
+            return spec
+    raise AssertionError(kind)
+
+
+def _corrupt(op):
+    """Change what the op received (or reduced in place) on this rank."""
+    import torch
+
+    objects = [getattr(op, name) for name in ("lst", "got") if hasattr(op, name)]
+    if objects:
+        objects[0][-1] = "corrupted"
+        return
+    names = op.outputs or [n for n in op.buf if n.startswith("x")]
+    for name in names:
+        t = op.buf[name].view(-1)
+        if t.numel() == 0:
+            continue
+        if t.dtype == torch.bool:
+            t[0] = ~t[0]
+        elif t.is_floating_point():
+            bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+            mant = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23,
+                    torch.float64: 52}[t.dtype]
+            t.view(bits)[0] ^= 1 << (mant - 1)
+        else:
+            t[0] ^= 1
+
+
+def _corruption_job(rank, ws):
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from op_mix_ops import Member, make_op
+
+    out = {"detected": {}, "unsupported": None}
+    plan = op_mix.Plan(5, ws, op_mix.CPU_CAPS, [op_mix.Group(0, tuple(range(ws)))], [], [])
+    gen = op_mix._Gen(5, ws, op_mix.CPU_CAPS)
+    for kind in op_mix.KINDS:
+        if kind == "barrier":
+            continue
+        spec = _spec_with_data(gen, kind, plan.groups)
+        local = np.random.default_rng([rank, 3])
+        op = make_op(spec, Member(plan, spec, rank, None, "cpu", f"corrupt/{kind}", local))
+        op.fill("in")
+        for w in op.issue(op_mix.KINDS[kind].batchable):
+            w.wait()
+        clean = op.check()
+        _corrupt(op)
+        out["detected"][kind] = (clean, len(op.check()), spec.describe(plan.groups))
+    try:
+        outs = [[torch.empty(3) for _ in range(ws)]]
+        dist.all_gather_coalesced(outs, [torch.ones(3)])
+        out["unsupported"] = "dist.all_gather_coalesced returned normally"
+    except RuntimeError as e:
+        out["unsupported"] = str(e)
+    return out
+
+
+def test_checks_report_a_corrupted_output_and_unsupported_kinds_still_raise():
+    per_rank = H.run_ranks(_corruption_job, 2, timeout_s=240, init_timeout_s=GROUP_TIMEOUT_S)
+    problems = []
+    for kind in op_mix.KINDS:
+        if kind == "barrier":
+            continue
+        for r in range(2):
+            clean, _n, desc = per_rank[r]["detected"][kind]
+            if clean:
+                problems.append(f"{kind} rank {r}: the uncorrupted run has problems: {clean}")
+        if not any(per_rank[r]["detected"][kind][1] for r in range(2)):
+            problems.append(f"{kind}: a corrupted output passed the check ({desc})")
+    for r in range(2):
+        msg = per_rank[r]["unsupported"]
+        if "allgather_coalesced" not in msg:
+            problems.append(f"rank {r}: {msg!r}: if the backend now implements it, add the "
+                            "kind to op_mix.KINDS and op_mix_ops.OPS and drop it from "
+                            "op_mix.UNSUPPORTED")
+    assert set(op_mix.UNSUPPORTED) == {"all_gather_coalesced"}
+    assert not problems, "\n".join(problems)
