@@ -3,8 +3,7 @@ resident, CPU tensors, world sizes 2 and 3 (tests/torch_suite_driver.py; docs/co
 
 Every test not named here must pass, or skip for one of SKIP_REASONS (reasons that hold for
 gloo on the same machine too: no GPU, another backend's feature, disabled upstream). A test
-listed as "fail" must fail: when it starts passing the driver says so, and the entry goes. A test
-listed as "unstable" may pass or fail (only for a memory corruption that hits at random).
+listed as "fail" must fail: when it starts passing the driver says so, and the entry goes.
 """
 
 from __future__ import annotations
@@ -15,25 +14,11 @@ import re
 
 @dataclasses.dataclass(frozen=True)
 class Expect:
-    # "fail": must fail; "unstable": passes or fails from run to run (a known memory corruption)
-    status: str
+    status: str  # "fail": the test must fail
     reason: str
     world_sizes: tuple = (2, 3)
 
 
-# Reasons, each shared by several tests.
-PROFILER_EVENTS = (
-    "resident's Work does not yet record the profiler event torch's suite looks for (an event "
-    "named 'resident:<op>' that ends when the op completes, with the op's input shapes, as "
-    "gloo's): issue 40 point 2 (open)")
-PROFILER_CORRUPTION = (
-    "memory corruption under torch.autograd.profiler.profile(record_shapes=True): the Work's "
-    "record function is started and never finished, and a later profiler session overwrites "
-    "tensor metadata (a result comes back with the wrong shape) or crashes the rank: issue 34 "
-    "point 1 (open)")
-SEQUENCE_NUMBERS = (
-    "resident has no group sequence numbers yet (getSequenceNumberForGroup): all_gather_object "
-    "on a subgroup asks for one; issue 40 point 1 (open)")
 BACKEND_NAME_CUSTOM = (
     "DDP's logging data records ProcessGroup::getBackendName(), which torch 2.14 reports as "
     "'custom' for every backend registered through Backend.register_backend (gloo is built in); "
@@ -42,53 +27,10 @@ SPARSE = (
     "resident serves dense tensors only; an all_reduce of a sparse tensor (a gloo-only feature "
     "in torch) raises ValueError naming the sparse layout")
 
-_PROFILED_OPS = [
-    "test_all_gather", "test_all_gather_complex", "test_all_gather_full_group",
-    "test_all_gather_coalesced_simple", "test_all_gather_coalesced_complex",
-    "test_all_gather_coalesced_full_group", "test_all_gather_coalesced_with_empty",
-    "test_all_reduce_sum", "test_all_reduce_sum_async", "test_all_reduce_sum_complex",
-    "test_all_reduce_max", "test_all_reduce_min", "test_all_reduce_product",
-    "test_all_reduce_full_group_sum", "test_all_reduce_full_group_max",
-    "test_all_reduce_full_group_min", "test_all_reduce_full_group_product",
-    "test_all_reduce_coalesced_sum", "test_all_reduce_coalesced_max",
-    "test_all_reduce_coalesced_min", "test_all_reduce_coalesced_product",
-    "test_all_reduce_coalesced_full_group_sum", "test_all_reduce_coalesced_full_group_max",
-    "test_all_reduce_coalesced_full_group_min", "test_all_reduce_coalesced_full_group_product",
-    "test_reduce_sum", "test_reduce_max", "test_reduce_min", "test_reduce_product",
-    "test_reduce_sum_twice", "test_reduce_full_group_sum", "test_reduce_full_group_max",
-    "test_reduce_full_group_min", "test_reduce_full_group_product",
-    "test_isend_autograd_profiler", "test_isend_torch_profiler",
-    "test_send_recv_autograd_profiler", "test_send_recv_torch_profiler",
-    "test_send_recv_with_tag_autograd_profiler", "test_send_recv_with_tag_torch_profiler",
-    "test_send_recv_any_source_autograd_profiler", "test_send_recv_any_source_torch_profiler",
-]
-
-EXPECTED: dict = {name: Expect("fail", PROFILER_EVENTS) for name in _PROFILED_OPS}
-# The other tests that run ops under torch.autograd.profiler.profile(record_shapes=True) (the
-# suite's call_dist_op): they pass unless the corruption hits them, which varies from run to run
-# (seen: test_gather_full_group's result with a wrong shape, a rank of test_broadcast_full_group
-# dying with SIGSEGV).
-_PROFILED_NO_EVENT_CHECK = [
-    "test_broadcast", "test_broadcast_full_group", "test_broadcast_group",
-    "test_gather", "test_gather_full_group", "test_gather_group",
-    "test_scatter", "test_scatter_complex", "test_scatter_full_group", "test_scatter_group",
-    "test_all_gather_group", "test_all_gather_coalesced_group",
-    "test_all_reduce_group_sum", "test_all_reduce_group_max", "test_all_reduce_group_min",
-    "test_all_reduce_group_product", "test_all_reduce_coalesced_group_sum",
-    "test_all_reduce_coalesced_group_max", "test_all_reduce_coalesced_group_min",
-    "test_all_reduce_coalesced_group_product", "test_reduce_group_sum", "test_reduce_group_max",
-    "test_reduce_group_min", "test_reduce_group_product",
-    "test_all_to_all_single_equal_split", "test_all_to_all_single_equal_split_complex",
-    "test_all_to_all_single_equal_split_full_group", "test_all_to_all_single_equal_split_group",
-    "test_ddp_profiling_autograd_profiler", "test_ddp_profiling_torch_profiler",
-    "test_ddp_profiling_execution_trace",
-]
-EXPECTED.update({name: Expect("unstable", PROFILER_CORRUPTION) for name in _PROFILED_NO_EVENT_CHECK})
-EXPECTED.update({
-    "test_all_gather_object_subgroup": Expect("fail", SEQUENCE_NUMBERS),
+EXPECTED: dict = {
     "test_ddp_logging_data_cpu": Expect("fail", BACKEND_NAME_CUSTOM),
     "test_sparse_all_reduce_sum": Expect("fail", SPARSE),
-})
+}
 
 # Skips that are no statement about resident: the same tests skip for gloo on this machine.
 SKIP_REASONS: list = [

@@ -799,7 +799,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recvAnysource(std::vector<a
                        "resident: recv from any source is not supported on CUDA tensors (the "
                        "CUDA path pairs each peer's messages in issue order on the device); "
                        "pass src, or receive into a CPU tensor");
-  auto work = makeWork(c10d::OpType::RECVANYSOURCE, "resident:recv_anysource", tensors, {});
+  auto work = makeWork(c10d::OpType::RECVANYSOURCE, "resident:recvAnySource", tensors, {});
   translateErrors([&] {
     work->addOp(comm_->recvAnySource(t.data_ptr(), nbytes(t), static_cast<uint64_t>(tag)));
     return 0;
