@@ -5,7 +5,6 @@ gradients differ only by the reduction."""
 
 from __future__ import annotations
 
-import pytest
 
 import cuda_harness as C
 import dist_harness as H
