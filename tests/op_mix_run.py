@@ -84,6 +84,7 @@ def run_modes(rank, ws, job: dict, hooks: Hooks) -> dict:
         broken = None
         try:
             H.init_pg(prefix=f"opmix/{mode_id}/", timeout_s=job["timeout_s"])
+            out[f"{mode_id}/backend"] = _backend_name(job["device"])
             for seed in job["seeds"]:
                 if broken is not None:
                     out[f"{mode_id}/{seed}"] = {"not_run": broken}
@@ -111,6 +112,16 @@ def run_modes(rank, ws, job: dict, hooks: Hooks) -> dict:
         # some ranks saw only at the group timeout: a failure stays in its mode's items.
         _store_barrier(f"opmix/done/{mode_id}", rank, ws, 3 * job["timeout_s"] + 60)
     return out
+
+
+def _backend_name(device) -> str:
+    """The default group's backend for the device, and what it wraps (debug mode DETAIL)."""
+    import torch
+    import torch.distributed as dist
+
+    b = dist.group.WORLD._get_backend(torch.device(device))
+    inner = getattr(b, "wrapped_pg", None)
+    return type(b).__name__ + (f"({type(inner).__name__})" if inner is not None else "")
 
 
 def _store_barrier(tag, rank, ws, timeout_s) -> None:
@@ -332,12 +343,13 @@ class OpMixJobs:
     items pytest selected; ``job_fn(rank, ws, job)`` runs in each rank."""
 
     def __init__(self, job_fn, test_name, test_file, device, *, per_mode, timeout_s,
-                 group_timeout_s=30, spawn_env=None, caps=None):
+                 group_timeout_s=30, spawn_env=None, caps=None, modes=None):
         self.job_fn, self.test_name, self.test_file = job_fn, test_name, test_file
         self.device, self.per_mode, self.caps = device, per_mode, caps or device
         self.timeout_s, self.group_timeout_s = timeout_s, group_timeout_s
         self.spawn_env = spawn_env or (lambda env: {})
-        self.modes = dict(op_mix.modes())
+        # [(mode id, environment)]; default: the product of op_mix.MODE_AXES
+        self.modes = dict(op_mix.modes() if modes is None else modes)
         self.results = {}
 
     def _selected(self, key, session):

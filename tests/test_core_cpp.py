@@ -16,6 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = sorted(glob.glob(os.path.join(ROOT, "csrc", "core", "**", "*.cpp"), recursive=True))
 TESTS = sorted(glob.glob(os.path.join(ROOT, "tests", "cpp", "test_*.cpp")))
 CXX = os.environ.get("CXX", "g++")
+# Extra compiler and linker flags, e.g. the sanitizers of scripts/sanitize_cpu_suite.sh.
+EXTRA_FLAGS = os.environ.get("RESIDENT_TEST_CXXFLAGS", "").split()
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,7 @@ def core_objects(tmp_path_factory):
     for src in CORE:
         obj = out / (os.path.relpath(src, ROOT).replace(os.sep, "_") + ".o")
         cmd = [CXX, "-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
-               "-I", os.path.join(ROOT, "csrc"), "-c", src, "-o", str(obj)]
+               *EXTRA_FLAGS, "-I", os.path.join(ROOT, "csrc"), "-c", src, "-o", str(obj)]
         procs.append((src, subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)))
         objs.append(str(obj))
         if len(procs) >= 2:
@@ -49,7 +51,7 @@ def test_core_unit(core_objects, test_src):
     out, objs = core_objects
     exe = out / os.path.basename(test_src)[:-4]
     build = subprocess.run(
-        [CXX, "-std=c++17", "-O1", "-g", "-Wall", "-I", os.path.join(ROOT, "csrc"), "-I",
+        [CXX, "-std=c++17", "-O1", "-g", "-Wall", *EXTRA_FLAGS, "-I", os.path.join(ROOT, "csrc"), "-I",
          os.path.join(ROOT, "tests", "cpp"), test_src, *objs, "-lpthread", "-lrt", "-ldl", "-o", str(exe)],
         capture_output=True, text=True)
     assert build.returncode == 0, build.stderr

@@ -45,6 +45,29 @@ def test_op_mix(ws, mode, seed, request):
     JOBS.check(ws, mode, seed, request.session)
 
 
+# torch's debug levels, each over a mix in the default mode: DETAIL wraps every group in torch's
+# ProcessGroupWrapper, which checks each collective's fingerprint (sequence number, op, shapes)
+# across the ranks before the backend runs it. A mode axis of their own rather than a factor of
+# MODE_AXES: three times every mode would triple the test's time for little more coverage.
+DEBUG_LEVELS = ("OFF", "INFO", "DETAIL")
+DEBUG_MODES = op_mix.modes([("debug", {lvl: {"TORCH_DISTRIBUTED_DEBUG": lvl} for lvl in DEBUG_LEVELS})])
+DEBUG_SEEDS = op_mix.seeds_from_env(default=(4,))
+DEBUG_JOBS = OpMixJobs(op_mix_job, "test_op_mix_debug_levels", "tests/test_op_mix.py", "cpu",
+                       per_mode=False, timeout_s=lambda runs: 120 + 120 * runs,
+                       group_timeout_s=GROUP_TIMEOUT_S, modes=DEBUG_MODES)
+
+
+@pytest.mark.parametrize("ws,mode,seed", [
+    pytest.param(ws, lvl, seed, id=f"ws{ws}-{lvl}-seed{seed}")
+    for ws in (2, 3) for lvl in DEBUG_LEVELS for seed in DEBUG_SEEDS])
+def test_op_mix_debug_levels(ws, mode, seed, request):
+    DEBUG_JOBS.check(ws, mode, seed, request.session)
+    per_rank, _err, _wall = DEBUG_JOBS.get((ws,), request.session)
+    want = "_ProcessGroupWrapper(ProcessGroupResident)" if mode == "DETAIL" else "ProcessGroupResident"
+    if H.IS_RESIDENT:
+        assert [r.get(f"{mode}/backend") for r in per_rank] == [want] * ws
+
+
 # --------------------------------------------------------------------------
 # The generator
 # --------------------------------------------------------------------------

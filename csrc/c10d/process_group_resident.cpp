@@ -32,7 +32,22 @@ void append(std::string& s, const c10::Device& d) {
   s += d.str();
 }
 void append(std::string& s, c10::Layout l) {
-  s += l == c10::kStrided ? "strided" : "non-strided";
+  switch (l) {
+    case c10::kStrided:
+      s += "strided";
+      break;
+    case c10::kSparse:
+      s += "sparse (COO)";
+      break;
+    case c10::kSparseCsr:
+    case c10::kSparseCsc:
+    case c10::kSparseBsr:
+    case c10::kSparseBsc:
+      s += "sparse (compressed)";
+      break;
+    default:
+      s += "non-strided";
+  }
 }
 void append(std::string& s, c10::IntArrayRef a) {
   s += "[";
@@ -176,10 +191,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::cudaOp(c10d::OpType type, c
                                                             const std::vector<at::Tensor>& outputs,
                                                             const std::vector<at::Tensor>& inputs,
                                                             bool async_op, F&& launch) {
-  return translateErrors([&] {
+  auto work = translateErrors([&] {
     return runCudaOp(*comm_, gpu_, cuda_streams_, timeout_ms_, rank_, type, title, outputs, inputs,
                      async_op, launch);
   });
+  ++seq_;
+  return work;
 }
 
 ProcessGroupResident::~ProcessGroupResident() {
@@ -200,6 +217,7 @@ void ProcessGroupResident::shutdown() {
   if (!comm_) return;
   shutdownCuda(gpu_, cuda_streams_);  // before the segments it registered go away
   comm_->shutdown();                  // fails what is in flight, stops the proxy, unmaps segments
+  for (const auto& work : inflight_) work->endRecord();  // aborted: their profiler events end
   inflight_.clear();
 }
 
@@ -218,6 +236,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::submit(c10::intrusive_ptr<W
                      [](const c10::intrusive_ptr<WorkResident>& w) { return w->isCompleted(); }),
       inflight_.end());
   inflight_.push_back(work);
+  if (!c10d::isP2POp(work->retrieveOpType())) ++seq_;
   return work;
 }
 
@@ -395,6 +414,85 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_into_tensor_coale
   auto work = makeWork(c10d::OpType::COALESCED, "resident:all_gather_into_tensor_coalesced",
                        outputs, inputs);
   for (const auto i : c10::irange(inputs.size())) addAllGatherBase(*work, outputs[i], inputs[i]);
+  return submit(work);
+}
+
+// outputs[r][i] receives rank r's inputs[i]; each input is gathered as its own op (dtypes and
+// sizes may differ between inputs), all in one Work.
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather_coalesced";
+  RESIDENT_CHECK_VALUE(output_lists.size() == static_cast<size_t>(size_), "resident: ", op,
+                       " needs one output list per rank (", size_, "), got ", output_lists.size());
+  // Validate everything before starting anything: a partial start would desynchronise ranks.
+  std::vector<c10::SmallVector<void*, 16>> outs(inputs.size());
+  std::vector<at::Tensor> flat_outputs;
+  for (const auto i : c10::irange(inputs.size())) {
+    checkTensor(inputs[i], op);
+    RESIDENT_CHECK_VALUE(inputs[i].device() == inputs[0].device(), "resident: ", op, ": input ", i,
+                         " is on ", inputs[i].device(), " but input 0 is on ", inputs[0].device(),
+                         " (device mix)");
+  }
+  for (const auto r : c10::irange(output_lists.size())) {
+    RESIDENT_CHECK_VALUE(output_lists[r].size() == inputs.size(), "resident: ", op,
+                         ": output list ", r, " has ", output_lists[r].size(), " tensors for ",
+                         inputs.size(), " inputs");
+    for (const auto i : c10::irange(inputs.size())) {
+      const at::Tensor& o = output_lists[r][i];
+      checkSameKind(inputs[i], o, op, "an output tensor");
+      RESIDENT_CHECK_VALUE(o.numel() == inputs[i].numel(), "resident: ", op, ": output ", r, "/", i,
+                           " has ", o.numel(), " elements but input ", i, " has ",
+                           inputs[i].numel(), " (size mismatch)");
+      outs[i].push_back(o.data_ptr());
+      flat_outputs.push_back(o);
+    }
+  }
+  if (!inputs.empty() && inputs[0].is_cuda()) {
+    return cudaOp(c10d::OpType::ALLGATHER_COALESCED, "resident:all_gather_coalesced", flat_outputs,
+                  inputs, opts.asyncOp, [&](GpuCommunicator& g, void* s) {
+                    for (const auto i : c10::irange(inputs.size()))
+                      g.allGather(inputs[i].data_ptr(), outs[i].data(), nbytes(inputs[i]), s);
+                  });
+  }
+  auto work = makeWork(c10d::OpType::ALLGATHER_COALESCED, "resident:all_gather_coalesced",
+                       flat_outputs, inputs);
+  translateErrors([&] {
+    for (const auto i : c10::irange(inputs.size()))
+      work->addOp(comm_->allGather(inputs[i].data_ptr(), outs[i].data(), nbytes(inputs[i])));
+    return 0;
+  });
+  return submit(work);
+}
+
+// The root's output holds every rank's input one after another (torch's gather_single).
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::gather_into_tensor(
+    at::Tensor& output, at::Tensor& input, const c10d::GatherOptions& opts) {
+  const char* op = "gather_single";
+  checkTensor(input, op);
+  const int root = static_cast<int>(opts.rootRank);
+  c10::SmallVector<void*, 16> outs(static_cast<size_t>(size_), nullptr);
+  std::vector<at::Tensor> result;
+  if (rank_ == root) {
+    checkSameKind(input, output, op, "the output");
+    RESIDENT_CHECK_VALUE(
+        output.numel() == input.numel() * size_, "resident: ", op, ": output has ", output.numel(),
+        " elements, expected world size x input = ", input.numel() * size_, " (size mismatch)");
+    auto* base = static_cast<unsigned char*>(output.data_ptr());
+    for (int p = 0; p < size_; ++p) outs[static_cast<size_t>(p)] = base + p * nbytes(input);
+    result.push_back(output);
+  }
+  if (input.is_cuda()) {
+    return cudaOp(c10d::OpType::GATHER, "resident:gather_single", result, {input}, opts.asyncOp,
+                  [&](GpuCommunicator& g, void* s) {
+                    g.gather(input.data_ptr(), outs.data(), nbytes(input), root, s);
+                  });
+  }
+  auto work = makeWork(c10d::OpType::GATHER, "resident:gather_single", result, {input});
+  translateErrors([&] {
+    work->addOp(comm_->gather(input.data_ptr(), outs.data(), nbytes(input), root));
+    return 0;
+  });
   return submit(work);
 }
 
@@ -691,10 +789,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recv(std::vector<at::Tensor
   return submit(work);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recvAnysource(
-    std::vector<at::Tensor>& /*tensors*/, int /*tag*/) {
-  C10_THROW_ERROR(ValueError,
-                  "resident: recv from any source is not supported; pass src explicitly");
+// The engine matches the oldest message with this tag from whichever peer; the Work's
+// sourceRank() names that peer. CUDA tensors: the device-side channels pair messages per peer
+// in issue order (as NCCL, which has no any-source receive either), so a kernel cannot wait on
+// "whichever peer sends first".
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                                   int tag) {
+  const at::Tensor& t = single(tensors, "recv from any source");
+  RESIDENT_CHECK_VALUE(!t.is_cuda(),
+                       "resident: recv from any source is not supported on CUDA tensors (the "
+                       "CUDA path pairs each peer's messages in issue order on the device); "
+                       "pass src, or receive into a CPU tensor");
+  auto work = makeWork(c10d::OpType::RECVANYSOURCE, "resident:recvAnySource", tensors, {});
+  translateErrors([&] {
+    work->addOp(comm_->recvAnySource(t.data_ptr(), nbytes(t), static_cast<uint64_t>(tag)));
+    return 0;
+  });
+  return submit(work);
 }
 
 // A barrier is a host-level synchronisation (torch hands non-NCCL backends a CPU tensor):
@@ -706,6 +817,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::barrier(const c10d::Barrier
     return 0;
   });
   return submit(work);
+}
+
+// Host-side like barrier(); blocking, as torch's monitored_barrier is.
+void ProcessGroupResident::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  const uint64_t timeout_ms =
+      opts.timeout == c10d::kUnsetTimeout
+          ? timeout_ms_
+          : static_cast<uint64_t>(std::max<int64_t>(0, opts.timeout.count()));
+  translateErrors([&] {
+    comm_->monitoredBarrier(timeout_ms, wait_all_ranks);
+    return 0;
+  });
 }
 
 }  // namespace resident

@@ -44,6 +44,11 @@ class ProcessGroupResident : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                                    const c10d::GatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override;
@@ -69,6 +74,14 @@ class ProcessGroupResident : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+
+  // The number of collectives this group has issued (send and recv do not count, as in
+  // ProcessGroupNCCL): equal on ranks that issued the same collectives, which torch's
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL wrapper checks before each one.
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
+  // It starts at 0 on every rank when the group is created: nothing to agree on.
+  void setSequenceNumberForGroup() override {}
 
   void setTimeout(std::chrono::milliseconds timeout) override;
   void abort() override;
@@ -111,6 +124,7 @@ class ProcessGroupResident : public c10d::Backend {
   std::shared_ptr<GpuCommunicator> gpu_;  // created on the first CUDA op
   std::shared_ptr<CudaStreams> cuda_streams_;
   uint64_t timeout_ms_ = 0;
+  uint64_t seq_ = 0;  // collectives issued (getSequenceNumberForGroup)
 };
 
 }  // namespace resident

@@ -218,17 +218,19 @@ unsigned long long captureIdOf(cudaStream_t s) {
 }  // namespace
 
 WorkCuda::WorkCuda(std::shared_ptr<GpuCommunicator> gpu, std::shared_ptr<CudaStreams> streams,
-                   int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+                   int rank, c10d::OpType type, OpRecord record, std::vector<at::Tensor> outputs,
                    c10::Device device, void* end_event, bool captured,
                    std::vector<at::Tensor> keep_alive)
-    : c10d::Work(rank, type, title),
+    // No title for c10d::Work: its RecordFunction would end only with the Work (record_).
+    : c10d::Work(rank, type),
       gpu_(std::move(gpu)),
       streams_(std::move(streams)),
       outputs_(std::move(outputs)),
       device_(device),
       end_event_(end_event),
       captured_(captured),
-      keep_alive_(std::move(keep_alive)) {}
+      keep_alive_(std::move(keep_alive)),
+      record_(std::move(record)) {}
 
 WorkCuda::~WorkCuda() {
   std::unique_ptr<P2PLaunch> spent;  // released after the lock (see launchP2P)
@@ -387,6 +389,7 @@ bool WorkCuda::isCompleted() {
     flushPendingP2P();
   }
   if (!launch_error_.empty()) C10_THROW_ERROR(DistBackendError, launch_error_);
+  record_.end();  // launched
   // Stream-ordered on the caller's stream, or part of a graph: complete from the host's view.
   if (end_event_ == nullptr || captured_) return true;
   const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(end_event_));
@@ -451,6 +454,7 @@ void WorkCuda::streamWait() {
 
 bool WorkCuda::wait(std::chrono::milliseconds /*timeout*/) {
   streamWait();
+  record_.end();  // launched
   const std::string err = gpu_->deviceError();
   if (!err.empty()) C10_THROW_ERROR(DistBackendError, err);
   return true;
@@ -458,6 +462,7 @@ bool WorkCuda::wait(std::chrono::milliseconds /*timeout*/) {
 
 void WorkCuda::synchronize() {
   streamWait();
+  record_.end();  // launched
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkCuda::getFuture() {
@@ -467,6 +472,7 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkCuda::getFuture() {
     future_ = c10::make_intrusive<c10::ivalue::Future>(
         c10::ListType::create(c10::TensorType::get()), std::vector<c10::Device>{device_});
     streamWait();
+    record_.end();  // launched
     future_->markCompleted(c10::IValue(outputs_));
   }
   return future_;
@@ -509,10 +515,14 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(current, &capture));
   const bool capturing = capture != cudaStreamCaptureStatusNone;
+  // The op's profiler event spans the launch (ProcessGroupNCCL's events do the same).
+  OpRecord record = OpRecord::start(title, inputs);
   if (capturing) {
     // In a graph: the kernel becomes a node on the capturing stream; nothing else.
     launch(*gpu, current);
-    return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, title, outputs, device, nullptr);
+    record.end();
+    return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, OpRecord(), outputs, device,
+                                         nullptr);
   }
   cudaStream_t stream = async_op ? streams->side_.stream() : current;
   // Order after what came before: the op's stream waits for the caller's stream (inputs
@@ -542,7 +552,8 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
       for (const at::Tensor& t : *list)
         c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), used);
   }
-  return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, title, outputs, device, end);
+  record.end();
+  return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, OpRecord(), outputs, device, end);
 }
 
 c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<GpuCommunicator>& gpu,
@@ -567,11 +578,14 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<Gp
   C10_CUDA_CHECK(cudaEventRecord(p.ready, current));
   std::vector<at::Tensor> outputs;
   if (!send) outputs.push_back(tensor);
+  // Its profiler event ends once the kernel is launched on this side (here, or in its wait).
   auto work = c10::make_intrusive<WorkCuda>(
-      gpu, streams, rank, type, title, std::move(outputs), device, nullptr, capture != 0,
+      gpu, streams, rank, type, OpRecord::start(title, {tensor}), std::move(outputs), device,
+      nullptr, capture != 0,
       capture != 0 ? std::vector<at::Tensor>{tensor} : std::vector<at::Tensor>{});
   if (!p.lazy) {
     work->launchP2P(p, false);  // at once, from the stack: no lock, no allocation
+    work->record_.end();
     return work;
   }
   work->p2p_ = std::make_unique<WorkCuda::P2PLaunch>(std::move(p));

@@ -3,6 +3,8 @@
 // caller's current stream; async_op=True: the group's own stream, which waits for the
 // current one; under graph capture always the current stream, with no host synchronisation;
 // send/recv: see runCudaP2P). Only this file's .cpp includes the torch CUDA headers.
+// Profiler events also follow ProcessGroupNCCL: an op's event spans its kernel's launch on
+// the host, so the profiler ties the kernel (and a GPU annotation over it) to the event.
 #pragma once
 
 #include <c10/util/FunctionRef.h>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "c10d/op_record.hpp"
 #include "cuda/gpu_communicator.hpp"
 
 namespace resident {
@@ -24,10 +27,10 @@ bool cudaPathBuilt();
 
 class WorkCuda : public c10d::Work {
  public:
+  // `record`: the op's profiler event when it is still open (a send/recv not launched yet).
   WorkCuda(std::shared_ptr<GpuCommunicator> gpu, std::shared_ptr<CudaStreams> streams, int rank,
-           c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-           c10::Device device, void* end_event, bool captured = false,
-           std::vector<at::Tensor> keep_alive = {});
+           c10d::OpType type, OpRecord record, std::vector<at::Tensor> outputs, c10::Device device,
+           void* end_event, bool captured = false, std::vector<at::Tensor> keep_alive = {});
   ~WorkCuda() override;
 
   bool isCompleted() override;
@@ -51,6 +54,8 @@ class WorkCuda : public c10d::Work {
   const bool captured_;
   std::vector<at::Tensor> keep_alive_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  // A send/recv's profiler event: ended on the caller's side once its kernel is launched.
+  OpRecord record_;
 
   // A send or recv not launched yet (see runCudaP2P); null once launched.
   struct P2PLaunch;

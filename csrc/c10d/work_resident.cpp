@@ -1,6 +1,5 @@
 #include "c10d/work_resident.hpp"
 
-#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -11,12 +10,17 @@ namespace resident {
 WorkResident::WorkResident(std::shared_ptr<Communicator> comm, int rank, c10d::OpType type,
                            const char* profiling_title, std::vector<at::Tensor> outputs,
                            std::vector<at::Tensor> keep_alive)
-    // A profiling title makes Work allocate a RecordFunction per op: only when a profiler
-    // is listening.
-    : c10d::Work(rank, type, at::hasCallbacks() ? profiling_title : nullptr),
+    // No title for c10d::Work: its RecordFunction would end only when the Work is destroyed,
+    // possibly during a later profiling session (record_ ends it properly).
+    : c10d::Work(rank, type),
       comm_(std::move(comm)),
       outputs_(std::move(outputs)),
-      keep_alive_(std::move(keep_alive)) {}
+      keep_alive_(std::move(keep_alive)),
+      // The op's inputs: what it holds besides its outputs, or its outputs when it works in
+      // place (a scatter's non-root ranks have none).
+      record_(OpRecord::start(profiling_title, type == c10d::OpType::SCATTER || !keep_alive_.empty()
+                                                   ? keep_alive_
+                                                   : outputs_)) {}
 
 WorkResident::~WorkResident() {
   for (const OpHandle& h : ops_) comm_->engine().release(h);
@@ -40,7 +44,9 @@ bool WorkResident::collect() {
 }
 
 bool WorkResident::isCompleted() {
-  return collect();
+  if (!collect()) return false;
+  record_.end();
+  return true;
 }
 
 bool WorkResident::isSuccess() const {
@@ -60,6 +66,18 @@ std::exception_ptr WorkResident::exception() const {
   }
 }
 
+int WorkResident::sourceRank() const {
+  const c10d::OpType type = retrieveOpType();
+  if ((type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) || ops_.size() != 1)
+    return c10d::Work::sourceRank();  // torch's error: not a recv
+  if (!finished_.load(std::memory_order_acquire) || failed_) {
+    C10_THROW_ERROR(ValueError,
+                    "resident: the sender of a recv is known once the recv completed "
+                    "successfully; call wait() first");
+  }
+  return Communicator::sourceOf(ops_[0]);
+}
+
 bool WorkResident::wait(std::chrono::milliseconds timeout) {
   Engine& engine = comm_->engine();
   const uint64_t timeout_ns =
@@ -74,6 +92,7 @@ bool WorkResident::wait(std::chrono::milliseconds timeout) {
     }
   }
   collect();
+  record_.end();
   if (failed_) rethrow();
   return true;
 }

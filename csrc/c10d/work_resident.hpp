@@ -1,6 +1,9 @@
 // The Work a resident op returns: wraps one or more pooled core ops, keeps the tensors alive
 // while they are in flight, and completes a future when asked for one. wait() drives
 // progress on the calling thread, so a blocking op costs no thread hand-off.
+// Under a profiler it carries the op's event (op_record.hpp), ended on the caller's side when
+// the op is seen to have finished (wait, is_completed, the group's next op, abort), never on
+// the proxy thread, where the profiling session cannot be checked.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -9,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "c10d/op_record.hpp"
 #include "core/communicator.hpp"
 
 namespace resident {
@@ -21,11 +25,15 @@ class WorkResident : public c10d::Work {
   ~WorkResident() override;
 
   void addOp(OpHandle h) { ops_.push_back(h); }
+  // Ends the op's profiler event now (the group aborts, its ops failed).
+  void endRecord() { record_.end(); }
 
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   std::vector<at::Tensor> result() override { return outputs_; }
+  // A recv's sender (for a recv from any source: the peer whose message it took), once done.
+  int sourceRank() const override;
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void synchronize() override {}
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
@@ -45,6 +53,7 @@ class WorkResident : public c10d::Work {
   std::string error_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> future_pending_{0};
+  OpRecord record_;
 };
 
 }  // namespace resident

@@ -292,4 +292,18 @@ OpHandle Communicator::recv(void* buf, size_t n, int peer, uint64_t tag) {
   });
 }
 
+OpHandle Communicator::recvAnySource(void* buf, size_t n, uint64_t tag) {
+  if (nranks_ == 1)
+    throw InvalidArgument(
+        "resident: recv from any source in a group of one rank: no peer can send");
+  return startOp(*engine_, [&](Op& o) {
+    o.kind = OpKind::kRecv;
+    o.ring = kP2PRing;
+    o.seq = tag;
+    o.bytes = n;
+    o.any_source = true;
+    o.any_source_buf = bytes(buf);
+  });
+}
+
 }  // namespace resident

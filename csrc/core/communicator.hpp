@@ -58,8 +58,18 @@ class Communicator : public ProxyHandler {
                     const size_t* out_bytes);
   OpHandle broadcast(void* buf, size_t bytes, int root);
   OpHandle barrier();
+  // Host-side barrier that reports the ranks that did not arrive within `timeout_ms` (rank 0
+  // waits for each; with `wait_all_ranks` it names them all, otherwise the first). Blocking;
+  // throws CommError / TimeoutError with torch's monitored_barrier texts
+  // (csrc/core/monitored_barrier.cpp).
+  void monitoredBarrier(uint64_t timeout_ms, bool wait_all_ranks);
   OpHandle send(const void* buf, size_t bytes, int peer, uint64_t tag);
   OpHandle recv(void* buf, size_t bytes, int peer, uint64_t tag);
+  // Receives the oldest matching message with `tag` from whichever peer sends one first; the
+  // sender is the op's `peer` once it finished (sourceOf).
+  OpHandle recvAnySource(void* buf, size_t bytes, uint64_t tag);
+  // The sender a finished recv took its message from (-1 while a recv from any source waits).
+  static int sourceOf(OpHandle h) { return h.op->peer; }
 
   Engine& engine() { return *engine_; }
   int rank() const { return rank_; }
@@ -165,6 +175,7 @@ class Communicator : public ProxyHandler {
   size_t gpu_region_offset_ = 0;
   std::atomic<ProxyHandler*> extra_poller_{nullptr};
   std::atomic<bool> extra_busy_{false};
+  std::vector<unsigned char> monitored_scratch_;  // monitoredBarrier's message bytes
 };
 
 // Identifies this host and shared-memory domain: peers with equal keys can map each other's

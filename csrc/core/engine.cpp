@@ -158,6 +158,8 @@ Op* Engine::begin() {
   op->error.clear();
   op->released = false;
   op->bound = false;
+  op->any_source = false;
+  op->any_source_buf = nullptr;
   op->waiting_on = -1;
   op->on_done = nullptr;
   op->on_done_ctx = nullptr;
@@ -380,6 +382,8 @@ bool Engine::progressOp(Op& op) {
 }
 
 bool Engine::opFinished(const Op& op) const {
+  // A recv from any source has no transfer until a message is matched to it.
+  if (op.any_source && !op.bound) return false;
   for (int p = 0; p < nranks_; ++p) {
     const PeerTransfer& t = op.peers[static_cast<size_t>(p)];
     if (t.sends) {
@@ -579,7 +583,7 @@ void Engine::checkDeadline(Op& op, uint64_t now) {
   };
   if (now > op.deadline_ns) {
     throw TimeoutError("resident: " + op.describe() + " on rank " + std::to_string(rank_) +
-                       " timed out after " + std::to_string((now - op.start_ns) / 1000000) +
+                       ": Timed out after " + std::to_string((now - op.start_ns) / 1000000) +
                        " ms waiting for " + peer_text() +
                        "; that rank may have crashed, hung, or called a different operation");
   }

@@ -136,6 +136,8 @@ class Engine {
     Stash* stash = nullptr;  // bound stash entry
   };
   bool deliverFromStash(Op& op);
+  // A recv from any source takes `peer` as its sender once a message from it is matched.
+  void bindAnySource(Op& op, int peer);
 
   const int rank_, nranks_;
   const Config cfg_;

@@ -1,5 +1,6 @@
 // The p2p half of the progress engine: messages on the p2p ring are matched to posted
-// receives by (peer, tag) as they arrive; a message nobody waits for yet is stashed.
+// receives by (peer, tag) as they arrive, or by tag alone for a recv from any source, oldest
+// posted receive first; a message nobody waits for yet is stashed.
 #include <cstring>
 
 #include "core/engine.hpp"
@@ -7,11 +8,32 @@
 
 namespace resident {
 
+void Engine::bindAnySource(Op& op, int peer) {
+  op.peer = peer;
+  PeerTransfer& t = op.peers[static_cast<size_t>(peer)];
+  t.recvs = true;
+  t.recv_ptr = op.any_source_buf;
+  t.recv_bytes = op.bytes;
+  t.recv_chunks = chunksFor(op.bytes, layout_.slotBytes());
+}
+
 bool Engine::deliverFromStash(Op& op) {
   for (auto it = stash_.begin(); it != stash_.end(); ++it) {
     Stash& s = **it;
-    if (s.peer != op.peer || s.tag != op.seq) continue;
-    if (s.received < s.chunks) return false;  // the oldest match is still arriving
+    if (s.tag != op.seq || (!op.any_source && s.peer != op.peer)) continue;
+    if (s.received < s.chunks) {
+      if (!op.any_source) return false;  // the oldest match is still arriving
+      continue;                          // any source: a complete message of another peer may do
+    }
+    if (op.any_source) {
+      // Messages of one peer and tag are received in order: skip this one if an older one
+      // of the same peer (still arriving) is ahead of it.
+      bool older = false;
+      for (auto e = stash_.begin(); e != it && !older; ++e)
+        older = (*e)->peer == s.peer && (*e)->tag == s.tag;
+      if (older) continue;
+      bindAnySource(op, s.peer);
+    }
     if (s.total != op.bytes) {
       throw CommError("resident: recv from rank " + std::to_string(op.peer) + " with tag " +
                       std::to_string(op.seq) + " expected " + std::to_string(op.bytes) +
@@ -52,8 +74,9 @@ bool Engine::progressP2PRecvs() {
           if (s->peer == p && s->tag == h->meta.op_seq) stashed_same_tag = true;
         if (!stashed_same_tag) {
           for (Op* op : active_) {
-            if (op->kind == OpKind::kRecv && op->peer == p && !op->bound &&
+            if (op->kind == OpKind::kRecv && (op->peer == p || op->any_source) && !op->bound &&
                 op->seq == h->meta.op_seq && op->state.load() == OpState::kActive) {
+              if (op->any_source) bindAnySource(*op, p);
               validate(*op, *h, p, 0, op->bytes);
               op->bound = true;
               b.op = op;

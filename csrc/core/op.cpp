@@ -43,9 +43,9 @@ std::string describeSignature(uint32_t signature) {
 std::string Op::describe() const {
   std::string s = describeSignature(signature());
   if (kind == OpKind::kSend || kind == OpKind::kRecv) {
-    s += std::string(" (") + (kind == OpKind::kSend ? "to" : "from") + " rank " +
-         std::to_string(peer) + ", tag " + std::to_string(seq) + ", " + std::to_string(bytes) +
-         " bytes)";
+    s += std::string(" (") + (kind == OpKind::kSend ? "to" : "from") +
+         (peer < 0 ? std::string(" any rank") : " rank " + std::to_string(peer)) + ", tag " +
+         std::to_string(seq) + ", " + std::to_string(bytes) + " bytes)";
   } else {
     s += " (op #" + std::to_string(seq) + ", " + std::to_string(bytes) + " bytes)";
   }

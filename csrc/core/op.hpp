@@ -85,6 +85,10 @@ struct Op {
   uint32_t generation = 0;
   bool released = false;
   bool bound = false;  // recv: a message has been matched to it
+  // recv from any source: `peer` is -1 and the buffer waits here until a message binds the
+  // op to its sender (Engine::bindAnySource), which sets `peer` and that peer's transfer.
+  bool any_source = false;
+  unsigned char* any_source_buf = nullptr;
   int waiting_on = -1;
   void (*on_done)(void*) = nullptr;
   void* on_done_ctx = nullptr;

@@ -152,6 +152,57 @@ void testCollectives(const Config& cfg, int n) {
   });
 }
 
+// Recv from any source: rank 0 takes every other rank's messages (one within a slot, one
+// streamed through several) without naming the sender, posted before and after they arrive; each
+// comes from a real sender with that sender's bytes, and sourceOf names it. Then the monitored
+// barrier passes, and with the last rank missing rank 0 names it and rank 1 learns it failed.
+void testAnySourceAndMonitoredBarrier(const Config& cfg, int n) {
+  runRanks(n, cfg, 20000, [&](Communicator& c) {
+    const int r = c.rank();
+    Engine& e = c.engine();
+    const size_t sizes[2] = {100, 40000};  // 40000 > slot
+    auto pattern = [](int sender, int msg, size_t k) {
+      return static_cast<unsigned char>(sender * 31 + msg * 7 + k);
+    };
+    for (int msg = 0; msg < 2; ++msg) {
+      const uint64_t tag = 4 + static_cast<uint64_t>(msg);
+      if (r == 0) {
+        if (msg == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // stashed
+        std::vector<int> seen(static_cast<size_t>(n), 0);
+        for (int i = 1; i < n; ++i) {
+          std::vector<unsigned char> buf(sizes[msg]);
+          OpHandle h = c.recvAnySource(buf.data(), buf.size(), tag);
+          e.wait(h);
+          const int src = Communicator::sourceOf(h);
+          e.release(h);
+          CHECK(src >= 1 && src < n && seen[static_cast<size_t>(src)]++ == 0);
+          for (size_t k = 0; k < buf.size(); ++k) CHECK(buf[k] == pattern(src, msg, k));
+        }
+      } else {
+        std::vector<unsigned char> buf(sizes[msg]);
+        for (size_t k = 0; k < buf.size(); ++k) buf[k] = pattern(r, msg, k);
+        OpHandle h = c.send(buf.data(), buf.size(), 0, tag);
+        e.wait(h);
+        e.release(h);
+      }
+    }
+    c.monitoredBarrier(5000, false);
+    c.monitoredBarrier(5000, true);
+    std::string error;
+    if (r != n - 1) {
+      try {
+        c.monitoredBarrier(300, false);
+      } catch (const CommError& err) {
+        error = err.what();
+      }
+      const std::string expected =
+          r == 0 ? "Rank " + std::to_string(n - 1) + " failed to pass monitoredBarrier in 300 ms"
+                 : "successfully reached monitoredBarrier";
+      CHECK(error.find(expected) != std::string::npos);
+    }
+  });
+}
+
 int main() {
   Config cfg = Config::fromEnvironment();
   cfg.slot_bytes = 16384;  // small slots: exercise chunking and ring wrap-around
@@ -165,6 +216,9 @@ int main() {
   tcp.transport = "tcp";  // every peer over tcp, through the proxy, on this host
   testCollectives(tcp, 3);
   std::puts("test_communicator: tcp ok");
+  testAnySourceAndMonitoredBarrier(cfg, 3);
+  testAnySourceAndMonitoredBarrier(proxied, 2);
+  std::puts("test_communicator: any-source recv and monitored barrier ok");
 
   // Mismatched sizes: both ranks raise a mismatch error, nobody hangs.
   std::vector<std::string> errors(2);
