@@ -9,8 +9,13 @@
 namespace resident {
 namespace {
 
-// While a waiting caller drives the transport, the proxy checks back this often.
-constexpr long kStandbySleepNs = 100 * 1000;
+// While waiting callers drive the transport, the proxy checks back after a sleep that grows
+// from the first to the last value as long as it finds one each time: on a small machine
+// (2 cores, 2 ranks) each wake-up preempts a spinning caller (CPU tensors over tcp, 2 ranks, 2
+// cores: 14-25 us per 8 B all_reduce with 1 ms, 23-89 us with 100 us), and a proxy that finds
+// nobody waiting is back within 1 ms to drive the ops nobody waits on and GPU triggers.
+constexpr long kStandbyFirstNs = 50 * 1000;
+constexpr long kStandbyLastNs = 1000 * 1000;
 
 }  // namespace
 
@@ -67,15 +72,18 @@ void Proxy::run() {
   spin_us_.store(cfg_.proxy_spin_us);
   uint64_t spin_us = cfg_.proxy_spin_us;
   Backoff backoff(spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
+  long standby_ns = kStandbyFirstNs;
   while (!stop_.load(std::memory_order_acquire)) {
     const uint64_t want = spin_us_.load(std::memory_order_relaxed);
     if (want != spin_us) backoff.setSpinNs((spin_us = want) * 1000);
     if (handler_.proxyStandby()) {
-      timespec ts{0, kStandbySleepNs};
+      timespec ts{0, standby_ns};
       nanosleep(&ts, nullptr);
+      standby_ns = standby_ns * 2 > kStandbyLastNs ? kStandbyLastNs : standby_ns * 2;
       backoff.reset();  // hot again as soon as the waiter is gone
       continue;
     }
+    standby_ns = kStandbyFirstNs;
     if (handler_.proxyPoll())
       backoff.reset();
     else

@@ -209,7 +209,9 @@ void TcpTransport::receiveFrom(int peer) {
   Conn& c = conns_[static_cast<size_t>(peer)];
   for (int i = 0; i < 64 && c.state == ConnState::kOpen; ++i) {
     const bool direct = c.reader.inPayload() && c.reader.payloadRemaining() >= kDirectRecvMin;
-    const size_t asked = direct ? c.reader.payloadRemaining() : staging_.size();
+    // Between frames, read a little (headers and small payloads, a few frames at once): a large
+    // payload behind a header is then read straight into the segment, not copied from here.
+    const size_t asked = direct ? c.reader.payloadRemaining() : staging_recv_;
     const ssize_t k =
         recv(c.fd.get(), direct ? c.reader.payloadDest() : staging_.data(), asked, MSG_DONTWAIT);
     if (k > 0) {

@@ -107,6 +107,7 @@ class TcpTransport : public Transport {
  private:
   static constexpr uint64_t kListenerTag = ~0ull;  // epoll tag of the listener
   static constexpr size_t kStagingBytes = size_t{64} * 1024;
+  size_t staging_recv_ = 4096;
   enum class ConnState { kNone, kIdle, kConnecting, kAwaitAck, kOpen, kClosed };
   struct Conn {
     UniqueFd fd;
