@@ -40,6 +40,26 @@ class HiddenDebugInfo {
   std::shared_ptr<c10::ThreadLocalDebugInfo> saved_;
 };
 
+// The profiler's sessions: torch 2.14 names them getTLS() and getGlobal(); earlier releases
+// (2.11) have get(global), whose process-wide session is a plain pointer (held here without
+// ownership, compared by address).
+template <typename S>
+auto threadSession(int) -> decltype(S::getTLS()) {
+  return S::getTLS();
+}
+template <typename S>
+ProfilerStateBase* threadSession(long) {
+  return S::get(/*global=*/false);
+}
+template <typename S>
+auto globalSession(int) -> decltype(S::getGlobal()) {
+  return S::getGlobal();
+}
+template <typename S>
+std::shared_ptr<ProfilerStateBase> globalSession(long) {
+  return std::shared_ptr<ProfilerStateBase>(std::shared_ptr<void>(), S::get(/*global=*/true));
+}
+
 }  // namespace
 
 OpRecord OpRecord::start(const char* name, c10::ArrayRef<at::Tensor> inputs) {
@@ -52,10 +72,10 @@ OpRecord OpRecord::start(const char* name, c10::ArrayRef<at::Tensor> inputs) {
     event->inputs.reserve(inputs.size());
     for (const at::Tensor& t : inputs) event->inputs.emplace_back(t);
   }
-  event->thread_session = ProfilerStateBase::getTLS();
+  event->thread_session = threadSession<ProfilerStateBase>(0);
   if (event->thread_session != nullptr)
     event->thread_debug_info = c10::ThreadLocalDebugInfo::current();
-  event->global_session = ProfilerStateBase::getGlobal();
+  event->global_session = globalSession<ProfilerStateBase>(0);
   // `name` is a string literal: the RecordFunction keeps the view.
   event->fn.before(std::string_view(name),
                    c10::ArrayRef<const c10::IValue>(event->inputs.data(), event->inputs.size()));
@@ -74,9 +94,9 @@ OpRecord& OpRecord::operator=(OpRecord&& other) noexcept {
 void OpRecord::endNow() {
   std::unique_ptr<Event> event(event_.exchange(nullptr, std::memory_order_acq_rel));
   if (!event) return;  // another thread ended it
-  const bool thread_session_over =
-      event->thread_session != nullptr && ProfilerStateBase::getTLS() != event->thread_session;
-  const std::shared_ptr<ProfilerStateBase> global_now = ProfilerStateBase::getGlobal();
+  const bool thread_session_over = event->thread_session != nullptr &&
+                                   threadSession<ProfilerStateBase>(0) != event->thread_session;
+  const std::shared_ptr<ProfilerStateBase> global_now = globalSession<ProfilerStateBase>(0);
   const bool global_session_over = event->global_session && global_now != event->global_session;
   if (!thread_session_over && !global_session_over) {
     event->fn.end();

@@ -47,8 +47,10 @@ class ProcessGroupResident : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor& output, at::Tensor& input,
-                                                    const c10d::GatherOptions& opts) override;
+  // A virtual of c10d::Backend since torch 2.14 (overridden there); not yet in torch 2.11, where
+  // it is only this class's method: no `override`, so that both build.
+  c10::intrusive_ptr<c10d::Work> gather_into_tensor(  // NOLINT(modernize-use-override)
+      at::Tensor& output, at::Tensor& input, const c10d::GatherOptions& opts);
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override;
