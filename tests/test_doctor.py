@@ -158,9 +158,11 @@ def test_need_without_strict_always_exits_0():
                                       "required_for": ["rdma"]}]}, "cuda", True)["exit_code"] == 0
 
 
-def test_config_table_matches_readme():
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    table = re.search(r"## Configuration\n(.*?)\n## ", readme, re.S).group(1)
+def test_config_table_matches_tuning_doc():
+    """docs/tuning.md's "## Configuration" table lists doctor.CONFIG's options, in order, with
+    the same defaults."""
+    doc = open(os.path.join(ROOT, "docs", "tuning.md")).read()
+    table = re.search(r"## Configuration\n(.*?)\n## ", doc, re.S).group(1)
     rows = re.findall(r"^\| `(RESIDENT_\w+)` \| `?([^|`]+?)`? \|", table, re.M)
     assert rows == doctor.CONFIG
 
