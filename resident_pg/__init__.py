@@ -7,7 +7,7 @@
     import resident_pg  # optional: an entry point registers the backend anyway
     dist.init_process_group(backend="resident")
 
-Configuration: RESIDENT_* environment variables or ``pg_options={...}`` (see README.md).
+Configuration: RESIDENT_* environment variables or ``pg_options={...}`` (see docs/tuning.md).
 """
 
 # Nothing heavy at import time: torch's entry points import this package while torch itself is

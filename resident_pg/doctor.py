@@ -436,7 +436,7 @@ def diagnose(env=None, root="/"):
             "faster, docs/decisions.md): group creation fails while this is set", f"unset {name}")
     for name in sorted(k for k in env if k.startswith("RESIDENT_")):
         if name not in cfg and name not in NOT_RUNTIME and name not in REMOVED:
-            add(C, name, "WARN", "not a resident setting (typo?)", "see README.md, Configuration")
+            add(C, name, "WARN", "not a resident setting (typo?)", "see docs/tuning.md")
     return dict(facts, checks=checks)
 
 

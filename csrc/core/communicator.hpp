@@ -183,8 +183,4 @@ class Communicator : public ProxyHandler {
 // network namespaces count as different hosts).
 std::string localHostKey();
 
-// Hook for the ib transport: true when this rank and the peer can reach each other over an
-// active RDMA port. The ib transport is not built yet: always false, so remote peers use tcp.
-bool ibTransportUsable(int peer);
-
 }  // namespace resident

@@ -1,5 +1,5 @@
 // Communicator configuration: RESIDENT_* environment variables, overridable per group by
-// backend options (a string map passed from Python). Every field is documented in README.md.
+// backend options (a string map passed from Python). Every field is documented in docs/tuning.md.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,9 @@
 // Transport to ranks on other hosts over TCP (no RDMA needed). One connection per peer pair;
 // write() and signal() queue frames (tcp_frame.hpp) in a preallocated per-peer buffer, poll()
-// flushes them and applies incoming frames to the local segment. Only the proxy thread calls
-// write, signal and poll (directCapable is false), so nothing here is locked.
+// flushes them and applies incoming frames to the local segment. Only the thread running a proxy
+// pass calls write, signal and poll (directCapable is false; the communicator's pass lock makes
+// it one thread at a time: the proxy thread, or a caller waiting on its op), so nothing here is
+// locked.
 //
 // Set-up, once per group: every rank listens (port 0: ephemeral) and publishes its endpoint;
 // each rank connects to its lower-ranked tcp peers and accepts the higher ones; the connector

@@ -6,13 +6,14 @@
 // Writes from a region the owner registered with registerSource() (the GPU path's outbox, which
 // stays unchanged until the peer consumed it) are posted in place, without that copy.
 //
-// Use (the communicator's part; not wired yet):
+// Use (the communicator's part, csrc/core/ib/ib_connect.cpp):
 //   auto t = IbTransport::create(opts, rank, nranks, remote, inbox, inbox_bytes, &why);
 //   store.set(key(rank, p), t->localDescriptor(p));          for every remote peer p
 //   t->connect(p, store.get(key(p, rank)));                  for every remote peer p
 // then write()/signal() queue RDMA writes and poll() posts them (one chained post per peer) and
-// drains the completion queue. Only the proxy thread may call write/signal/poll (the proxy calls
-// poll() at the end of every pass, which is what turns a pass's triggers into one post per peer).
+// drains the completion queue. Only the thread running a proxy pass may call write/signal/poll
+// (the communicator's pass lock: the proxy thread, or a caller waiting on its op); poll() runs at
+// the end of every pass, which is what turns a pass's triggers into one post per peer.
 // Faults (a failed post, a completion with an error status, a peer that stops draining) throw
 // CommError; the transport stays failed afterwards.
 #pragma once
