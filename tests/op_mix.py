@@ -47,10 +47,7 @@ MODE_AXES = [
 
 # Op kinds torch.distributed has that the backend does not implement; test_op_mix checks that
 # each still raises, so that implementing one fails that test until it joins KINDS.
-UNSUPPORTED = {
-    "all_gather_coalesced": "dist.all_gather_coalesced (the list form, deprecated in torch) "
-                            "reaches Backend::allgather_coalesced, which resident does not override",
-}
+UNSUPPORTED: dict = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +83,8 @@ KINDS = {
     "all_gather": Kind(4),
     "all_gather_into_tensor": Kind(5),
     "all_gather_into_tensor_coalesced": Kind(2),
+    # the list form (deprecated in torch): Backend::allgather_coalesced
+    "all_gather_coalesced": Kind(1, capturable=False),
     "gather": Kind(3),
     "scatter": Kind(3),
     "reduce_scatter": Kind(3),
@@ -342,6 +341,9 @@ class _Gen:
 
     def _all_gather_into_tensor_coalesced(self, s, gs):
         self._coalesced(s, MOVE_DTYPES, lambda d: self.per_peer(d, gs))
+
+    def _all_gather_coalesced(self, s, gs):
+        self._coalesced(s, MOVE_DTYPES, lambda d: self.per_peer(d, gs), mix=False)
 
     def _gather(self, s, gs):
         self._all_gather(s, gs)

@@ -255,6 +255,29 @@ class AllGatherIntoTensorCoalesced(MixOp):
             self.same(f"o{i}", torch.cat(self.ins[i]), f"tensor {i}")
 
 
+class AllGatherCoalesced(MixOp):
+    def fill(self, k):
+        s, gs = self.spec, self.m.size
+        self.ins = []
+        for i, (dt, n) in enumerate(zip(s.dtypes, s.sizes)):
+            self.ins.append([self.data(k, f"x{i}", r, n, dt) for r in range(gs)])
+            self.put(f"x{i}", self.ins[i][self.m.me])
+            for r in range(gs):
+                self.out(f"o{i}_{r}", (n,), dt)
+
+    def issue(self, a):
+        nt, gs = len(self.spec.dtypes), self.m.size
+        outs = [[self.buf[f"o{i}_{r}"] for i in range(nt)] for r in range(gs)]
+        ins = [self.buf[f"x{i}"] for i in range(nt)]
+        return _works(dist.all_gather_coalesced(outs, ins, group=self.pg, async_op=a))
+
+    def verify(self):
+        for i in range(len(self.spec.dtypes)):
+            for r in range(self.m.size):
+                self.same(f"o{i}_{r}", self.ins[i][r], f"tensor {i} from group rank {r}")
+            self.unchanged(f"x{i}", self.ins[i][self.m.me])
+
+
 class Gather(MixOp):
     def fill(self, k):
         s = self.spec
@@ -554,6 +577,7 @@ OPS = {
     "all_gather": AllGather,
     "all_gather_into_tensor": AllGatherIntoTensor,
     "all_gather_into_tensor_coalesced": AllGatherIntoTensorCoalesced,
+    "all_gather_coalesced": AllGatherCoalesced,
     "gather": Gather,
     "scatter": Scatter,
     "reduce_scatter": ReduceScatter,

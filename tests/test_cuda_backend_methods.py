@@ -45,6 +45,8 @@ def _gather_single(rank, ws):
     import torch.distributed as dist
 
     errs = []
+    if not hasattr(dist, "gather_single"):  # the test item skips, saying why
+        return errs
     for dt, n in (("float32", 1031), ("int32", 1), ("float16", (1 << 20) // 2 + 1)):
         for root in range(ws):
             inputs = [make_input(f"cuda/gs/{dt}/{n}/{root}", r, n, dt) for r in range(ws)]
@@ -114,6 +116,11 @@ def _job(path):
 @pytest.mark.parametrize("path", C.PATHS)
 @pytest.mark.parametrize("item", ITEMS)
 def test_cuda_backend_method(item, path):
+    import torch.distributed as dist
+
+    if item == "gather_single" and not hasattr(dist, "gather_single"):
+        pytest.skip(f"this torch ({__import__('torch').__version__}) has no dist.gather_single "
+                    "(torch 2.14 has)")
     per_rank, err = _job(path)
     if err is not None:
         pytest.fail(f"the {path} job failed as a whole:\n{err}", pytrace=False)

@@ -11,8 +11,7 @@ how to rerun the seed. ``RESIDENT_OPMIX_SEEDS`` (e.g. ``1-200``) runs other seed
 ``RESIDENT_OPMIX_STEPS`` longer sequences.
 
 The other tests here check the generator itself (determinism, coverage), that each op's check
-can fail (a corrupted output is reported), and that the op kinds left out are still
-unsupported by the backend.
+can fail (a corrupted output is reported), and that no op kind the backend serves is left out.
 """
 
 from __future__ import annotations
@@ -169,7 +168,7 @@ def test_problems_of_reports_fatal_first_and_digests_that_differ():
 
 
 # --------------------------------------------------------------------------
-# The checks can fail; the kinds left out are unsupported
+# The checks can fail; no kind is left out
 # --------------------------------------------------------------------------
 
 
@@ -223,7 +222,7 @@ def _corruption_job(rank, ws):
 
     from op_mix_ops import Member, make_op
 
-    out = {"detected": {}, "unsupported": None}
+    out = {"detected": {}}
     plan = op_mix.Plan(5, ws, op_mix.CPU_CAPS, [op_mix.Group(0, tuple(range(ws)))], [], [])
     gen = op_mix._Gen(5, ws, op_mix.CPU_CAPS)
     for kind in op_mix.KINDS:
@@ -238,16 +237,10 @@ def _corruption_job(rank, ws):
         clean = op.check()
         _corrupt(op)
         out["detected"][kind] = (clean, len(op.check()), spec.describe(plan.groups))
-    try:
-        outs = [[torch.empty(3) for _ in range(ws)]]
-        dist.all_gather_coalesced(outs, [torch.ones(3)])
-        out["unsupported"] = "dist.all_gather_coalesced returned normally"
-    except RuntimeError as e:
-        out["unsupported"] = str(e)
     return out
 
 
-def test_checks_report_a_corrupted_output_and_unsupported_kinds_still_raise():
+def test_checks_report_a_corrupted_output_and_no_kind_is_left_out():
     per_rank = H.run_ranks(_corruption_job, 2, timeout_s=240, init_timeout_s=GROUP_TIMEOUT_S)
     problems = []
     for kind in op_mix.KINDS:
@@ -259,11 +252,6 @@ def test_checks_report_a_corrupted_output_and_unsupported_kinds_still_raise():
                 problems.append(f"{kind} rank {r}: the uncorrupted run has problems: {clean}")
         if not any(per_rank[r]["detected"][kind][1] for r in range(2)):
             problems.append(f"{kind}: a corrupted output passed the check ({desc})")
-    for r in range(2):
-        msg = per_rank[r]["unsupported"]
-        if "allgather_coalesced" not in msg:
-            problems.append(f"rank {r}: {msg!r}: if the backend now implements it, add the "
-                            "kind to op_mix.KINDS and op_mix_ops.OPS and drop it from "
-                            "op_mix.UNSUPPORTED")
-    assert set(op_mix.UNSUPPORTED) == {"all_gather_coalesced"}
+    # every op kind of torch.distributed the backend serves is in the mix
+    assert not op_mix.UNSUPPORTED, op_mix.UNSUPPORTED
     assert not problems, "\n".join(problems)
