@@ -9,7 +9,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -90,9 +89,6 @@ TcpTransport::TcpTransport(int rank, int nranks, unsigned char* segment, size_t 
       expected_(static_cast<size_t>(nranks), false),
       conns_(static_cast<size_t>(nranks)),
       staging_(kStagingBytes) {
-  if (const char* v = std::getenv("RESIDENT_EXP_TCP_STAGING_RECV"))
-    staging_recv_ =
-        std::min<size_t>(std::max<size_t>(std::strtoull(v, nullptr, 10), 64), kStagingBytes);
   const std::string addr = opts.bind_addr.empty() ? firstNonLoopbackIPv4() : opts.bind_addr;
   sockaddr_in sa{};
   sa.sin_family = AF_INET;

@@ -211,7 +211,7 @@ void TcpTransport::receiveFrom(int peer) {
     const bool direct = c.reader.inPayload() && c.reader.payloadRemaining() >= kDirectRecvMin;
     // Between frames, read a little (headers and small payloads, a few frames at once): a large
     // payload behind a header is then read straight into the segment, not copied from here.
-    const size_t asked = direct ? c.reader.payloadRemaining() : staging_recv_;
+    const size_t asked = direct ? c.reader.payloadRemaining() : kStagingRecvBytes;
     const ssize_t k =
         recv(c.fd.get(), direct ? c.reader.payloadDest() : staging_.data(), asked, MSG_DONTWAIT);
     if (k > 0) {

@@ -109,7 +109,9 @@ class TcpTransport : public Transport {
  private:
   static constexpr uint64_t kListenerTag = ~0ull;  // epoll tag of the listener
   static constexpr size_t kStagingBytes = size_t{64} * 1024;
-  size_t staging_recv_ = 4096;
+  // What one read between frames asks for: headers and small frames, a few at once; a larger
+  // payload then goes from the socket straight into the segment (kDirectRecvMin).
+  static constexpr size_t kStagingRecvBytes = 4096;
   enum class ConnState { kNone, kIdle, kConnecting, kAwaitAck, kOpen, kClosed };
   struct Conn {
     UniqueFd fd;
