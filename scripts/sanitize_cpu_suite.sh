@@ -14,7 +14,8 @@
 #
 # Environment: RESIDENT_SANITIZE_DIR (build and reports; default build-sanitize/ in the repo),
 # RESIDENT_SANITIZE_SKIP_BUILD=1 (reuse the last build), RESIDENT_SANITIZE_LEAKS=1 (LeakSanitizer
-# on: it then reports what Python and torch never free at exit too, so it is off by default),
+# on: it then also reports what the shells and tools the tests start never free, so it is off
+# by default),
 # MAX_JOBS (compile jobs, default 2).
 set -euo pipefail
 
@@ -38,6 +39,27 @@ fi
 # The package's Python files beside the sanitized _C (copied each run: they may have changed).
 mkdir -p "$PKG/resident_pg"
 cp "$ROOT"/resident_pg/*.py "$PKG/resident_pg/"
+# Python puts a script's directory or the working directory first on sys.path, and several tests
+# run Python in the repository, whose in-place build would win over PYTHONPATH. A finder ahead
+# of the others (installed by this sitecustomize in every Python process on PYTHONPATH) resolves
+# resident_pg to the sanitized copy, and nothing is imported before it is asked for.
+cat >"$PKG/sitecustomize.py" <<EOF
+import importlib.machinery
+import sys
+
+
+class SanitizedResidentPg:
+    """resident_pg from $PKG (scripts/sanitize_cpu_suite.sh)."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "resident_pg":
+            return importlib.machinery.PathFinder.find_spec(name, ["$PKG"])
+        return None
+
+
+sys.meta_path.insert(0, SanitizedResidentPg)
+EOF
 SO="$(ls "$PKG"/resident_pg/_C*.so 2>/dev/null | head -1)"
 [[ -n "$SO" ]] || { echo "no sanitized _C in $PKG/resident_pg" >&2; exit 2; }
 
@@ -55,13 +77,10 @@ export UBSAN_OPTIONS="log_path=$REPORTS/ubsan:print_stacktrace=1:halt_on_error=0
 export LSAN_OPTIONS="log_path=$REPORTS/lsan"
 export LD_PRELOAD="$ASAN_RT:$UBSAN_RT${LD_PRELOAD:+:$LD_PRELOAD}"
 export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
-# Python puts the working directory (here the repository, with an in-place build) first on
-# sys.path; PYTHONSAFEPATH keeps it off in every Python process, so the sanitized copy is used.
-export PYTHONSAFEPATH=1
 export RESIDENT_TEST_CXXFLAGS="$SAN_FLAGS"
 export PYTHONMALLOC=malloc  # Python's own allocator would hide its blocks from ASan
 
-echo "== resident_pg from: $(cd /tmp && python -c 'import resident_pg._C as c; print(c.__file__)')"
+echo "== resident_pg from: $(cd "$ROOT" && python -c 'import resident_pg._C as c; print(c.__file__)')"
 cd "$ROOT"
 set +e
 if [[ $# -gt 0 ]]; then
