@@ -17,6 +17,7 @@ import sys
 import pytest
 
 import resident_pg.bench_cuda as bc
+from test_bench_smoke import _resident_registered
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TCP_SIZES = [8, 1024, 8192, 65536, 262144]
@@ -310,16 +311,6 @@ def test_tables_print_each_variant_against_its_floor(docs, capsys):
     out = capsys.readouterr().out
     assert f"{7.0 / tcp_floor(8):.2f}x" in out and "gloo µs" not in out, out
     assert "tcp: tcp, gloo: none" in out
-
-
-def _resident_registered():
-    code = ("import resident_pg, torch.distributed as d; "
-            "import sys; sys.exit(0 if 'resident' in d.Backend.backend_list else 1)")
-    try:
-        return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                              timeout=120).returncode == 0
-    except Exception:
-        return False
 
 
 def test_cpu_bench_over_tcp_reports_ratio_and_target(tmp_path):
