@@ -412,7 +412,9 @@ def diagnose(env=None, root="/"):
             "on RDMA hardware yet", "if groups across hosts misbehave, set RESIDENT_TRANSPORT=tcp "
             "and report it")
     elif remote in (ext["transports"] or []):
-        add(T, "other hosts", "OK", f"{remote} ({reason}; RESIDENT_TRANSPORT=tcp|ib forces one)")
+        add(T, "other hosts", "OK", f"{remote} ({reason}; RESIDENT_TRANSPORT=tcp|ib forces one); "
+            "tcp: CPU and CUDA tensors tested between network namespaces of one host, not yet "
+            "between separate machines (docs/performance.md)")
     else:
         add(T, "other hosts", "MISSING", f"would be {remote} ({reason}), but tcp and ib are not "
             "built yet in this version (" + ("shm only in this build" if ext["loadable"] else
