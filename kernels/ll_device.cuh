@@ -156,7 +156,7 @@ struct Waiter {
 // issued only by the warp's lowest active lane, a predicate ptxas cannot see through: it turns a
 // plain atomicAdd (or atom) whose count it knows to be warp-uniform into a warp-aggregated one
 // whose shuffle waits for the result at once, which put the atomic's round trip before the payload
-// load instead of beside it (one-round kernel, session 24).
+// load instead of beside it (one-round kernel).
 __device__ __forceinline__ unsigned long long reserveTriggers(const Region& reg, uint32_t n) {
   unsigned long long pos = 0;
   asm volatile(
@@ -243,7 +243,7 @@ __device__ __forceinline__ bool pushTriggerWords(Waiter& w, unsigned long long p
 // before they go on to poll for the lines its triggers release. Without that wait a warp whose
 // lanes diverged could run its pollers first and leave thread 0's pushes a poll round trip
 // (~1.3 µs of host read on the H200) behind: the one-round kernel lost 1.1-1.6 µs per op that
-// way from 64 B (session 23). Block-uniform.
+// way from 64 B. Block-uniform.
 template <typename Push>
 __device__ __forceinline__ void pushFromThread0(Push&& push) {
   __syncthreads();

@@ -143,7 +143,7 @@ all_gpus() { env $(all_gpus_env) "$@"; }  # runs a command with those GPUs
 # of its own, stopped after SECONDS; then whatever is left of that group is killed. A pytest
 # stopped by its bound leaves its spawned ranks behind otherwise, and they keep their MPS
 # clients: the next stage's first group then fails with "CUDA-capable device(s) is/are busy or
-# unavailable" (session 27, call 1).
+# unavailable" (seen on the H200 under MPS).
 bounded() {
   local limit=$1; shift
   setsid timeout -k 15 "$limit" "$@" &

@@ -61,7 +61,7 @@ struct Config {
   // direction, launched when called (c10d/work_cuda.hpp, runCudaP2P).
   bool gpu_p2p_lazy = true;
   // RESIDENT_GPU_PROTOCOL=ll|simple: how collective rounds reach direct peers. ll: LL lines
-  // (8 payload bytes and a flag per 16 bytes); simple (default since session 30, faster on the
+  // (8 payload bytes and a flag per 16 bytes); simple (default: faster on the
   // H200 wherever it applies): ops whose first round carries more than half a chunk as payload
   // plus one flag per 2 KiB part (kernels/simple_device.cuh), LL lines below. All ranks agree.
   bool gpu_protocol_simple = true;

@@ -91,11 +91,11 @@ bool GpuCommunicator::proxyPoll() {
   // in outbox order with adjacent ranges merged (sortAndMergeWrites) whenever FIFO order requires
   // it (lines still in flight), when full, and at the end of the pass. The simple
   // protocol's flags wait for the next post and are raised right after it: a signal is ordered
-  // behind every write posted before it to the same peer. Side by side on the H200 (session 25)
+  // behind every write posted before it to the same peer. Side by side on the H200
   // this was 4-15% faster than posting each part's copy and flags as they came, from 16 KiB.
   // Unfenced LL lines to a transport that fuses (shm) skip the batch: each trigger's lines are
   // checked and copied in one pass as it is popped, one fence per pass before the batch's posts
-  // (RESIDENT_GPU_PROXY_FUSED_CHECK; H200, session 26: 14-24% faster at 16-32 KiB).
+  // (RESIDENT_GPU_PROXY_FUSED_CHECK; H200: 14-24% faster at 16-32 KiB).
   BatchWrite batch[64];
   int n = 0;
   struct Flag {
