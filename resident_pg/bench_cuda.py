@@ -337,7 +337,7 @@ CUDA_TARGETS = [
      "device": "cuda", "transport": "shm", "world_size": 2, "mode": "graph", "ops": DECODE_OPS,
      "sizes": "decode", "max_ratio": 2.0, "paths": ["direct", "proxy"]},
 ]
-# The tcp path (issue 32): every tcp peer is served by the proxy.
+# The tcp path: every tcp peer is served by the proxy.
 TCP_TARGETS = [
     {"name": "all_reduce 8 B over tcp", "device": "cuda", "transport": "tcp", "world_size": 2,
      "mode": "graph", "ops": ["all_reduce"], "sizes": [8], "max_ratio": 1.5, "paths": ["proxy"]},

@@ -67,7 +67,7 @@
 #                ($OUT/gpu_tests.log; stopped after $RESIDENT_GPU_TESTS_LIMIT_S, default 480 s;
 #                only those pytest -k "$RESIDENT_GPU_TESTS_K" selects, when set);
 #                `tests` runs everything.
-#   multi-gpu:   (issue 7; needs >= 2 GPUs, e.g. the nvidia-h200-x2 kind) one rank per GPU, no
+#   multi-gpu:   (needs >= 2 GPUs, e.g. the nvidia-h200-x2 kind) one rank per GPU, no
 #                MPS: the GPU tests at ws = number of GPUs, then the CUDA ladder of resident
 #                (direct, proxy) beside NCCL (default; NCCL_P2P_DISABLE=1; NCCL_P2P_DISABLE=1
 #                NCCL_SHM_DISABLE=1, its socket path), eager and graph, 8 B..1 MiB, all_reduce,

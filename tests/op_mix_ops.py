@@ -242,7 +242,10 @@ class AllGatherIntoTensorCoalesced(MixOp):
         for i, (dt, n) in enumerate(zip(s.dtypes, s.sizes)):
             self.ins.append([self.data(k, f"x{i}", r, n, dt) for r in range(gs)])
             self.put(f"x{i}", self.ins[i][self.m.me])
-            self.out(f"o{i}", (gs * n,), dt)
+            self.make_outputs(i, n, dt)
+
+    def make_outputs(self, i, n, dt):
+        self.out(f"o{i}", (self.m.size * n,), dt)
 
     def issue(self, a):
         with dist._coalescing_manager(group=self.pg, async_ops=a) as cm:
@@ -255,15 +258,12 @@ class AllGatherIntoTensorCoalesced(MixOp):
             self.same(f"o{i}", torch.cat(self.ins[i]), f"tensor {i}")
 
 
-class AllGatherCoalesced(MixOp):
-    def fill(self, k):
-        s, gs = self.spec, self.m.size
-        self.ins = []
-        for i, (dt, n) in enumerate(zip(s.dtypes, s.sizes)):
-            self.ins.append([self.data(k, f"x{i}", r, n, dt) for r in range(gs)])
-            self.put(f"x{i}", self.ins[i][self.m.me])
-            for r in range(gs):
-                self.out(f"o{i}_{r}", (n,), dt)
+class AllGatherCoalesced(AllGatherIntoTensorCoalesced):
+    """The list form: rank r's tensor i lands in its own output."""
+
+    def make_outputs(self, i, n, dt):
+        for r in range(self.m.size):
+            self.out(f"o{i}_{r}", (n,), dt)
 
     def issue(self, a):
         nt, gs = len(self.spec.dtypes), self.m.size

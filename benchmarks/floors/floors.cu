@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "floor_results.hpp"
+
 [[noreturn]] static void Die(const char* file, int line, const char* what, const char* why) {
   fprintf(stderr, "%s:%d: %s: %s\n", file, line, what, why);
   exit(2);
@@ -177,27 +179,6 @@ __global__ void Copy16(uint8_t* __restrict__ dst, const uint8_t* __restrict__ sr
   if (n % 16 != 0 && t == 0) {
     *reinterpret_cast<uint2*>(dst + nv * 16) = *reinterpret_cast<const uint2*>(src + nv * 16);
   }
-}
-
-struct Result {
-  std::string name, variant;
-  size_t bytes;
-  std::string unit, note;
-  bool ok;
-  double median = NAN, p10 = NAN, p90 = NAN;
-  size_t n = 0;
-};
-Result Summarize(Result r, std::vector<double> v) {
-  r.n = v.size();
-  if (v.empty()) return r;
-  std::sort(v.begin(), v.end());
-  auto q = [&](double p) {
-    const double x = p * (v.size() - 1);
-    const size_t lo = size_t(x), hi = std::min(lo + 1, v.size() - 1);
-    return v[lo] + (v[hi] - v[lo]) * (x - lo);
-  };
-  r.median = q(0.5), r.p10 = q(0.1), r.p90 = q(0.9);
-  return r;
 }
 
 double NowUs() {
@@ -463,17 +444,6 @@ Result LaunchSync(const char* name, cudaStream_t s, long iters, F launch, const 
   return Summarize({name, "", 0, "us launch+sync (host clock)", note, true}, v);
 }
 
-std::string JsonStr(const std::string& x) {
-  std::string o = "\"";
-  for (char c : x) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-  return o + "\"";
-}
-std::string JsonNum(double x) {
-  char b[32];
-  snprintf(b, sizeof(b), "%.4f", x);
-  return std::isfinite(x) ? b : "null";
-}
-
 struct Opts {
   std::vector<std::string> only;
   long iters = 10000;
@@ -495,18 +465,9 @@ void WriteJson(const std::string& path, const cudaDeviceProp& prop, const char* 
   PCK(f != nullptr);
   fprintf(f, "{\"device\": %s, \"cc\": \"%d.%d\", \"cuda_mps_pipe_directory\": %s, ",
           JsonStr(prop.name).c_str(), prop.major, prop.minor, mps ? JsonStr(mps).c_str() : "null");
-  fprintf(f, "\"iters\": %ld, \"batch\": %d, \"results\": [", iters, kBatch);
-  for (size_t i = 0; i < res.size(); ++i) {
-    const Result& r = res[i];
-    fprintf(f,
-            "%s\n  {\"name\": %s, \"variant\": %s, \"bytes\": %zu, \"median_us\": %s, "
-            "\"p10_us\": %s, \"p90_us\": %s, \"samples\": %zu, \"unit\": %s, \"ok\": %s, "
-            "\"note\": %s}",
-            i ? "," : "", JsonStr(r.name).c_str(), JsonStr(r.variant).c_str(), r.bytes,
-            JsonNum(r.median).c_str(), JsonNum(r.p10).c_str(), JsonNum(r.p90).c_str(), r.n,
-            JsonStr(r.unit).c_str(), r.ok ? "true" : "false", JsonStr(r.note).c_str());
-  }
-  fprintf(f, "\n]}\n");
+  fprintf(f, "\"iters\": %ld, \"batch\": %d, ", iters, kBatch);
+  WriteResultRows(f, res);
+  fprintf(f, "}\n");
   PCK(fclose(f) == 0);
 }
 
@@ -601,15 +562,7 @@ int main(int argc, char** argv) {
     CK(cudaGraphDestroy(g));
   }
 
-  bool all_ok = true;
-  printf("\n%-19s %-11s %8s %9s %9s %9s %6s  %s\n", "name", "variant", "bytes", "median_us",
-         "p10_us", "p90_us", "n", "note");
-  for (const Result& r : res) {
-    all_ok &= r.ok;
-    printf("%-19s %-11s %8zu %9.3f %9.3f %9.3f %6zu  %s%s\n", r.name.c_str(),
-           r.variant.empty() ? "-" : r.variant.c_str(), r.bytes, r.median, r.p10, r.p90, r.n,
-           r.ok ? "" : "FAILED ", r.note.c_str());
-  }
+  const bool all_ok = PrintResults(res);
   if (!o.json.empty()) {
     WriteJson(o.json, prop, mps, o.iters, res);
     printf("wrote %s\n", o.json.c_str());

@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "floor_results.hpp"
+
 [[noreturn]] static void Die(const char* file, int line, const char* what) {
   fprintf(stderr, "%s:%d: %s: %s\n", file, line, what, strerror(errno));
   exit(2);
@@ -446,27 +448,6 @@ bool EnterNetns(const char* ns, Side* report) {
 
 // ---- results ----
 
-struct Result {
-  std::string name, variant;
-  size_t bytes = 0;
-  std::string note;
-  bool ok = false, skipped = false;
-  double median = NAN, p10 = NAN, p90 = NAN;
-  size_t n = 0;
-};
-
-void Summarize(Result* r, std::vector<double> v) {
-  r->n = v.size();
-  if (v.empty()) return;
-  std::sort(v.begin(), v.end());
-  auto q = [&](double p) {
-    const double x = p * double(v.size() - 1);
-    const size_t lo = size_t(x), hi = std::min(lo + 1, v.size() - 1);
-    return v[lo] + (v[hi] - v[lo]) * (x - double(lo));
-  };
-  r->median = q(0.5), r->p10 = q(0.1), r->p90 = q(0.9);
-}
-
 // One placement: server and client forked (each entering its namespace first when `netns`),
 // the parent waiting on both with a deadline; one row per (receive method, size).
 void RunPlacement(const char* name, bool netns, const Opts& o, std::vector<Result>& out) {
@@ -530,8 +511,9 @@ void RunPlacement(const char* name, bool netns, const Opts& o, std::vector<Resul
       const Block& b = sh->blocks[v][s];
       Result r;
       r.name = name, r.variant = kRecvName[v], r.bytes = kSizes[s];
+      r.unit = "us one-way (round trip / 2)";
       const double* smp = sh->samples + (size_t(v) * kNumSizes + size_t(s)) * size_t(o.iters);
-      Summarize(&r, std::vector<double>(smp, smp + b.timed));
+      r = Summarize(r, std::vector<double>(smp, smp + b.timed));
       r.ok = b.client.err == kOk && b.server.err == kOk && b.timed >= kMinSamples;
       r.note = "round_trips=" + std::to_string(b.round_trips) + " client=" + ErrName(b.client.err) +
                " server=" + ErrName(b.server.err);
@@ -549,20 +531,6 @@ void RunPlacement(const char* name, bool netns, const Opts& o, std::vector<Resul
 
 // ---- output ----
 
-std::string JsonStr(const std::string& x) {
-  std::string o = "\"";
-  for (char c : x) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += (c == '\n' || c == '\t') ? ' ' : c;
-  }
-  return o + "\"";
-}
-std::string JsonNum(double x) {
-  char b[32];
-  snprintf(b, sizeof(b), "%.4f", x);
-  return std::isfinite(x) ? b : "null";
-}
-
 void WriteJson(const std::string& path, const Opts& o, const std::vector<Result>& res) {
   FILE* f = fopen(path.c_str(), "w");
   PCK(f != nullptr);
@@ -574,20 +542,9 @@ void WriteJson(const std::string& path, const Opts& o, const std::vector<Result>
   strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
   fprintf(f, "{\"program\": \"tcp_floor\", \"host\": %s, \"cpus\": %ld, \"kernel\": %s, ",
           JsonStr(host).c_str(), sysconf(_SC_NPROCESSORS_ONLN), JsonStr(u.release).c_str());
-  fprintf(f, "\"date\": \"%s\", \"iters\": %ld, \"warmup\": %ld, \"results\": [", date, o.iters,
-          o.warmup);
-  for (size_t i = 0; i < res.size(); ++i) {
-    const Result& r = res[i];
-    fprintf(f,
-            "%s\n  {\"name\": %s, \"variant\": %s, \"bytes\": %zu, \"median_us\": %s, "
-            "\"p10_us\": %s, \"p90_us\": %s, \"samples\": %zu, \"unit\": %s, \"ok\": %s, "
-            "\"skipped\": %s, \"note\": %s}",
-            i ? "," : "", JsonStr(r.name).c_str(), JsonStr(r.variant).c_str(), r.bytes,
-            JsonNum(r.median).c_str(), JsonNum(r.p10).c_str(), JsonNum(r.p90).c_str(), r.n,
-            JsonStr("us one-way (round trip / 2)").c_str(), r.ok ? "true" : "false",
-            r.skipped ? "true" : "false", JsonStr(r.note).c_str());
-  }
-  fprintf(f, "\n]}\n");
+  fprintf(f, "\"date\": \"%s\", \"iters\": %ld, \"warmup\": %ld, ", date, o.iters, o.warmup);
+  WriteResultRows(f, res);
+  fprintf(f, "}\n");
   PCK(fclose(f) == 0);
 }
 
@@ -644,20 +601,13 @@ int main(int argc, char** argv) {
     } else {
       Result r;
       r.name = "tcp_netns", r.skipped = true, r.note = "not run: " + why;
+      r.unit = "us one-way (round trip / 2)";
       res.push_back(r);
     }
     if (lock_fd >= 0) close(lock_fd);
   }
 
-  bool all_ok = true;
-  printf("\n%-13s %-10s %7s %9s %9s %9s %6s  %s\n", "name", "variant", "bytes", "median_us",
-         "p10_us", "p90_us", "n", "note");
-  for (const Result& r : res) {
-    all_ok &= r.ok || r.skipped;
-    printf("%-13s %-10s %7zu %9.3f %9.3f %9.3f %6zu  %s%s\n", r.name.c_str(),
-           r.variant.empty() ? "-" : r.variant.c_str(), r.bytes, r.median, r.p10, r.p90, r.n,
-           r.ok || r.skipped ? "" : "FAILED ", r.note.c_str());
-  }
+  const bool all_ok = PrintResults(res);
   if (!o.json.empty()) {
     WriteJson(o.json, o, res);
     printf("wrote %s\n", o.json.c_str());

@@ -8,16 +8,6 @@
 namespace resident {
 
 std::vector<std::string> allGatherStrings(BootstrapStore& store, int rank, int size,
-                                          const std::string& key, const std::string& value) {
-  store.set(key + "/" + std::to_string(rank), value);
-  std::vector<std::string> out(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) {
-    out[static_cast<size_t>(r)] = r == rank ? value : store.get(key + "/" + std::to_string(r));
-  }
-  return out;
-}
-
-std::vector<std::string> allGatherStrings(BootstrapStore& store, int rank, int size,
                                           const std::string& key, const std::string& value,
                                           uint64_t timeout_ns,
                                           const std::function<void(int)>& check) {
@@ -25,21 +15,24 @@ std::vector<std::string> allGatherStrings(BootstrapStore& store, int rank, int s
   std::vector<std::string> out(static_cast<size_t>(size));
   const uint64_t deadline = nowNs() + timeout_ns;
   for (int r = 0; r < size; ++r) {
-    if (r == rank) {
-      out[static_cast<size_t>(r)] = value;
-      continue;
-    }
+    std::string& v = out[static_cast<size_t>(r)];
     const std::string k = key + "/" + std::to_string(r);
-    while (!store.tryGet(k, &out[static_cast<size_t>(r)])) {
-      check(r);
-      if (nowNs() > deadline) {
-        throw TimeoutError("resident: rank " + std::to_string(r) +
-                           " did not reach process group creation step '" + key + "' within " +
-                           std::to_string(timeout_ns / 1000000) + " ms (rank " +
-                           std::to_string(rank) + " waited for it)");
+    if (r == rank) {
+      v = value;
+    } else if (!check) {
+      v = store.get(k);
+    } else {
+      while (!store.tryGet(k, &v)) {
+        check(r);
+        if (nowNs() > deadline) {
+          throw TimeoutError("resident: rank " + std::to_string(r) +
+                             " did not reach process group creation step '" + key + "' within " +
+                             std::to_string(timeout_ns / 1000000) + " ms (rank " +
+                             std::to_string(rank) + " waited for it)");
+        }
+        timespec ts{0, 1000000};
+        nanosleep(&ts, nullptr);
       }
-      timespec ts{0, 1000000};
-      nanosleep(&ts, nullptr);
     }
   }
   return out;

@@ -23,15 +23,14 @@ class BootstrapStore {
   }
 };
 
-// Every rank publishes `value` under `key`; returns all ranks' values, indexed by rank.
-std::vector<std::string> allGatherStrings(BootstrapStore& store, int rank, int size,
-                                          const std::string& key, const std::string& value);
-// The same, polling for each missing value (tryGet every millisecond), so that a rank that died
-// is noticed: `check(r)` runs between polls while rank r's value is missing and throws to give
-// up. Throws TimeoutError naming the missing ranks after `timeout_ns`.
+// Every rank publishes `value` under `key`; returns all ranks' values, indexed by rank. Without
+// `check`, each missing value is waited for in get() (the store's timeout). With it, missing
+// values are polled (tryGet every millisecond) so that a rank that died is noticed: `check(r)`
+// runs between polls while rank r's value is missing and throws to give up; TimeoutError after
+// `timeout_ns`.
 std::vector<std::string> allGatherStrings(BootstrapStore& store, int rank, int size,
                                           const std::string& key, const std::string& value,
-                                          uint64_t timeout_ns,
-                                          const std::function<void(int)>& check);
+                                          uint64_t timeout_ns = 0,
+                                          const std::function<void(int)>& check = {});
 
 }  // namespace resident

@@ -125,8 +125,8 @@ class Communicator : public ProxyHandler {
   void connectTcp(BootstrapStore& store, const std::vector<std::string>& endpoints, bool group_tcp,
                   uint64_t timeout_ms);
   void deliverTcpEvents();
-  // Peers gone (core/peer_monitor.hpp): a failed one poisons the group, one that left fails
-  // the ops that wait on it. Proxy pass only.
+  // Peers gone (core/peer_monitor.hpp, tcp's closed connections): the ops that still need one
+  // fail (Engine::markPeerLost). Proxy pass only.
   void checkPeers();
   void peerFailed(int dead, const std::string& reason);
   // Writes this rank's state word into every peer's inbox (kPeerStateLeft or failedState()).

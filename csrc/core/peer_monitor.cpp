@@ -4,9 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 
 #include "core/log.hpp"
@@ -28,13 +26,14 @@ PeerMonitor::PeerMonitor(int rank, const std::vector<PeerInfo>& peers, const uns
       left_(peers.size(), 0),
       failed_(peers.size(), 0),
       exited_(peers.size(), 0) {
+  fds_.reserve(peers.size());
+  fd_peer_.reserve(peers.size());
   for (size_t p = 0; p < peers_.size(); ++p) {
     if (static_cast<int>(p) == rank_ || !peers_[p].same_host || peers_[p].pid <= 0) continue;
     const long fd = syscall(SYS_pidfd_open, peers_[p].pid, 0);
     if (fd >= 0) {
       pidfd_[p] = static_cast<int>(fd);
     } else {
-      pidfds_ok_ = false;
       RLOG_INFO("rank %d: no pidfd for rank %zu (pid %d): %s; watching /proc instead", rank_, p,
                 peers_[p].pid, std::strerror(errno));
       if (errno == ESRCH) exited_[p] = 1;  // already gone: reported at the first poll
@@ -52,19 +51,27 @@ std::string PeerMonitor::who(int peer) const {
   return info.name + " (pid " + std::to_string(info.pid) + " on " + info.host + ")";
 }
 
-bool PeerMonitor::processExited(int peer) {
-  const size_t p = static_cast<size_t>(peer);
-  if (exited_[p]) return true;
-  if (pidfd_[p] >= 0) {
-    pollfd f{pidfd_[p], POLLIN, 0};
-    if (::poll(&f, 1, 0) > 0 && (f.revents & (POLLIN | POLLHUP | POLLERR)) != 0) exited_[p] = 1;
-  } else if (peers_[p].same_host && peers_[p].pid > 0) {
-    if (processHasExited(peers_[p].pid)) exited_[p] = 1;
+void PeerMonitor::refreshExits() {
+  fds_.clear();
+  fd_peer_.clear();
+  for (size_t p = 0; p < peers_.size(); ++p) {
+    if (exited_[p] || static_cast<int>(p) == rank_ || !peers_[p].same_host || peers_[p].pid <= 0)
+      continue;
+    if (pidfd_[p] >= 0) {
+      fds_.push_back(pollfd{pidfd_[p], POLLIN, 0});
+      fd_peer_.push_back(static_cast<int>(p));
+    } else if (processHasExited(peers_[p].pid)) {
+      exited_[p] = 1;
+    }
   }
-  return exited_[p] != 0;
+  if (fds_.empty() || ::poll(fds_.data(), fds_.size(), 0) <= 0) return;
+  for (size_t k = 0; k < fds_.size(); ++k)
+    if ((fds_[k].revents & (POLLIN | POLLHUP | POLLERR)) != 0)
+      exited_[static_cast<size_t>(fd_peer_[k])] = 1;
 }
 
 void PeerMonitor::poll(std::vector<Event>& out) {
+  refreshExits();
   for (int p = 0; p < static_cast<int>(peers_.size()); ++p) {
     const size_t i = static_cast<size_t>(p);
     if (p == rank_ || failed_[i]) continue;
@@ -84,7 +91,7 @@ void PeerMonitor::poll(std::vector<Event>& out) {
       out.push_back(
           Event{p, false, -1, "resident: " + who(p) + " destroyed its process group (or exited)"});
     }
-    if (!left_[i] && processExited(p)) {
+    if (!left_[i] && exited_[i]) {
       failed_[i] = 1;
       out.push_back(Event{p, true, p,
                           "resident: " + who(p) +

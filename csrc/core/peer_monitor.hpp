@@ -7,6 +7,8 @@
 // Network transports report closed connections themselves (tcp_transport.hpp).
 #pragma once
 
+#include <poll.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -35,12 +37,15 @@ class PeerMonitor {
   // once as failed. Cheap: one poll() over the pidfds and a load per peer.
   void poll(std::vector<Event>& out);
   // Whether `peer`'s process is known to have exited (same-host peers only).
-  bool exited(int peer) { return processExited(peer); }
-  // Whether the same-host peers' exits are watched through pidfds (false: /proc fallback).
-  bool usesPidfds() const { return pidfds_ok_; }
+  bool exited(int peer) {
+    refreshExits();
+    return exited_[static_cast<size_t>(peer)] != 0;
+  }
 
  private:
-  bool processExited(int peer);
+  // Marks the same-host peers whose process exited: one poll() over the pidfds (and /proc for
+  // a peer without one).
+  void refreshExits();
   std::string who(int peer) const;
 
   const int rank_;
@@ -49,7 +54,8 @@ class PeerMonitor {
   const InboxLayout layout_;
   std::vector<int> pidfd_;  // -1: not same host, or no pidfd
   std::vector<uint8_t> left_, failed_, exited_;
-  bool pidfds_ok_ = true;
+  std::vector<pollfd> fds_;  // refreshExits' poll set and the peers it watches (reused)
+  std::vector<int> fd_peer_;
 };
 
 }  // namespace resident
