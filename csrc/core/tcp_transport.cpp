@@ -58,6 +58,18 @@ bool TcpTransport::connected(int peer) const {
   return conns_[static_cast<size_t>(peer)].state == ConnState::kOpen;
 }
 
+std::string TcpTransport::peerState(int peer) const {
+  const Conn& c = conns_[static_cast<size_t>(peer)];
+  if (c.state != ConnState::kOpen) return "tcp connection closed";
+  std::string s = "tcp: " + std::to_string(c.out.size()) + " B queued to send, " +
+                  std::to_string(c.reader.frames()) + " frames taken in, ";
+  if (c.reader.inPayload())
+    s += "inside a payload (" + std::to_string(c.reader.payloadRemaining()) + " B to come)";
+  else
+    s += c.reader.atBoundary() ? "between frames" : "inside a frame header";
+  return s;
+}
+
 std::vector<TcpTransport::Event> TcpTransport::takeEvents() {
   std::vector<Event> out;
   out.swap(events_);

@@ -102,6 +102,7 @@ class TcpTransport : public Transport {
   void shutdown();
 
   bool connected(int peer) const;
+  std::string peerState(int peer) const override;
   // How errors name ranks (index: group rank), e.g. "rank 5 (group rank 1)"; default "rank r".
   void setRankNames(std::vector<std::string> names);
   uint64_t rejectedConnections() const { return rejected_; }

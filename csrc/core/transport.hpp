@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/ll_line_check.hpp"
 
@@ -57,6 +58,9 @@ class Transport {
   // instead of copying it first. It must stay allocated while the group can still write.
   // False: not taken (writes from it are copied like any others).
   virtual bool registerSource(const void* /*base*/, size_t /*bytes*/) { return false; }
+  // What the connection to `peer` holds now (queued and partly received bytes), for the log
+  // of a failure; empty where there is nothing to say (shm).
+  virtual std::string peerState(int /*peer*/) const { return {}; }
 };
 
 }  // namespace resident

@@ -104,6 +104,8 @@ class GpuCommunicator : public ProxyHandler {
   uint32_t fenceTriggers(uint64_t first_round_bytes) const;
   uint32_t blocksFor(uint64_t first_round_bytes) const;
   void writeTrace();  // RESIDENT_GPU_PROXY_TRACE, at shutdown
+  // Logs, when a kernel gave up, the state of each proxied peer's inbox slots and connection.
+  void logWaitState() const;
 
   Communicator& comm_;
   const int rank_, nranks_;

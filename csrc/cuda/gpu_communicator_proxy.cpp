@@ -1,6 +1,7 @@
 // The proxy side of the CUDA path: drains the trigger FIFO that the kernels fill (mapped host
 // memory), checks the lines of unfenced triggers, and posts the writes through the transport.
 // Runs on the communicator's resident proxy thread (GpuCommunicator is its extra poller).
+#include <cstring>
 #include <string>
 
 #include "core/clock.hpp"
@@ -34,6 +35,48 @@ bool GpuCommunicator::linesArrived(const unsigned char* lines, uint64_t bytes,
     }
   }
   return true;
+}
+
+void GpuCommunicator::logWaitState() const {
+  // What the failed rank's side of each proxied peer looks like: the flags in its inbox slots
+  // (lines whose two flags agree, by value, and torn ones) and what the transport holds.
+  const GpuLayout& lay = comm_.gpuLayout();
+  const unsigned char* region = comm_.segmentBase() + comm_.gpuRegionOffset();
+  auto slotFlags = [&](const unsigned char* lines, size_t bytes) {
+    uint32_t first = 0, last = 0;
+    size_t first_n = 0, last_n = 0, torn = 0;
+    for (size_t off = 0; off + 16 <= bytes; off += 16) {
+      uint32_t f0, f1;
+      std::memcpy(&f0, lines + off + 4, 4);
+      std::memcpy(&f1, lines + off + 12, 4);
+      if (f0 != f1) {
+        ++torn;
+      } else if (off == 0 || f0 == first) {
+        first = f0;
+        ++first_n;
+      } else {
+        if (f0 != last) last_n = 0;
+        last = f0;
+        ++last_n;
+      }
+    }
+    return "flag " + std::to_string(first) + " x" + std::to_string(first_n) + ", then flag " +
+           std::to_string(last) + " x" + std::to_string(last_n) + ", torn " + std::to_string(torn);
+  };
+  RLOG_ERROR("rank %d: host callers waiting on CPU ops of the group: %s", rank_,
+             comm_.engine().hasWaiters() ? "yes" : "no");
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_ || ((region_.proxied >> p) & 1) == 0) continue;
+    std::string s = "rank " + std::to_string(rank_) + " from rank " + std::to_string(p) + ":";
+    for (uint32_t slot = 0; slot < GpuLayout::kCollSlots; ++slot)
+      s += " coll slot " + std::to_string(slot) + ": " +
+           slotFlags(region + lay.collIn(p) + slot * lay.slotBytes(), lay.slotBytes()) + ";";
+    for (uint32_t slot = 0; slot < GpuLayout::kCollSlots; ++slot)
+      s += " sent coll slot " + std::to_string(slot) + ": " +
+           slotFlags(outbox_host_ + lay.outColl(p) + slot * lay.slotBytes(), lay.slotBytes()) + ";";
+    s += " " + comm_.transport().peerState(p);
+    RLOG_ERROR("%s", s.c_str());
+  }
 }
 
 bool GpuCommunicator::forwardCredits() {
@@ -192,6 +235,7 @@ bool GpuCommunicator::proxyPoll() {
     if (!err.empty()) {
       error_logged_.store(true);
       RLOG_ERROR("%s", err.c_str());
+      logWaitState();
       comm_.engine().poison(err);
     }
   }
