@@ -187,7 +187,7 @@ def test_cuda_tables_and_targets_from_the_h200_run(capsys):
 
 
 def test_cuda_targets_judge_the_default_configuration_only():
-    """An A/B run (session 18: RESIDENT_GPU_PROTOCOL=simple beside the default): the 64 KiB
+    """An A/B run (RESIDENT_GPU_PROTOCOL=simple beside the default): the 64 KiB
     all_reduce target is judged on the default cells (12.67 us = 2.01x), not on the slower
     variant's (16.83 us = 2.66x), which the tables still show."""
     import gzip
@@ -210,9 +210,9 @@ def test_cuda_targets_judge_the_default_configuration_only():
 
 
 def test_cross_process_floor_is_the_lowest_flag_kind():
-    """The floors JSON of session 21 has the cross-process flag measured two ways (acquire/release
+    """A floors JSON with the cross-process flag measured two ways (acquire/release
     2.149 us, LL line 2.003 us): the 8 B floor is the lower, and a file with only the
-    acquire/release row (earlier runs) still gives that row."""
+    acquire/release row still gives that row."""
     import resident_pg.bench_cuda as bc
     data = os.path.join(REPO, "tests", "data")
     floors = bc.load_floors(os.path.join(data, "floors_llflag_h200_2026-11-30.json"))

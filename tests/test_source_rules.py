@@ -3,7 +3,7 @@
 No iostreams: the extension shares its process with torch, and libstdc++ stream code in the
 extension has clashed with the host's on the GPU machine (torch 2.11; the note in `localHostKey`,
 csrc/core/communicator.cpp), and the proxy trace's ofstream crashed both ranks with SIGSEGV at
-shutdown, leaving an empty file (session 27).
+shutdown, leaving an empty file.
 The core uses stdio (fopen/fprintf/fgets) for files and the logger for messages.
 """
 import pathlib
