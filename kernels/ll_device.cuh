@@ -44,7 +44,7 @@ __device__ __forceinline__ uint64_t loadVolatile64(const void* p) {
 // block's after a barrier) see what the writer stored before its release (a system-scope fence
 // and the flag store, or the proxy's transport signal). Cheaper than a volatile load followed by
 // a system-scope fence, which also waits for this thread's own stores still in flight (H200:
-// ~2 us of a 64 KiB all_reduce, scripts/ar64k_probe.cu).
+// ~2 us of a 64 KiB all_reduce, benchmarks/probes/ar64k_probe.cu).
 __device__ __forceinline__ uint64_t loadAcquire64(const void* p) {
   uint64_t v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");

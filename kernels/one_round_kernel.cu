@@ -13,11 +13,11 @@
 // the proxied partners' trigger words. After the wait a thread works from registers (its words,
 // its lines to and from the first partner: a block's only one at 2 ranks) and, for further
 // partners, from the plan in shared memory: it loads its word, stores its lines, hands the
-// triggers to the proxy and polls. On the H200 (session 24) that took the proxied 8 B
-// all_reduce from ~4.0 to ~3.4 µs (840 instruction slots had separated the wait from the line
-// store, now 162). The general kernel (collective_body.cuh: rounds, per-dtype dispatch, ~17k
-// instructions) takes ~1 µs more at 8 B on both paths (scripts/ar8_probe.cu,
-// scripts/proxy8_probe.cu; sessions 22-24 in benchmarks/RESULTS.md).
+// triggers to the proxy and polls. On the H200 the proxied 8 B all_reduce takes ~3.4 µs this
+// way, against ~4.0 µs with 840 instruction slots between the wait and the line store (162
+// here). The general kernel (collective_body.cuh: rounds, per-dtype dispatch, ~17k
+// instructions) takes ~1 µs more at 8 B on both paths (benchmarks/probes/ar8_probe.cu and
+// proxy8_probe.cu: `bash scripts/device_run.sh ar8-probe proxy8-probe`).
 // The lines, slots and trigger ranges are the general kernel's round 0 (same layout and
 // generations), so that ops of either kernel follow each other on a group.
 #include <cuda_runtime.h>

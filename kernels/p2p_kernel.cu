@@ -47,11 +47,12 @@ __device__ inline uint32_t advanceEarly(uint32_t* round, uint32_t* blocks_read, 
 // Flow control before round g: the receiver must have consumed round g - 2 (same slot). Only
 // block 0 reads the credit word in host memory and publishes it in device memory, where the
 // other blocks poll: uncached reads of one host address from many blocks at once are served one
-// after another (~1 us each on the H200 host: 30.7 us for 32 blocks, scripts/ll_poll_probe.cu),
-// so a 64 KiB send over 16 blocks spent ~15 us here (31 -> 12.7 us one-way, session 20). Block 0
-// takes part in every round (part 0 always has a line), so the others never wait on a block that
-// has left. Thread 0 of a block only. `early` (block 0, or null): a read of the credit word
-// made before the wait for the previous kernel; credits only grow, so it is a safe lower bound.
+// after another (~1 us each on the H200 host: 30.7 us for 32 blocks,
+// benchmarks/probes/ll_poll_probe.cu), so a 64 KiB send over 16 blocks spent ~15 us here (31
+// against 12.7 us one-way). Block 0 takes part in every round (part 0 always has a line), so the
+// others never wait on a block that has left. Thread 0 of a block only. `early` (block 0, or null):
+// a read of the credit word made before the wait for the previous kernel; credits only grow, so it
+// is a safe lower bound.
 __device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, uint32_t g,
                                   const uint32_t* early) {
   const Region& reg = w.reg;
@@ -72,7 +73,7 @@ __device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, ui
   // Block 0 is the cache's only writer while the channel's kernel runs (a channel's kernels run
   // one after another, see advanceEarly), so a plain store, and block 0 decides on the value it
   // read: an atomic or a re-read would put an L2 round trip on the path of every send (with an
-  // atomicCAS here the 8 B send/recv read 4.76 us, session 20; 4.05 us before).
+  // atomicCAS here the 8 B send/recv read 4.76 us against 4.05 us, H200, bench-p2p).
   uint32_t known = *cached;
   if (early != nullptr && static_cast<int32_t>(*early - known) > 0) *cached = known = *early;
   if (reached(known, g - 2)) return true;

@@ -31,9 +31,8 @@ RESIDENT_HOST_DEVICE_INLINE uint32_t partsOf(uint32_t bytes) {
 // line for every part of the round before it. Why: a slot is rewritten two rounds later (by
 // the next op, after a last round) once the writer received the round in between, which the
 // reader sends per part only after it consumed the slot's part; a part missing from the
-// round in between would leave the writer free to overwrite it unread (the likely cause of a
-// failure on the H200 with the simple protocol, session 18: a 1 MiB all_reduce read wrong data,
-// then the next op timed out).
+// round in between would leave the writer free to overwrite it unread (on the H200 with the
+// simple protocol that made a 1 MiB all_reduce read wrong data, then the next op time out).
 RESIDENT_HOST_DEVICE_INLINE uint32_t exchangedParts(uint64_t total, uint32_t r, uint32_t chunk) {
   const uint32_t n = partsOf(roundBytes(total, r, chunk));
   if (r == 0) return n;

@@ -21,7 +21,8 @@
 // flag words (older rounds of the slot hold older generations), so neither is mistaken for the
 // other. Per op, not per round: LL lines of part 0 cover the flags of parts 1..63 of the
 // round two before in the same slot, which other blocks may not have read yet (a short LL last
-// round after simple rounds: one of the two likely causes of the H200 failure of session 18);
+// round after simple rounds: one of the two ways a 1 MiB all_reduce read wrong data on the
+// H200);
 // between ops the slot's earlier round was consumed whole (exchangedParts). The decision needs no
 // coordination: both sides of a pair compute it from the op's byte counts in both directions and
 // the pair's rule (simplePair: direct both ways, or proxied in at least one direction; all ranks

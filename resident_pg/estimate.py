@@ -1,6 +1,6 @@
 """Estimate the share of a decode step that resident saves, from measured latency curves.
 
-    python -m resident_pg.estimate benchmarks/data/bench_cuda_h200_ws2_2026-11-29.json \\
+    python -m resident_pg.estimate tests/data/bench_cuda_ws2_h200_2026-11-29.json \\
         --resident path=direct,mode=graph --baseline-us 25
     python -m resident_pg.estimate ours.json --baseline nccl_net.json --compute-ms llama-3.1-8b=3.1
 

@@ -166,11 +166,11 @@ def test_cuda_tables_and_targets_from_the_h200_run(capsys):
     import gzip
 
     import resident_pg.bench_cuda as bc
-    data = os.path.join(REPO, "benchmarks", "data")
-    ladder = os.path.join(data, "bench_cuda_h200_ws248_run2_2026-11-29.json.gz")
+    data = os.path.join(REPO, "tests", "data")
+    ladder = os.path.join(data, "bench_cuda_ws248_h200_2026-11-29.json.gz")
     with gzip.open(ladder, "rt") as f:
         doc = json.load(f)
-    floors = bc.load_floors(os.path.join(data, "floors_h200_mps_s11run2_2026-11-29.json"))
+    floors = bc.load_floors(os.path.join(data, "floors_h200_2026-11-29.json"))
     rows = [dict(r) for r in doc["results"]]
     bc.annotate_rows(rows, floors)
     variants = ["resident:path=direct", "resident:path=proxy"]
@@ -187,16 +187,16 @@ def test_cuda_tables_and_targets_from_the_h200_run(capsys):
 
 
 def test_cuda_targets_judge_the_default_configuration_only():
-    """An A/B run (session 18: RESIDENT_GPU_PROTOCOL=simple beside the default): the 64 KiB
+    """An A/B run (RESIDENT_GPU_PROTOCOL=simple beside the default): the 64 KiB
     all_reduce target is judged on the default cells (12.67 us = 2.01x), not on the slower
     variant's (16.83 us = 2.66x), which the tables still show."""
     import gzip
 
     import resident_pg.bench_cuda as bc
-    data = os.path.join(REPO, "benchmarks", "data")
-    with gzip.open(os.path.join(data, "bench_protocol_h200_s18_2026-11-30.json.gz"), "rt") as f:
+    data = os.path.join(REPO, "tests", "data")
+    with gzip.open(os.path.join(data, "bench_protocol_ab_h200_2026-11-30.json.gz"), "rt") as f:
         doc = json.load(f)
-    floors = bc.load_floors(os.path.join(data, "floors_h200_s18_2026-11-30.json"))
+    floors = bc.load_floors(os.path.join(data, "floors_h200_2026-11-30.json"))
     rows = [dict(r) for r in doc["results"]]
     bc.annotate_rows(rows, floors)
     assert any(r.get("env_options") for r in rows) and any(not r.get("env_options") for r in rows)
@@ -210,15 +210,15 @@ def test_cuda_targets_judge_the_default_configuration_only():
 
 
 def test_cross_process_floor_is_the_lowest_flag_kind():
-    """The floors JSON of session 21 has the cross-process flag measured two ways (acquire/release
+    """A floors JSON with the cross-process flag measured two ways (acquire/release
     2.149 us, LL line 2.003 us): the 8 B floor is the lower, and a file with only the
-    acquire/release row (earlier runs) still gives that row."""
+    acquire/release row still gives that row."""
     import resident_pg.bench_cuda as bc
-    data = os.path.join(REPO, "benchmarks", "data")
-    floors = bc.load_floors(os.path.join(data, "floors_call3_h200_s21_2026-11-30.json"))
+    data = os.path.join(REPO, "tests", "data")
+    floors = bc.load_floors(os.path.join(data, "floors_llflag_h200_2026-11-30.json"))
     assert abs(floors["cross_process_flag_us"] - 2.0032) < 1e-9
     assert bc.floor_for(floors, 8) == (floors["cross_process_flag_us"], bc.XP_FLOOR)
-    older = bc.load_floors(os.path.join(data, "floors_h200_s18_2026-11-30.json"))
+    older = bc.load_floors(os.path.join(data, "floors_h200_2026-11-30.json"))
     rows = [r for r in older["contents"]["results"] if r["name"] == bc.XP_FLOOR]
     assert len(rows) == 1 and older["cross_process_flag_us"] == float(rows[0]["median_us"])
 

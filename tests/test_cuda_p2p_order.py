@@ -15,7 +15,7 @@ Cases (pairs (r, r^1) or a ring: recv from r-1, send to r+1; ws 2 and 4; both pa
 spawned job per (ws, path), each case its own item, see cuda_harness.GpuJobCache):
  1. irecv, then isend, then both waits, on both ranks (8 B, 4 KiB, 1 MiB + 3 elements:
     many 64 KiB rounds, beyond the 2-round credit window). Kept first: as a process's first
-    ops it caught the send kernel's lazy load waiting for the spinning recv (session 14);
+    ops it caught the send kernel's lazy load waiting for the spinning recv;
  2. three 1 MiB + 3 isends before three irecvs on both ranks; waits in reverse;
  3. batch_isend_irecv([irecv, isend]) on every rank (ring), sizes as in 1;
  4. isend/irecv, then a checked float32 all_reduce (blocking or async), then the waits;

@@ -15,11 +15,11 @@ import pytest
 from resident_pg import estimate as est
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-H200 = os.path.join(REPO, "benchmarks", "data", "bench_cuda_h200_ws2_2026-11-29.json")
-CPU16 = os.path.join(REPO, "benchmarks", "data", "bench_cpu_h200host_2026-11-29.json")
-H200_248 = os.path.join(REPO, "benchmarks", "data",
-                        "bench_cuda_h200_ws248_run2_2026-11-29.json.gz")
-NCCL_A40 = os.path.join(REPO, "benchmarks", "data", "baseline_nccl_graph_allreduce_a40_edr.json")
+H200 = os.path.join(REPO, "tests", "data", "bench_cuda_ws2_h200_2026-11-29.json")
+CPU16 = os.path.join(REPO, "tests", "data", "bench_cpu_h200host_2026-11-29.json")
+H200_248 = os.path.join(REPO, "tests", "data",
+                        "bench_cuda_ws248_h200_2026-11-29.json.gz")
+NCCL_A40 = os.path.join(REPO, "tests", "data", "baseline_nccl_graph_allreduce_a40_edr.json")
 SIZES = (8, 1024, 65536, 1 << 20)
 OPS = ("all_reduce", "all_to_all_single", "send_recv")
 

@@ -31,7 +31,7 @@ def test_cpp_sources_are_clang_formatted():
         pytest.skip("clang-format not installed (the set-up command installs it)")
     files = []
     for d in ("csrc/core", "csrc/core/ib", "csrc/cuda", "csrc/c10d", "kernels", "tests/cpp",
-              "benchmarks/floors"):
+              "benchmarks/floors", "benchmarks/probes"):
         full = os.path.join(ROOT, d)
         if os.path.isdir(full):
             files += [os.path.join(full, f) for f in sorted(os.listdir(full))

@@ -1,9 +1,10 @@
 // The proxy's check of LL lines that a GPU wrote into mapped host memory without a fence (an
 // unfenced kLines trigger): how many of a range's leading 16-byte lines carry the flag. The
 // lines were written by PCIe writes, so each cache line is a miss; one core reading them in
-// order is bound by its outstanding misses (~7 GB/s on the H200 host, session 26's proxy
-// trace), so the check asks for the lines `prefetch` bytes ahead of the one it compares. The
-// fused form (copyLandedLlLines) also copies each line it checked.
+// order is bound by its outstanding misses (~7 GB/s on the H200 host, in the proxy's
+// timeline: RESIDENT_GPU_PROXY_TRACE, `bash scripts/device_run.sh proxy-trace`), so the check asks
+// for the lines `prefetch` bytes ahead of the one it compares. The fused form (copyLandedLlLines)
+// also copies each line it checked.
 #pragma once
 
 #include <cstdint>

@@ -42,7 +42,7 @@ class ProxyTrace {
     static const char* const kNames[] = {"pop_lines", "pop_copy", "pop_flag",
                                          "posted",    "flags",    "credit"};
     // stdio, not iostreams (see localHostKey): an ofstream here crashed both ranks with
-    // SIGSEGV on the GPU machine (torch 2.11), the file left empty (session 27).
+    // SIGSEGV on the GPU machine (torch 2.11), the file left empty.
     FILE* f = std::fopen(path.c_str(), "w");
     if (f == nullptr) return false;
     std::fprintf(f, "# t_ns\tevent\tpeer\tbytes\t(dropped %llu)\n",

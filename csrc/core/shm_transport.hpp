@@ -29,10 +29,10 @@ class ShmTransport : public Transport {
   bool directCapable(int peer) const override { return inboxes_[peer] != nullptr; }
 
  private:
-  // Below 1 KiB a cached copy is the faster one (H200, session 21: an 8 B all_reduce's 16-byte
-  // line took ~0.3 us longer end to end with non-temporal stores and their fence; from 4 KiB
-  // payloads on they win, 7-24% at 64-256 KiB; session 26: the fused check and copy likewise
-  // cost the 8 B cells 0.1-0.3 us).
+  // Below 1 KiB a cached copy is the faster one (H200, `bash scripts/device_run.sh bench-ab`:
+  // an 8 B all_reduce's 16-byte line took ~0.3 us longer end to end with non-temporal stores
+  // and their fence; from 4 KiB payloads on they win, 7-24% at 64-256 KiB; the fused check and
+  // copy with non-temporal stores likewise cost the 8 B cells 0.1-0.3 us).
   static constexpr size_t kStreamingMinBytes = 1024;
   std::vector<unsigned char*> inboxes_;
 };

@@ -1,7 +1,7 @@
 // A copy whose stores bypass this CPU's caches (non-temporal), for bytes that a device reads
 // next over PCIe: a GPU read of a line still dirty in a CPU cache is served by a snoop, slower
-// than one from memory (scripts/proxy_copy_probe.cu). Where the CPU has no such stores (not
-// x86-64), a plain memcpy.
+// than one from memory (benchmarks/probes/proxy_copy_probe.cu). Where the CPU has no such stores
+// (not x86-64), a plain memcpy.
 #pragma once
 
 #include <atomic>

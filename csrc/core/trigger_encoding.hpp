@@ -35,7 +35,7 @@ enum class TriggerKind : uint32_t { kCopy = 0, kLines = 1, kFlag = 2 };
 // Bytes between the simple protocol's flag lines of consecutive parts: a cache line each.
 // Packed 16 bytes apart, four blocks' flags shared a line, and the writers' partial-line writes
 // and the readers' polls of one line cost a 2-rank 64 KiB all_reduce on the H200 ~5.5 us
-// (15.5 against 10.1 us, scripts/ar64k_probe.cu, session 30).
+// (15.5 against 10.1 us, benchmarks/probes/ar64k_probe.cu).
 constexpr uint64_t kSimpleFlagStride = 64;
 
 // Lap 0 expects the bit set, so zero-initialised memory reads as empty.

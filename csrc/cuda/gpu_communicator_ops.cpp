@@ -49,10 +49,11 @@ uint32_t GpuCommunicator::blocksFor(uint64_t first_round_bytes) const {
 
 // Checked triggers pay off for small ops (the proxy starts on the lines while they land); from
 // RESIDENT_GPU_TRIGGER_FENCE_FROM (64 KiB, a full chunk) bytes per peer and round those ops
-// fence on the device. Since the proxy checks and copies a line in one pass (fused check),
+// fence on the device. With the proxy checking and copying a line in one pass (fused check),
 // unfenced rounds of 32 KiB per peer read 5-22% faster than fenced ones in both repetitions
-// of one run (H200, benchmarks/RESULTS.md); at 64 KiB per peer the two were
-// within 4%, and before the fused check unfenced was 31% slower there.
+// of one run (H200, `bash scripts/device_run.sh bench-ab` with RESIDENT_GPU_TRIGGER_FENCE_FROM
+// variants as RESIDENT_AB_BACKENDS); at 64 KiB per peer the two were within 4%, and with a
+// separate check and copy unfenced was 31% slower there.
 uint32_t GpuCommunicator::fenceTriggers(uint64_t first_round_bytes) const {
   return region_.trigger_fence != 0 || first_round_bytes >= fence_from_ ? 1u : 0u;
 }

@@ -6,7 +6,7 @@
 // (g - 1) & 1 of the receiver once the slot's credit has reached g - 2; a receiver agent waits for
 // its part of round g and consumes it, and the last of the round's parts with lines returns
 // credit g. The protocol is chosen per message from its first round (simplePair: LL lines, or
-// payload + flags since session 28), so LL and simple rounds of different sizes alternate in a
+// payload + flags), so LL and simple rounds of different sizes alternate in a
 // slot. Checked on random schedules:
 //  - no write overlaps bytes of the receiver's slot that hold another generation not yet
 //    consumed;

@@ -10,8 +10,8 @@
 // The bytes of a slot: part j as LL lines at [4096 j, 4096 j + 16 lines); with the simple
 // protocol its payload at [chunk + 2048 j, ...) and its flag line at [64 j, 64 j + 16)
 // (kSimpleFlagStride).
-// As a check that the model can fail, the rules before session 18 (parts per round, protocol
-// per round) must show a violation: they lost data on the H200 (benchmarks/RESULTS.md).
+// As a check that the model can fail, the unsafe rules (parts per round, protocol per round)
+// must show a violation: they lost data on the H200 (a 1 MiB all_reduce read wrong data).
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -28,7 +28,7 @@ namespace g = resident::gpu;
 namespace {
 
 struct Rules {
-  bool current;    // false: the rules before session 18
+  bool current;    // false: the unsafe rules (parts and protocol per round)
   uint32_t above;  // simple above this many first-round bytes (Region::simple_above)
   uint32_t chunk;
 };

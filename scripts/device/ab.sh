@@ -1,0 +1,74 @@
+# Sourced by scripts/device_run.sh: variants side by side in one run (2 ranks, graph mode unless
+# said, ratios to this call's floors), so that machine noise between runs cannot decide.
+# stage bench-ab: the defaults beside RESIDENT_GPU_PREFETCH=0 and (proxy) RESIDENT_GPU_PROXY_STREAMING=0 and RESIDENT_GPU_TRIGGER_FENCE=1 ($OUT/bench_ab.json, ~1 min; RESIDENT_AB_BACKENDS, RESIDENT_AB_SIZES).
+# stage bench-ab-tree: this tree against the one in RESIDENT_AB_TREE, alternately, RESIDENT_AB_TREE_RUNS rounds (default 2) ($OUT/bench_ab_tree_{this,other}_N.json, ~1.5 min to build the other tree).
+# stage bench-protocol: RESIDENT_GPU_PROTOCOL simple (the default) beside ll, twice each, direct path, 2/4/8 ranks, 64 KiB..1 MiB ($OUT/bench_protocol.json; RESIDENT_BENCH_LIMIT_S).
+# stage bench-p2p: send/recv (and all_reduce) 8 B..1 MiB, eager and graph, direct, direct with RESIDENT_GPU_P2P_STREAM=own, proxy ($OUT/bench_p2p.json, ~1 min; RESIDENT_P2P_BACKENDS, RESIDENT_P2P_SIZES).
+
+# The A/B run of bench-ab and bench-ab-tree: the five ops, sizes $RESIDENT_AB_SIZES (default
+# $1) and backends $RESIDENT_AB_BACKENDS (default $2), no new group after $3 s, into
+# $OUT/$4.json.
+ab_bench() {
+  python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 2 \
+    --ops all_reduce,all_gather,reduce_scatter,all_to_all_single,send_recv \
+    --sizes "${RESIDENT_AB_SIZES:-$1}" --backends "${RESIDENT_AB_BACKENDS:-$2}" \
+    --floors "$OUT/floors.json" --timeout 30 --time-limit "$3" --json "$OUT/$4.json"
+}
+
+if has bench-ab; then
+  step "bench (cuda, knob A/B)"
+  need_floors
+  ab_bench 8,4K,16K,64K "resident:path=direct,resident:path=direct:RESIDENT_GPU_PREFETCH=0,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_PROXY_STREAMING=0,resident:path=proxy:RESIDENT_GPU_TRIGGER_FENCE=1" \
+    200 bench_ab > "$OUT/bench_ab.log" 2>&1 || status=1
+  tail -n 70 "$OUT/bench_ab.log"
+fi
+
+# RESIDENT_AB_TREE: a directory in this tree holding the other revision's setup.py, csrc,
+# kernels and resident_pg (`git archive REV setup.py pyproject.toml csrc kernels resident_pg |
+# tar -x -C abold`), built in place there; the first side changes every round.
+if has bench-ab-tree; then
+  step "bench (this tree against $RESIDENT_AB_TREE)"
+  need_floors
+  if ! (cd "$RESIDENT_AB_TREE" && MAX_JOBS=16 python3 setup.py build_ext --inplace) \
+      > "$OUT/build_ab_tree.log" 2>&1; then
+    echo "build of $RESIDENT_AB_TREE failed"; tail -30 "$OUT/build_ab_tree.log"; status=1
+  else
+    for ((round = 1; round <= ${RESIDENT_AB_TREE_RUNS:-2}; ++round)); do
+      sides="this other"; ((round % 2 == 0)) && sides="other this"  # neither always first
+      for side in $sides; do
+        dir=.; [[ $side == other ]] && dir=$RESIDENT_AB_TREE
+        # python -m puts the working directory first on sys.path (the spawned ranks inherit it),
+        # so each run imports the package of its own tree; the log says which file it loaded.
+        (cd "$dir" && python3 -c 'import resident_pg._C as c; print("module:", c.__file__)' &&
+          ab_bench 8,16K,64K "resident:path=direct,resident:path=proxy" 120 \
+            "bench_ab_tree_${side}_$round") > "$OUT/bench_ab_tree_${side}_$round.log" 2>&1 ||
+          status=1
+        grep -E "^module:|^all_reduce|^send_recv" "$OUT/bench_ab_tree_${side}_$round.log"
+      done
+    done
+  fi
+fi
+
+# Sizes where a round to one peer carries over 32 KiB at some rank count (those go simple;
+# smaller ones are LL lines under both settings).
+if has bench-protocol; then
+  step "bench (cuda, protocol A/B)"
+  need_floors
+  python3 -m resident_pg.bench --device cuda --mode graph --world-sizes 2,4,8 \
+    --ops all_reduce,all_gather,reduce_scatter,all_to_all_single,send_recv --sizes 64K,256K,1M \
+    --backends "resident:path=direct,resident:path=direct:RESIDENT_GPU_PROTOCOL=ll,resident:path=direct,resident:path=direct:RESIDENT_GPU_PROTOCOL=ll" \
+    --floors "$OUT/floors.json" --timeout 30 --time-limit ${RESIDENT_BENCH_LIMIT_S:-200} \
+    --json "$OUT/bench_protocol.json" > "$OUT/bench_protocol.log" 2>&1 || status=1
+  tail -n 70 "$OUT/bench_protocol.log"
+fi
+
+if has bench-p2p; then
+  step "bench (cuda, send/recv stream placement A/B)"
+  need_floors
+  python3 -m resident_pg.bench --device cuda --mode eager,graph --world-sizes 2 \
+    --ops send_recv,all_reduce --sizes "${RESIDENT_P2P_SIZES:-8,4K,64K,1M}" \
+    --backends "${RESIDENT_P2P_BACKENDS:-resident:path=direct,resident:path=direct:RESIDENT_GPU_P2P_STREAM=own,resident:path=proxy}" \
+    --floors "$OUT/floors.json" --timeout 30 --time-limit 120 \
+    --json "$OUT/bench_p2p.json" > "$OUT/bench_p2p.log" 2>&1 || status=1
+  tail -n 40 "$OUT/bench_p2p.log"
+fi
