@@ -30,8 +30,8 @@ OP_ORDER = ["all_reduce", "all_to_all_single", "all_gather_into_tensor", "reduce
 
 def _bench_cuda():
     sys.path.insert(0, REPO)
-    from resident_pg import bench_cuda
-    return bench_cuda
+    from resident_pg.bench import cuda
+    return cuda
 
 
 def series_name(row: dict, cfg: dict, multi_device: bool) -> str:

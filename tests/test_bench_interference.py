@@ -1,4 +1,4 @@
-"""CPU tests of resident_pg.bench_interference's pure parts (the benchmark itself needs CUDA):
+"""CPU tests of resident_pg.bench.interference's pure parts (the benchmark itself needs CUDA):
 option parsing, the replay plan, the overlap/latency arithmetic, the summary rows and the
 table; and the exit code 2 with a clear message where CUDA is absent."""
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from resident_pg import bench_interference as BI
+from resident_pg.bench import interference as BI
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -96,10 +96,8 @@ def _cuda_available():
 
 
 @pytest.mark.skipif(_cuda_available(), reason="checks the behaviour without CUDA")
-@pytest.mark.parametrize("form", ["module", "script"])
-def test_exits_2_without_cuda(form):
-    cmd = ([sys.executable, "-m", "resident_pg.bench_interference"] if form == "module"
-           else [sys.executable, os.path.join(REPO, "resident_pg", "bench_interference.py")])
+def test_exits_2_without_cuda():
+    cmd = [sys.executable, "-m", "resident_pg.bench.interference"]
     p = subprocess.run(cmd + ["--batches", "1"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stdout + p.stderr
     assert "needs CUDA" in p.stderr

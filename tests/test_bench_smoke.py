@@ -13,40 +13,8 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH_PY = os.path.join(REPO, "resident_pg", "bench.py")
+BENCH_CMD = [sys.executable, "-m", "resident_pg.bench"]
 
-
-def _package_imports():
-    try:
-        return subprocess.run([sys.executable, "-c", "import resident_pg"], cwd=REPO,
-                              capture_output=True, timeout=120).returncode == 0
-    except Exception:
-        return False
-
-
-# `python -m resident_pg.bench` runs the package's __init__ (which loads the compiled
-# extension) in the parent and in every rank; while the extension is not built, fall
-# back to running the file as a script, which the bench supports for that reason.
-BENCH_CMD = ([sys.executable, "-m", "resident_pg.bench"] if _package_imports()
-             else [sys.executable, BENCH_PY])
-
-
-def _load_bench_module():
-    """bench.py as the script form loads it: its directory on sys.path (for its sibling
-    modules bench_common, bench_rank, ...), without importing the resident_pg package."""
-    import importlib.util
-    here = os.path.dirname(BENCH_PY)
-    added = here not in sys.path
-    if added:
-        sys.path.insert(0, here)
-    try:
-        spec = importlib.util.spec_from_file_location("resident_pg_bench_under_test", BENCH_PY)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        if added:
-            sys.path.remove(here)
-    return mod
 
 OPS = ["all_reduce", "all_to_all_single", "all_gather_into_tensor",
        "reduce_scatter_tensor", "send_recv"]
@@ -113,7 +81,7 @@ def _check_schema(doc, labels):
 
 
 def test_helpers():
-    bench = _load_bench_module()
+    from resident_pg.bench import common as bench
     assert bench.parse_sizes("8,64,512,4K,16KiB,1M") == [8, 64, 512, 4096, 16384, 1 << 20]
     assert bench.fmt_size(8) == "8 B" and bench.fmt_size(4096) == "4 KiB"
     assert bench.fmt_size(1 << 20) == "1 MiB"
@@ -160,12 +128,12 @@ def test_bench_smoke_resident(tmp_path):
 
 
 def test_cuda_tables_and_targets_from_the_h200_run(capsys):
-    """The CUDA report path (bench_cuda's tables and targets, on the shared latency cells) on the
+    """The CUDA report path (resident_pg.bench.cuda's tables and targets, on the shared latency cells) on the
     committed 2/4/8-rank H200 ladder and its floors: the printed medians and ratios are those of
     the JSON, and the 8 B all_reduce target is reported as missed (3.98 us = 1.64x)."""
     import gzip
 
-    import resident_pg.bench_cuda as bc
+    import resident_pg.bench.cuda as bc
     data = os.path.join(REPO, "tests", "data")
     ladder = os.path.join(data, "bench_cuda_ws248_h200_2026-11-29.json.gz")
     with gzip.open(ladder, "rt") as f:
@@ -192,7 +160,7 @@ def test_cuda_targets_judge_the_default_configuration_only():
     variant's (16.83 us = 2.66x), which the tables still show."""
     import gzip
 
-    import resident_pg.bench_cuda as bc
+    import resident_pg.bench.cuda as bc
     data = os.path.join(REPO, "tests", "data")
     with gzip.open(os.path.join(data, "bench_protocol_ab_h200_2026-11-30.json.gz"), "rt") as f:
         doc = json.load(f)
@@ -213,7 +181,7 @@ def test_cross_process_floor_is_the_lowest_flag_kind():
     """A floors JSON with the cross-process flag measured two ways (acquire/release
     2.149 us, LL line 2.003 us): the 8 B floor is the lower, and a file with only the
     acquire/release row still gives that row."""
-    import resident_pg.bench_cuda as bc
+    import resident_pg.bench.cuda as bc
     data = os.path.join(REPO, "tests", "data")
     floors = bc.load_floors(os.path.join(data, "floors_llflag_h200_2026-11-30.json"))
     assert abs(floors["cross_process_flag_us"] - 2.0032) < 1e-9
@@ -227,7 +195,7 @@ def test_cuda_target_verdicts_incomplete_vs_miss():
     """A target whose measured cells are all within the limit but which lacks cells (an op not
     in the run, or a path not run) is INCOMPLETE, not MISS; one cell over the limit is a MISS
     whatever else is missing. Synthetic cells on a synthetic floor (2 us flat)."""
-    import resident_pg.bench_cuda as bc
+    import resident_pg.bench.cuda as bc
     floors = {"cross_process_flag_us": 2.0, "data_floor_sm_us": {"8": 2.0, "65536": 2.0}}
 
     def cell(op, path, us, size=8):
@@ -259,7 +227,7 @@ def test_worktree_tree_names_the_content_that_ran(tmp_path):
     """The bench records the git tree of the files as they are, so that a run from a copy whose
     HEAD is an older base (the GPU machine's) still names its content. Reference: the tree of a
     commit of the same files, made independently; the checkout's own index is left alone."""
-    bench_report = _load_bench_module().report
+    from resident_pg.bench import report as bench_report
     repo = str(tmp_path / "repo")
     os.makedirs(os.path.join(repo, "sub"))
 

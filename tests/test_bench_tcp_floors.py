@@ -1,4 +1,4 @@
-"""The bench's floors of the tcp path (resident_pg.bench_cuda): loading the tcp floors beside the
+"""The bench's floors of the tcp path (resident_pg.bench.cuda): loading the tcp floors beside the
 GPU floors, the floor each row is held to, the tcp targets' verdicts and the tables' ratios.
 
 Synthetic floors files in the shape that benchmarks/floors/build/floors and build/tcp_floor write
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-import resident_pg.bench_cuda as bc
+import resident_pg.bench.cuda as bc
 from test_bench_smoke import _resident_registered
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -61,7 +61,7 @@ def test_loopback_rows_pass_and_load_as_floors(program, tmp_path):
         # a block cut by its time budget still has its samples; otherwise all of --iters
         assert r["samples"] == 200 or "budget_truncated" in r["note"], r
     assert doc["program"] == "tcp_floor" and doc["iters"] == 200 and doc["cpus"] >= 1
-    import resident_pg.bench_cuda as bc
+    import resident_pg.bench.cuda as bc
     floors = bc.load_floors(str(tmp_path / "tcp.json"))
     for n in SIZES:
         want = min(r["median_us"] for r in rows if r["bytes"] == n)

@@ -1,6 +1,6 @@
 // The result rows of the floor programs (floors.cu, tcp_floor.cpp): the quantiles of a row's
 // samples, its line in the printed table and its entry in the JSON's "results" list (the format
-// resident_pg/bench_cuda.py reads). Host code, header-only: each program stays one file to build.
+// resident_pg/bench/cuda.py reads). Host code, header-only: each program stays one file to build.
 #pragma once
 
 #include <algorithm>

@@ -85,7 +85,7 @@ fi
 if has interference; then
   for ws in ${RESIDENT_INTERFERENCE_WS:-2}; do
     step "bench (interference: GEMM next to the communicator, per mode, $ws ranks)"
-    timeout $(( ${RESIDENT_INTERFERENCE_LIMIT_S:-120} + 120 )) python3 -m resident_pg.bench_interference \
+    timeout $(( ${RESIDENT_INTERFERENCE_LIMIT_S:-120} + 120 )) python3 -m resident_pg.bench.interference \
       --ws "$ws" --modes "${RESIDENT_INTERFERENCE_MODES:-default}" \
       --time-limit ${RESIDENT_INTERFERENCE_LIMIT_S:-120} --timeout 60 \
       --json "$OUT/interference_ws$ws.json" > "$OUT/interference_ws$ws.log" 2>&1 || status=1

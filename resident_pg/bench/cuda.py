@@ -1,8 +1,7 @@
 """The CUDA half of resident_pg.bench: ``--device cuda``, ``--mode graph``, ``--floors``.
 
-Used by ``resident_pg/bench.py``'s rank side and report; it imports only bench_common (as
-they do: as a package module, or as a top-level one when the bench runs as a plain script,
-``python resident_pg/bench.py``).
+Used by the bench's rank side (rank.py) and its parent (ladder.py); it imports only common and
+report's table printer.
 
 * :class:`CudaDevice`: each rank uses GPU ``rank % device_count`` (on the GPU machine all ranks
   share one H200 under MPS); ``synchronize`` waits for the current stream, so a timed region
@@ -30,10 +29,8 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-if __package__:
-    from . import bench_common as common
-else:  # run as a script: the siblings are top-level modules
-    import bench_common as common  # type: ignore[no-redef]
+from . import common
+from .report import print_table
 
 _fmt_size, _fmt_us = common.fmt_size, common.fmt_us
 
@@ -69,28 +66,6 @@ class CudaDevice(common.TorchBuffers):
                 "cuda_mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}
 
 
-
-def print_table(head: Sequence[Any], lines: List[Sequence[Any]], notes: str, out) -> None:
-    """Prints a latency table (op and size left-aligned, numbers right-aligned, a blank line
-    between ops) and the legend of the notes that occur. Shared by bench.py's CPU tables."""
-    widths = [max(len(str(c[i])) for c in [head] + list(lines)) for i in range(len(head))]
-
-    def fmt_row(c):
-        return "  ".join(str(x).ljust(w) if i < 2 else str(x).rjust(w)
-                         for i, (x, w) in enumerate(zip(c, widths)))
-    print(fmt_row(head), file=out)
-    print("  ".join("-" * w for w in widths), file=out)
-    prev = None
-    for c in lines:
-        if prev is not None and c[0] != prev:
-            print("", file=out)
-        prev = c[0]
-        print(fmt_row(c), file=out)
-    if "*" in notes:
-        print("  * buffer rounded up (at least one float32 per rank / multiple of world "
-              "size); see actual_bytes in the JSON", file=out)
-    if "!" in notes:
-        print("  ! correctness check FAILED for this cell (timing shown anyway)", file=out)
 
 def capture(fn: Callable[[], None], count: int, warmup: int = 3):
     """Warm ``fn`` up on a side stream, then capture ``count`` calls of it into one CUDA graph."""

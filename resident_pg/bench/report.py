@@ -4,6 +4,7 @@ results, the median over rounds, the latency tables, the target line and the run
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import socket
@@ -12,10 +13,7 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Sequence
 
-if __package__:
-    from . import bench_common as common
-else:  # run as a script: the siblings are top-level modules
-    import bench_common as common  # type: ignore[no-redef]
+from . import common
 
 fmt_us = common.fmt_us
 
@@ -99,6 +97,29 @@ def _first_error(errs: Dict[int, str]) -> str:
     return f"{who}: {errs[r]}"
 
 
+def print_table(head: Sequence[Any], lines: List[Sequence[Any]], notes: str, out) -> None:
+    """Prints a latency table (op and size left-aligned, numbers right-aligned, a blank line
+    between ops) and the legend of the notes that occur. Shared by the CPU, CUDA and interference tables."""
+    widths = [max(len(str(c[i])) for c in [head] + list(lines)) for i in range(len(head))]
+
+    def fmt_row(c):
+        return "  ".join(str(x).ljust(w) if i < 2 else str(x).rjust(w)
+                         for i, (x, w) in enumerate(zip(c, widths)))
+    print(fmt_row(head), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    prev = None
+    for c in lines:
+        if prev is not None and c[0] != prev:
+            print("", file=out)
+        prev = c[0]
+        print(fmt_row(c), file=out)
+    if "*" in notes:
+        print("  * buffer rounded up (at least one float32 per rank / multiple of world "
+              "size); see actual_bytes in the JSON", file=out)
+    if "!" in notes:
+        print("  ! correctness check FAILED for this cell (timing shown anyway)", file=out)
+
+
 def print_tables(rows: List[dict], world_sizes, ops, sizes, labels, baseline,
                  spread: bool, rounds: int = 1, out=None) -> None:
     out = out or sys.stdout
@@ -143,7 +164,7 @@ def print_tables(rows: List[dict], world_sizes, ops, sizes, labels, baseline,
                  + (f"; median over {rounds} rounds (rounds: min-max of the round "
                     f"medians, rounds with a result)" if rounds > 1 else ""))
         print(f"\n== {title}", file=out)
-        common._bench_cuda().print_table(head, lines, notes, out)
+        print_table(head, lines, notes, out)
     out.flush()
 
 
@@ -243,3 +264,14 @@ def _metadata(args, argv) -> Dict[str, Any]:
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("RESIDENT_")},
         "env_overrides": dict(args.env),
     }
+
+
+def write_json(doc: Dict[str, Any], path: str) -> None:
+    """Writes a run's document (ladder.run) to `path` atomically (a temporary file, renamed)."""
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, allow_nan=True)
+    os.replace(tmp, path)
+    common._log(f"wrote {path}")

@@ -9,12 +9,8 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Tuple
 
-if __package__:
-    from . import bench_ops
-    from . import bench_common as common
-else:  # run as a script: the siblings are top-level modules
-    import bench_ops  # type: ignore[no-redef]
-    import bench_common as common  # type: ignore[no-redef]
+from . import common, cuda
+from . import ops as bench_ops
 
 
 
@@ -40,7 +36,7 @@ class CpuDevice(common.TorchBuffers):
 
 
 def _cuda_device(rank: int, world_size: int):
-    return common._bench_cuda().CudaDevice(rank, world_size)
+    return cuda.CudaDevice(rank, world_size)
 
 
 # name -> class(rank, world_size)
@@ -61,7 +57,7 @@ def graph_batch(step: Callable[[], None], count: int, dev) -> Callable[[], None]
     """Capture `count` back-to-back ops into one CUDA graph; the callable replays it."""
     if getattr(dev, "name", None) != "cuda":
         raise RuntimeError("mode 'graph' needs --device cuda")
-    return common._bench_cuda().graph_batch(step, count, dev)
+    return cuda.graph_batch(step, count, dev)
 
 
 # name -> factory(step, count, device) -> batch callable (the caller synchronizes)
@@ -207,7 +203,7 @@ def _run_cell(cid, op, nbytes, rank, ws, dev, make_batch, bstore, cfg):
             # the same check captured into a graph and replayed twice (fresh inputs,
             # poisoned outputs): replays that do not run the op fail here
             try:
-                common._bench_cuda().graph_check(case.setup, case.body, case.verify, dev)
+                cuda.graph_check(case.setup, case.body, case.verify, dev)
             except bench_ops.CheckError as e:
                 if check_status == "ok":
                     check_status = f"FAILED on rank {rank} (graph replay): {e}"

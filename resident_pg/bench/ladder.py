@@ -1,10 +1,7 @@
 """Latency ladder benchmark for torch.distributed backends (resident vs gloo, ...).
 
-Run as ``python -m resident_pg.bench``.  ``python resident_pg/bench.py`` runs the
-same code without importing the ``resident_pg`` package: ``-m`` executes the
-package's ``__init__`` (which loads the compiled extension) in this process and in
-every spawned rank, so while the extension is not built only the script form
-works (e.g. ``--backends gloo``).
+Run as ``python -m resident_pg.bench`` (cli.py parses the options) or through pytest
+(benchmarks/conftest.py); both build a plan with make_plan and run it with run.
 
 For every world size and every backend, one set of rank processes is spawned
 (multiprocessing "spawn", rendezvous through a TCPStore hosted by this parent
@@ -40,8 +37,8 @@ The bench sets no environment variable and no torch setting that could change
 a backend's behaviour; RESIDENT_* (and any other) variables in the environment
 are inherited by the rank processes, and ``--env KEY=VALUE`` adds some.
 
-Devices and modes (``DEVICES``, ``MODES`` in bench_rank): "cpu" + "eager" is the CPU ladder.
-``--device cuda`` (module ``bench_cuda``) puts the buffers on GPU
+Devices and modes (``DEVICES``, ``MODES`` in rank.py): "cpu" + "eager" is the CPU ladder.
+``--device cuda`` (cuda.py) puts the buffers on GPU
 ``rank % device_count`` and synchronizes the current stream around timed regions; in mode
 "eager" a repetition is `batch` back-to-back calls then one synchronize, in
 mode "graph" the `batch` calls are captured once into one CUDA graph and a
@@ -62,34 +59,24 @@ floors (``--floors tcp_floors.json``, from benchmarks/floors/build/tcp_floor; th
 option repeats, the files' results are pooled): CUDA tensors to the GPU floor plus
 the tcp one-way floor at that size, CPU tensors to the tcp one-way floor.
 """
-
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import multiprocessing as mp
 import os
 import queue as queue_mod
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional, Sequence
 
-if __package__:
-    from . import bench_common as common
-    from . import bench_report as report
-    from . import bench_rank as rank_side
-else:  # run as a script: the siblings are top-level modules
-    import bench_common as common  # type: ignore[no-redef]
-    import bench_report as report  # type: ignore[no-redef]
-    import bench_rank as rank_side  # type: ignore[no-redef]
+from . import common, report
+from . import cuda as cuda_side
+from . import rank as rank_side
 
-# The helpers other modules and the tests call as bench.<name> (bench_interference, tests).
-_log, fmt_size, percentile = common._log, common.fmt_size, common.percentile
-parse_size, parse_sizes, parse_ops = common.parse_size, common.parse_sizes, common.parse_ops
-parse_int_list, backend_labels = common.parse_int_list, common.backend_labels
-_barrier, _git_info, _loadavg = rank_side._barrier, report._git_info, report._loadavg
+_log, fmt_size = common._log, common.fmt_size
 
 
 # --------------------------------------------------------------------------
@@ -250,144 +237,6 @@ class GroupRun:
         return info
 
 
-# --------------------------------------------------------------------------
-# CLI
-# --------------------------------------------------------------------------
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m resident_pg.bench",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Latency ladder of torch.distributed collectives for several backends side by side.\n"
-            "One set of rank processes per (world size, backend) runs all ops and sizes;\n"
-            "backends alternate within each world size.  Reported: µs per op, median over\n"
-            "repetitions, max over ranks (p10/p90 likewise), plus ratios to --baseline."),
-        epilog=(
-            "sizes: all_reduce = tensor; all_to_all_single = per-rank buffer;\n"
-            "all_gather_into_tensor = gathered output; reduce_scatter_tensor = input;\n"
-            "send_recv = message (ping-pong rank 0 <-> 1, one-way time = round trip / 2).\n"
-            "float32; tiny sizes are rounded up to one element per rank (marked * in the\n"
-            "table).  A table entry is the median over repetitions of (batch time / ops in\n"
-            "the batch), max over ranks; --rounds N repeats whole groups.\n\n"
-            "The bench changes no backend setting: RESIDENT_* variables of the environment are\n"
-            "passed to the ranks as they are (use --env to add some) and recorded in the JSON.\n\n"
-            "examples:\n"
-            "  python -m resident_pg.bench                       # full default run (~3-5 min)\n"
-            "  python -m resident_pg.bench --quick               # short run, 2 ranks\n"
-            "  python -m resident_pg.bench --backends gloo --world-sizes 2 --ops all_reduce\n"
-            "  python -m resident_pg.bench --json out.json --env RESIDENT_PATH=proxy\n"
-            "  python -m resident_pg.bench --device cuda --floors floors.json --json c.json\n"
-            "      # GPU: resident direct vs proxy path, eager and graph modes, ratios to\n"
-            "      # the floors of benchmarks/floors (run under MPS when ranks share a GPU)\n"
-            "  python -m resident_pg.bench --device cuda --mode graph --world-sizes 2 \\\n"
-            "      --backends resident,resident:transport=tcp \\\n"
-            "      --floors floors.json --floors tcp_floors.json   # the tcp path beside shm\n"
-            "  python -m resident_pg.bench --backends resident:transport=tcp,gloo \\\n"
-            "      --floors tcp_floors.json    # CPU tensors over tcp: ratio to the tcp floor\n"
-            "  python resident_pg/bench.py --backends gloo    # same, without importing the\n"
-            "                                                 # resident_pg package (extension)\n"))
-    g = p.add_argument_group("what to run")
-    g.add_argument("--backends", default=None, metavar="LIST",
-                   help="comma list of torch.distributed backends, run in this order for each "
-                        "world size (a name may repeat); NAME:key=value passes pg_options "
-                        "{key: value} to that group, NAME:KEY=VALUE (upper case) sets an "
-                        f"environment variable in its ranks [{common.DEFAULT_BACKENDS}; "
-                        f"--device cuda: {common.DEFAULT_CUDA_BACKENDS}]")
-    g.add_argument("--world-sizes", default=None, metavar="LIST",
-                   help=f"comma list of rank counts [{common.DEFAULT_WORLD_SIZES}; "
-                        f"--quick: {common.QUICK_WORLD_SIZES}]")
-    g.add_argument("--sizes", default=None, metavar="LIST",
-                   help=f"comma list of message sizes in bytes, K/M suffixes are binary "
-                        f"[{common.DEFAULT_SIZES}; --quick: {common.QUICK_SIZES}, "
-                        f"cuda {common.QUICK_SIZES_CUDA}]")
-    g.add_argument("--ops", default="all", metavar="LIST",
-                   help=f"comma list of ops, or 'all' [all = {', '.join(common.ALL_OPS)}]")
-    g.add_argument("--device", default="cpu", choices=sorted(rank_side.DEVICES),
-                   help="where the buffers live [%(default)s]")
-    g.add_argument("--mode", default=None, metavar="LIST",
-                   help="comma list of ways batches of ops are issued: eager (back-to-back "
-                        "calls), graph (one CUDA graph of the batch, replayed; cuda only); "
-                        "several modes run as separate groups "
-                        f"[cpu: {common.DEFAULT_MODES['cpu']}; "
-                        f"cuda: {common.DEFAULT_MODES['cuda']}]")
-    g.add_argument("--baseline", default=None, metavar="LABEL",
-                   help="backend label that ratios are computed against [cpu: gloo, else the "
-                        "first backend; cuda: none]")
-    g.add_argument("--floors", metavar="PATH", action="append",
-                   help="floors JSON of benchmarks/floors/build/floors --json and/or "
-                        "build/tcp_floor --json (repeat the option for both; their results are "
-                        "pooled): cuda rows get median / floor (8 B: cross-process flag floor; "
-                        "larger: SM data floor at that size; over tcp: that plus the tcp "
-                        "one-way floor at that size), cpu rows over tcp median / tcp one-way "
-                        "floor, and the targets are evaluated; the files go into the JSON "
-                        "metadata")
-    g.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                   help="extra module to import in the ranks before init (for other plugin "
-                        "backends; 'resident' imports resident_pg by itself); may repeat")
-    g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", type=_kv,
-                   help="set an environment variable for the rank processes (e.g. "
-                        "RESIDENT_...); may repeat")
-    t = p.add_argument_group("timing")
-    t.add_argument("--quick", action="store_true",
-                   help="short run: fewer sizes, world size 2, fewer/shorter repetitions "
-                        "(explicit options win)")
-    t.add_argument("--iters", type=float, default=None, metavar="SCALE",
-                   help="scale of the ops per repetition and of the per-cell time budget "
-                        "[1.0; --quick: 0.3]")
-    t.add_argument("--reps", type=int, default=None, metavar="N",
-                   help="timed repetitions (batches) per cell; slow cells use fewer, "
-                        "never under --min-reps [21; --quick: 7]")
-    t.add_argument("--min-reps", type=int, default=5, metavar="N",
-                   help="fewest repetitions of a slow cell [%(default)s]")
-    t.add_argument("--warmup", type=int, default=4, metavar="N",
-                   help="single timed warm-up ops per cell, used to plan the batch; one "
-                        "untimed batch follows [%(default)s]")
-    t.add_argument("--rep-ms", type=float, default=None, metavar="MS",
-                   help="target duration of one repetition, times --iters [10; cuda: 3]")
-    t.add_argument("--cell-s", type=float, default=None, metavar="S",
-                   help="time budget of the timed part of one cell, times --iters "
-                        "[1.0; cuda: 0.3]")
-    t.add_argument("--max-batch", type=int, default=None, metavar="N",
-                   help="most ops in one repetition (cuda graph: ops in the graph) "
-                        "[2000; cuda: 500]")
-    t.add_argument("--graph-min-batch", type=int, default=200, metavar="N",
-                   help="fewest ops captured into one graph (mode graph), so that the "
-                        "replay's launch + synchronize is amortized; fewer for slow ops (at "
-                        "most 4x --rep-ms of eager-estimated time per graph) [%(default)s]")
-    t.add_argument("--rounds", type=int, default=1, metavar="N",
-                   help="launch every (world size, backend) group N times, alternating "
-                        "backends (A B A B ...); a table entry is then the median over "
-                        "rounds of the per-round medians, and the table shows the range "
-                        "of the round medians.  Catches run-to-run (e.g. process "
-                        "placement) effects that repetitions inside one run cannot "
-                        "[%(default)s]")
-    t.add_argument("--no-check", dest="check", action="store_false",
-                   help="skip the per-cell correctness check")
-    o = p.add_argument_group("robustness and output")
-    o.add_argument("--timeout", type=float, default=120.0, metavar="S",
-                   help="seconds without progress before a group is killed (at least 60 "
-                        "during start-up); the store/process-group timeout is the larger "
-                        "of this and 60 [%(default)s]")
-    o.add_argument("--max-restarts", type=int, default=2, metavar="N",
-                   help="relaunches of a group after a crash/hang, skipping the op that "
-                        "failed [%(default)s]")
-    o.add_argument("--time-limit", type=float, default=None, metavar="S",
-                   help="launch no new group after S seconds of bench time; groups not run "
-                        "are reported as such (for runs with a hard wall-clock limit)")
-    o.add_argument("--json", metavar="PATH", help="write all results and metadata here")
-    o.add_argument("--spread", action=argparse.BooleanOptionalAction, default=True,
-                   help="show p10-p90 columns in the tables [on]")
-    return p
-
-
-def _kv(text: str) -> Tuple[str, str]:
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    k, v = text.split("=", 1)
-    return k, v
-
-
 # per-device defaults of the timing options (cpu: as always; cuda: ~4 min for the default
 # ladder of 2 paths x 2 modes x 3 world sizes on one H200, see scripts/device_run.sh)
 TIMING_DEFAULTS = {
@@ -412,31 +261,27 @@ def _path_of(name: str, pg_options: Dict[str, str], env: Dict[str, str]) -> Opti
             or os.environ.get("RESIDENT_PATH") or "auto")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def make_plan(args: argparse.Namespace) -> SimpleNamespace:
+    """What a run of the ladder does, from the options of cli.build_parser (the CLI's and the
+    pytest plugin's); raises ValueError naming a bad option."""
     device = args.device
     cuda = device == "cuda"
-    try:
-        backends = [b.strip() for b in (args.backends or (common.DEFAULT_CUDA_BACKENDS if cuda else
-                                                          common.DEFAULT_BACKENDS)).split(",")
-                    if b.strip()]
-        if not backends:
-            raise ValueError("no backends given")
-        specs = [common.parse_backend_spec(b) for b in backends]
-        default_ws = common.QUICK_WORLD_SIZES if args.quick else common.DEFAULT_WORLD_SIZES
-        world_sizes = parse_int_list(args.world_sizes or default_ws, "world size")
-        if any(w < 1 for w in world_sizes):
-            raise ValueError("world sizes must be >= 1")
-        quick_sizes = common.QUICK_SIZES_CUDA if cuda else common.QUICK_SIZES
-        sizes = parse_sizes(args.sizes or (quick_sizes if args.quick else common.DEFAULT_SIZES))
-        ops = parse_ops(args.ops)
-        modes = rank_side.parse_modes(args.mode or common.DEFAULT_MODES.get(device, "eager"))
-        if "graph" in modes and not cuda:
-            raise ValueError("mode 'graph' needs --device cuda")
-    except ValueError as e:
-        parser.error(str(e))
+    backends = [b.strip() for b in (args.backends or (common.DEFAULT_CUDA_BACKENDS if cuda else
+                                                      common.DEFAULT_BACKENDS)).split(",")
+                if b.strip()]
+    if not backends:
+        raise ValueError("no backends given")
+    specs = [common.parse_backend_spec(b) for b in backends]
+    default_ws = common.QUICK_WORLD_SIZES if args.quick else common.DEFAULT_WORLD_SIZES
+    world_sizes = common.parse_int_list(args.world_sizes or default_ws, "world size")
+    if any(w < 1 for w in world_sizes):
+        raise ValueError("world sizes must be >= 1")
+    quick_sizes = common.QUICK_SIZES_CUDA if cuda else common.QUICK_SIZES
+    sizes = common.parse_sizes(args.sizes or (quick_sizes if args.quick else common.DEFAULT_SIZES))
+    ops = common.parse_ops(args.ops)
+    modes = rank_side.parse_modes(args.mode or common.DEFAULT_MODES.get(device, "eager"))
+    if "graph" in modes and not cuda:
+        raise ValueError("mode 'graph' needs --device cuda")
     td = TIMING_DEFAULTS.get(device, TIMING_DEFAULTS["cpu"])
     iters = args.iters if args.iters is not None else (0.3 if args.quick else 1.0)
     reps = args.reps if args.reps is not None else (7 if args.quick else td["reps"])
@@ -444,12 +289,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cell_s = args.cell_s if args.cell_s is not None else td["cell_s"]
     max_batch = args.max_batch if args.max_batch is not None else td["max_batch"]
     if iters <= 0 or reps < 1 or args.warmup < 1 or args.rounds < 1 or max_batch < 1:
-        parser.error("--iters must be > 0, --reps, --warmup, --rounds and --max-batch >= 1")
+        raise ValueError("--iters must be > 0, --reps, --warmup, --rounds and --max-batch >= 1")
 
+    return SimpleNamespace(args=args, device=device, cuda=cuda, backends=backends, specs=specs,
+                           world_sizes=world_sizes, sizes=sizes, ops=ops, modes=modes,
+                           iters=iters, reps=reps, rep_ms=rep_ms, cell_s=cell_s,
+                           max_batch=max_batch)
+
+
+def run(plan: SimpleNamespace, argv: Sequence[str]) -> Dict[str, Any]:
+    """Runs the ladder of `plan` (make_plan), prints its tables, targets and problems on stdout
+    and returns the run's document (schema resident_pg.bench/1; report.write_json writes it).
+    `argv`: the command line recorded in the metadata."""
+    args, device, cuda = plan.args, plan.device, plan.cuda
+    backends, specs, world_sizes = plan.backends, plan.specs, plan.world_sizes
+    sizes, ops, modes = plan.sizes, plan.ops, plan.modes
+    iters, reps, rep_ms, cell_s = plan.iters, plan.reps, plan.rep_ms, plan.cell_s
+    max_batch = plan.max_batch
     for k, v in args.env:
         os.environ[k] = v   # inherited by the spawned ranks; the parent never uses a backend
 
-    labels = backend_labels(backends)
+    labels = common.backend_labels(backends)
     if cuda:   # no baseline unless asked for
         baseline = args.baseline if args.baseline in labels else None
     else:
@@ -468,7 +328,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     floors = None
     if args.floors:
         try:
-            floors = common._bench_cuda().load_floors(args.floors)
+            floors = cuda_side.load_floors(args.floors)
             meta["floors"] = {k: floors[k] for k in ("path", "cross_process_flag_us",
                                                      "gpu_cpu_gpu_flag_us", "data_floor_sm_us",
                                                      "tcp_one_way_us", "tcp_one_way_variant",
@@ -579,7 +439,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     if "device" in i), None)
         meta["gpu"] = gpu
         meta["cuda_mps_pipe_directory"] = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
-    common._bench_cuda().annotate_rows(rows, floors)  # cpu: the rows over tcp
+    cuda_side.annotate_rows(rows, floors)  # cpu: the rows over tcp
 
     git = meta["git"]
     print(f"resident_pg.bench on {meta['hostname']} ({meta['cpu_count']} cpus, load "
@@ -592,7 +452,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           + f", mode {','.join(modes)}, float32, reps {reps}, iters x{iters:g}"
           + (f", RESIDENT_* env {meta['env']}" if meta["env"] else ", no RESIDENT_* env"))
     if cuda:
-        bc = common._bench_cuda()
+        bc = cuda_side
         bc.print_cuda_tables(rows, world_sizes, modes, labels, ops, sizes, floors, args.spread)
         if baseline:
             report.print_tables(rows, world_sizes, ops, sizes, group_labels, baseline,
@@ -605,7 +465,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             args.rounds)
         tline = report.target_line(rows, labels)
         target_doc = {**common.TARGET, "line": tline}
-        bc = common._bench_cuda()
+        bc = cuda_side
         over_tcp = any(bc.row_floor_kind(r) == "tcp" for r in rows)
         if floors and over_tcp:
             bc.print_tcp_floor_table(rows, world_sizes, labels, ops, sizes, floors)
@@ -625,50 +485,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{meta['loadavg_start']}, at end {meta['loadavg_end']})")
     sys.stdout.flush()
 
-    if args.json:
-        doc = {
-            "schema": common.SCHEMA,
-            "metadata": meta,
-            "config": {
-                "backends": backends, "labels": labels, "baseline": baseline,
-                "group_labels": group_labels,
-                "variants": [{"spec": b, "label": lb, "backend": sp[0], "pg_options": sp[1],
-                              "env_options": sp[2]}
-                             for b, lb, sp in zip(backends, labels, specs)],
-                "world_sizes": world_sizes, "sizes": sizes, "ops": ops,
-                "device": device, "mode": ",".join(modes), "modes": modes, "dtype": "float32",
-                "iters_scale": iters, "reps": reps, "min_reps": cfg["min_reps"],
-                "warmup": args.warmup, "rep_ms": rep_ms, "cell_s": cell_s,
-                "max_batch": max_batch, "graph_min_batch": args.graph_min_batch,
-                "check": args.check, "timeout_s": args.timeout,
-                "time_limit_s": args.time_limit, "floors": args.floors,
-                "quick": args.quick, "imports": imports, "rounds": args.rounds,
-                "backend_modules": {sp[0]: common.BACKEND_MODULES[sp[0]] for sp in specs
-                                    if sp[0] in common.BACKEND_MODULES},
-                "statistic": "per rank: median/p10/p90 over repetitions of (batch time / "
-                             "batch); reported: max over ranks; send_recv: one-way = "
-                             "round trip / 2" + (
-                                 "; cuda: a repetition ends with a synchronize of the "
-                                 "current stream; "
-                                 "graph: a repetition is one replay of a graph of `batch` ops"
-                                 if cuda else ""),
-            },
-            "results": rows,
-            "results_by_round": round_rows if args.rounds > 1 else None,
-            "groups": groups,
-            "errors": errors,
-            "target": target_doc,
-            "total_s": total,
-        }
-        d = os.path.dirname(os.path.abspath(args.json))
-        os.makedirs(d, exist_ok=True)
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1, allow_nan=True)
-        os.replace(tmp, args.json)
-        _log(f"wrote {args.json}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    doc = {
+        "schema": common.SCHEMA,
+        "metadata": meta,
+        "config": {
+            "backends": backends, "labels": labels, "baseline": baseline,
+            "group_labels": group_labels,
+            "variants": [{"spec": b, "label": lb, "backend": sp[0], "pg_options": sp[1],
+                          "env_options": sp[2]}
+                         for b, lb, sp in zip(backends, labels, specs)],
+            "world_sizes": world_sizes, "sizes": sizes, "ops": ops,
+            "device": device, "mode": ",".join(modes), "modes": modes, "dtype": "float32",
+            "iters_scale": iters, "reps": reps, "min_reps": cfg["min_reps"],
+            "warmup": args.warmup, "rep_ms": rep_ms, "cell_s": cell_s,
+            "max_batch": max_batch, "graph_min_batch": args.graph_min_batch,
+            "check": args.check, "timeout_s": args.timeout,
+            "time_limit_s": args.time_limit, "floors": args.floors,
+            "quick": args.quick, "imports": imports, "rounds": args.rounds,
+            "backend_modules": {sp[0]: common.BACKEND_MODULES[sp[0]] for sp in specs
+                                if sp[0] in common.BACKEND_MODULES},
+            "statistic": "per rank: median/p10/p90 over repetitions of (batch time / "
+                         "batch); reported: max over ranks; send_recv: one-way = "
+                         "round trip / 2" + (
+                             "; cuda: a repetition ends with a synchronize of the "
+                             "current stream; "
+                             "graph: a repetition is one replay of a graph of `batch` ops"
+                             if cuda else ""),
+        },
+        "results": rows,
+        "results_by_round": round_rows if args.rounds > 1 else None,
+        "groups": groups,
+        "errors": errors,
+        "target": target_doc,
+        "total_s": total,
+    }
+    return doc

@@ -3,10 +3,7 @@ build_op on the rank's device object, with a correctness check against known val
 
 from __future__ import annotations
 
-if __package__:
-    from . import bench_common as common
-else:  # run as a script: the siblings are top-level modules
-    import bench_common as common  # type: ignore[no-redef]
+from . import common
 
 
 

@@ -1,6 +1,6 @@
 """Constants and small helpers of resident_pg.bench (parsing and formatting of sizes, ops and
 backend specs, percentiles, logging), shared by its rank side, its parent side and its report,
-and by resident_pg.bench_interference. No torch import."""
+and by resident_pg.bench.interference. Imports no other module of the bench and no torch."""
 
 from __future__ import annotations
 
@@ -163,15 +163,6 @@ def _median(v: Sequence[float]) -> float:
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _bench_cuda():
-    """The CUDA half of the bench (a sibling module; imported only when used)."""
-    if __package__:
-        from . import bench_cuda
-    else:  # run as a script: this file's directory is on sys.path
-        import bench_cuda  # type: ignore[no-redef]
-    return bench_cuda
 
 
 def fmt_us(v: Optional[float]) -> str:

@@ -1,6 +1,6 @@
 """Interference benchmark: how much a communicator slows a concurrent compute kernel, per mode.
 
-Run as ``python -m resident_pg.bench_interference`` (needs CUDA; the ranks share the GPUs as in
+Run as ``python -m resident_pg.bench.interference`` (needs CUDA; the ranks share the GPUs as in
 ``resident_pg.bench --device cuda``: rank r on GPU ``r % device_count``, so several ranks on
 one GPU need the MPS daemon).
 
@@ -47,6 +47,9 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Sequence
 
+from . import common, cuda, report
+from . import rank as rank_side
+
 SCHEMA = "resident_pg.bench_interference/1"
 # Settings each mode adds to the rank processes' environment.
 MODES = {
@@ -59,16 +62,6 @@ DEFAULT_SIZES = "8,64K"
 DEFAULT_SHAPE = "4096x14336"
 NO_CUDA_EXIT = 2
 GATE_CYCLES = 2_000_000  # the spin kernel that holds both streams while they are filled (~1 ms)
-
-
-def _siblings():
-    """(bench, bench_cuda): the latency bench's helpers, as a package or as scripts."""
-    if __package__:
-        from . import bench, bench_cuda
-    else:  # run as a script: this file's directory is on sys.path
-        import bench  # type: ignore[no-redef]
-        import bench_cuda  # type: ignore[no-redef]
-    return bench, bench_cuda
 
 
 # --------------------------------------------------------------------------
@@ -132,14 +125,12 @@ def window_stats(marks_ms: Sequence[float], gemm_start_ms: float, gemm_end_ms: f
 
 
 def stats(samples: Sequence[float]) -> Dict[str, float]:
-    bench, _ = _siblings()
-    return {"median": bench.percentile(samples, 50), "p10": bench.percentile(samples, 10),
-            "p90": bench.percentile(samples, 90)}
+    return {"median": common.percentile(samples, 50), "p10": common.percentile(samples, 10),
+            "p90": common.percentile(samples, 90)}
 
 
 def condition_names(sizes: Sequence[int]) -> List[str]:
-    bench, _ = _siblings()
-    return ["baseline", "alone"] + [f"concurrent {bench.fmt_size(s)}" for s in sizes]
+    return ["baseline", "alone"] + [f"concurrent {common.fmt_size(s)}" for s in sizes]
 
 
 def summarize(mode: str, per_rank: Dict[int, dict], batches: Sequence[int],
@@ -148,7 +139,6 @@ def summarize(mode: str, per_rank: Dict[int, dict], batches: Sequence[int],
     p10 / p90 (max over the ranks that timed it), slowdown vs the baseline (max over ranks of
     the per-rank ratio), all_reduce latency concurrent and alone (max over ranks), the lowest
     overlap over ranks and replays, and whether every check passed."""
-    bench, _ = _siblings()
     rows = []
     timed = {r: v for r, v in per_rank.items() if v.get("times_gemm")}
     for cond in condition_names(sizes):
@@ -193,8 +183,7 @@ def summarize(mode: str, per_rank: Dict[int, dict], batches: Sequence[int],
 
 def format_table(rows: Sequence[Dict[str, Any]], title: str) -> str:
     """The rows as a text table (blank line between modes), with a legend."""
-    _, bench_cuda = _siblings()
-    fmt = bench_cuda._fmt_us
+    fmt = common.fmt_us
     head = ["mode", "condition", "batch", "GEMM µs", "p10-p90", "vs baseline", "all_reduce µs",
             "alone µs", "overlap"]
     lines, notes = [], set()
@@ -217,7 +206,7 @@ def format_table(rows: Sequence[Dict[str, Any]], title: str) -> str:
         ])
     out = io.StringIO()
     print(f"\n== {title}", file=out)
-    bench_cuda.print_table(head, lines, "", out)
+    report.print_table(head, lines, "", out)
     if "!" in notes:
         print("  ! a correctness check FAILED in this launch (see errors)", file=out)
     if "~" in notes:
@@ -264,16 +253,15 @@ def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> No
         import torch
         import torch.distributed as dist
 
-        bench, bench_cuda = _siblings()
         phase = "device"
-        dev = bench_cuda.CudaDevice(rank, ws)  # synchronizes the device: no group yet
+        dev = cuda.CudaDevice(rank, ws)  # synchronizes the device: no group yet
         store = dist.TCPStore("127.0.0.1", store_port, None, False,
                               timeout=datetime.timedelta(seconds=cfg["timeout"]))
         bstore = dist.PrefixStore("interference", store)
         seq = itertools.count()
 
         def barrier() -> None:
-            bench._barrier(bstore, f"b{next(seq)}", ws, cfg["timeout"])
+            rank_side._barrier(bstore, f"b{next(seq)}", ws, cfg["timeout"])
 
         def progress(what: str) -> None:
             q.put(("progress", rank, what))
@@ -415,7 +403,7 @@ def rank_main(rank: int, ws: int, store_port: int, cfg: Dict[str, Any], q) -> No
         progress("alone")
 
         for s, g in comm_graphs.items():
-            cond = f"concurrent {bench.fmt_size(s)}"
+            cond = f"concurrent {common.fmt_size(s)}"
             res["gemm"][cond] = {}
             res["concurrent"][str(s)] = {}
             for b in cfg["batches"]:
@@ -473,7 +461,6 @@ def launch(mode: str, cfg: Dict[str, Any], ws: int, timeout_s: float) -> Dict[st
     """Spawn the ranks of one mode; results by rank, or the error that stopped them."""
     import torch.distributed as dist
 
-    bench, _ = _siblings()
     ctx = mp.get_context("spawn")
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=cfg["timeout"]))
@@ -499,7 +486,7 @@ def launch(mode: str, cfg: Dict[str, Any], ws: int, timeout_s: float) -> Dict[st
             if kind == "progress":
                 last_what = msg[2]
                 if rank == 0:
-                    bench._log(f"  [{mode}] {msg[2]} ({now - t0:.1f} s)")
+                    common._log(f"  [{mode}] {msg[2]} ({now - t0:.1f} s)")
             elif kind == "result":
                 results[rank] = msg[2]
             elif kind == "fatal":
@@ -547,7 +534,7 @@ def launch(mode: str, cfg: Dict[str, Any], ws: int, timeout_s: float) -> Dict[st
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m resident_pg.bench_interference",
+        prog="python -m resident_pg.bench.interference",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "Slowdown a resident communicator causes to a concurrent bf16 decode GEMM, per mode\n"
@@ -557,10 +544,10 @@ def build_parser() -> argparse.ArgumentParser:
             "GEMM).  Needs CUDA; ranks sharing one GPU need the MPS daemon."),
         epilog=(
             "examples:\n"
-            "  python -m resident_pg.bench_interference                  # 2 ranks, default mode\n"
-            "  python -m resident_pg.bench_interference --modes default,proxy\n"
-            "  python -m resident_pg.bench_interference --batches 1 --sizes 8 --reps 11\n"
-            "  python -m resident_pg.bench_interference --json interference.json\n"))
+            "  python -m resident_pg.bench.interference                  # 2 ranks, default mode\n"
+            "  python -m resident_pg.bench.interference --modes default,proxy\n"
+            "  python -m resident_pg.bench.interference --batches 1 --sizes 8 --reps 11\n"
+            "  python -m resident_pg.bench.interference --json interference.json\n"))
     p.add_argument("--ws", type=int, default=2, help="ranks [%(default)s]")
     p.add_argument("--batches", default=DEFAULT_BATCHES, metavar="LIST",
                    help="GEMM batch sizes (rows of x) [%(default)s]")
@@ -593,12 +580,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Optional[Sequence[str]] = None):
     """Parsed and validated options (argparse exits with code 2 on an error)."""
-    bench, _ = _siblings()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.batches = bench.parse_int_list(args.batches, "batch")
-        args.sizes = bench.parse_sizes(args.sizes)
+        args.batches = common.parse_int_list(args.batches, "batch")
+        args.sizes = common.parse_sizes(args.sizes)
         args.modes = parse_modes(args.modes)
         args.shape = parse_shape(args.shape)
         if args.ws < 1 or any(b < 1 for b in args.batches):
@@ -613,10 +599,9 @@ def parse_args(argv: Optional[Sequence[str]] = None):
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    bench, bench_cuda = _siblings()
     import torch
     if not torch.cuda.is_available():
-        print("resident_pg.bench_interference needs CUDA: torch.cuda.is_available() is False "
+        print("resident_pg.bench.interference needs CUDA: torch.cuda.is_available() is False "
               "(a GPU, a CUDA build of torch and, for several ranks on one GPU, the MPS daemon)",
               file=sys.stderr)
         return NO_CUDA_EXIT
@@ -624,8 +609,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "reps": args.reps, "gemm_reps": args.gemm_reps, "comm_ops": args.comm_ops,
                 "comm_replays_alone": args.comm_replays_alone, "gemm_ranks": args.gemm_ranks,
                 "timeout": max(args.timeout, 60.0), "gate_cycles": GATE_CYCLES}
-    bench._log(f"resident_pg.bench_interference: {args.ws} ranks, modes {args.modes}, batches "
-               f"{args.batches}, all_reduce sizes {[bench.fmt_size(s) for s in args.sizes]}, "
+    common._log(f"resident_pg.bench.interference: {args.ws} ranks, modes {args.modes}, batches "
+               f"{args.batches}, all_reduce sizes {[common.fmt_size(s) for s in args.sizes]}, "
                f"GEMM [b,{args.shape[0]}]x[{args.shape[0]},{args.shape[1]}] bf16")
     t_run = time.time()
     launches, rows, errors = [], [], []
@@ -634,22 +619,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             msg = f"not run (--time-limit {args.time_limit:g} s reached)"
             launches.append({"mode": mode, "results": {}, "errors": [msg], "wall_s": 0.0})
             errors.append({"mode": mode, "error": msg})
-            bench._log(f"[{mode}] skipped: --time-limit reached")
+            common._log(f"[{mode}] skipped: --time-limit reached")
             continue
-        bench._log(f"[{mode}] launching {args.ws} ranks ...")
+        common._log(f"[{mode}] launching {args.ws} ranks ...")
         cfg = dict(cfg_base, env=dict(MODES[mode]))
         res = launch(mode, cfg, args.ws, args.timeout)
         launches.append(res)
         for e in res["errors"]:
             errors.append({"mode": mode, "error": e})
-            bench._log(f"[{mode}] ERROR: {e.rstrip()}")
+            common._log(f"[{mode}] ERROR: {e.rstrip()}")
         for r, v in sorted(res["results"].items()):
             for e in v.get("check_errors", []):
                 errors.append({"mode": mode, "rank": r, "error": e})
-                bench._log(f"[{mode}] rank {r}: {e}")
+                common._log(f"[{mode}] rank {r}: {e}")
         if len(res["results"]) == args.ws:
             rows += summarize(mode, res["results"], args.batches, args.sizes)
-        bench._log(f"[{mode}] wall {res['wall_s']:.1f} s")
+        common._log(f"[{mode}] wall {res['wall_s']:.1f} s")
     total = time.time() - t_run
 
     gpu = next((v["device"] for ln in launches for v in ln["results"].values()), None)
@@ -674,8 +659,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "platform": platform.platform(), "python": sys.version.split()[0],
                 "torch_version": torch.__version__, "gpu": gpu,
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "git": bench._git_info(), "loadavg": bench._loadavg(),
-                "command_line": [sys.executable, "-m", "resident_pg.bench_interference"] + argv,
+                "git": report._git_info(), "loadavg": report._loadavg(),
+                "command_line": [sys.executable, "-m", "resident_pg.bench.interference"] + argv,
                 "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("RESIDENT_")},
                 "cuda_mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
             },
@@ -697,7 +682,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=1, allow_nan=True)
         os.replace(tmp, args.json)
-        bench._log(f"wrote {args.json}")
+        common._log(f"wrote {args.json}")
     return 1 if errors else 0
 
 
