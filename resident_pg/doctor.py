@@ -420,7 +420,7 @@ def diagnose(env=None, root="/"):
             add(C, name, "WARN", f"{env[name]!r} is {problem}: {effect}",
                 f"unset {name} or see docs/tuning.md")
     for name in sorted(k for k in env if k in REMOVED):
-        add(C, name, "WARN", f"removed ({REMOVED[name]}): group creation fails while this is set",
+        add(C, name, "WARN", f"{REMOVED[name]}: group creation fails while this is set",
             f"unset {name}")
     for name in sorted(k for k in env if k.startswith("RESIDENT_")):
         if name not in options.BY_VARIABLE and name not in NOT_RUNTIME:
