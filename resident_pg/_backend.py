@@ -2,20 +2,11 @@
 
 from datetime import timedelta
 
-from resident_pg import _C
+from resident_pg import _C, options
 
-_OPTION_KEYS = (
-    "path", "slot_bytes", "slots", "max_inflight", "spin_us", "yield_us", "max_sleep_us",
-    "proxy_spin_us", "proxy_cpu", "transport", "tcp_addr", "debug", "gpu_chunk_bytes",
-    "gpu_max_blocks", "gpu_proxy_spin_us", "gpu_pdl", "gpu_prefetch", "gpu_one_round",
-    "gpu_trigger_fence", "gpu_trigger_fence_from", "gpu_proxy_prefetch_bytes", "gpu_proxy_fused_check",
-    "gpu_proxy_streaming", "gpu_p2p_stream", "gpu_protocol", "gpu_proxy_simple_above", "gpu_proxy_trace",
-)
-# The persistent-kernel mode's keys: passed on to the core, whose error says why they are refused.
-_REMOVED_KEYS = (
-    "gpu_persistent", "gpu_persistent_blocks", "gpu_persistent_idle_us", "gpu_persistent_slots",
-    "gpu_persistent_graphs",
-)
+# Keys passed on to the core; the removed ones too, whose error there says why they are refused.
+_OPTION_KEYS = options.PG_KEYS
+_REMOVED_KEYS = tuple(o["key"] for o in options.REMOVED)
 
 
 def normalize_options(backend_options):
@@ -35,7 +26,10 @@ def normalize_options(backend_options):
     for key, value in backend_options.items():
         k = str(key).lower().removeprefix("resident_")
         if k not in _OPTION_KEYS and k not in _REMOVED_KEYS:
-            raise ValueError(f"resident: unknown option {key!r} (known: {', '.join(_OPTION_KEYS)})")
+            near = options.closest(k, pg_only=True)
+            hint = f"did you mean {near.removeprefix('RESIDENT_').lower()!r}? " if near else ""
+            raise ValueError(f"resident: unknown option {key!r} "
+                             f"({hint}known: {', '.join(_OPTION_KEYS)})")
         out[k] = str(value)
     return out
 

@@ -17,32 +17,14 @@ import shutil
 import sys
 import warnings
 
-# README's "Configuration" table: (variable, default); tests/test_doctor.py keeps them in sync.
-CONFIG = [("RESIDENT_DEBUG", "off"), ("RESIDENT_PATH", "auto"), ("RESIDENT_TRANSPORT", "auto"),
-          ("RESIDENT_TCP_ADDR", "first non-loopback IPv4"),
-          ("RESIDENT_SLOT_BYTES", "65536"), ("RESIDENT_SLOTS", "4"),
-          ("RESIDENT_MAX_INFLIGHT", "256"), ("RESIDENT_SPIN_US", "50"),
-          ("RESIDENT_YIELD_US", "2000"), ("RESIDENT_MAX_SLEEP_US", "200"),
-          ("RESIDENT_PROXY_SPIN_US", "20000"), ("RESIDENT_PROXY_CPU", "-1"),
-          ("RESIDENT_GPU_CHUNK_BYTES", "65536"), ("RESIDENT_GPU_MAX_BLOCKS", "0"),
-          ("RESIDENT_GPU_PROXY_SPIN_US", "200000"),
-          ("RESIDENT_GPU_PDL", "1"), ("RESIDENT_GPU_PREFETCH", "1"),
-          ("RESIDENT_GPU_ONE_ROUND", "1"),
-          ("RESIDENT_GPU_TRIGGER_FENCE", "0"), ("RESIDENT_GPU_TRIGGER_FENCE_FROM", "65536"),
-          ("RESIDENT_GPU_PROXY_PREFETCH_BYTES", "1024"), ("RESIDENT_GPU_PROXY_FUSED_CHECK", "1"),
-          ("RESIDENT_GPU_PROXY_STREAMING", "1"),
-          ("RESIDENT_GPU_P2P_STREAM", "auto"),
-          ("RESIDENT_GPU_PROTOCOL", "simple"), ("RESIDENT_GPU_PROXY_SIMPLE_ABOVE", "32768"),
-          ("RESIDENT_GPU_PROXY_TRACE", "(off)"),
-          ("RESIDENT_VLLM", "0"),
-          ("RESIDENT_VLLM_MAX_BYTES", "65536"), ("RESIDENT_VLLM_TIMEOUT_S", "1800")]
+from resident_pg import options
+
+# The registry's options (csrc/core/options.def through resident_pg.options): (variable, default).
+CONFIG = [(o["variable"], o["default"] or "(unset)") for o in options.LIVE]
 NOT_RUNTIME = {"RESIDENT_TEST_BACKEND", "RESIDENT_NO_CUDA"}  # read by tests / setup.py only
-# The persistent-kernel mode's variables: group creation fails while one is set (docs/decisions.md).
-REMOVED = ("RESIDENT_GPU_PERSISTENT", "RESIDENT_GPU_PERSISTENT_BLOCKS", "RESIDENT_GPU_PERSISTENT_IDLE_US",
-           "RESIDENT_GPU_PERSISTENT_SLOTS", "RESIDENT_GPU_PERSISTENT_GRAPHS")
-CHOICES = {"RESIDENT_PATH": ("auto", "direct", "proxy"), "RESIDENT_TRANSPORT": ("auto", "shm", "tcp", "ib"),
-           "RESIDENT_GPU_P2P_STREAM": ("auto", "own"),
-           "RESIDENT_GPU_PROTOCOL": ("ll", "simple")}
+# Refused options (the persistent-kernel mode, switches that measurement settled): group creation
+# fails while one is set.
+REMOVED = {o["variable"]: o["doc"] for o in options.REMOVED}
 NEEDS = {"cpu": {"cpu"}, "cuda": {"cpu", "cuda"}, "rdma": {"cpu", "rdma"}}
 ALL = ("cpu", "cuda", "rdma")
 # CUdevice_attribute values, the same numbers as cudaDeviceAttr's
@@ -429,16 +411,22 @@ def diagnose(env=None, root="/"):
 
     C = "Configuration"
     facts["config"] = cfg = {n: {"value": env.get(n, d), "default": d, "set": n in env} for n, d in CONFIG}
-    for name, choices in CHOICES.items():
-        if cfg[name]["value"].lower() not in choices:
-            add(C, name, "WARN", f"{cfg[name]['value']!r} is not one of {', '.join(choices)}: "
-                "group creation will fail", f"unset {name} or set one of {', '.join(choices)}")
+    for name in sorted(k for k in env if k in options.BY_VARIABLE and k not in REMOVED):
+        opt = options.BY_VARIABLE[name]
+        problem = options.check_value(opt, env[name])
+        if problem:
+            effect = ("group creation will fail" if opt["reader"] == "Config"
+                      else f"{opt['reader']} refuses it")
+            add(C, name, "WARN", f"{env[name]!r} is {problem}: {effect}",
+                f"unset {name} or see docs/tuning.md")
     for name in sorted(k for k in env if k in REMOVED):
-        add(C, name, "WARN", "the persistent-kernel mode was removed (a kernel per op was measured "
-            "faster, docs/decisions.md): group creation fails while this is set", f"unset {name}")
+        add(C, name, "WARN", f"{REMOVED[name]}: group creation fails while this is set",
+            f"unset {name}")
     for name in sorted(k for k in env if k.startswith("RESIDENT_")):
-        if name not in cfg and name not in NOT_RUNTIME and name not in REMOVED:
-            add(C, name, "WARN", "not a resident setting (typo?)", "see docs/tuning.md")
+        if name not in options.BY_VARIABLE and name not in NOT_RUNTIME:
+            near = options.closest(name)
+            add(C, name, "WARN", "not a resident setting (typo?" + (f" did you mean {near}?)" if near
+                                                                    else ")"), "see docs/tuning.md")
     return dict(facts, checks=checks)
 
 

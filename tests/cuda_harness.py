@@ -318,25 +318,12 @@ def timeout_phase(rank, ws, tg):
 
 # Variants of a path: "PATH+knob+knob" runs PATH with these settings of the CUDA path's knobs.
 PATH_KNOBS = {
-    "noprefetch": {"RESIDENT_GPU_PREFETCH": "0"},  # the first payload word loaded where used
-    "general": {"RESIDENT_GPU_ONE_ROUND": "0"},  # the general kernel for ops of one part too
-    "fence": {"RESIDENT_GPU_TRIGGER_FENCE": "1"},     # fenced triggers, no proxy-side check
-    "memcpy": {"RESIDENT_GPU_PROXY_STREAMING": "0"},  # the proxy copies with memcpy
     "own": {"RESIDENT_GPU_P2P_STREAM": "own"},        # send/recv launched at once on their own streams
     # one block per op: several 2 KiB parts per block, one trigger over them (proxy path)
     "blocks1": {"RESIDENT_GPU_MAX_BLOCKS": "1"},
     # direct peers: LL lines for every op (the default, simple, sends payload + one flag per part
     # for ops whose first round to a direct peer exceeds half a chunk)
     "ll": {"RESIDENT_GPU_PROTOCOL": "ll"},
-    # proxied peers: payload + flags (raised by the proxy) for every op, 8 B included
-    "psimple0": {"RESIDENT_GPU_PROXY_SIMPLE_ABOVE": "0"},
-    # proxied peers: LL lines for every op (the default takes payload + flags above 32 KiB)
-    "pll": {"RESIDENT_GPU_PROXY_SIMPLE_ABOVE": "off"},
-    # proxied peers: no op fences its LL lines' triggers; the proxy checks every line (with
-    # pll: multi-round 1 MiB ops too)
-    "unfenced": {"RESIDENT_GPU_TRIGGER_FENCE_FROM": "off"},
-    # the proxy checks and copies unfenced lines in one pass as it pops each trigger
-    "fused": {"RESIDENT_GPU_PROXY_FUSED_CHECK": "1"},
     # every peer over the tcp transport, even on one host (the cross-host path; every peer is
     # then proxied, so it goes with the proxy path: RESIDENT_PATH=direct refuses to form)
     "tcp": {"RESIDENT_TRANSPORT": "tcp"},
@@ -345,11 +332,9 @@ PATH_KNOBS = {
 # these runs a suite's whole matrix, not the reduced one of the variants.
 TRANSPORT_KNOBS = ("tcp",)
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
-PATH_VARIANTS = ("direct+noprefetch", "direct+general", "proxy+general", "proxy+fence", "proxy+memcpy",
-                 "proxy+blocks1", "direct+ll", "proxy+psimple0", "proxy+pll", "proxy+pll+unfenced", "proxy+pll+unfenced+fused")
+PATH_VARIANTS = ("proxy+blocks1", "direct+ll")
 # More ranks for the settings whose device code differs with the number of partners.
-WIDE_VARIANTS = ((4, "direct+ll"), (8, "direct+ll"), (4, "proxy+psimple0"),
-                 (8, "proxy+psimple0"))
+WIDE_VARIANTS = ((4, "direct+ll"), (8, "direct+ll"))
 
 
 def path_env(path):

@@ -47,10 +47,9 @@ pytestmark = C.module_marks()
 
 WS = C.WORLD_SIZES
 TCP = "proxy+tcp"
-# Knobs that change what crosses tcp (cuda_harness.PATH_KNOBS): payload + flags for every op,
-# LL lines for every op, one trigger over several parts (one block per op).
-VARIANTS = [(2, "proxy+psimple0+tcp"), (2, "proxy+pll+tcp"), (2, "proxy+blocks1+tcp"),
-            (4, "proxy+psimple0+tcp")]
+# A knob that changes what crosses tcp (cuda_harness.PATH_KNOBS): one trigger over several parts
+# (one block per op).
+VARIANTS = [(2, "proxy+blocks1+tcp")]
 COLL_KEYS = [(ws, TCP) for ws in WS] + [k for k in VARIANTS if k[0] in WS]
 P2P_KEYS = [(ws, p) for ws in WS for p in (TCP, "proxy+own+tcp") if ws <= 4 or p == TCP]
 GRAPH_KEYS = [(ws, TCP) for ws in WS]

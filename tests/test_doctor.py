@@ -159,12 +159,31 @@ def test_need_without_strict_always_exits_0():
 
 
 def test_config_table_matches_tuning_doc():
-    """docs/tuning.md's "## Configuration" table lists doctor.CONFIG's options, in order, with
-    the same defaults."""
+    """docs/tuning.md's "## Configuration" table lists doctor.CONFIG's options (the registry's),
+    with the same defaults."""
     doc = open(os.path.join(ROOT, "docs", "tuning.md")).read()
     table = re.search(r"## Configuration\n(.*?)\n## ", doc, re.S).group(1)
     rows = re.findall(r"^\| `(RESIDENT_\w+)` \| `?([^|`]+?)`? \|", table, re.M)
-    assert rows == doctor.CONFIG
+    assert sorted(rows) == sorted(doctor.CONFIG) and len(rows) == len(doctor.CONFIG)
+
+
+def test_diagnose_names_the_closest_option_and_checks_values(tmp_path):
+    """An unknown RESIDENT_* name is a warning that names the nearest registered option; a value
+    outside an option's range or choices is a warning naming the problem; a removed switch is a
+    warning saying why and to unset it."""
+    (tmp_path / "dev/shm").mkdir(parents=True)
+    env = {"RESIDENT_SPIN_U": "1", "RESIDENT_SLOTS": "1", "RESIDENT_GPU_PREFETCH": "0",
+           "RESIDENT_MAX_INFLIGHT": "64"}
+    rep = doctor.finish(doctor.diagnose(env=env, root=str(tmp_path)), "cpu", False)
+    c = check(rep, "Configuration", "RESIDENT_SPIN_U")
+    assert c["status"] == "WARN" and "RESIDENT_SPIN_US" in c["detail"], c
+    c = check(rep, "Configuration", "RESIDENT_SLOTS")
+    assert c["status"] == "WARN" and "[2, 1024]" in c["detail"], c
+    c = check(rep, "Configuration", "RESIDENT_GPU_PREFETCH")
+    assert c["status"] == "WARN" and "removed" in c["detail"] and "typo" not in c["detail"], c
+    assert c["next_step"] == "unset RESIDENT_GPU_PREFETCH", c
+    assert not [x for x in rep["checks"] if x["name"] == "RESIDENT_MAX_INFLIGHT"]
+    assert rep["config"]["RESIDENT_MAX_INFLIGHT"] == {"value": "64", "default": "256", "set": True}
 
 
 # ---- parsers, against fake trees ----

@@ -366,10 +366,9 @@ def _init_outcome_job(rank, ws):
 
 
 @pytest.mark.resident_only
-@pytest.mark.parametrize("var,value", [("RESIDENT_GPU_TRIGGER_FENCE", "2"),
-                                       ("RESIDENT_GPU_PROXY_STREAMING", "2"),
-                                       ("RESIDENT_GPU_ONE_ROUND", "2"),
-                                       ("RESIDENT_GPU_MAX_BLOCKS", "65")])
+@pytest.mark.parametrize("var,value", [("RESIDENT_GPU_MAX_BLOCKS", "65"),
+                                       ("RESIDENT_GPU_CHUNK_BYTES", "1024"),
+                                       ("RESIDENT_PROXY_CPU", "-2")])
 def test_gpu_knobs_are_validated(var, value):
     out = H.run_ranks(_init_outcome_job, 1, env={var: value}, init=False, timeout_s=60)[0]
     assert "invalid value" in out and var.lower().replace("resident_", "") in out, out
@@ -379,8 +378,7 @@ def test_gpu_knobs_are_validated(var, value):
 @pytest.mark.parametrize("var,bad,choices,good", [
     ("RESIDENT_GPU_P2P_STREAM", "caller", "auto or own", "own"),
     ("RESIDENT_GPU_PROTOCOL", "ll128", "ll or simple", "simple"),
-    ("RESIDENT_GPU_PROXY_SIMPLE_ABOVE", "lots", "off or a byte count in [0, 1048576]", "off"),
-    ("RESIDENT_GPU_TRIGGER_FENCE_FROM", "lots", "off or a byte count in [0, 4294967296]", "off")])
+    ("RESIDENT_TRANSPORT", "verbs", "auto, shm, tcp or ib", "shm")])
 def test_choice_knobs_are_validated(var, bad, choices, good):
     """A knob with named choices takes only those; anything else fails the group's creation
     with a message that names the variable and the choices."""
@@ -451,8 +449,7 @@ def _protocol_agreement_job(rank, ws):
     # The default is simple: rank 0 asks for ll.
     out = {"protocol": attempt({"gpu_protocol": "ll"} if rank == 0 else None),
            "path": attempt({"path": "proxy" if rank == 0 else "auto"}),
-           "ll_paths": attempt({"gpu_protocol": "ll", "path": "proxy" if rank == 0 else "auto"}),
-           "proxy_above": attempt({"gpu_proxy_simple_above": "0"} if rank == 0 else None)}
+           "ll_paths": attempt({"gpu_protocol": "ll", "path": "proxy" if rank == 0 else "auto"})}
     g = dist.new_group([0, 1], backend="resident", pg_options={"gpu_protocol": "simple"})
     t = torch.arange(4, dtype=torch.int64) * (rank + 3)
     dist.all_reduce(t, group=g)
@@ -463,8 +460,8 @@ def _protocol_agreement_job(rank, ws):
 
 @pytest.mark.resident_only
 def test_gpu_protocol_must_agree():
-    """RESIDENT_GPU_PROTOCOL and RESIDENT_GPU_PROXY_SIMPLE_ABOVE pick the CUDA path's wire
-    format per pair on the device, so all ranks must agree on them (and, with
+    """RESIDENT_GPU_PROTOCOL picks the CUDA path's wire format per pair on the device, so all
+    ranks must agree on it (and, with
     RESIDENT_GPU_PROTOCOL=simple, on RESIDENT_PATH); a group whose ranks differ fails to form on
     every rank with a message naming both settings. Otherwise different paths work (a pair
     proxied one way takes the proxied rule on both ranks); a group that agrees works."""
@@ -474,9 +471,5 @@ def test_gpu_protocol_must_agree():
         assert "RESIDENT_GPU_PROTOCOL=ll" in out["protocol"], out
         assert "RESIDENT_PATH=proxy" in out["path"] and "RESIDENT_PATH=auto" in out["path"], out
         assert out["ll_paths"] == "no error", out
-        assert out["proxy_above"].startswith("ValueError"), out
-        assert "RESIDENT_GPU_PROXY_SIMPLE_ABOVE=0" in out["proxy_above"], out
-        assert "RESIDENT_GPU_PROXY_SIMPLE_ABOVE=32768" in out["proxy_above"], out
         assert out["sum"] == [0, 7, 14, 21], out
         assert "gpu_protocol=simple" in out["config"], out
-        assert "gpu_proxy_simple_above=32768" in out["config"], out

@@ -55,15 +55,13 @@ def test_pg_options_are_validated():
 
 
 def test_python_option_keys_match_the_core():
-    """Every key the C++ Config accepts (csrc/core/config.cpp kKeys) is accepted as a backend
-    option by the Python side, and nothing else (debug is the logger's)."""
-    import os
-    import re
+    """The keys the Python side accepts as backend options are the core registry's pg_options
+    keys (resident_pg._C.options(), csrc/core/options.def), the removed ones passed on to be
+    refused there."""
+    from resident_pg import _C
+    from resident_pg._backend import _OPTION_KEYS, _REMOVED_KEYS
 
-    from resident_pg._backend import _OPTION_KEYS
-
-    src = open(os.path.join(os.path.dirname(__file__), "..", "csrc", "core", "config.cpp")).read()
-    body = re.search(r"kKeys\[\]\s*=\s*\{(.*?)\};", src, re.S).group(1)
-    core = set(re.findall(r'"([a-z_0-9]+)"', body))
-    assert core, "could not read kKeys from config.cpp"
-    assert set(_OPTION_KEYS) - {"debug"} == core
+    core = _C.options()
+    assert set(_OPTION_KEYS) == {o["key"] for o in core if o["pg_option"] and o["tier"] != "removed"}
+    assert set(_REMOVED_KEYS) == {o["key"] for o in core if o["tier"] == "removed"}
+    assert {"path", "slots", "debug"} <= set(_OPTION_KEYS) and "vllm" not in _OPTION_KEYS

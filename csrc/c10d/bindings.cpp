@@ -8,6 +8,7 @@
 #include "c10d/process_group_resident.hpp"
 #include "core/ib/ib_caps.hpp"
 #include "core/log.hpp"
+#include "core/options.hpp"
 #include "core/shm_segment.hpp"
 
 namespace py = pybind11;
@@ -52,6 +53,29 @@ PYBIND11_MODULE(_C, m) {
       "(True, '') when this machine has an active RDMA port, else (False, reason).");
   m.def("remove_stale_segments", &resident::ShmSegment::removeStale,
         "Remove /dev/shm names left by resident processes that no longer exist.");
+  m.def(
+      "options",
+      [] {
+        py::list out;
+        for (const resident::OptionSpec& s : resident::optionSpecs()) {
+          py::dict d;
+          d["key"] = s.key;
+          d["variable"] = resident::variableName(s.key);
+          d["kind"] = resident::kindName(s.kind);
+          d["tier"] = resident::tierName(s.tier);
+          d["default"] = s.default_value;
+          d["min"] = s.min;
+          d["max"] = s.max;
+          d["choices"] = s.choices;
+          d["doc"] = s.doc;
+          d["reader"] = s.reader;
+          d["pg_option"] = s.pg_option;
+          out.append(d);
+        }
+        return out;
+      },
+      "The option registry (csrc/core/options.def): a dict per RESIDENT_* option, removed ones "
+      "included (tier 'removed', doc: why).");
   m.def("set_log_level",
         [](int level) { resident::setLogLevel(static_cast<resident::LogLevel>(level)); });
 }

@@ -490,7 +490,7 @@ c10::Device cudaPathFor(Communicator& comm, std::shared_ptr<GpuCommunicator>& gp
     auto made = std::make_shared<CudaStreams>(device.index(), comm.size());
     gpu = std::make_shared<GpuCommunicator>(comm, device.index(), timeout_ms);
     streams = std::move(made);
-    if (comm.config().gpu_p2p_lazy) streams->flusher_ = sharedFlusher();
+    if (comm.config().gpu_p2p_stream == P2PStream::kAuto) streams->flusher_ = sharedFlusher();
   } else if (gpu->device() != device.index()) {
     throw InvalidArgument(
         "resident: this group's CUDA path is on cuda:" + std::to_string(gpu->device()) +
@@ -572,9 +572,15 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<Gp
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t current = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const unsigned long long capture = captureIdOf(current);
-  WorkCuda::P2PLaunch p{
-      send,   tensor.data_ptr(),         tensor.nbytes(), peer, current, streams->get(), capture,
-      tensor, comm.config().gpu_p2p_lazy};
+  WorkCuda::P2PLaunch p{send,
+                        tensor.data_ptr(),
+                        tensor.nbytes(),
+                        peer,
+                        current,
+                        streams->get(),
+                        capture,
+                        tensor,
+                        comm.config().gpu_p2p_stream == P2PStream::kAuto};
   C10_CUDA_CHECK(cudaEventRecord(p.ready, current));
   std::vector<at::Tensor> outputs;
   if (!send) outputs.push_back(tensor);

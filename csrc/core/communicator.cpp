@@ -31,23 +31,18 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }
 
 // What every rank must agree on for the CUDA path's protocol: "ll" or "simple/<path>" for
-// direct pairs (the direct rule applies only to pairs direct both ways), then "," and the
-// proxied pairs' RESIDENT_GPU_PROXY_SIMPLE_ABOVE: one field of the setup descriptor. Both ranks of
-// a pair pick its protocol from the byte counts alone, so they must apply the same rule.
+// direct pairs (the direct rule applies only to pairs direct both ways): one field of the setup
+// descriptor. Both ranks of a pair pick its protocol from the byte counts alone, so they must
+// apply the same rule.
 std::string gpuProtocolKey(const Config& cfg) {
-  const std::string direct =
-      cfg.gpu_protocol_simple ? std::string("simple/") + pathModeName(cfg.path) : "ll";
-  return direct + "," + limitName(cfg.gpu_proxy_simple_above, kGpuSimpleNever);
+  return cfg.gpu_protocol == GpuProtocol::kSimple ? std::string("simple/") + pathModeName(cfg.path)
+                                                  : "ll";
 }
 
 std::string describeProtocolKey(const std::string& key) {
-  const size_t comma = key.find(',');
-  const std::string direct = key.substr(0, comma);
-  const std::string proxy = comma == std::string::npos ? "?" : key.substr(comma + 1);
-  const std::string tail = " RESIDENT_GPU_PROXY_SIMPLE_ABOVE=" + proxy;
-  if (direct.rfind("simple/", 0) == 0)
-    return "RESIDENT_GPU_PROTOCOL=simple with RESIDENT_PATH=" + direct.substr(7) + tail;
-  return "RESIDENT_GPU_PROTOCOL=" + direct + tail;
+  if (key.rfind("simple/", 0) == 0)
+    return "RESIDENT_GPU_PROTOCOL=simple with RESIDENT_PATH=" + key.substr(7);
+  return "RESIDENT_GPU_PROTOCOL=" + key;
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ class Transport {
   // The same for bytes a GPU will read (the CUDA path's lines): a transport may write them so
   // that they do not linger in this CPU's caches, where a GPU read over PCIe must snoop them.
   // `prefetch`: how far ahead (bytes) a copy may ask for a source a GPU wrote (streamingCopy);
-  // the proxy passes RESIDENT_GPU_PROXY_PREFETCH_BYTES here and to writeLandedLines alike.
+  // the proxy passes the same distance here and to writeLandedLines.
   virtual void writeForDevice(int peer, size_t offset, const void* src, size_t bytes,
                               size_t /*prefetch*/) {
     write(peer, offset, src, bytes);

@@ -77,16 +77,7 @@ void writeDeviceState(gpu::DeviceState* dst, const gpu::DeviceState& src) {
 }  // namespace
 
 GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeout_ms)
-    : comm_(comm),
-      rank_(comm.rank()),
-      nranks_(comm.size()),
-      device_(device),
-      pdl_(comm.config().gpu_pdl),
-      prefetch_(comm.config().gpu_prefetch),
-      one_round_(comm.config().gpu_one_round),
-      proxy_streaming_(comm.config().gpu_proxy_streaming),
-      proxy_prefetch_(comm.config().gpu_proxy_prefetch_bytes),
-      fence_from_(comm.config().gpu_trigger_fence_from) {
+    : comm_(comm), rank_(comm.rank()), nranks_(comm.size()), device_(device) {
   if (nranks_ > gpu::kMaxRanks) {
     throw InvalidArgument("resident: CUDA tensors are supported in groups of at most " +
                           std::to_string(gpu::kMaxRanks) + " ranks; this group has " +
@@ -101,7 +92,6 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   }
   DeviceGuard guard(device);
   RelaxedCapture relaxed;
-  const bool fused_check = comm.config().gpu_proxy_fused_check && proxy_streaming_;
   auto registerMapped = [&](unsigned char* base, size_t bytes, int owner) -> unsigned char* {
     checkCuda(cudaHostRegister(base, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
               "cudaHostRegister of a shared segment");
@@ -120,7 +110,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       if (comm.proxied(p)) {
         any_proxied_ = true;
         region_.proxied |= 1ull << p;
-        if (fused_check && comm.transport().fusesLineCheck(p)) fused_peers_ |= 1ull << p;
+        if (comm.transport().fusesLineCheck(p)) fused_peers_ |= 1ull << p;
         continue;
       }
       if (comm.peerSegmentBytes(p) < needed) {
@@ -160,15 +150,13 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   gpu::setRegionLayout(region_, lay);
   region_.timeout_ns = timeout_ms * 1000000ull;
   timeout_ns_.store(region_.timeout_ns, std::memory_order_relaxed);
-  region_.trigger_fence = comm.config().gpu_trigger_fence ? 1u : 0u;
   // simplePair's thresholds: direct pairs above half a chunk with RESIDENT_GPU_PROTOCOL=simple;
-  // proxied ones above RESIDENT_GPU_PROXY_SIMPLE_ABOVE, capped at half a chunk (above that an
-  // op's LL lines would reach the slot's simple payload half, simple_device.cuh).
+  // proxied ones above kProxySimpleAbove, capped at half a chunk (above that an op's LL lines
+  // would reach the slot's simple payload half, simple_device.cuh).
   const Config& cfg = comm.config();
-  region_.simple_above[0] = cfg.gpu_protocol_simple ? lay.chunk / 2 : gpu::kSimpleNever;
-  const uint32_t proxy_above = cfg.gpu_proxy_simple_above;
-  region_.simple_above[1] =
-      proxy_above == kGpuSimpleNever ? gpu::kSimpleNever : std::min(proxy_above, lay.chunk / 2);
+  region_.simple_above[0] =
+      cfg.gpu_protocol == GpuProtocol::kSimple ? lay.chunk / 2 : gpu::kSimpleNever;
+  region_.simple_above[1] = std::min(kProxySimpleAbove, lay.chunk / 2);
   // Could any op be simple? Then the residency budget below is that of the heavier build.
   // (Region::simple itself is set per op, in launchCollective.)
   bool simple_possible = false;

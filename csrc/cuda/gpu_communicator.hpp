@@ -86,12 +86,12 @@ class GpuCommunicator : public ProxyHandler {
   // Proxy side of a checked trigger (the kernel did not fence the lines before it): the bytes
   // of the range's leading lines that carry `flag`, without waiting.
   uint64_t linesLanded(const unsigned char* lines, uint64_t bytes, uint32_t flag) const {
-    return landedLlLines(lines, bytes, flag, proxy_prefetch_);
+    return landedLlLines(lines, bytes, flag, kProxyPrefetchBytes);
   }
   // Waits until every LL line of the range carries `flag` (the caller fences before the payload
   // is read). False on abort or after the group's timeout.
   bool linesArrived(const unsigned char* lines, uint64_t bytes, uint32_t flag) const;
-  // RESIDENT_GPU_PROXY_FUSED_CHECK: posts the lines of an unfenced trigger as they land
+  // Posts the lines of an unfenced trigger as they land
   // (Transport::writeLandedLines), calling before_wait() before each wait for a line in flight.
   // False when a line did not arrive (abort, or the group's timeout).
   template <typename BeforeWait>
@@ -110,12 +110,20 @@ class GpuCommunicator : public ProxyHandler {
   Communicator& comm_;
   const int rank_, nranks_;
   int device_ = -1;
-  const bool pdl_;
-  const bool prefetch_;
-  const bool one_round_;           // RESIDENT_GPU_ONE_ROUND: launchOneRound for the ops it takes
-  const bool proxy_streaming_;     // RESIDENT_GPU_PROXY_STREAMING: Transport::writeForDevice
-  const uint32_t proxy_prefetch_;  // RESIDENT_GPU_PROXY_PREFETCH_BYTES: the line check's
-  const uint64_t fence_from_;      // RESIDENT_GPU_TRIGGER_FENCE_FROM: fenceTriggers
+  // How far ahead the proxy asks for the outbox bytes it checks (unfenced LL lines) and
+  // copies: a GPU's lines are cache misses to the CPU. 1 KiB was faster than none in 12-16 of
+  // 16 proxied cells of two of three side-by-side runs on the H200; 4 KiB was no better.
+  static constexpr uint32_t kProxyPrefetchBytes = 1024;
+  // Every kernel is launched with programmatic dependent launch: the next op's kernel is
+  // scheduled while the previous one drains (a graph node boundary 0.61 instead of 0.87 us on
+  // the H200, a probe of 200-node graphs; docs/decisions.md). The launchers still take the flag.
+  static constexpr bool kPdl = true;
+  // Proxied rounds of at least this many bytes to one peer fence their triggers on the device;
+  // smaller ones leave the lines to the proxy's check (fenceTriggers).
+  static constexpr uint64_t kFenceFromBytes = 64 * 1024;
+  // Proxied ops whose first round to the peer carries more than this many bytes (capped at half
+  // a chunk) go as payload + flags raised by the proxy; smaller ones as LL lines.
+  static constexpr uint32_t kProxySimpleAbove = 32 * 1024;
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;
@@ -131,7 +139,7 @@ class GpuCommunicator : public ProxyHandler {
   bool kernels_aborted_ = false;  // proxy pass only: the abort word was raised for a failed group
   bool any_proxied_ = false;
   // Bit p: the proxy checks and copies peer p's unfenced lines in one pass as it pops them
-  // (RESIDENT_GPU_PROXY_FUSED_CHECK, with streaming, on a transport that fuses: shm).
+  // (on a transport that fuses: shm).
   uint64_t fused_peers_ = 0;
   // forwardCredits: per peer, the credit last forwarded for each p2p slot (proxy thread only).
   std::vector<std::array<uint64_t, GpuLayout::kP2PSlots>> credit_sent_;

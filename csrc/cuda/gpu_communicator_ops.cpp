@@ -48,14 +48,13 @@ uint32_t GpuCommunicator::blocksFor(uint64_t first_round_bytes) const {
 }
 
 // Checked triggers pay off for small ops (the proxy starts on the lines while they land); from
-// RESIDENT_GPU_TRIGGER_FENCE_FROM (64 KiB, a full chunk) bytes per peer and round those ops
-// fence on the device. With the proxy checking and copying a line in one pass (fused check),
-// unfenced rounds of 32 KiB per peer read 5-22% faster than fenced ones in both repetitions
-// of one run (H200, `bash scripts/device_run.sh bench-ab` with RESIDENT_GPU_TRIGGER_FENCE_FROM
-// variants as RESIDENT_AB_BACKENDS); at 64 KiB per peer the two were within 4%, and with a
-// separate check and copy unfenced was 31% slower there.
+// kFenceFromBytes (64 KiB, a full chunk) bytes per peer and round those ops fence on the device.
+// With the proxy checking and copying a line in one pass, unfenced rounds of 32 KiB per peer
+// read 5-22% faster than fenced ones in both repetitions of one run (H200, the bench-ab stage of
+// scripts/device_run.sh with fence thresholds as backends); at 64 KiB per peer the two were
+// within 4%, and with a separate check and copy unfenced was 31% slower there.
 uint32_t GpuCommunicator::fenceTriggers(uint64_t first_round_bytes) const {
-  return region_.trigger_fence != 0 || first_round_bytes >= fence_from_ ? 1u : 0u;
+  return first_round_bytes >= kFenceFromBytes ? 1u : 0u;
 }
 
 gpu::Region GpuCommunicator::opRegion() const {
@@ -112,19 +111,17 @@ void GpuCommunicator::launchCollective(void* stream) {
   // The same bytes to every partner? Then their first word can be loaded at kernel start.
   a.common_send = nullptr;
   a.common_send_bytes = 0;
-  if (prefetch_) {
-    const gpu::PeerPlan* first = nullptr;
-    bool same = true;
-    for (int p = 0; p < nranks_ && same; ++p) {
-      const gpu::PeerPlan& pp = a.peers[p];
-      if (p == rank_ || pp.rounds == 0) continue;
-      if (first == nullptr) first = &pp;
-      same = pp.send == first->send && pp.send_bytes == first->send_bytes;
-    }
-    if (same && first != nullptr && first->send != nullptr && first->send_bytes > 0) {
-      a.common_send = first->send;
-      a.common_send_bytes = first->send_bytes;
-    }
+  const gpu::PeerPlan* first = nullptr;
+  bool same = true;
+  for (int p = 0; p < nranks_ && same; ++p) {
+    const gpu::PeerPlan& pp = a.peers[p];
+    if (p == rank_ || pp.rounds == 0) continue;
+    if (first == nullptr) first = &pp;
+    same = pp.send == first->send && pp.send_bytes == first->send_bytes;
+  }
+  if (same && first != nullptr && first->send != nullptr && first->send_bytes > 0) {
+    a.common_send = first->send;
+    a.common_send_bytes = first->send_bytes;
   }
   a.rounds_max = rounds_max;
   a.reg.trigger_fence = fenceTriggers(first_round_max);
@@ -134,18 +131,18 @@ void GpuCommunicator::launchCollective(void* stream) {
   // protocol for direct partners (its build with Region::simple), not for proxied ones, whose
   // payload and flags go as triggers (the general kernel's pushSimpleRound).
   const uint32_t parts = partsOf(first_round_max);
-  if (one_round_ && rounds_max == 1 && parts <= max_blocks_ && !simple_proxied) {
+  if (rounds_max == 1 && parts <= max_blocks_ && !simple_proxied) {
     // Lines of part 0 (a whole part when there are several), at least the one credit line.
     const uint32_t lines = gpu::payloadLines(static_cast<uint32_t>(first_round_max), 0);
     const unsigned threads = ((lines ? lines : 1u) + 31) / 32 * 32;
     a.parts_per_block = 1;
-    checkCuda(gpu::launchOneRound(a, parts, threads, static_cast<cudaStream_t>(stream), pdl_),
+    checkCuda(gpu::launchOneRound(a, parts, threads, static_cast<cudaStream_t>(stream), kPdl),
               "launching the one-round collective kernel");
     return;
   }
   const uint32_t blocks = blocksFor(first_round_max);
   a.parts_per_block = partsFor(first_round_max, blocks);
-  checkCuda(gpu::launchCollective(a, blocks, static_cast<cudaStream_t>(stream), pdl_),
+  checkCuda(gpu::launchCollective(a, blocks, static_cast<cudaStream_t>(stream), kPdl),
             "launching the collective kernel");
 }
 
@@ -289,7 +286,7 @@ void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t
   const uint32_t blocks = want < cap ? want : cap;
   a.parts_per_block = partsFor(first, blocks);
   auto s = static_cast<cudaStream_t>(stream);
-  checkCuda(is_send ? gpu::launchSend(a, blocks, s, pdl_) : gpu::launchRecv(a, blocks, s, pdl_),
+  checkCuda(is_send ? gpu::launchSend(a, blocks, s, kPdl) : gpu::launchRecv(a, blocks, s, kPdl),
             is_send ? "launching the send kernel" : "launching the recv kernel");
 }
 

@@ -109,7 +109,7 @@ bool GpuCommunicator::writeLinesAsTheyLand(const GpuWriteRequest& r, BeforeWait&
   const int peer = static_cast<int>(r.peer);
   for (uint64_t done = 0;;) {
     const uint64_t now = transport.writeLandedLines(peer, remote + done, lines + done,
-                                                    r.bytes - done, r.value, proxy_prefetch_);
+                                                    r.bytes - done, r.value, kProxyPrefetchBytes);
     if (trace_ && now != 0) trace_->record(TraceEvent::kPosted, peer, now);
     done += now;
     if (done + 16 > r.bytes) return true;
@@ -138,7 +138,7 @@ bool GpuCommunicator::proxyPoll() {
   // this was 4-15% faster than posting each part's copy and flags as they came, from 16 KiB.
   // Unfenced LL lines to a transport that fuses (shm) skip the batch: each trigger's lines are
   // checked and copied in one pass as it is popped, one fence per pass before the batch's posts
-  // (RESIDENT_GPU_PROXY_FUSED_CHECK; H200: 14-24% faster at 16-32 KiB).
+  // (H200: 14-24% faster at 16-32 KiB than checking first, docs/decisions.md).
   BatchWrite batch[64];
   int n = 0;
   struct Flag {
@@ -158,11 +158,8 @@ bool GpuCommunicator::proxyPoll() {
     n = sortAndMergeWrites(batch, n);
     for (int i = 0; i < n; ++i) {
       const size_t remote = comm_.gpuRegionOffset() + batch[i].remote;
-      if (proxy_streaming_)
-        transport.writeForDevice(batch[i].peer, remote, outbox_host_ + batch[i].local,
-                                 batch[i].bytes, proxy_prefetch_);
-      else
-        transport.write(batch[i].peer, remote, outbox_host_ + batch[i].local, batch[i].bytes);
+      transport.writeForDevice(batch[i].peer, remote, outbox_host_ + batch[i].local, batch[i].bytes,
+                               kProxyPrefetchBytes);
       if (trace_) trace_->record(TraceEvent::kPosted, batch[i].peer, batch[i].bytes);
     }
     n = 0;
@@ -192,7 +189,7 @@ bool GpuCommunicator::proxyPoll() {
     bool arrived = true;
     if (r.kind == TriggerKind::kLines && r.peer < gpu::kMaxRanks &&
         ((fused_peers_ >> r.peer) & 1) != 0) {
-      // RESIDENT_GPU_PROXY_FUSED_CHECK: the lines checked and copied in one pass, now. Marked
+      // The lines checked and copied in one pass, now. Marked
       // unflushed first: a flush inside the call (before a wait) fences what it copied so far.
       unflushed_lines = true;
       arrived = writeLinesAsTheyLand(r, [&] { flush(); });

@@ -1,6 +1,6 @@
 # Sourced by scripts/device_run.sh: variants side by side in one run (2 ranks, graph mode unless
 # said, ratios to this call's floors), so that machine noise between runs cannot decide.
-# stage bench-ab: the defaults beside RESIDENT_GPU_PREFETCH=0 and (proxy) RESIDENT_GPU_PROXY_STREAMING=0 and RESIDENT_GPU_TRIGGER_FENCE=1 ($OUT/bench_ab.json, ~1 min; RESIDENT_AB_BACKENDS, RESIDENT_AB_SIZES).
+# stage bench-ab: backends side by side, each twice (default: the direct and proxy paths and tcp; RESIDENT_AB_BACKENDS, RESIDENT_AB_SIZES) ($OUT/bench_ab.json, ~1 min).
 # stage bench-ab-tree: this tree against the one in RESIDENT_AB_TREE, alternately, RESIDENT_AB_TREE_RUNS rounds (default 2) ($OUT/bench_ab_tree_{this,other}_N.json, ~1.5 min to build the other tree).
 # stage bench-protocol: RESIDENT_GPU_PROTOCOL simple (the default) beside ll, twice each, direct path, 2/4/8 ranks, 64 KiB..1 MiB ($OUT/bench_protocol.json; RESIDENT_BENCH_LIMIT_S).
 # stage bench-p2p: send/recv (and all_reduce) 8 B..1 MiB, eager and graph, direct, direct with RESIDENT_GPU_P2P_STREAM=own, proxy ($OUT/bench_p2p.json, ~1 min; RESIDENT_P2P_BACKENDS, RESIDENT_P2P_SIZES).
@@ -18,7 +18,7 @@ ab_bench() {
 if has bench-ab; then
   step "bench (cuda, knob A/B)"
   need_floors
-  ab_bench 8,4K,16K,64K "resident:path=direct,resident:path=direct:RESIDENT_GPU_PREFETCH=0,resident:path=proxy,resident:path=proxy:RESIDENT_GPU_PROXY_STREAMING=0,resident:path=proxy:RESIDENT_GPU_TRIGGER_FENCE=1" \
+  ab_bench 8,4K,16K,64K "resident:path=direct,resident:path=proxy,resident:transport=tcp,resident:path=direct,resident:path=proxy,resident:transport=tcp" \
     200 bench_ab > "$OUT/bench_ab.log" 2>&1 || status=1
   tail -n 70 "$OUT/bench_ab.log"
 fi

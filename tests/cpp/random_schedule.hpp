@@ -90,7 +90,7 @@ Outcome exploreSchedules(int trials, uint32_t seed, MakeModel make) {
 }
 
 // The simple protocol's thresholds a model runs under for a chunk: `never`; the half chunk of
-// RESIDENT_GPU_PROTOCOL=simple (and RESIDENT_GPU_PROXY_SIMPLE_ABOVE's default at 64 KiB chunks);
+// RESIDENT_GPU_PROTOCOL=simple (and the proxied threshold, 32 KiB, at 64 KiB chunks);
 // and proxied thresholds below it (the host caps larger ones at half a chunk).
 inline std::vector<uint32_t> thresholdsFor(uint32_t chunk, uint32_t never) {
   return {never, chunk / 2, 0u, 2048u, chunk / 4};
