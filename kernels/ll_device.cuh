@@ -93,6 +93,9 @@ __device__ __forceinline__ void storeBytes(unsigned char* p, uint64_t v, uint32_
   }
 }
 
+// What a kernel that gave up was waiting for (the error word's bits 32-39).
+constexpr uint32_t kWaitLine = 1, kWaitWord = 2, kWaitFlag = 3, kWaitFifo = 4, kWaitCredit = 5;
+
 // Waiting with a deadline. A block that gives up records why (the first one wins) in the
 // host-visible error word and raises `failed` so the other blocks stop polling.
 struct Waiter {
@@ -104,17 +107,20 @@ struct Waiter {
     deadline = globalTimerNs() + r.timeout_ns;
   }
 
-  // Called every few hundred polls: true when the op must give up.
-  __device__ bool shouldStop(int peer) {
+  // Called every few hundred polls: true when the op must give up. `what` (WaitKind) and
+  // `expected` (its low 24 bits: the flag or round awaited) go into the error word.
+  __device__ bool shouldStop(int peer, uint32_t what = 0, uint32_t expected = 0) {
     if (*reinterpret_cast<volatile uint32_t*>(&reg.state->failed)) return true;
     const uint64_t abort_word = loadVolatile64(reg.local + 64);  // GpuLayout::kAbortWord
     const bool timed_out = globalTimerNs() > deadline;
     if (abort_word == 0 && !timed_out) return false;
     const ErrorCode code = abort_word ? ErrorCode::kAborted : ErrorCode::kTimeout;
     if (atomicCAS(&reg.state->failed, 0u, 1u) == 0u) {
-      // code | op | peer + 1, so that zero means "no error".
+      // code | op | peer + 1 | what | expected, so that zero means "no error".
       const uint64_t word = static_cast<uint64_t>(code) | (static_cast<uint64_t>(op_id) << 8) |
-                            (static_cast<uint64_t>(peer + 1) << 16);
+                            (static_cast<uint64_t>(peer + 1 & 0xffff) << 16) |
+                            (static_cast<uint64_t>(what & 0xff) << 32) |
+                            (static_cast<uint64_t>(expected & 0xffffff) << 40);
       storeRelease64(reg.local + 0, word);  // GpuLayout::kErrorWord
     }
     return true;
@@ -122,11 +128,12 @@ struct Waiter {
 
   // Polls until ready() holds, checking every 128 polls whether to give up; false then.
   template <typename Ready>
-  __device__ __forceinline__ bool until(Ready&& ready, int peer) {
+  __device__ __forceinline__ bool until(Ready&& ready, int peer, uint32_t what = 0,
+                                        uint32_t expected = 0) {
     for (uint32_t spins = 0; !ready();) {
       if (++spins == 128) {
         spins = 0;
-        if (shouldStop(peer)) return false;
+        if (shouldStop(peer, what, expected)) return false;
       }
     }
     return true;
@@ -134,17 +141,19 @@ struct Waiter {
 
   // Polls one line until it carries `flag`; false when giving up.
   __device__ bool line(const unsigned char* p, uint32_t flag, uint64_t& data, int peer) {
-    return until([&] { return loadLine(p, flag, data); }, peer);
+    return until([&] { return loadLine(p, flag, data); }, peer, kWaitLine, flag);
   }
 
   // Polls one 8-byte word until it equals `expected`; false when giving up.
   __device__ bool word(const unsigned char* p, uint64_t expected, int peer) {
-    return until([&] { return loadVolatile64(p) == expected; }, peer);
+    return until([&] { return loadVolatile64(p) == expected; }, peer, kWaitWord,
+                 static_cast<uint32_t>(expected));
   }
 
   // The same with acquire loads (loadAcquire64): for a flag that releases data stored before it.
   __device__ bool acquireWord(const unsigned char* p, uint64_t expected, int peer) {
-    return until([&] { return loadAcquire64(p) == expected; }, peer);
+    return until([&] { return loadAcquire64(p) == expected; }, peer, kWaitFlag,
+                 static_cast<uint32_t>(expected >> 32));
   }
 };
 
@@ -184,7 +193,7 @@ inline __device__ __noinline__ bool waitFifoRoom(Waiter w, unsigned long long po
     if (pos - tail < cap) return true;
     if (++spins == 16) {
       spins = 0;
-      if (w.shouldStop(peer)) return false;
+      if (w.shouldStop(peer, kWaitFifo, static_cast<uint32_t>(pos))) return false;
     }
   }
 }

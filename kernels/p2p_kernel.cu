@@ -65,7 +65,7 @@ __device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, ui
     for (uint32_t spins = 0; !reached(*cached, g - 2);)
       if (++spins == 4096) {
         spins = 0;
-        if (w.shouldStop(a.peer)) return false;
+        if (w.shouldStop(a.peer, kWaitCredit, g - 2)) return false;
       }
     return true;
   }
@@ -83,7 +83,7 @@ __device__ inline bool waitCredit(Waiter& w, const P2PArgs& a, uint32_t slot, ui
     if (reached(v, g - 2)) return true;
     if (++spins == 64) {
       spins = 0;
-      if (w.shouldStop(a.peer)) return false;
+      if (w.shouldStop(a.peer, kWaitCredit, g - 2)) return false;
     }
   }
 }

@@ -275,9 +275,18 @@ std::string GpuCommunicator::deviceError() const {
   if (word == 0) return {};
   const auto code = static_cast<gpu::ErrorCode>(word & 0xff);
   const uint32_t op = (word >> 8) & 0xff;
-  const int64_t peer = static_cast<int64_t>(word >> 16) - 1;
+  const int64_t peer = static_cast<int64_t>((word >> 16) & 0xffff) - 1;
+  static const char* const kWhat[] = {"",
+                                      " (a line with flag ",
+                                      " (a word of value ",
+                                      " (a flag of value ",
+                                      " (room in the trigger FIFO at ",
+                                      " (a credit for round "};
+  const uint32_t what = static_cast<uint32_t>(word >> 32) & 0xff;
+  const std::string waited =
+      what > 0 && what < 6 ? kWhat[what] + std::to_string(word >> 40) + ")" : std::string();
   std::string msg = std::string("resident: a CUDA ") + opName(op) + " on " + comm_.rankName(rank_) +
-                    " gave up waiting for " + comm_.rankName(static_cast<int>(peer));
+                    " gave up waiting for " + comm_.rankName(static_cast<int>(peer)) + waited;
   if (code == gpu::ErrorCode::kTimeout)
     msg += ": timed out on the device after " +
            std::to_string(timeout_ns_.load(std::memory_order_relaxed) / 1000000) +
