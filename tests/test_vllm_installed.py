@@ -120,8 +120,20 @@ def _rank_job(rank, world, case):
         parallel_state.in_the_same_node_as = lambda pg, source_rank=0: [
             i == 0 for i in range(dist.get_world_size(pg))]
 
+    import logging
+
     import vllm.plugins
 
+    decisions = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if "TP group" in record.getMessage():
+                decisions.append(record.getMessage())
+
+    plugin_log = logging.getLogger("vllm.plugins.resident")
+    plugin_log.setLevel(logging.INFO)  # as vLLM's engine configures its "vllm" logger tree
+    plugin_log.addHandler(Collect())
     vllm.plugins.load_general_plugins()
     calls = []
     _ORIGINAL_ALL_REDUCE.append(dist.all_reduce)
@@ -142,7 +154,8 @@ def _rank_job(rank, world, case):
         resident = comm.__dict__.get("resident_group")
         out = {"communicator": type(comm).__name__,
                "resident": resident is not None and dist.get_backend(resident) == "resident",
-               "patched": getattr(type(tp), "_resident_patched", False)}
+               "patched": getattr(type(tp), "_resident_patched", False),
+               "rank_in_group": tp.rank_in_group, "decisions": list(decisions)}
         dist.all_reduce = spy
 
         def check(key, n, dtype, via, expect, strided=False):
@@ -222,6 +235,12 @@ def test_plugin_in_installed_vllm(name):
         assert r["communicator"] == want_comm, (rank, r)
         assert r["resident"] == (small == "resident"), (rank, r)
         assert r["resident_left"] == [] and not r["comm_has_group"], (rank, r)
+        # the decision is logged once per group, by its first rank, with its reason
+        if communicator == "cuda":
+            want_logs = 1 if r["rank_in_group"] == 0 else 0
+            assert len(r["decisions"]) == want_logs, (rank, r["decisions"])
+            verdict = "go to resident" if small == "resident" else "keep vLLM's path"
+            assert all(verdict in d for d in r["decisions"]), (rank, r["decisions"])
 
 
 def test_patched_symbols_match_installed_vllm():
