@@ -1,13 +1,15 @@
 """resident_pg.vllm_plugin against stand-ins of vLLM's GroupCoordinator and CudaCommunicator.
 
-vLLM is not installable here, so two small classes with the same constructor arguments and
-``all_reduce`` signature stand in for it. In 3 spawned ranks (world group gloo, CPU tensors) every
+These run without vLLM (CI): two small classes with vLLM 0.33's constructor arguments, the
+attributes the plugin reads and the methods it patches stand in for it; the platform is reported
+as CUDA. tests/test_vllm_installed.py runs the plugin inside the installed vLLM. In 3 spawned ranks (world group gloo, CPU tensors) every
 rank builds the TP coordinators of ``group_ranks = [[0, 2], [1]]`` and a PP one; then:
 
 * a small all-reduce on the TP communicator goes to the resident group (and not to vLLM's own
   path), with the sum of the group's random inputs, computed independently from the seeds;
 * one above ``max_bytes`` and a non-contiguous one take vLLM's own path (also checked);
-* the PP coordinator gets no resident group; patching twice changes nothing.
+* the PP coordinator gets no resident group; patching twice changes nothing;
+* ``destroy`` destroys the resident group.
 """
 
 from __future__ import annotations
@@ -30,8 +32,21 @@ class FakeCommunicator:
     def __init__(self, device, group):
         self.device = device
         self.group = group
-        self.ca_comm = None
+        self.world_size = 1 if group is None else group.size()
+        for attr in vllm_plugin._REQUIRED_ATTRS:
+            setattr(self, attr, None)
+        self.use_aiter_allreduce = False
         self.own_path_calls = 0
+        self.destroyed = False
+
+    def destroy(self):
+        self.destroyed = True
+
+    def suspend(self):
+        pass
+
+    def resume(self):
+        pass
 
     def all_reduce(self, input_):
         import torch.distributed as dist
@@ -51,11 +66,14 @@ class FakeCoordinator:
         import torch.distributed as dist
 
         self.group_name = group_name
+        self.unique_name = f"{group_name}:0"
         self.device_group = None
         for ranks in group_ranks:
             g = dist.new_group(ranks, backend=torch_distributed_backend)
+            cpu = dist.new_group(ranks, backend="gloo")
             if dist.get_rank() in ranks:
-                self.device_group = g
+                self.device_group, self.cpu_group = g, cpu
+                self.rank_in_group = ranks.index(dist.get_rank())
         self.device_communicator = (FakeCommunicator(torch.device("cpu"), self.device_group)
                                     if use_device_communicator else None)
 
@@ -69,6 +87,8 @@ def _plugin_job(rank, ws):
     import torch.distributed as dist
 
     H.init_pg("gloo")
+    vllm_plugin.platform_name = lambda: "cuda"
+    vllm_plugin.group_spans_hosts = lambda cpu_group: False
     vllm_plugin.patch(FakeCoordinator, FakeCommunicator, max_bytes=MAX_BYTES)
     vllm_plugin.patch(FakeCoordinator, FakeCommunicator, max_bytes=MAX_BYTES)  # idempotent
     tp = FakeCoordinator(TP_GROUPS, rank, "gloo", True, group_name="tp")
@@ -94,6 +114,12 @@ def _plugin_job(rank, ws):
     comm.all_reduce(strided)
     if comm.own_path_calls == before:
         problems.append("a non-contiguous input went to resident")
+    group = comm.resident_group
+    comm.destroy()
+    if not comm.destroyed or hasattr(comm, "resident_group"):
+        problems.append("destroy did not reach vLLM's destroy or left the resident group")
+    if group in dist.distributed_c10d._world.pg_map:
+        problems.append("the resident group outlived destroy")
     out["problems"] = problems
     dist.barrier()
     dist.destroy_process_group()
@@ -108,12 +134,12 @@ def test_plugin_routes_decode_size_all_reduces_to_resident():
         assert r["pp_has_resident"] is False, (rank, r)
 
 
-class _Custom:
+class _Path:
     def __init__(self, disabled):
         self.disabled = disabled
 
 
-def test_routing_rule():
+def test_routing_size_and_contiguity():
     import torch
 
     comm = FakeCommunicator(torch.device("cpu"), None)
@@ -121,10 +147,43 @@ def test_routing_rule():
     assert vllm_plugin.routes_to_resident(comm, x, 256)
     assert not vllm_plugin.routes_to_resident(comm, x, 255)
     assert not vllm_plugin.routes_to_resident(comm, torch.zeros(8, 8).t(), 4096)
-    comm.ca_comm = _Custom(disabled=False)  # vLLM's custom all-reduce in use: keep it
-    assert not vllm_plugin.routes_to_resident(comm, x, 256)
-    comm.ca_comm = _Custom(disabled=True)
-    assert vllm_plugin.routes_to_resident(comm, x, 256)
+
+
+def test_active_fast_paths():
+    import torch
+
+    comm = FakeCommunicator(torch.device("cpu"), None)
+    assert vllm_plugin.active_fast_paths(comm) == []
+    comm.ca_comm = _Path(disabled=True)
+    comm.fi_ar_comm = _Path(disabled=True)
+    assert vllm_plugin.active_fast_paths(comm) == []
+    comm.ca_comm = _Path(disabled=False)
+    comm.symm_mem_comm = _Path(disabled=False)
+    assert vllm_plugin.active_fast_paths(comm) == ["CUSTOM", "SYMM_MEM"]
+    comm.aiter_ar_comm = _Path(disabled=False)  # kept for DP gather/scatter only: not a path
+    assert "AITER_CUSTOM" not in vllm_plugin.active_fast_paths(comm)
+    comm.use_aiter_allreduce = True
+    assert "AITER_CUSTOM" in vllm_plugin.active_fast_paths(comm)
+
+
+@pytest.mark.parametrize("route,platform,spans,paths,want", [
+    ("auto", "cuda", False, [], True),
+    ("auto", "cuda", False, ["CUSTOM"], False),
+    ("auto", "cuda", True, ["CUSTOM"], True),
+    ("auto", "rocm", False, [], False),
+    ("auto", "CpuPlatform", True, [], False),
+    ("resident", "rocm", False, ["CUSTOM"], True),
+    ("vllm", "cuda", True, [], False),
+])
+def test_decide(route, platform, spans, paths, want):
+    use, reason = vllm_plugin.decide(route, platform, spans, paths)
+    assert use is want and reason
+
+
+def test_bad_route_is_rejected(monkeypatch):
+    monkeypatch.setenv(vllm_plugin.ROUTE_VAR, "nccl")
+    with pytest.raises(ValueError, match="RESIDENT_VLLM_ROUTE must be one of auto, resident, vllm"):
+        vllm_plugin.route_option()
 
 
 def test_register_is_off_unless_enabled(monkeypatch):
