@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
 def sources(pattern):
-    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True))
 
 
 cuda = sources("kernels/*.cu")
@@ -38,9 +38,10 @@ use_cuda = bool(cuda) and CUDA_HOME is not None and os.environ.get("RESIDENT_NO_
 # The CUDA path: device code (kernels/), its torch-free host side (csrc/cuda) and the adapter's
 # CUDA Work (csrc/c10d/work_cuda.cpp); without nvcc, csrc/c10d/no_cuda.cpp stands in.
 skip = "csrc/c10d/no_cuda.cpp" if use_cuda else "csrc/c10d/work_cuda.cpp"
+# csrc/core with its concept folders (transport/, transport/ib/, proxy/).
 cpp = [
     s
-    for s in sources("csrc/core/*.cpp") + sources("csrc/core/ib/*.cpp") + sources("csrc/c10d/*.cpp")
+    for s in sources("csrc/core/**/*.cpp") + sources("csrc/c10d/*.cpp")
     if s != skip
 ]
 if use_cuda:

@@ -8,6 +8,7 @@
 // what makes a captured graph replayable.
 #pragma once
 
+#include "fifo_device.cuh"
 #include "launch_device.cuh"
 #include "ll_device.cuh"
 #include "reduce_device.cuh"

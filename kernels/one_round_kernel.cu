@@ -24,6 +24,7 @@
 
 #include "collective_body.cuh"
 #include "collective_launch.hpp"
+#include "fifo_device.cuh"
 #include "launch_device.cuh"
 
 namespace resident {

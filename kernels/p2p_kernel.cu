@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "collective_launch.hpp"
+#include "fifo_device.cuh"
 #include "launch_device.cuh"
 #include "ll_device.cuh"
 #include "region_offsets.cuh"

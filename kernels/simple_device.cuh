@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "exchange_args.hpp"
+#include "fifo_device.cuh"
 #include "ll_device.cuh"
 #include "rounds_device.cuh"
 

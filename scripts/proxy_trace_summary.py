@@ -1,5 +1,5 @@
 """Where a proxied op's time goes, from the proxy timelines of RESIDENT_GPU_PROXY_TRACE
-(csrc/core/proxy_trace.hpp): one file per rank, times on the host's monotonic clock.
+(csrc/core/proxy/proxy_trace.hpp): one file per rank, times on the host's monotonic clock.
 
 Ops: with --triggers-per-op N every N triggers popped make one op (exact when one op kind and
 size ran: e.g. 1 for an 8 B all_reduce, 8 for 16 KiB of LL lines at 2 ranks, 64 for a 64 KiB

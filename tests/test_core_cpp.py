@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Every source under csrc/core, subdirectories included (csrc/core/ib: the ib transport).
+# Every source under csrc/core, its concept folders included (transport/, transport/ib/, proxy/).
 CORE = sorted(glob.glob(os.path.join(ROOT, "csrc", "core", "**", "*.cpp"), recursive=True))
 TESTS = sorted(glob.glob(os.path.join(ROOT, "tests", "cpp", "test_*.cpp")))
 CXX = os.environ.get("CXX", "g++")

@@ -119,7 +119,7 @@ def test_no_history_words_in_sources_and_docs():
     names = {rel for rel, _ in files}
     # The scan must reach every kind of file it is about.
     assert {"README.md", "docs/architecture.md", "scripts/device_run.sh",
-            "csrc/core/proxy_trace.hpp", "tests/test_source_rules.py"} <= names
+            "csrc/core/proxy/proxy_trace.hpp", "tests/test_source_rules.py"} <= names
     offenders = []
     for rel, text in files:
         if rel == "tests/test_source_rules.py":  # this file's own examples

@@ -51,8 +51,8 @@
 #include <vector>
 
 #include "collective_launch.hpp"
-#include "core/fifo.hpp"
-#include "core/trigger_encoding.hpp"
+#include "core/proxy/fifo.hpp"
+#include "core/proxy/trigger_encoding.hpp"
 #include "launch_device.cuh"
 #include "ll_device.cuh"
 #include "probe_device.cuh"

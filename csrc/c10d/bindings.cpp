@@ -6,10 +6,10 @@
 #include <torch/python.h>
 
 #include "c10d/process_group_resident.hpp"
-#include "core/ib/ib_caps.hpp"
 #include "core/log.hpp"
 #include "core/options.hpp"
 #include "core/shm_segment.hpp"
+#include "core/transport/ib/ib_caps.hpp"
 
 namespace py = pybind11;
 using resident::ProcessGroupResident;

@@ -6,13 +6,13 @@
 #include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/first_line.hpp"
-#include "core/ib/ib_caps.hpp"
-#include "core/ib/ib_transport.hpp"
 #include "core/log.hpp"
 #include "core/peer_monitor.hpp"
 #include "core/process_state.hpp"
-#include "core/routed_transport.hpp"
-#include "core/shm_transport.hpp"
+#include "core/transport/ib/ib_caps.hpp"
+#include "core/transport/ib/ib_transport.hpp"
+#include "core/transport/routed_transport.hpp"
+#include "core/transport/shm_transport.hpp"
 
 namespace resident {
 namespace {

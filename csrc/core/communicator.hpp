@@ -13,15 +13,15 @@
 #include "core/bootstrap.hpp"
 #include "core/config.hpp"
 #include "core/engine.hpp"
-#include "core/fifo.hpp"
 #include "core/gpu_layout.hpp"
 #include "core/layout.hpp"
 #include "core/peer_monitor.hpp"
-#include "core/proxy.hpp"
+#include "core/proxy/fifo.hpp"
+#include "core/proxy/proxy.hpp"
 #include "core/shm_segment.hpp"
-#include "core/shm_transport.hpp"
-#include "core/tcp_transport.hpp"
-#include "core/transport.hpp"
+#include "core/transport/shm_transport.hpp"
+#include "core/transport/tcp_transport.hpp"
+#include "core/transport/transport.hpp"
 
 namespace resident {
 namespace ib {
@@ -132,7 +132,7 @@ class Communicator : public ProxyHandler {
   // Writes this rank's state word into every peer's inbox (kPeerStateLeft or failedState()).
   void tellPeers(uint64_t state);
   uint64_t failedState() const;
-  // ib (csrc/core/ib/ib_connect.cpp): queue pairs to the peers whose transport is "ib".
+  // ib (csrc/core/transport/ib/ib_connect.cpp): queue pairs to the peers whose transport is "ib".
   void connectIb(BootstrapStore& store);
   bool proxyPass();  // one proxy pass; proxyPoll turns a transport's CommError into poison
 

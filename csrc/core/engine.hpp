@@ -13,10 +13,10 @@
 
 #include "core/channel.hpp"
 #include "core/config.hpp"
-#include "core/fifo.hpp"
 #include "core/layout.hpp"
 #include "core/op.hpp"
-#include "core/transport.hpp"
+#include "core/proxy/fifo.hpp"
+#include "core/transport/transport.hpp"
 
 namespace resident {
 

@@ -4,7 +4,7 @@
 //   process, and a pid can be reused once reaped; the pidfd is opened while the peer is alive);
 // - any peer's own word in this rank's inbox (layout.hpp, peer states): it shut its group down,
 //   or its group failed (and which rank it found dead).
-// Network transports report closed connections themselves (tcp_transport.hpp).
+// Network transports report closed connections themselves (transport/tcp_transport.hpp).
 #pragma once
 
 #include <poll.h>

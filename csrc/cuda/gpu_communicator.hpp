@@ -16,10 +16,10 @@
 
 #include "core/communicator.hpp"
 #include "core/dtype.hpp"
-#include "core/fifo.hpp"
 #include "core/gpu_layout.hpp"
-#include "core/ll_line_check.hpp"
-#include "core/proxy_trace.hpp"
+#include "core/proxy/fifo.hpp"
+#include "core/proxy/proxy_trace.hpp"
+#include "core/transport/ll_line_check.hpp"
 #include "exchange_args.hpp"
 
 namespace resident {

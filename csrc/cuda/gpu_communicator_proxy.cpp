@@ -7,8 +7,8 @@
 #include "core/clock.hpp"
 #include "core/engine.hpp"
 #include "core/log.hpp"
-#include "core/trigger_encoding.hpp"
-#include "core/write_batch.hpp"
+#include "core/proxy/trigger_encoding.hpp"
+#include "core/proxy/write_batch.hpp"
 #include "cuda/gpu_communicator.hpp"
 
 namespace resident {

@@ -2,7 +2,7 @@
 #include <thread>
 
 #include "check.hpp"
-#include "core/fifo.hpp"
+#include "core/proxy/fifo.hpp"
 
 using resident::Trigger;
 using resident::TriggerFifo;

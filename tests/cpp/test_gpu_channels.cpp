@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "check.hpp"
-#include "core/fifo.hpp"
 #include "core/gpu_layout.hpp"
-#include "core/trigger_encoding.hpp"
+#include "core/proxy/fifo.hpp"
+#include "core/proxy/trigger_encoding.hpp"
 
 using resident::GpuLayout;
 

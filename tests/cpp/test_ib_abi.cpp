@@ -1,11 +1,12 @@
-// Self-check of csrc/core/ib/verbs_abi.hpp. The header already static_asserts the documented LP64
-// sizes and offsets; where rdma-core's <infiniband/verbs.h> is installed (the GPU machine), this
-// test also compares every declared structure, offset and constant with the real header at
-// compile time. Without the header only the documented numbers are checked (and it says so).
+// Self-check of csrc/core/transport/ib/verbs_abi.hpp. The header already static_asserts the
+// documented LP64 sizes and offsets; where rdma-core's <infiniband/verbs.h> is installed (the GPU
+// machine), this test also compares every declared structure, offset and constant with the real
+// header at compile time. Without the header only the documented numbers are checked (and the
+// test says so).
 #include <cstdio>
 
 #include "check.hpp"
-#include "core/ib/verbs_abi.hpp"
+#include "core/transport/ib/verbs_abi.hpp"
 
 namespace abi = resident::ib::abi;
 

@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "check.hpp"
-#include "core/ib/ib_caps.hpp"
-#include "core/ib/ib_transport.hpp"
-#include "core/ib/qp_desc.hpp"
-#include "core/ib/registration.hpp"
-#include "core/ib/verbs_loader.hpp"
+#include "core/transport/ib/ib_caps.hpp"
+#include "core/transport/ib/ib_transport.hpp"
+#include "core/transport/ib/qp_desc.hpp"
+#include "core/transport/ib/registration.hpp"
+#include "core/transport/ib/verbs_loader.hpp"
 
 using namespace resident::ib;
 

@@ -12,7 +12,7 @@
 
 #include "check.hpp"
 #include "core/error.hpp"
-#include "core/ib/post_planner.hpp"
+#include "core/transport/ib/post_planner.hpp"
 
 using namespace resident::ib;
 

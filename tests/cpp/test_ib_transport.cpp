@@ -15,8 +15,8 @@
 
 #include "check.hpp"
 #include "core/error.hpp"
-#include "core/ib/ib_transport.hpp"
-#include "core/ib/verbs_loader.hpp"
+#include "core/transport/ib/ib_transport.hpp"
+#include "core/transport/ib/verbs_loader.hpp"
 
 using namespace resident;
 using namespace resident::ib;

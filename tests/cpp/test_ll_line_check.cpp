@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "check.hpp"
-#include "core/ll_line_check.hpp"
-#include "core/routed_transport.hpp"
-#include "core/shm_transport.hpp"
-#include "core/streaming_copy.hpp"
+#include "core/transport/ll_line_check.hpp"
+#include "core/transport/routed_transport.hpp"
+#include "core/transport/shm_transport.hpp"
+#include "core/transport/streaming_copy.hpp"
 
 namespace {
 // A transport with only the required methods: its writeLandedLines is the base one (the check,

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "check.hpp"
-#include "core/proxy_trace.hpp"
+#include "core/proxy/proxy_trace.hpp"
 
 int main() {
   using resident::TraceEvent;

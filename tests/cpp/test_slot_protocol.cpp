@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "../csrc/core/trigger_encoding.hpp"
+#include "../csrc/core/proxy/trigger_encoding.hpp"
 #include "../kernels/rounds_device.cuh"
 #include "check.hpp"
 #include "random_schedule.hpp"

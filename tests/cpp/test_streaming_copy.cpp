@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "check.hpp"
-#include "core/shm_transport.hpp"
-#include "core/streaming_copy.hpp"
+#include "core/transport/shm_transport.hpp"
+#include "core/transport/streaming_copy.hpp"
 
 int main() {
   std::mt19937_64 rng(20261130);

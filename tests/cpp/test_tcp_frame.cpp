@@ -12,7 +12,7 @@
 
 #include "check.hpp"
 #include "core/error.hpp"
-#include "core/tcp_frame.hpp"
+#include "core/transport/tcp_frame.hpp"
 
 using namespace resident;
 using namespace resident::tcp;

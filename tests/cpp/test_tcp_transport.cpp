@@ -21,7 +21,7 @@
 #include "check.hpp"
 #include "core/clock.hpp"
 #include "core/error.hpp"
-#include "core/tcp_transport.hpp"
+#include "core/transport/tcp_transport.hpp"
 
 using namespace resident;
 using namespace resident::tcp;

@@ -1,7 +1,7 @@
-// The proxy's batch of writes (csrc/core/write_batch.hpp): after sortAndMergeWrites every byte
-// (16-byte unit) still goes from the same outbox offset to the same remote offset of the same peer,
-// the writes are in (peer, outbox offset) order, and no two neighbours could have been merged.
-// Random batches shaped like the CUDA path's: per peer, a kernel's parts (2 KiB payloads or
+// The proxy's batch of writes (csrc/core/proxy/write_batch.hpp): after sortAndMergeWrites every
+// byte (16-byte unit) still goes from the same outbox offset to the same remote offset of the same
+// peer, the writes are in (peer, outbox offset) order, and no two neighbours could have been
+// merged. Random batches shaped like the CUDA path's: per peer, a kernel's parts (2 KiB payloads or
 // 4 KiB of lines, some short) pushed in a shuffled order, some to another slot (not
 // contiguous), plus ranges contiguous in the outbox but not remotely, which must stay apart.
 #include <algorithm>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "check.hpp"
-#include "core/write_batch.hpp"
+#include "core/proxy/write_batch.hpp"
 
 namespace {
 

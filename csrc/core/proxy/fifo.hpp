@@ -2,14 +2,15 @@
 // operation (a CPU thread now, a GPU kernel later) to the resident proxy. A slot is valid when
 // the top bit of its second word equals the lap parity of its position, so the consumer never
 // clears slots; the consumer publishes its tail for the producer's flow control. The memory
-// may be ordinary or mapped host memory: the layout has no pointers.
+// may be ordinary or mapped host memory: the layout has no pointers. The GPU producer (the
+// device half): kernels/fifo_device.cuh.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <vector>
 
-#include "core/trigger_encoding.hpp"
+#include "core/proxy/trigger_encoding.hpp"
 
 namespace resident {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/ib/verbs_abi.hpp"
+#include "core/transport/ib/verbs_abi.hpp"
 
 namespace resident {
 namespace ib {

@@ -1,11 +1,11 @@
-#include "core/shm_transport.hpp"
+#include "core/transport/shm_transport.hpp"
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
 
-#include "core/ll_line_check.hpp"
-#include "core/streaming_copy.hpp"
+#include "core/transport/ll_line_check.hpp"
+#include "core/transport/streaming_copy.hpp"
 
 namespace resident {
 

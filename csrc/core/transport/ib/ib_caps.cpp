@@ -1,8 +1,8 @@
-#include "core/ib/ib_caps.hpp"
+#include "core/transport/ib/ib_caps.hpp"
 
 #include "core/first_line.hpp"
-#include "core/ib/verbs_loader.hpp"
 #include "core/log.hpp"
+#include "core/transport/ib/verbs_loader.hpp"
 
 namespace resident {
 namespace ib {

@@ -1,4 +1,4 @@
-#include "core/ib/verbs_loader.hpp"
+#include "core/transport/ib/verbs_loader.hpp"
 
 #include <dlfcn.h>
 

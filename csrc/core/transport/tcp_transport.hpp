@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "core/tcp_frame.hpp"
-#include "core/transport.hpp"
+#include "core/transport/tcp_frame.hpp"
+#include "core/transport/transport.hpp"
 
 namespace resident {
 

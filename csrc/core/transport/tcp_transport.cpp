@@ -1,7 +1,7 @@
 // The tcp transport's data path (proxy thread): queueing and flushing frames, taking in and
 // applying what arrives, peers that fail or leave, and the goodbye at shutdown. Set-up is in
 // tcp_setup.cpp.
-#include "core/tcp_transport.hpp"
+#include "core/transport/tcp_transport.hpp"
 
 #include <sys/epoll.h>
 #include <sys/socket.h>

@@ -31,7 +31,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/ib/verbs_abi.hpp"
+#include "core/transport/ib/verbs_abi.hpp"
 
 namespace resident {
 namespace ib {

@@ -1,4 +1,4 @@
-#include "core/tcp_frame.hpp"
+#include "core/transport/tcp_frame.hpp"
 
 #include <sys/random.h>
 

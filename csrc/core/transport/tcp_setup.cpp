@@ -16,7 +16,7 @@
 #include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "core/tcp_transport.hpp"
+#include "core/transport/tcp_transport.hpp"
 
 namespace resident {
 namespace {

@@ -6,7 +6,7 @@
 // Writes from a region the owner registered with registerSource() (the GPU path's outbox, which
 // stays unchanged until the peer consumed it) are posted in place, without that copy.
 //
-// Use (the communicator's part, csrc/core/ib/ib_connect.cpp):
+// Use (the communicator's part, csrc/core/transport/ib/ib_connect.cpp):
 //   auto t = IbTransport::create(opts, rank, nranks, remote, inbox, inbox_bytes, &why);
 //   store.set(key(rank, p), t->localDescriptor(p));          for every remote peer p
 //   t->connect(p, store.get(key(p, rank)));                  for every remote peer p
@@ -27,11 +27,11 @@
 #include <string>
 #include <vector>
 
-#include "core/ib/ib_caps.hpp"
-#include "core/ib/post_planner.hpp"
-#include "core/ib/qp_desc.hpp"
-#include "core/ib/verbs_abi.hpp"
-#include "core/transport.hpp"
+#include "core/transport/ib/ib_caps.hpp"
+#include "core/transport/ib/post_planner.hpp"
+#include "core/transport/ib/qp_desc.hpp"
+#include "core/transport/ib/verbs_abi.hpp"
+#include "core/transport/transport.hpp"
 
 namespace resident {
 namespace ib {

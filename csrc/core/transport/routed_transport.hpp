@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/transport.hpp"
+#include "core/transport/transport.hpp"
 
 namespace resident {
 

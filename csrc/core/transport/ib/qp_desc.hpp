@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <string>
 
-#include "core/ib/ib_caps.hpp"
-#include "core/ib/verbs_abi.hpp"
+#include "core/transport/ib/ib_caps.hpp"
+#include "core/transport/ib/verbs_abi.hpp"
 
 namespace resident {
 namespace ib {

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/ib/verbs_abi.hpp"
+#include "core/transport/ib/verbs_abi.hpp"
 
 namespace resident {
 namespace ib {

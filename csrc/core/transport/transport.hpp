@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/ll_line_check.hpp"
+#include "core/transport/ll_line_check.hpp"
 
 namespace resident {
 

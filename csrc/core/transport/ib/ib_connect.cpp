@@ -3,8 +3,8 @@
 // at group creation; a failure fails the group's creation with the reason.
 #include "core/communicator.hpp"
 #include "core/error.hpp"
-#include "core/ib/ib_transport.hpp"
 #include "core/log.hpp"
+#include "core/transport/ib/ib_transport.hpp"
 
 namespace resident {
 

@@ -1,4 +1,4 @@
-#include "core/ib/ib_transport.hpp"
+#include "core/transport/ib/ib_transport.hpp"
 
 #include <arpa/inet.h>
 #include <sys/mman.h>
@@ -12,9 +12,9 @@
 #include <random>
 
 #include "core/error.hpp"
-#include "core/ib/registration.hpp"
-#include "core/ib/verbs_loader.hpp"
 #include "core/log.hpp"
+#include "core/transport/ib/registration.hpp"
+#include "core/transport/ib/verbs_loader.hpp"
 
 namespace resident {
 namespace ib {

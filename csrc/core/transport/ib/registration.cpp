@@ -1,12 +1,12 @@
-#include "core/ib/registration.hpp"
+#include "core/transport/ib/registration.hpp"
 
 #include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
 
-#include "core/ib/verbs_loader.hpp"
 #include "core/log.hpp"
+#include "core/transport/ib/verbs_loader.hpp"
 
 namespace resident {
 namespace ib {

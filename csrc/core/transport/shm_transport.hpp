@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "core/transport.hpp"
+#include "core/transport/transport.hpp"
 
 namespace resident {
 

@@ -1,5 +1,5 @@
 // The 16-byte trigger of a GPU write request, shared by its producer (a CUDA kernel, see
-// kernels/ll_device.cuh) and its consumer (the proxy, csrc/cuda/gpu_communicator_proxy.cpp), so
+// kernels/fifo_device.cuh) and its consumer (the proxy, csrc/cuda/gpu_communicator_proxy.cpp), so
 // that both sides encode it from one definition.
 //   fst = lap | local offset << 32 | remote offset           (outbox -> the peer's GPU region)
 //   snd = lap | value << 31 | kind << 29 | bytes << 7 | peer

@@ -1,4 +1,4 @@
-#include "core/ib/qp_desc.hpp"
+#include "core/transport/ib/qp_desc.hpp"
 
 #include <cstring>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "core/proxy.hpp"
+#include "core/proxy/proxy.hpp"
 
 #include <pthread.h>
 #include <sched.h>

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/streaming_copy.hpp"
+#include "core/transport/streaming_copy.hpp"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>

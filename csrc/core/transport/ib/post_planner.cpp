@@ -1,4 +1,4 @@
-#include "core/ib/post_planner.hpp"
+#include "core/transport/ib/post_planner.hpp"
 
 #include <algorithm>
 #include <string>
