@@ -1,7 +1,7 @@
 // Single-producer single-consumer FIFO of 16-byte triggers, the hand-off from whoever runs an
-// operation (a CPU thread now, a GPU kernel later) to the resident proxy. A slot is valid when
-// the top bit of its second word equals the lap parity of its position, so the consumer never
-// clears slots; the consumer publishes its tail for the producer's flow control. The memory
+// operation (a CPU thread: the engine's sends to proxied peers) to the resident proxy. A slot is
+// valid when the top bit of its second word equals the lap parity of its position, so the consumer
+// never clears slots; the consumer publishes its tail for the producer's flow control. The memory
 // may be ordinary or mapped host memory: the layout has no pointers. The GPU producer (the
 // device half): kernels/fifo_device.cuh.
 #pragma once
