@@ -5,6 +5,7 @@
 # stage bench-cuda: the CUDA ladder: direct and proxy path, eager and graph, 2/4/8 ranks on the one GPU under MPS ($OUT/bench_cuda.json and latency_cuda.png, ~2-3 min, no new group after 4 min).
 # stage bench-quick: bench, short (~1 min in all).
 # stage bench-tcp: CUDA tensors over tcp beside the proxy path over shm, then CPU tensors over tcp beside shm and gloo, 2 ranks ($OUT/bench_tcp_{cuda,cpu}.json, ~3 min; RESIDENT_TCP_SIZES, RESIDENT_TCP_BACKENDS).
+# stage bench-pytest: pytest benchmarks/ on CUDA tensors, 2 ranks (RESIDENT_PYTEST_BENCH_WS), ratios to this call's floors, gated against benchmarks/baselines/h200-mps.json ($OUT/bench_pytest.json in pytest-benchmark's format, $OUT/bench_pytest.log; bounded by RESIDENT_BENCH_LIMIT_S, default 420 s).
 # stage bench-small: 2 ranks, graph mode, 8 B / 64 B / 4 KiB, both paths ($OUT/bench_small.json, ~20 s).
 # stage interference: a bf16 decode GEMM alone and next to all_reduces per mode (RESIDENT_INTERFERENCE_MODES, _WS default "2", _LIMIT_S) ($OUT/interference_ws<N>.json, ~1 min per world size).
 
@@ -69,6 +70,18 @@ if has bench-quick; then
   python3 -m resident_pg.bench --quick --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
   tail -40 "$OUT/bench.log"
   cuda_bench --quick --time-limit 75
+fi
+
+if has bench-pytest; then
+  need_floors
+  [[ -s "$OUT/tcp_floors.json" ]] || tcp_floors
+  step "bench (pytest benchmarks/, cuda, gate)"
+  bounded "${RESIDENT_BENCH_LIMIT_S:-420}" python3 -m pytest benchmarks/ -q -p no:cacheprovider \
+    --resident-device cuda --resident-world-sizes "${RESIDENT_PYTEST_BENCH_WS:-2}" \
+    --resident-floors "$OUT/floors.json" --resident-floors "$OUT/tcp_floors.json" \
+    --resident-gate benchmarks/baselines/h200-mps.json --benchmark-json "$OUT/bench_pytest.json" \
+    --resident-ladder-json "$OUT" > "$OUT/bench_pytest.log" 2>&1 || status=1
+  tail -n 40 "$OUT/bench_pytest.log"
 fi
 
 if has bench-small; then
