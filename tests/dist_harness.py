@@ -280,6 +280,19 @@ def init_pg(
         raise ValueError(f"unknown rendezvous {rendezvous!r}")
 
 
+def init_outcome_job(rank, ws):
+    """A rank job that creates and destroys the default group; returns "no error" or the
+    exception's type and message (for tests of how creation treats a setting)."""
+    import torch.distributed as dist
+
+    try:
+        init_pg(CTX.backend)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    dist.destroy_process_group()
+    return "no error"
+
+
 def request_sigkill(note: str = "") -> None:
     """Ask the parent to SIGKILL this rank; never returns."""
     CTX.conn.send(("kill_me", CTX.rank, note))

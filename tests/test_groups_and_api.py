@@ -354,23 +354,12 @@ def test_harness_reports_rank_exception_and_kills_hung_ranks():
 # --------------------------------------------------------------------------
 
 
-def _init_outcome_job(rank, ws):
-    import torch.distributed as dist
-
-    try:
-        H.init_pg(H.CTX.backend)
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}"
-    dist.destroy_process_group()
-    return "no error"
-
-
 @pytest.mark.resident_only
 @pytest.mark.parametrize("var,value", [("RESIDENT_GPU_MAX_BLOCKS", "65"),
                                        ("RESIDENT_GPU_CHUNK_BYTES", "1024"),
                                        ("RESIDENT_PROXY_CPU", "-2")])
 def test_gpu_knobs_are_validated(var, value):
-    out = H.run_ranks(_init_outcome_job, 1, env={var: value}, init=False, timeout_s=60)[0]
+    out = H.run_ranks(H.init_outcome_job, 1, env={var: value}, init=False, timeout_s=60)[0]
     assert "invalid value" in out and var.lower().replace("resident_", "") in out, out
 
 
@@ -382,9 +371,9 @@ def test_gpu_knobs_are_validated(var, value):
 def test_choice_knobs_are_validated(var, bad, choices, good):
     """A knob with named choices takes only those; anything else fails the group's creation
     with a message that names the variable and the choices."""
-    out = H.run_ranks(_init_outcome_job, 1, env={var: bad}, init=False, timeout_s=60)[0]
+    out = H.run_ranks(H.init_outcome_job, 1, env={var: bad}, init=False, timeout_s=60)[0]
     assert f"{var} must be {choices}" in out and bad in out, out
-    ok = H.run_ranks(_init_outcome_job, 1, env={var: good}, init=False, timeout_s=60)[0]
+    ok = H.run_ranks(H.init_outcome_job, 1, env={var: good}, init=False, timeout_s=60)[0]
     assert ok == "no error", ok
 
 
@@ -400,7 +389,7 @@ def test_persistent_mode_variables_fail_group_creation(var):
     included), fails the group's creation with a ValueError that names the variable and says
     why, instead of being ignored."""
     for value in ("1", "0"):
-        out = H.run_ranks(_init_outcome_job, 1, env={var: value}, init=False, timeout_s=60)[0]
+        out = H.run_ranks(H.init_outcome_job, 1, env={var: value}, init=False, timeout_s=60)[0]
         assert out.startswith("ValueError: ") and f"{var} is not supported" in out, out
         assert "a kernel per op was measured faster" in out and "docs/decisions.md" in out, out
 

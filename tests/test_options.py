@@ -148,22 +148,11 @@ def test_core_parses_describes_and_refuses_as_registered():
     assert got[-1].startswith("ValueError: ") and "did you mean 'slot_bytes'" in got[-1], got[-1]
 
 
-def _init_outcome_job(rank, ws):
-    import torch.distributed as dist
-
-    try:
-        H.init_pg(H.CTX.backend)
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}"
-    dist.destroy_process_group()
-    return "no error"
-
-
 @pytest.mark.resident_only
 @pytest.mark.parametrize("var", ["RESIDENT_GPU_PREFETCH", "RESIDENT_GPU_PROXY_SIMPLE_ABOVE"])
 def test_removed_switch_variables_fail_group_creation(var):
     """A switch that measurement settled is refused from the environment too, so that a script
     that sets it does not silently measure the default."""
-    out = H.run_ranks(_init_outcome_job, 1, env={var: "0"}, init=False, timeout_s=60)[0]
+    out = H.run_ranks(H.init_outcome_job, 1, env={var: "0"}, init=False, timeout_s=60)[0]
     assert out.startswith("ValueError: ") and f"{var} is not supported" in out, out
     assert "removed" in out and "docs/decisions.md" in out, out
