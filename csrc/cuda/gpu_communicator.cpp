@@ -19,14 +19,15 @@
 #include "region_offsets.cuh"
 
 namespace resident {
-namespace {
 
-const char* opName(uint32_t id) {
+const char* GpuCommunicator::opName(uint32_t id) {
   static const char* kNames[] = {
       "all_reduce", "reduce_scatter", "reduce",    "all_gather", "gather",
       "scatter",    "all_to_all",     "broadcast", "send",       "recv"};
   return id < sizeof(kNames) / sizeof(kNames[0]) ? kNames[id] : "op";
 }
+
+namespace {
 
 std::vector<int> parseCpuList(const std::string& text) {
   std::vector<int> cpus;
@@ -101,6 +102,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
     RLOG_DEBUG("rank %d: segment of rank %d registered for device %d", rank_, owner, device);
     return static_cast<unsigned char*>(dev) + comm.gpuRegionOffset();
   };
+  host_rounds_.assign(static_cast<size_t>(nranks_), 0);
   try {
     gpu::DeviceState host_state{};
     region_.local = registerMapped(comm.segmentBase(), comm.segmentBytes(), rank_);

@@ -104,6 +104,9 @@ class GpuCommunicator : public ProxyHandler {
   uint32_t fenceTriggers(uint64_t first_round_bytes) const;
   uint32_t blocksFor(uint64_t first_round_bytes) const;
   void writeTrace();  // RESIDENT_GPU_PROXY_TRACE, at shutdown
+  // RESIDENT_DEBUG=trace: per collective launch, each partner's expected rounds (host_rounds_).
+  void logRounds(const gpu::CollectiveArgs& a);
+  static const char* opName(uint32_t id);  // an OpId's name, as errors and logs say it
   // Logs, when a kernel gave up, the state of each proxied peer's inbox slots and connection.
   void logWaitState() const;
 
@@ -143,6 +146,8 @@ class GpuCommunicator : public ProxyHandler {
   uint64_t fused_peers_ = 0;
   // forwardCredits: per peer, the credit last forwarded for each p2p slot (proxy thread only).
   std::vector<std::array<uint64_t, GpuLayout::kP2PSlots>> credit_sent_;
+  // Collective rounds launched eagerly with each peer, as the host counts them (logRounds).
+  std::vector<uint64_t> host_rounds_;
   // RESIDENT_GPU_PROXY_TRACE: the proxy's timeline, written at shutdown (null: off).
   std::unique_ptr<ProxyTrace> trace_;
   bool shut_down_ = false;

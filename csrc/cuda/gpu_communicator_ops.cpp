@@ -7,9 +7,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <string>
 
 #include "collective_launch.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "cuda/cuda_guards.hpp"
 #include "cuda/gpu_communicator.hpp"
 #include "rounds_device.cuh"
@@ -90,6 +92,24 @@ void GpuCommunicator::partner(int p, const void* send, size_t send_bytes, void* 
   pp.rounds = roundsFor(send_bytes > recv_bytes ? send_bytes : recv_bytes);
 }
 
+void GpuCommunicator::logRounds(const gpu::CollectiveArgs& a) {
+  // The rounds the host expects each pair to be at when this op starts (eager launches; a graph
+  // advances the device's counters on every replay without the host): ranks whose lines
+  // disagree about a pair show the op that set them apart.
+  std::string s;
+  const bool trace = logLevel() >= LogLevel::kTrace;
+  for (int p = 0; p < nranks_; ++p) {
+    const uint32_t n = a.peers[p].rounds;
+    if (p == rank_ || n == 0) continue;
+    if (trace)
+      s +=
+          " " + std::to_string(p) + ":" + std::to_string(host_rounds_[p]) + "+" + std::to_string(n);
+    host_rounds_[p] += n;
+  }
+  RLOG_TRACE("rank %d: CUDA %s, rounds with peers (peer:before+this op)%s", rank_, opName(a.op_id),
+             s.c_str());
+}
+
 void GpuCommunicator::launchCollective(void* stream) {
   gpu::CollectiveArgs& a = args_;
   uint32_t rounds_max = 0;
@@ -108,6 +128,7 @@ void GpuCommunicator::launchCollective(void* stream) {
     simple_proxied |= simple && ((a.reg.proxied >> p) & 1u) != 0;
   }
   if (rounds_max == 0) return;  // nothing to exchange with anyone (e.g. a group of one)
+  logRounds(a);
   // The same bytes to every partner? Then their first word can be loaded at kernel start.
   a.common_send = nullptr;
   a.common_send_bytes = 0;
