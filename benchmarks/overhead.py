@@ -2,7 +2,13 @@
 ProcessGroup call without torch's Python wrapper, and the backend object's own call, for each
 backend, 2 ranks, 8 bytes, side by side in one run. Medians of batches, µs per op.
 
-    python benchmarks/overhead.py [--backends resident,gloo] [--iters 5000] [--json PATH]
+With `--device cuda` (rank r on GPU r % device_count; several ranks on one GPU need MPS): the
+host's time per eager op, as batches of 200 back-to-back calls then one synchronize, beside a
+bare torch kernel (`t.add_(1)`) timed the same way in the same processes, and the target line
+(an eager all_reduce at most 1.5x a bare kernel launch).
+
+    python benchmarks/overhead.py [--backends resident,gloo] [--device cpu|cuda] [--iters 5000]
+                                  [--json PATH]
 """
 
 import argparse
@@ -17,30 +23,47 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _rank(rank, world, port, backend, iters, queue):
+BARE = "bare torch kernel t.add_(1)"
+BATCH = 200  # CUDA: calls issued back to back before one synchronize
+
+
+def _rank(rank, world, port, backend, iters, device, queue):
     if backend == "resident":
         import resident_pg  # noqa: F401
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    t = torch.ones(2)
+    t = torch.ones(2, device=device)
     pg = dist.group.WORLD
-    be = pg._get_backend(torch.device("cpu"))
+    be = pg._get_backend(torch.device(device))
     calls = {
         "dist.all_reduce": lambda: dist.all_reduce(t),
         "ProcessGroup.allreduce().wait()": lambda: pg.allreduce([t]).wait(),
         "Backend.allreduce().wait()": lambda: be.allreduce([t]).wait(),
     }
+    if cuda:
+        calls = {BARE: lambda: t.add_(1), **calls}
+    batch = BATCH if cuda else max(1, iters // 9)
     out = {}
     for name, fn in calls.items():
         for _ in range(iters // 5):
             fn()
+        if cuda:
+            torch.cuda.synchronize()
         samples = []
-        for _ in range(9):
+        for _ in range(9 if not cuda else max(9, iters // BATCH)):
             dist.barrier()
+            if cuda:
+                torch.cuda.synchronize()
+                t.zero_()
             start = time.perf_counter()
-            for _ in range(iters // 9):
+            for _ in range(batch):
                 fn()
-            samples.append((time.perf_counter() - start) / (iters // 9) * 1e6)
+            if cuda:
+                torch.cuda.synchronize()
+            samples.append((time.perf_counter() - start) / batch * 1e6)
         out[name] = statistics.median(samples)
     queue.put((rank, out))
     dist.destroy_process_group()
@@ -50,6 +73,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backends", default="resident,gloo")
     ap.add_argument("--iters", type=int, default=5000)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--json")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
@@ -59,7 +83,7 @@ def main():
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         queue = ctx.Queue()
-        procs = [ctx.Process(target=_rank, args=(r, 2, port, backend, args.iters, queue))
+        procs = [ctx.Process(target=_rank, args=(r, 2, port, backend, args.iters, args.device, queue))
                  for r in range(2)]
         for p in procs:
             p.start()
@@ -68,12 +92,19 @@ def main():
             p.join()
         results[backend] = {k: max(per_rank[r][k] for r in per_rank) for k in per_rank[0]}
     names = list(next(iter(results.values())))
-    print(f"{'call (2 ranks, 8 B, µs/op, max over ranks)':44s}" + "".join(f"{b:>12s}" for b in results))
+    print(f"{f'call (2 ranks, 8 B, {args.device}, µs/op, max over ranks)':48s}"
+          + "".join(f"{b:>12s}" for b in results))
     for n in names:
-        print(f"{n:44s}" + "".join(f"{results[b][n]:12.2f}" for b in results))
+        print(f"{n:48s}" + "".join(f"{results[b][n]:12.2f}" for b in results))
+    for b, r in results.items():
+        if BARE in r and b == "resident":
+            ratio = r["dist.all_reduce"] / r[BARE]
+            verdict = "PASS" if ratio <= 1.5 else "MISS"
+            print(f"TARGET cuda eager all_reduce 8 B host time <= 1.5x a bare kernel launch: {verdict}"
+                  f"  ({r['dist.all_reduce']:.2f} µs = {ratio:.2f}x {r[BARE]:.2f} µs)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": results, "torch": torch.__version__, "host": socket.gethostname(),
+            json.dump({"results": results, "device": args.device, "torch": torch.__version__, "host": socket.gethostname(),
                        "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
 
 
