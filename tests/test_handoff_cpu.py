@@ -381,3 +381,67 @@ def test_bad_handoff_settings_are_clear_errors():
     assert "hand-off op kind 'all_reduc' is unknown" in unknown and "all_reduce" in unknown
     assert "meta" in device
     assert none.startswith(("ValueError", "TypeError"))
+
+
+# --------------------------------------------------------------------------
+# Seeded op mixes (tests/op_mix.py) with the gloo stand-in on every group
+# --------------------------------------------------------------------------
+
+MIX_CROSSOVER = 2048
+# The reductions stay resident: the op mix issues AVG, which gloo lacks (NCCL has it); so do
+# send/recv: the op mix waits on some Works through get_future(), which gloo's send/recv Works
+# lack (NCCL's have it). _ops_check covers those kinds' hand-off.
+MIX_KINDS = ("broadcast", "all_gather_into_tensor", "all_to_all_single")
+MIX_MODES = [("handoff-gloo", {"RESIDENT_HANDOFF_CPU_STANDIN": "gloo",
+                               "RESIDENT_HANDOFF_BYTES": str(MIX_CROSSOVER)})]
+
+
+def op_mix_handoff_job(rank, ws, job):
+    """run_modes with the stand-in restricted to MIX_KINDS; also returns how many ops of each
+    kind all groups of this rank handed to gloo."""
+    from op_mix_run import Hooks, run_modes
+
+    from resident_pg import handoff
+
+    handoff.STANDIN_OPS = MIX_KINDS
+    backends = []
+    set_up = handoff.set_up
+
+    def recording_set_up(pg, *args):
+        set_up(pg, *args)
+        backends.append(pg)
+
+    handoff.set_up = recording_set_up
+    out = run_modes(rank, ws, job, Hooks())
+    total = {}
+    for pg in backends:
+        for kind, n in pg.handoff()["forwarded"].items():
+            total[kind] = total.get(kind, 0) + n
+    out["forwarded"] = total
+    return out
+
+
+def _mix_jobs():
+    from op_mix_run import OpMixJobs
+
+    return OpMixJobs(op_mix_handoff_job, "test_op_mix_with_handoff", "tests/test_handoff_cpu.py",
+                     "cpu", per_mode=False, timeout_s=lambda runs: 120 + 90 * runs,
+                     group_timeout_s=GROUP_TIMEOUT_S, modes=MIX_MODES)
+
+
+MIX_JOBS = None
+
+
+@pytest.mark.parametrize("ws,mode,seed", [pytest.param(ws, "handoff-gloo", seed,
+                                                       id=f"ws{ws}-handoff-gloo-seed{seed}")
+                                          for ws in (2, 3) for seed in (1, 2)])
+def test_op_mix_with_handoff(ws, mode, seed, request):
+    global MIX_JOBS
+    MIX_JOBS = MIX_JOBS or _mix_jobs()
+    MIX_JOBS.check(ws, mode, seed, request.session)
+    per_rank, _err, _wall = MIX_JOBS.get((ws,), request.session)
+    forwarded = [r["forwarded"] for r in per_rank]
+    # Both paths served ops: some kinds were handed off, and no reduction was.
+    assert all(sum(f.get(k, 0) for k in MIX_KINDS) > 0 for f in forwarded), forwarded
+    assert all(f.get("all_reduce", 0) == 0 and f.get("reduce_scatter_tensor", 0) == 0
+               for f in forwarded), forwarded

@@ -446,9 +446,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allGatherBaseCuda(
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   checkAllGatherBase(output, input);
-  if (handoff_.takes(HandoffOp::kAllGatherIntoTensor, input, nbytes(input)))
+  if (handoff_.takes(HandoffOp::kAllGatherIntoTensor, input, nbytes(input))) {
+    // Flat views: any shapes of equal element counts are accepted here (e.g. an output stacked
+    // as [world size, n]); some backends (gloo) also compare shapes.
+    at::Tensor out = output.view(-1), in = input.view(-1);
     return handOff(HandoffOp::kAllGatherIntoTensor, "resident:all_gather_into_tensor", input,
-                   [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
+                   [&](c10d::Backend& b) { return b._allgather_base(out, in, opts); });
+  }
   if (input.is_cuda())
     return allGatherBaseCuda(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor",
                              {output}, {input}, opts.asyncOp);
@@ -665,9 +669,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_reduce_scatter_base(
   checkReduceScatterBase(output, input);
   reductionType(output, "reduce_scatter_tensor");
   reductionOp(opts.reduceOp, "reduce_scatter_tensor");
-  if (handoff_.takes(HandoffOp::kReduceScatterTensor, output, nbytes(output)))
+  if (handoff_.takes(HandoffOp::kReduceScatterTensor, output, nbytes(output))) {
+    at::Tensor out = output.view(-1), in = input.view(-1);  // flat: as all_gather_into_tensor
     return handOff(HandoffOp::kReduceScatterTensor, "resident:reduce_scatter_tensor", input,
-                   [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
+                   [&](c10d::Backend& b) { return b._reduce_scatter_base(out, in, opts); });
+  }
   if (input.is_cuda())
     return reduceScatterBaseCuda(c10d::OpType::_REDUCE_SCATTER_BASE,
                                  "resident:reduce_scatter_tensor", {output}, {input}, opts);
