@@ -1,15 +1,16 @@
-"""The large-message hand-off (docs/handoff.md): a CUDA resident group owns an NCCL backend and
-hands it the ops whose message reaches RESIDENT_HANDOFF_BYTES, where NCCL can serve the group.
+"""The large-message hand-off (docs/handoff.md): a resident group owns an NCCL backend and hands
+it the CUDA ops whose message reaches RESIDENT_HANDOFF_BYTES, where NCCL can serve the group.
 
-At creation every rank of the group's CUDA backend publishes one record through the group's
-store (its RESIDENT_HANDOFF_BYTES, its GPU's UUID, or why it cannot run NCCL) and reads all of
-them, so that every rank takes the same decision: on, or off with one reason for all.
+At creation every rank publishes one record through the group's store (its
+RESIDENT_HANDOFF_BYTES, its GPU's UUID, or why it cannot run NCCL) and reads all of them, so
+that every rank takes the same decision: on, or off with one reason for all.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 
 # The op kinds the hand-off covers (csrc/c10d/handoff.hpp), in its order.
 OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
@@ -44,7 +45,7 @@ def local_record(crossover, device_index=None):
         index = torch.cuda.current_device() if device_index is None else device_index
         props = torch.cuda.get_device_properties(index)
         record["gpu"] = str(getattr(props, "uuid", "")) or (
-            f"{__import__('socket').gethostname()}/pci {props.pci_domain_id:04x}:"
+            f"{socket.gethostname()}/pci {props.pci_domain_id:04x}:"
             f"{props.pci_bus_id:02x}:{props.pci_device_id:02x}")
     return record
 
@@ -96,7 +97,7 @@ def _make_nccl(store, rank, size, timeout, group_name, global_ranks, device_inde
     if global_ranks:
         options.global_ranks_in_group = list(global_ranks)
     nccl = dist.ProcessGroupNCCL(dist.PrefixStore(f"{_KEY}/nccl/", store), rank, size, options)
-    if device_index is not None:
+    if device_index is not None and hasattr(nccl, "bound_device_id"):
         nccl.bound_device_id = torch.device("cuda", device_index)
     return nccl
 

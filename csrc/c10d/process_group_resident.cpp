@@ -246,7 +246,14 @@ void ProcessGroupResident::setTimeout(std::chrono::milliseconds timeout) {
 }
 
 void ProcessGroupResident::abort() {
-  if (handoff_.on()) handoff_.inner()->abort();
+  if (handoff_.on()) {
+    try {
+      handoff_.inner()->abort();
+    } catch (const std::exception& e) {
+      RLOG_WARN("the hand-off backend's abort failed: %s", e.what());
+    }
+    handoff_.disable("the group was aborted");  // aborted: shutdown() leaves it alone
+  }
   shutdown();
 }
 
