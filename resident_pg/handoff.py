@@ -37,6 +37,8 @@ def local_record(crossover, device_index=None):
     import torch.distributed as dist
 
     record = {"bytes": int(crossover), "gpu": None, "missing": None}
+    if int(crossover) == 0:
+        return record  # off here: the GPU is not touched (no CUDA context for a CPU-only rank)
     if not dist.is_nccl_available():
         record["missing"] = "torch was built without NCCL"
     elif not torch.cuda.is_available():

@@ -20,7 +20,8 @@ from dist_harness import compare_exact, compare_reduction, make_input, reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.resident_only]
 
-CROSSOVER = 256 * 1024  # the default RESIDENT_HANDOFF_BYTES
+CROSSOVER = 256 * 1024  # RESIDENT_HANDOFF_BYTES set by these tests (the default is 0: off)
+ENV = {"RESIDENT_HANDOFF_BYTES": str(CROSSOVER)}
 GROUP_TIMEOUT_S = 120
 
 
@@ -169,20 +170,20 @@ def _shared_gpu_job(rank, ws):
 
 @needs_two_gpus
 def test_cuda_handoff_ops_one_rank_per_gpu():
-    per_rank = H.run_ranks(_ops_job, 2, init=False, timeout_s=600, init_timeout_s=GROUP_TIMEOUT_S)
+    per_rank = H.run_ranks(_ops_job, 2, env=ENV, init=False, timeout_s=600, init_timeout_s=GROUP_TIMEOUT_S)
     problems = [f"rank {r}: {e}" for r, errs in enumerate(per_rank) for e in errs]
     assert not problems, "\n".join(problems[:40])
 
 
 @needs_two_gpus
 def test_cuda_handoff_graph_capture_and_profiler_names():
-    per_rank = H.run_ranks(_graph_job, 2, init=False, timeout_s=300, init_timeout_s=GROUP_TIMEOUT_S)
+    per_rank = H.run_ranks(_graph_job, 2, env=ENV, init=False, timeout_s=300, init_timeout_s=GROUP_TIMEOUT_S)
     problems = [f"rank {r}: {e}" for r, errs in enumerate(per_rank) for e in errs]
     assert not problems, "\n".join(problems[:40])
 
 
 def test_cuda_handoff_off_with_two_ranks_on_one_gpu():
-    per_rank = H.run_ranks(_shared_gpu_job, 2, init=False, timeout_s=300,
+    per_rank = H.run_ranks(_shared_gpu_job, 2, env=ENV, init=False, timeout_s=300,
                            init_timeout_s=GROUP_TIMEOUT_S)
     assert per_rank[0] == per_rank[1]
     assert per_rank[0]["on"] is False

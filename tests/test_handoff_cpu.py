@@ -319,7 +319,8 @@ def handoff_job(rank, ws):
     # One backend serves CPU and CUDA tensors; on this machine its NCCL hand-off is off, for a
     # reason every rank names alike.
     info = resident_pg.describe(None, "cuda")["handoff"]
-    if info["on"] or "cannot run NCCL" not in info["reason"]:
+    if info["on"] or info["reason"] not in ("RESIDENT_HANDOFF_BYTES=0",) and \
+            "cannot run NCCL" not in info["reason"]:
         errs.append(f"NCCL hand-off on a GPU-less machine: {info}")
     _install_gloo("main")
     info = resident_pg.describe()["handoff"]
@@ -350,7 +351,13 @@ def cuda_reason_job(rank, ws):
 
 
 def test_nccl_handoff_reported_off_alike_on_every_rank():
+    # Off by default, saying so; with a crossover set, off on this machine for its lack of CUDA.
     per_rank = H.run_ranks(cuda_reason_job, 2, timeout_s=120, init_timeout_s=GROUP_TIMEOUT_S)
+    assert per_rank[0] == per_rank[1]
+    assert per_rank[0]["on"] is False and per_rank[0]["backend"] is None
+    assert per_rank[0]["reason"] == "RESIDENT_HANDOFF_BYTES=0", per_rank[0]
+    per_rank = H.run_ranks(cuda_reason_job, 2, env={"RESIDENT_HANDOFF_BYTES": "262144"},
+                           timeout_s=120, init_timeout_s=GROUP_TIMEOUT_S)
     assert per_rank[0] == per_rank[1]
     assert per_rank[0]["on"] is False and per_rank[0]["backend"] is None
     assert per_rank[0]["reason"] in ("rank 0 cannot run NCCL: no CUDA device",
@@ -412,7 +419,9 @@ def op_mix_handoff_job(rank, ws, job):
         backends.append(pg)
 
     handoff.set_up = recording_set_up
-    out = run_modes(rank, ws, job, Hooks())
+    hooks = Hooks()
+    hooks.settle_s = 1.0  # gloo's Works may say completed just after their future did
+    out = run_modes(rank, ws, job, hooks)
     total = {}
     for pg in backends:
         for kind, n in pg.handoff()["forwarded"].items():
