@@ -2,7 +2,7 @@
 
 from datetime import timedelta
 
-from resident_pg import _C, options
+from resident_pg import _C, handoff, options
 
 # Keys passed on to the core; the removed ones too, whose error there says why they are refused.
 _OPTION_KEYS = options.PG_KEYS
@@ -38,6 +38,7 @@ def create_backend(dist_backend_opts, backend_options):
     timeout = dist_backend_opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
+    global_ranks = [int(r) for r in (getattr(dist_backend_opts, "global_ranks_in_group", None) or [])]
     pg = _C.ProcessGroupResident(
         dist_backend_opts.store,
         dist_backend_opts.group_rank,
@@ -45,6 +46,7 @@ def create_backend(dist_backend_opts, backend_options):
         timeout,
         normalize_options(backend_options),
         # errors name ranks as the user knows them (a subgroup's rank r is another global rank)
-        [int(r) for r in (getattr(dist_backend_opts, "global_ranks_in_group", None) or [])],
+        global_ranks,
     )
+    handoff.set_up(pg, dist_backend_opts, timeout, global_ranks)
     return pg

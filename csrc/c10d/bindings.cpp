@@ -36,7 +36,37 @@ PYBIND11_MODULE(_C, m) {
       .def("config", &ProcessGroupResident::describeConfig,
            "The effective RESIDENT_* configuration of this group.")
       .def("proxy_cpu", &ProcessGroupResident::proxyCpu,
-           "CPU the proxy thread is pinned to, or -1.");
+           "CPU the proxy thread is pinned to, or -1.")
+      .def("_set_handoff", &ProcessGroupResident::setHandoff, py::arg("backend"), py::arg("device"),
+           py::arg("crossover_bytes"),
+           "Hands ops on `device` tensors whose bytes reach crossover_bytes[op kind] to `backend` "
+           "(docs/handoff.md). Set by resident_pg._backend; set it on every rank alike.")
+      .def("_set_handoff_off", &ProcessGroupResident::setHandoffOff, py::arg("reason"),
+           "Turns the hand-off off; `reason` is what handoff() reports.")
+      .def("handoff_bytes", &ProcessGroupResident::handoffBytes,
+           "The group's RESIDENT_HANDOFF_BYTES.")
+      .def(
+          "handoff",
+          [](const ProcessGroupResident& pg) {
+            const resident::Handoff& h = pg.handoff();
+            py::dict d;
+            d["on"] = h.on();
+            d["backend"] = h.on() ? py::object(py::str(h.innerName())) : py::object(py::none());
+            d["device"] = h.on() ? py::object(py::str(c10::DeviceTypeName(h.device(), true)))
+                                 : py::object(py::none());
+            d["reason"] = h.reason();
+            py::dict crossover, forwarded;
+            for (int i = 0; i < resident::kHandoffOps; ++i) {
+              const char* name = resident::kHandoffOpNames[static_cast<size_t>(i)];
+              crossover[name] = h.crossover(i);
+              forwarded[name] = h.forwarded(i);
+            }
+            d["crossover_bytes"] = crossover;
+            d["forwarded"] = forwarded;
+            return d;
+          },
+          "The hand-off: on, the inner backend and device, the reason when off, the crossover "
+          "bytes and the count of ops forwarded, per op kind.");
   m.def(
       "transports",
       [] {
@@ -76,6 +106,9 @@ PYBIND11_MODULE(_C, m) {
       },
       "The option registry (csrc/core/options.def): a dict per RESIDENT_* option, removed ones "
       "included (tier 'removed', doc: why).");
+  m.def(
+      "_log_info", [](const std::string& message) { RLOG_INFO("%s", message.c_str()); },
+      py::arg("message"), "Writes `message` through the RESIDENT_DEBUG logger at level info.");
   m.def("set_log_level",
         [](int level) { resident::setLogLevel(static_cast<resident::LogLevel>(level)); });
 }

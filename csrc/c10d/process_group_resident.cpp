@@ -199,6 +199,41 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::cudaOp(c10d::OpType type, c
   return work;
 }
 
+template <typename F>
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::handOff(HandoffOp op, const char* title,
+                                                             c10::ArrayRef<at::Tensor> inputs,
+                                                             F&& call) {
+  flushPendingP2P();  // a CUDA send/recv called before this op runs before it
+  auto work = handoff_.forward(op, title, inputs, std::forward<F>(call));
+  if (op != HandoffOp::kSendRecv) ++seq_;
+  return work;
+}
+
+void ProcessGroupResident::setHandoff(c10::intrusive_ptr<c10d::Backend> inner,
+                                      const std::string& device,
+                                      const std::map<std::string, uint64_t>& crossover_bytes) {
+  RESIDENT_CHECK_VALUE(inner.defined(), "resident: the hand-off backend is None");
+  RESIDENT_CHECK_VALUE(inner.get() != this, "resident: a group cannot hand off to itself");
+  RESIDENT_CHECK_VALUE(inner->getSize() == size_ && inner->getRank() == rank_,
+                       "resident: the hand-off backend has rank ", inner->getRank(), " of ",
+                       inner->getSize(), ", this group rank ", rank_, " of ", size_);
+  RESIDENT_CHECK_VALUE(device == "cpu" || device == "cuda", "resident: hand-off device '", device,
+                       "' is not 'cpu' or 'cuda'");
+  std::array<uint64_t, kHandoffOps> crossover{};
+  for (const auto& kv : crossover_bytes) {
+    int i = 0;
+    while (i < kHandoffOps && kv.first != kHandoffOpNames[static_cast<size_t>(i)]) ++i;
+    std::string known;
+    for (const char* name : kHandoffOpNames)
+      known += (known.empty() ? "" : ", ") + std::string(name);
+    RESIDENT_CHECK_VALUE(i < kHandoffOps, "resident: hand-off op kind '", kv.first,
+                         "' is unknown (known: ", known, ")");
+    crossover[static_cast<size_t>(i)] = kv.second;
+  }
+  handoff_.install(std::move(inner), device == "cpu" ? c10::DeviceType::CPU : c10::DeviceType::CUDA,
+                   crossover);
+}
+
 ProcessGroupResident::~ProcessGroupResident() {
   ProcessGroupResident::shutdown();  // this class's own: no virtual dispatch in a destructor
 }
@@ -207,9 +242,18 @@ void ProcessGroupResident::setTimeout(std::chrono::milliseconds timeout) {
   comm_->engine().setTimeoutNs(static_cast<uint64_t>(timeout.count()) * 1000000ull);
   timeout_ms_ = static_cast<uint64_t>(timeout.count());
   if (gpu_) gpu_->setTimeoutMs(timeout_ms_);
+  if (handoff_.on()) handoff_.inner()->setTimeout(timeout);
 }
 
 void ProcessGroupResident::abort() {
+  if (handoff_.on()) {
+    try {
+      handoff_.inner()->abort();
+    } catch (const std::exception& e) {
+      RLOG_WARN("the hand-off backend's abort failed: %s", e.what());
+    }
+    handoff_.disable("the group was aborted");  // aborted: shutdown() leaves it alone
+  }
   shutdown();
 }
 
@@ -219,6 +263,15 @@ void ProcessGroupResident::shutdown() {
   comm_->shutdown();                  // fails what is in flight, stops the proxy, unmaps segments
   for (const auto& work : inflight_) work->endRecord();  // aborted: their profiler events end
   inflight_.clear();
+  if (handoff_.on()) {
+    // Also reached from the destructor, which must not throw: a failing inner shutdown is logged.
+    try {
+      handoff_.inner()->shutdown();
+    } catch (const std::exception& e) {
+      RLOG_WARN("the hand-off backend's shutdown failed: %s", e.what());
+    }
+    handoff_.disable("the group was shut down");
+  }
 }
 
 c10::intrusive_ptr<WorkResident> ProcessGroupResident::makeWork(
@@ -245,6 +298,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce(std::vector<at::T
   const at::Tensor& t = single(tensors, "all_reduce");
   const DType dt = reductionType(t, "all_reduce");
   const RedOp op = reductionOp(opts.reduceOp, "all_reduce");
+  if (handoff_.takes(HandoffOp::kAllReduce, t, nbytes(t)))
+    return handOff(HandoffOp::kAllReduce, "resident:all_reduce", tensors,
+                   [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
   if (t.is_cuda()) {
     return cudaOp(c10d::OpType::ALLREDUCE, "resident:all_reduce", tensors, tensors, opts.asyncOp,
                   [&](GpuCommunicator& g, void* s) {
@@ -292,6 +348,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::broadcast(std::vector<at::Tensor>& tensors,
                                                                const c10d::BroadcastOptions& opts) {
   const at::Tensor& t = single(tensors, "broadcast");
+  if (handoff_.takes(HandoffOp::kBroadcast, t, nbytes(t)))
+    return handOff(HandoffOp::kBroadcast, "resident:broadcast", tensors,
+                   [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
   if (t.is_cuda()) {
     return cudaOp(c10d::OpType::BROADCAST, "resident:broadcast", tensors, tensors, opts.asyncOp,
                   [&](GpuCommunicator& g, void* s) {
@@ -393,6 +452,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allGatherBaseCuda(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  checkAllGatherBase(output, input);
+  if (handoff_.takes(HandoffOp::kAllGatherIntoTensor, input, nbytes(input))) {
+    // Flat views: any shapes of equal element counts are accepted here (e.g. an output stacked
+    // as [world size, n]); some backends (gloo) also compare shapes.
+    at::Tensor out = output.view(-1), in = input.view(-1);
+    return handOff(HandoffOp::kAllGatherIntoTensor, "resident:all_gather_into_tensor", input,
+                   [&](c10d::Backend& b) { return b._allgather_base(out, in, opts); });
+  }
   if (input.is_cuda())
     return allGatherBaseCuda(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor",
                              {output}, {input}, opts.asyncOp);
@@ -606,6 +673,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduceScatterBaseCuda(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  checkReduceScatterBase(output, input);
+  reductionType(output, "reduce_scatter_tensor");
+  reductionOp(opts.reduceOp, "reduce_scatter_tensor");
+  if (handoff_.takes(HandoffOp::kReduceScatterTensor, output, nbytes(output))) {
+    at::Tensor out = output.view(-1), in = input.view(-1);  // flat: as all_gather_into_tensor
+    return handOff(HandoffOp::kReduceScatterTensor, "resident:reduce_scatter_tensor", input,
+                   [&](c10d::Backend& b) { return b._reduce_scatter_base(out, in, opts); });
+  }
   if (input.is_cuda())
     return reduceScatterBaseCuda(c10d::OpType::_REDUCE_SCATTER_BASE,
                                  "resident:reduce_scatter_tensor", {output}, {input}, opts);
@@ -701,6 +776,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
   c10::SmallVector<size_t, 16> in_bytes, in_offs, out_bytes, out_offs;
   layoutOf(input, input_splits, "input", in_bytes, in_offs);
   layoutOf(output, output_splits, "output", out_bytes, out_offs);
+  // Only equal splits: with split sizes, each rank's bytes are its own, and ranks could decide
+  // differently.
+  if (input_splits.empty() && output_splits.empty() &&
+      handoff_.takes(HandoffOp::kAllToAllSingle, input, nbytes(input) / static_cast<size_t>(size_)))
+    return handOff(HandoffOp::kAllToAllSingle, "resident:all_to_all_single", input,
+                   [&](c10d::Backend& b) {
+                     return b.alltoall_base(output, input, output_splits, input_splits, opts);
+                   });
   c10::SmallVector<const void*, 16> ins;
   c10::SmallVector<void*, 16> outs;
   for (int p = 0; p < size_; ++p) {
@@ -758,6 +841,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(std::vector<at::Te
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor>& tensors, int dst,
                                                           int tag) {
   const at::Tensor& t = single(tensors, "send");
+  if (handoff_.takes(HandoffOp::kSendRecv, t, nbytes(t)))
+    return handOff(HandoffOp::kSendRecv, "resident:send", tensors,
+                   [&](c10d::Backend& b) { return b.send(tensors, dst, tag); });
   if (t.is_cuda()) {
     return translateErrors([&] {
       return runCudaP2P(*comm_, gpu_, cuda_streams_, timeout_ms_, rank_, c10d::OpType::SEND,
@@ -775,6 +861,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recv(std::vector<at::Tensor>& tensors, int src,
                                                           int tag) {
   const at::Tensor& t = single(tensors, "recv");
+  if (handoff_.takes(HandoffOp::kSendRecv, t, nbytes(t)))
+    return handOff(HandoffOp::kSendRecv, "resident:recv", tensors,
+                   [&](c10d::Backend& b) { return b.recv(tensors, src, tag); });
   if (t.is_cuda()) {
     return translateErrors([&] {
       return runCudaP2P(*comm_, gpu_, cuda_streams_, timeout_ms_, rank_, c10d::OpType::RECV,

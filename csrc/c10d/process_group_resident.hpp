@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "c10d/handoff.hpp"
 #include "c10d/work_cuda.hpp"
 #include "c10d/work_resident.hpp"
 #include "core/communicator.hpp"
@@ -95,6 +96,15 @@ class ProcessGroupResident : public c10d::Backend {
   std::string describeConfig() const { return comm_->config().describe(); }
   int proxyCpu() const { return comm_->proxyCpu(); }
 
+  // The large-message hand-off (c10d/handoff.hpp): ops on `device` tensors whose bytes reach
+  // crossover_bytes[op kind] go to `inner`; kinds left out stay resident. Set it on every rank
+  // alike, before the group's first op.
+  void setHandoff(c10::intrusive_ptr<c10d::Backend> inner, const std::string& device,
+                  const std::map<std::string, uint64_t>& crossover_bytes);
+  void setHandoffOff(const std::string& reason) { handoff_.disable(reason); }
+  const Handoff& handoff() const { return handoff_; }
+  uint64_t handoffBytes() const { return comm_->config().handoff_bytes; }
+
  private:
   c10::intrusive_ptr<WorkResident> makeWork(c10d::OpType type, const char* title,
                                             std::vector<at::Tensor> outputs,
@@ -114,6 +124,11 @@ class ProcessGroupResident : public c10d::Backend {
   void addReduceScatterBase(WorkResident& work, at::Tensor& output, at::Tensor& input,
                             const c10d::ReduceOp& op);
 
+  // Forwards an op to the hand-off backend (counted as a collective unless it is a send/recv).
+  template <typename F>
+  c10::intrusive_ptr<c10d::Work> handOff(HandoffOp op, const char* title,
+                                         c10::ArrayRef<at::Tensor> inputs, F&& call);
+
   // CUDA tensors: one kernel on a stream (csrc/c10d/work_cuda.cpp).
   template <typename F>
   c10::intrusive_ptr<c10d::Work> cudaOp(c10d::OpType type, const char* title,
@@ -127,6 +142,7 @@ class ProcessGroupResident : public c10d::Backend {
   std::shared_ptr<CudaStreams> cuda_streams_;
   uint64_t timeout_ms_ = 0;
   uint64_t seq_ = 0;  // collectives issued (getSequenceNumberForGroup)
+  Handoff handoff_;
 };
 
 }  // namespace resident

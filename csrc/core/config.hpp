@@ -45,6 +45,7 @@ struct Config {
   P2PStream gpu_p2p_stream;
   GpuProtocol gpu_protocol;
   std::string gpu_proxy_trace;  // a path prefix, opened when the group is destroyed
+  uint64_t handoff_bytes;       // read by resident_pg/_backend.py, which sets up the hand-off
   // Not an option: set by the adapter when this process can use CUDA, so that the segment
   // carries the GPU region (CPU-only processes do not pay for it).
   bool gpu_region = false;
