@@ -139,6 +139,10 @@ def set_up(pg, dist_backend_opts, timeout, global_ranks):
     if cpu_standin() == "gloo":
         _set_up_cpu_standin(pg, store, rank, size, timeout)
         return
+    if pg.handoff_bytes() == 0:
+        # Every rank's setting is the same (group creation checked it): none exchanges.
+        pg._set_handoff_off("RESIDENT_HANDOFF_BYTES=0")
+        return
     device_index = _bound_device_index(dist_backend_opts)
     records = exchange(store, rank, size, local_record(pg.handoff_bytes(), device_index))
     crossover, reason = decide(records)

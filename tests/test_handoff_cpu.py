@@ -454,3 +454,34 @@ def test_op_mix_with_handoff(ws, mode, seed, request):
     assert all(sum(f.get(k, 0) for k in MIX_KINDS) > 0 for f in forwarded), forwarded
     assert all(f.get("all_reduce", 0) == 0 and f.get("reduce_scatter_tensor", 0) == 0
                for f in forwarded), forwarded
+
+
+def _handoff_agreement_job(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    import resident_pg
+
+    try:
+        dist.new_group([0, 1], backend="resident",
+                       pg_options={"handoff_bytes": 4096 if rank == 0 else 8192})
+        differ = "no error"
+    except Exception as e:  # noqa: BLE001
+        differ = f"{type(e).__name__}: {e}"
+    g = dist.new_group([0, 1], backend="resident", pg_options={"handoff_bytes": 0})
+    t = torch.arange(4, dtype=torch.int64) * (rank + 3)
+    dist.all_reduce(t, group=g)
+    return {"differ": differ, "sum": t.tolist(), "off": resident_pg.describe(g)["handoff"]}
+
+
+@pytest.mark.resident_only
+def test_handoff_bytes_must_agree():
+    """The hand-off's set-up is one exchange every rank joins, or none: ranks whose
+    RESIDENT_HANDOFF_BYTES differ fail group creation at once, naming both values; with 0 on
+    every rank the group forms without that exchange and says the hand-off is off."""
+    for out in H.run_ranks(_handoff_agreement_job, 2, timeout_s=90):
+        assert out["differ"].startswith("ValueError") and "all ranks must agree" in out["differ"], out
+        assert "RESIDENT_HANDOFF_BYTES=4096" in out["differ"] or "uses 4096" in out["differ"], out
+        assert "8192" in out["differ"], out
+        assert out["sum"] == [0, 7, 14, 21], out
+        assert out["off"]["on"] is False and out["off"]["reason"] == "RESIDENT_HANDOFF_BYTES=0", out

@@ -131,7 +131,7 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
                            std::to_string(cfg.slot_bytes) + "|" + cfg.transport + "|" +
                            (tcp_ ? tcp_->endpoint() : std::string("-")) + "|" +
                            (ib_local_ ? "ib" : "-") + "|" + pathModeName(cfg.path) + "|" +
-                           gpuProtocolKey(cfg);
+                           gpuProtocolKey(cfg) + "|" + std::to_string(cfg.handoff_bytes);
   const auto all = allGatherStrings(store, rank, nranks, "resident/desc", desc);
 
   peers_.resize(static_cast<size_t>(nranks));
@@ -142,7 +142,7 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   const std::string key0 = all[0].substr(0, all[0].find('|'));
   for (int p = 0; p < nranks; ++p) {
     const auto f = split(all[static_cast<size_t>(p)], '|');
-    if (f.size() != 11)
+    if (f.size() != 12)
       throw CommError("resident: malformed descriptor from rank " + std::to_string(p));
     PeerInfo& info = peers_[static_cast<size_t>(p)];
     info.host = f[0].substr(0, f[0].find('/'));
@@ -168,6 +168,14 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
       throw InvalidArgument("resident: rank " + std::to_string(p) + " uses " +
                             describeProtocolKey(f[10]) + " but rank " + std::to_string(rank) +
                             " uses " + describeProtocolKey(gpuProtocolKey(cfg)) +
+                            "; all ranks must agree");
+    }
+    if (f[11] != std::to_string(cfg.handoff_bytes)) {
+      // The hand-off's set-up (resident_pg/handoff.py) is one exchange that every rank joins,
+      // or none: ranks that differ fail here, at once, instead of waiting for each other.
+      throw InvalidArgument("resident: rank " + std::to_string(p) +
+                            " uses RESIDENT_HANDOFF_BYTES=" + f[11] + " but rank " +
+                            std::to_string(rank) + " uses " + std::to_string(cfg.handoff_bytes) +
                             "; all ranks must agree");
     }
     endpoints[static_cast<size_t>(p)] = f[7];
