@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,22 @@ struct Result {
   double median = NAN, p10 = NAN, p90 = NAN;
   size_t n = 0;
 };
+
+// The names of a comma-separated `--only` list, each one of `known`; false at the first that is
+// not (the caller prints its usage).
+template <size_t N>
+inline bool ParseNameList(std::string rest, const char* const (&known)[N],
+                          std::vector<std::string>* out) {
+  while (!rest.empty()) {
+    const size_t c = rest.find(',');
+    const std::string nm = rest.substr(0, c);
+    rest = c == std::string::npos ? "" : rest.substr(c + 1);
+    if (std::none_of(std::begin(known), std::end(known), [&](const char* k) { return nm == k; }))
+      return false;
+    out->push_back(nm);
+  }
+  return true;
+}
 
 // `r` with n, median, p10 and p90 of `v` (linear interpolation between order statistics).
 inline Result Summarize(Result r, std::vector<double> v) {

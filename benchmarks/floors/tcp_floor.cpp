@@ -564,13 +564,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--only" && i + 1 < argc) {
-      for (std::string rest = argv[++i]; !rest.empty();) {
-        const size_t c = rest.find(',');
-        const std::string nm = rest.substr(0, c);
-        rest = c == std::string::npos ? "" : rest.substr(c + 1);
-        if (nm != kNames[0] && nm != kNames[1]) Usage();
-        o.only.push_back(nm);
-      }
+      if (!ParseNameList(argv[++i], kNames, &o.only)) Usage();
     } else if (a == "--iters" && i + 1 < argc) {
       o.iters = std::min(std::max(atol(argv[++i]), long(kMinSamples)), 1000000L);
     } else if (a == "--json" && i + 1 < argc) {

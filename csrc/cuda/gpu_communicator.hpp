@@ -146,7 +146,8 @@ class GpuCommunicator : public ProxyHandler {
   uint64_t fused_peers_ = 0;
   // forwardCredits: per peer, the credit last forwarded for each p2p slot (proxy thread only).
   std::vector<std::array<uint64_t, GpuLayout::kP2PSlots>> credit_sent_;
-  // Collective rounds launched eagerly with each peer, as the host counts them (logRounds).
+  // Collective rounds launched eagerly with each peer while tracing, as the host counts them
+  // (logRounds).
   std::vector<uint64_t> host_rounds_;
   // RESIDENT_GPU_PROXY_TRACE: the proxy's timeline, written at shutdown (null: off).
   std::unique_ptr<ProxyTrace> trace_;

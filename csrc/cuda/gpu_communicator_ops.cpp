@@ -93,17 +93,16 @@ void GpuCommunicator::partner(int p, const void* send, size_t send_bytes, void* 
 }
 
 void GpuCommunicator::logRounds(const gpu::CollectiveArgs& a) {
-  // The rounds the host expects each pair to be at when this op starts (eager launches; a graph
-  // advances the device's counters on every replay without the host): ranks whose lines
-  // disagree about a pair show the op that set them apart.
+  // The rounds the host expects each pair to be at when this op starts, counted from when
+  // tracing began (eager launches; a graph advances the device's counters on every replay
+  // without the host): ranks whose lines disagree about a pair show the op that set them apart.
+  // Only while tracing: an op's launch does no bookkeeping for the log otherwise.
+  if (logLevel() < LogLevel::kTrace) return;
   std::string s;
-  const bool trace = logLevel() >= LogLevel::kTrace;
   for (int p = 0; p < nranks_; ++p) {
     const uint32_t n = a.peers[p].rounds;
     if (p == rank_ || n == 0) continue;
-    if (trace)
-      s +=
-          " " + std::to_string(p) + ":" + std::to_string(host_rounds_[p]) + "+" + std::to_string(n);
+    s += " " + std::to_string(p) + ":" + std::to_string(host_rounds_[p]) + "+" + std::to_string(n);
     host_rounds_[p] += n;
   }
   RLOG_TRACE("rank %d: CUDA %s, rounds with peers (peer:before+this op)%s", rank_, opName(a.op_id),
