@@ -98,7 +98,9 @@ __device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& 
                                    uint32_t j0, uint32_t j1) {
   const Region& reg = a.reg;
   const uint32_t bytes = roundBytes(a.peers[a.rank].recv_bytes, r, reg.chunk);
-  const uint32_t nparts = partsOf(bytes);
+  // Parts with payload; a round of no bytes has none: its one part is a credit line, which is
+  // waited for like the other credit parts (slot reuse; see exchangedParts).
+  const uint32_t nparts = bytes ? partsOf(bytes) : 0u;
   // With credit parts past the payload in a short last round (exchangedParts).
   const uint32_t xparts = exchangedParts(a.peers[a.rank].recv_bytes, r, reg.chunk);
   const uint32_t first = roundBytes(a.peers[a.rank].recv_bytes, 0, reg.chunk);

@@ -329,7 +329,18 @@ __global__ void __launch_bounds__(kThreads)
   uint64_t common;
   Waiter w = sendOneRound<Simple>(a, plan, tp, t, common);
   if (!waitSimpleRoutes<Simple>(w, plan, tp, t)) return;
-  if (tp.self_nb == 0) return;
+  if (tp.self_nb == 0) {
+    // No word of the result here; an op of no bytes still waits for each partner's credit
+    // line: a partner may rewrite this op's slot two rounds later only once this rank has read
+    // the slot's previous round, which this line vouches for (without the wait, a zero-sized
+    // reduction let a fast rank overwrite a round a slow one had not read: 8 ranks over tcp).
+    for (uint32_t i = 0; i < tp.n; ++i) {
+      const Lane l = tp.lane(plan, i, t);
+      uint64_t unused;
+      if (l.waits && !receiveLane(w, l, unused)) return;
+    }
+    return;
+  }
   const uint64_t mine = tp.mine_is_common ? common : own;
   Acc acc;
   // In rank order, this rank's own bytes in their place: every rank rounds the same.

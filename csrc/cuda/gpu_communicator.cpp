@@ -102,7 +102,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
     RLOG_DEBUG("rank %d: segment of rank %d registered for device %d", rank_, owner, device);
     return static_cast<unsigned char*>(dev) + comm.gpuRegionOffset();
   };
-  host_rounds_.assign(static_cast<size_t>(nranks_), 0);
+  host_rounds_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(nranks_));
   try {
     gpu::DeviceState host_state{};
     region_.local = registerMapped(comm.segmentBase(), comm.segmentBytes(), rank_);

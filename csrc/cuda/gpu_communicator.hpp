@@ -109,6 +109,7 @@ class GpuCommunicator : public ProxyHandler {
   static const char* opName(uint32_t id);  // an OpId's name, as errors and logs say it
   // Logs, when a kernel gave up, the state of each proxied peer's inbox slots and connection.
   void logWaitState() const;
+  void logDeviceRounds() const;  // part of logWaitState
 
   Communicator& comm_;
   const int rank_, nranks_;
@@ -147,8 +148,8 @@ class GpuCommunicator : public ProxyHandler {
   // forwardCredits: per peer, the credit last forwarded for each p2p slot (proxy thread only).
   std::vector<std::array<uint64_t, GpuLayout::kP2PSlots>> credit_sent_;
   // Collective rounds launched eagerly with each peer while tracing, as the host counts them
-  // (logRounds).
-  std::vector<uint64_t> host_rounds_;
+  // (logRounds; logDeviceRounds reads them on the proxy thread).
+  std::unique_ptr<std::atomic<uint64_t>[]> host_rounds_;
   // RESIDENT_GPU_PROXY_TRACE: the proxy's timeline, written at shutdown (null: off).
   std::unique_ptr<ProxyTrace> trace_;
   bool shut_down_ = false;

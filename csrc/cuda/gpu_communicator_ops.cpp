@@ -102,11 +102,11 @@ void GpuCommunicator::logRounds(const gpu::CollectiveArgs& a) {
   for (int p = 0; p < nranks_; ++p) {
     const uint32_t n = a.peers[p].rounds;
     if (p == rank_ || n == 0) continue;
-    s += " " + std::to_string(p) + ":" + std::to_string(host_rounds_[p]) + "+" + std::to_string(n);
-    host_rounds_[p] += n;
+    const uint64_t before = host_rounds_[p].fetch_add(n, std::memory_order_relaxed);
+    s += " " + std::to_string(p) + ":" + std::to_string(before) + "+" + std::to_string(n);
   }
-  RLOG_TRACE("rank %d: CUDA %s, rounds with peers (peer:before+this op)%s", rank_, opName(a.op_id),
-             s.c_str());
+  RLOG_TRACE("rank %d of %d: CUDA %s, rounds with peers (peer:before+this op)%s", rank_, nranks_,
+             opName(a.op_id), s.c_str());
 }
 
 void GpuCommunicator::launchCollective(void* stream) {

@@ -1,14 +1,18 @@
 // The proxy side of the CUDA path: drains the trigger FIFO that the kernels fill (mapped host
 // memory), checks the lines of unfenced triggers, and posts the writes through the transport.
 // Runs on the communicator's resident proxy thread (GpuCommunicator is its extra poller).
+#include <cuda_runtime.h>
+
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/clock.hpp"
 #include "core/engine.hpp"
 #include "core/log.hpp"
 #include "core/proxy/trigger_encoding.hpp"
 #include "core/proxy/write_batch.hpp"
+#include "cuda/cuda_guards.hpp"
 #include "cuda/gpu_communicator.hpp"
 
 namespace resident {
@@ -65,6 +69,7 @@ void GpuCommunicator::logWaitState() const {
   };
   RLOG_ERROR("rank %d: host callers waiting on CPU ops of the group: %s", rank_,
              comm_.engine().hasWaiters() ? "yes" : "no");
+  logDeviceRounds();
   for (int p = 0; p < nranks_; ++p) {
     if (p == rank_ || ((region_.proxied >> p) & 1) == 0) continue;
     std::string s = "rank " + std::to_string(rank_) + " from rank " + std::to_string(p) + ":";
@@ -77,6 +82,37 @@ void GpuCommunicator::logWaitState() const {
     s += " " + comm_.transport().peerState(p);
     RLOG_ERROR("%s", s.c_str());
   }
+}
+
+void GpuCommunicator::logDeviceRounds() const {
+  // The device's collective round with each peer (past the op that gave up: a kernel advances
+  // them as it starts), read on a stream of its own with a bounded wait, so that a GPU that
+  // stopped cannot hold the proxy here. While tracing, beside the host's count (logRounds).
+  DeviceGuard guard(device_);
+  cudaStream_t s = nullptr;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return;
+  std::vector<uint32_t> rounds(static_cast<size_t>(nranks_), 0);
+  bool read = cudaMemcpyAsync(rounds.data(), state_->coll_round, rounds.size() * sizeof(uint32_t),
+                              cudaMemcpyDeviceToHost, s) == cudaSuccess;
+  const uint64_t deadline = nowNs() + 1000000000ull;
+  cudaError_t q = cudaErrorNotReady;
+  while (read && (q = cudaStreamQuery(s)) == cudaErrorNotReady && nowNs() < deadline) {
+  }
+  read = read && q == cudaSuccess;
+  if (q != cudaErrorNotReady) cudaStreamDestroy(s);  // else leaked: the copy may still land
+  if (!read) {
+    RLOG_ERROR("rank %d: the device's round counters could not be read", rank_);
+    return;
+  }
+  const bool traced = logLevel() >= LogLevel::kTrace;
+  std::string line;
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    line += " " + std::to_string(p) + ":" + std::to_string(rounds[static_cast<size_t>(p)]);
+    if (traced) line += "/" + std::to_string(host_rounds_[p].load(std::memory_order_relaxed));
+  }
+  RLOG_ERROR("rank %d of %d: collective rounds with peers on the device%s:%s", rank_, nranks_,
+             traced ? " / as the host counted them" : "", line.c_str());
 }
 
 bool GpuCommunicator::forwardCredits() {
