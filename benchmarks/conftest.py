@@ -231,7 +231,9 @@ def pytest_terminal_summary(terminalreporter, config):
         tr.write_line(t.rstrip())
     if runs.baseline is not None:
         bad = [v for v in runs.verdicts if v["regressed"]]
-        tr.write_line(f"\ngate {config.getoption('resident_gate')}: {len(runs.verdicts)} cases "
-                      f"compared, {len(bad)} regressed")
+        compared = sum(1 for v in runs.verdicts if v["comparable"])
+        tr.write_line(f"\ngate {config.getoption('resident_gate')}: {compared} cases "
+                      f"compared, {len(bad)} regressed, {len(runs.verdicts) - compared} not "
+                      f"comparable (failed)")
         if bad:
             tr.write_line(cases.format_gate_table(bad, "regressions:"))

@@ -31,4 +31,5 @@ def test_latency(ladder_case, ladder_runs, benchmark, request):
                              request.config.getoption("resident_gate_min_band"))
         if verdict:
             ladder_runs.verdicts.append(verdict)
+            assert verdict["comparable"], verdict["why"]
             assert not verdict["regressed"], cases.format_gate_table([verdict], "regression:")

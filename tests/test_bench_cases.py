@@ -63,8 +63,23 @@ def test_gate_verdicts():
     table = cases.format_gate_table([bad], "regressions:")
     assert "test_latency[x]" in table and "2.300" in table and "12%" in table
     assert cases.gate("test_latency[y]", {"ratio": 9.0, "reference": "floor gpu"}, base, 0.1) is None
-    assert cases.gate("test_latency[x]", {"ratio": 9.0, "reference": "gloo (same run)"},
-                      base, 0.1) is None
+    other = cases.gate("test_latency[x]", {"ratio": 9.0, "reference": "gloo (same run)"},
+                       base, 0.1)
+    assert other["comparable"] is False and "'floor gpu'" in other["why"]
+    none = cases.gate("test_latency[x]", {"ratio": None, "reference": None}, base, 0.1)
+    assert none["comparable"] is False and "no ratio" in none["why"]
+    assert ok["comparable"] is True and bad["comparable"] is True
+
+
+def test_round_rows_without_floor_take_the_cells_floor():
+    # A ladder of several rounds whose per-round rows were not annotated with the floor: each
+    # round's ratio is to the cell's floor (the same every round), not missing.
+    rows = [_row("resident:transport=tcp", i, m) for i, m in enumerate((60.0, 90.0, 75.0))]
+    doc = _doc(rows)
+    doc["results"][0].update(floor_us=30.0, floor_kind="tcp")
+    e = cases.case_results(doc)["cpu-eager-ws2-resident:transport=tcp-all_reduce-8B"]["extra"]
+    assert e["reference"] == "floor tcp" and e["round_ratios"] == [2.0, 3.0, 2.5]
+    assert abs(e["ratio"] - 2.5) < 1e-12
 
 
 def test_baseline_round_trip(tmp_path):

@@ -88,6 +88,8 @@ def case_results(doc: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
             if "median_us" not in rr:
                 continue
             samples += _slowest_samples_us(rr)
+            if "floor_us" in row and "floor_us" not in rr:  # the floor is the same every round
+                rr = dict(rr, **{k: row[k] for k in ("floor_us", "floor_kind") if k in row})
             ref = _reference(rr, ref_rows, baseline)
             if ref:
                 ratios.append(rr["median_us"] / ref[0])
@@ -134,17 +136,24 @@ def load_baseline(path: str) -> Dict[str, Dict[str, Any]]:
 
 def gate(name: str, extra: Dict[str, Any], baseline: Dict[str, Dict[str, Any]],
          min_band: float) -> Optional[Dict[str, Any]]:
-    """The gate's verdict on one case: None when the baseline has no comparable entry (no case
-    of that name, no ratio, another reference), else a dict with ratio, baseline_ratio, band,
-    limit and regressed (ratio > baseline ratio x (1 + max(noise band, min_band)))."""
+    """The gate's verdict on one case: None when the baseline has no ratio for a case of that
+    name; a dict with comparable False and why when this run's case has no ratio or one to
+    another reference (a gate that compared nothing must not pass); else a dict with
+    comparable True, ratio, baseline_ratio, band, limit and regressed (ratio > baseline
+    ratio x (1 + max(noise band, min_band)))."""
     base = baseline.get(name)
-    if not base or base.get("ratio") is None or extra.get("ratio") is None:
+    if not base or base.get("ratio") is None:
         return None
-    if base.get("reference") != extra.get("reference"):
-        return None
+    if extra.get("ratio") is None or base.get("reference") != extra.get("reference"):
+        got = (f"a ratio to {extra['reference']!r}" if extra.get("ratio") is not None
+               else "no ratio (no floor or reference in this run: --resident-floors?)")
+        return {"name": name, "comparable": False, "regressed": False,
+                "why": f"{name}: the baseline has a ratio to {base.get('reference')!r}, this "
+                       f"run {got}"}
     band = max(min_band, float(extra.get("noise_band") or 0.0))
     limit = base["ratio"] * (1.0 + band)
-    return {"name": name, "ratio": extra["ratio"], "baseline_ratio": base["ratio"],
+    return {"name": name, "comparable": True, "ratio": extra["ratio"],
+            "baseline_ratio": base["ratio"],
             "band": band, "limit": limit, "reference": extra["reference"],
             "median_us": extra.get("median_us"), "baseline_median_us": base.get("median_us"),
             "regressed": extra["ratio"] > limit}

@@ -440,6 +440,8 @@ def run(plan: SimpleNamespace, argv: Sequence[str]) -> Dict[str, Any]:
         meta["gpu"] = gpu
         meta["cuda_mps_pipe_directory"] = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
     cuda_side.annotate_rows(rows, floors)  # cpu: the rows over tcp
+    if round_rows is not rows:
+        cuda_side.annotate_rows(round_rows, floors)  # each round's ratio (the gate's rounds)
 
     git = meta["git"]
     print(f"resident_pg.bench on {meta['hostname']} ({meta['cpu_count']} cpus, load "
