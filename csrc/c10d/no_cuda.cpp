@@ -12,24 +12,30 @@ bool cudaPathBuilt() {
 
 class CudaStreams {};
 
-c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator&, std::shared_ptr<GpuCommunicator>&,
-                                         std::shared_ptr<CudaStreams>&, uint64_t, int, c10d::OpType,
-                                         const char*, const std::vector<at::Tensor>&,
-                                         const std::vector<at::Tensor>&, bool,
-                                         c10::function_ref<void(GpuCommunicator&, void*)>) {
+namespace {
+[[noreturn]] void noCudaPath() {
   throw InvalidArgument(
       "resident: this build of resident_pg has no CUDA path (built without nvcc)");
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> CudaPath::collective(
+    c10d::OpType, const char*, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, bool,
+    c10::function_ref<void(GpuCommunicator&, void*)>) {
+  noCudaPath();
 }
 
-c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator&, std::shared_ptr<GpuCommunicator>&,
-                                          std::shared_ptr<CudaStreams>&, uint64_t, int,
-                                          c10d::OpType, const char*, const at::Tensor&, bool, int) {
-  throw InvalidArgument(
-      "resident: this build of resident_pg has no CUDA path (built without nvcc)");
+c10::intrusive_ptr<c10d::Work> CudaPath::pointToPoint(c10d::OpType, const char*, const at::Tensor&,
+                                                      bool, int) {
+  noCudaPath();
 }
+
+void CudaPath::setTimeoutMs(uint64_t ms) {
+  timeout_ms_ = ms;
+}
+
+void CudaPath::shutdown() {}
 
 void flushPendingP2P() {}
-
-void shutdownCuda(std::shared_ptr<GpuCommunicator>&, std::shared_ptr<CudaStreams>&) {}
 
 }  // namespace resident

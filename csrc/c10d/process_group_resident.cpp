@@ -182,6 +182,7 @@ ProcessGroupResident::ProcessGroupResident(const c10::intrusive_ptr<c10d::Store>
                                            static_cast<uint64_t>(timeout.count()), global_ranks);
     inflight_.reserve(cfg.max_inflight);
     timeout_ms_ = static_cast<uint64_t>(timeout.count());
+    cuda_ = std::make_unique<CudaPath>(*comm_, rank, timeout_ms_);
     return 0;
   });
 }
@@ -191,10 +192,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::cudaOp(c10d::OpType type, c
                                                             const std::vector<at::Tensor>& outputs,
                                                             const std::vector<at::Tensor>& inputs,
                                                             bool async_op, F&& launch) {
-  auto work = translateErrors([&] {
-    return runCudaOp(*comm_, gpu_, cuda_streams_, timeout_ms_, rank_, type, title, outputs, inputs,
-                     async_op, launch);
-  });
+  auto work = translateErrors(
+      [&] { return cuda_->collective(type, title, outputs, inputs, async_op, launch); });
   ++seq_;
   return work;
 }
@@ -241,7 +240,7 @@ ProcessGroupResident::~ProcessGroupResident() {
 void ProcessGroupResident::setTimeout(std::chrono::milliseconds timeout) {
   comm_->engine().setTimeoutNs(static_cast<uint64_t>(timeout.count()) * 1000000ull);
   timeout_ms_ = static_cast<uint64_t>(timeout.count());
-  if (gpu_) gpu_->setTimeoutMs(timeout_ms_);
+  cuda_->setTimeoutMs(timeout_ms_);
   if (handoff_.on()) handoff_.inner()->setTimeout(timeout);
 }
 
@@ -259,8 +258,8 @@ void ProcessGroupResident::abort() {
 
 void ProcessGroupResident::shutdown() {
   if (!comm_) return;
-  shutdownCuda(gpu_, cuda_streams_);  // before the segments it registered go away
-  comm_->shutdown();                  // fails what is in flight, stops the proxy, unmaps segments
+  cuda_->shutdown();  // before the segments it registered go away
+  comm_->shutdown();  // fails what is in flight, stops the proxy, unmaps segments
   for (const auto& work : inflight_) work->endRecord();  // aborted: their profiler events end
   inflight_.clear();
   if (handoff_.on()) {
@@ -845,10 +844,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor
     return handOff(HandoffOp::kSendRecv, "resident:send", tensors,
                    [&](c10d::Backend& b) { return b.send(tensors, dst, tag); });
   if (t.is_cuda()) {
-    return translateErrors([&] {
-      return runCudaP2P(*comm_, gpu_, cuda_streams_, timeout_ms_, rank_, c10d::OpType::SEND,
-                        "resident:send", t, true, dst);
-    });
+    return translateErrors(
+        [&] { return cuda_->pointToPoint(c10d::OpType::SEND, "resident:send", t, true, dst); });
   }
   auto work = makeWork(c10d::OpType::SEND, "resident:send", {}, tensors);
   translateErrors([&] {
@@ -865,10 +862,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recv(std::vector<at::Tensor
     return handOff(HandoffOp::kSendRecv, "resident:recv", tensors,
                    [&](c10d::Backend& b) { return b.recv(tensors, src, tag); });
   if (t.is_cuda()) {
-    return translateErrors([&] {
-      return runCudaP2P(*comm_, gpu_, cuda_streams_, timeout_ms_, rank_, c10d::OpType::RECV,
-                        "resident:recv", t, false, src);
-    });
+    return translateErrors(
+        [&] { return cuda_->pointToPoint(c10d::OpType::RECV, "resident:recv", t, false, src); });
   }
   auto work = makeWork(c10d::OpType::RECV, "resident:recv", tensors, {});
   translateErrors([&] {

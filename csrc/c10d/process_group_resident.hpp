@@ -138,8 +138,7 @@ class ProcessGroupResident : public c10d::Backend {
 
   std::shared_ptr<Communicator> comm_;
   std::vector<c10::intrusive_ptr<WorkResident>> inflight_;
-  std::shared_ptr<GpuCommunicator> gpu_;  // created on the first CUDA op
-  std::shared_ptr<CudaStreams> cuda_streams_;
+  std::unique_ptr<CudaPath> cuda_;  // CUDA tensors' ops (its GPU state made on the first)
   uint64_t timeout_ms_ = 0;
   uint64_t seq_ = 0;  // collectives issued (getSequenceNumberForGroup)
   Handoff handoff_;

@@ -478,38 +478,28 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkCuda::getFuture() {
   return future_;
 }
 
-namespace {
-
-// The group's CUDA path on the tensors' device, created on first use.
-c10::Device cudaPathFor(Communicator& comm, std::shared_ptr<GpuCommunicator>& gpu,
-                        std::shared_ptr<CudaStreams>& streams, uint64_t timeout_ms,
-                        const at::Tensor& first) {
+c10::Device CudaPath::deviceFor(const at::Tensor& first) {
   const c10::Device device = first.device();
   c10::cuda::CUDAGuard guard(device);
-  if (!gpu) {
-    auto made = std::make_shared<CudaStreams>(device.index(), comm.size());
-    gpu = std::make_shared<GpuCommunicator>(comm, device.index(), timeout_ms);
-    streams = std::move(made);
-    if (comm.config().gpu_p2p_stream == P2PStream::kAuto) streams->flusher_ = sharedFlusher();
-  } else if (gpu->device() != device.index()) {
+  if (!gpu_) {
+    auto made = std::make_shared<CudaStreams>(device.index(), comm_.size());
+    gpu_ = std::make_shared<GpuCommunicator>(comm_, device.index(), timeout_ms_);
+    streams_ = std::move(made);
+    if (comm_.config().gpu_p2p_stream == P2PStream::kAuto) streams_->flusher_ = sharedFlusher();
+  } else if (gpu_->device() != device.index()) {
     throw InvalidArgument(
-        "resident: this group's CUDA path is on cuda:" + std::to_string(gpu->device()) +
+        "resident: this group's CUDA path is on cuda:" + std::to_string(gpu_->device()) +
         " but the tensors are on " + device.str() + "; use one device per group");
   }
   return device;
 }
 
-}  // namespace
-
-c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<GpuCommunicator>& gpu,
-                                         std::shared_ptr<CudaStreams>& streams, uint64_t timeout_ms,
-                                         int rank, c10d::OpType type, const char* title,
-                                         const std::vector<at::Tensor>& outputs,
-                                         const std::vector<at::Tensor>& inputs, bool async_op,
-                                         c10::function_ref<void(GpuCommunicator&, void*)> launch) {
+c10::intrusive_ptr<c10d::Work> CudaPath::collective(
+    c10d::OpType type, const char* title, const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs, bool async_op,
+    c10::function_ref<void(GpuCommunicator&, void*)> launch) {
   flushPendingP2P();
-  const c10::Device device =
-      cudaPathFor(comm, gpu, streams, timeout_ms, !inputs.empty() ? inputs[0] : outputs.at(0));
+  const c10::Device device = deviceFor(!inputs.empty() ? inputs[0] : outputs.at(0));
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t current = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -519,31 +509,32 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
   OpRecord record = OpRecord::start(title, inputs);
   if (capturing) {
     // In a graph: the kernel becomes a node on the capturing stream; nothing else.
-    launch(*gpu, current);
+    launch(*gpu_, current);
     record.end();
-    return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, OpRecord(), outputs, device,
+    return c10::make_intrusive<WorkCuda>(gpu_, streams_, rank_, type, OpRecord(), outputs, device,
                                          nullptr);
   }
-  cudaStream_t stream = async_op ? streams->side_.stream() : current;
+  CudaStreams& streams = *streams_;
+  cudaStream_t stream = async_op ? streams.side_.stream() : current;
   // Order after what came before: the op's stream waits for the caller's stream (inputs
   // ready) and for the previous collective when that went to another stream (one at a time
   // per group).
   auto follow = [&](cudaStream_t waiter, cudaStream_t on) {
-    cudaEvent_t e = streams->get();
+    cudaEvent_t e = streams.get();
     C10_CUDA_CHECK(cudaEventRecord(e, on));
     C10_CUDA_CHECK(cudaStreamWaitEvent(waiter, e, 0));
-    streams->put(e);
+    streams.put(e);
   };
-  if (streams->has_last_ && streams->last_ != stream && streams->last_ != current)
-    C10_CUDA_CHECK(cudaStreamWaitEvent(stream, streams->lastEnd(), 0));
+  if (streams.has_last_ && streams.last_ != stream && streams.last_ != current)
+    C10_CUDA_CHECK(cudaStreamWaitEvent(stream, streams.lastEnd(), 0));
   if (stream != current) follow(stream, current);
-  launch(*gpu, stream);
-  C10_CUDA_CHECK(cudaEventRecord(streams->lastEnd(), stream));
-  streams->last_ = stream;
-  streams->has_last_ = true;
+  launch(*gpu_, stream);
+  C10_CUDA_CHECK(cudaEventRecord(streams.lastEnd(), stream));
+  streams.last_ = stream;
+  streams.has_last_ = true;
   cudaEvent_t end = nullptr;
   if (stream != current) {
-    end = streams->get();
+    end = streams.get();
     C10_CUDA_CHECK(cudaEventRecord(end, stream));
     // The caching allocator must not hand these tensors out again before the op's stream
     // has passed them.
@@ -553,22 +544,21 @@ c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<Gpu
         c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), used);
   }
   record.end();
-  return c10::make_intrusive<WorkCuda>(gpu, streams, rank, type, OpRecord(), outputs, device, end);
+  return c10::make_intrusive<WorkCuda>(gpu_, streams_, rank_, type, OpRecord(), outputs, device,
+                                       end);
 }
 
-c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<GpuCommunicator>& gpu,
-                                          std::shared_ptr<CudaStreams>& streams,
-                                          uint64_t timeout_ms, int rank, c10d::OpType type,
-                                          const char* title, const at::Tensor& tensor, bool send,
-                                          int peer) {
-  if (peer < 0 || peer >= comm.size() || peer == comm.rank()) {
+c10::intrusive_ptr<c10d::Work> CudaPath::pointToPoint(c10d::OpType type, const char* title,
+                                                      const at::Tensor& tensor, bool send,
+                                                      int peer) {
+  if (peer < 0 || peer >= comm_.size() || peer == comm_.rank()) {
     throw InvalidArgument(std::string("resident: ") + (send ? "send to" : "recv from") + " rank " +
                           std::to_string(peer) + " is invalid in a group of " +
-                          std::to_string(comm.size()) + " (this is rank " +
-                          std::to_string(comm.rank()) + ")");
+                          std::to_string(comm_.size()) + " (this is rank " +
+                          std::to_string(comm_.rank()) + ")");
   }
   flushPendingP2P();
-  const c10::Device device = cudaPathFor(comm, gpu, streams, timeout_ms, tensor);
+  const c10::Device device = deviceFor(tensor);
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t current = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const unsigned long long capture = captureIdOf(current);
@@ -577,16 +567,16 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<Gp
                         tensor.nbytes(),
                         peer,
                         current,
-                        streams->get(),
+                        streams_->get(),
                         capture,
                         tensor,
-                        comm.config().gpu_p2p_stream == P2PStream::kAuto};
+                        comm_.config().gpu_p2p_stream == P2PStream::kAuto};
   C10_CUDA_CHECK(cudaEventRecord(p.ready, current));
   std::vector<at::Tensor> outputs;
   if (!send) outputs.push_back(tensor);
   // Its profiler event ends once the kernel is launched on this side (here, or in its wait).
   auto work = c10::make_intrusive<WorkCuda>(
-      gpu, streams, rank, type, OpRecord::start(title, {tensor}), std::move(outputs), device,
+      gpu_, streams_, rank_, type, OpRecord::start(title, {tensor}), std::move(outputs), device,
       nullptr, capture != 0,
       capture != 0 ? std::vector<at::Tensor>{tensor} : std::vector<at::Tensor>{});
   if (!p.lazy) {
@@ -605,20 +595,25 @@ c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<Gp
     // launch would unblock no peer, only change the graph's shape with timing.
     pending_number.store(capture != 0 ? 0 : ++last_number);
   }
-  if (capture == 0) streams->flusher_->notePending();
+  if (capture == 0) streams_->flusher_->notePending();
   return work;
 }
 
-void shutdownCuda(std::shared_ptr<GpuCommunicator>& gpu, std::shared_ptr<CudaStreams>& streams) {
+void CudaPath::setTimeoutMs(uint64_t ms) {
+  timeout_ms_ = ms;
+  if (gpu_) gpu_->setTimeoutMs(ms);
+}
+
+void CudaPath::shutdown() {
   try {
     flushPendingP2P();  // called before the shutdown: it runs (and is aborted with the rest)
   } catch (const std::exception& e) {
     RLOG_WARN("resident: launching a pending send/recv at shutdown failed: %s", e.what());
   }
-  if (gpu) gpu->shutdown();
+  if (gpu_) gpu_->shutdown();
   // The flusher thread ends with the last group that holds it, not with the last Work.
-  if (streams) streams->flusher_.reset();
-  streams.reset();
+  if (streams_) streams_->flusher_.reset();
+  streams_.reset();
 }
 
 }  // namespace resident

@@ -1,8 +1,8 @@
 // CUDA tensors in the adapter: the Work of an op that runs as a kernel on a stream, and the
-// launch helpers that pick the stream like ProcessGroupNCCL does (async_op=False: the
-// caller's current stream; async_op=True: the group's own stream, which waits for the
-// current one; under graph capture always the current stream, with no host synchronisation;
-// send/recv: see runCudaP2P). Only this file's .cpp includes the torch CUDA headers.
+// group's CUDA path (CudaPath), whose launches pick the stream like ProcessGroupNCCL does
+// (async_op=False: the caller's current stream; async_op=True: the group's own stream, which waits
+// for the current one; under graph capture always the current stream, with no host synchronisation;
+// send/recv: see CudaPath::pointToPoint). Only this file's .cpp includes the torch CUDA headers.
 // Profiler events also follow ProcessGroupNCCL: an op's event spans its kernel's launch on
 // the host, so the profiler ties the kernel (and a GPU annotation over it) to the event.
 #pragma once
@@ -57,7 +57,7 @@ class WorkCuda : public c10d::Work {
   // A send/recv's profiler event: ended on the caller's side once its kernel is launched.
   OpRecord record_;
 
-  // A send or recv not launched yet (see runCudaP2P); null once launched.
+  // A send or recv not launched yet (see CudaPath::pointToPoint); null once launched.
   struct P2PLaunch;
   std::unique_ptr<P2PLaunch> p2p_;
   std::string launch_error_;  // why launching it failed (then wait() raises it)
@@ -79,38 +79,54 @@ class WorkCuda : public c10d::Work {
   std::unique_ptr<P2PLaunch> parked_;
   friend void flushPendingP2P();
   friend void flushStalePendingP2P(uint64_t number);
-  friend c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator&, std::shared_ptr<GpuCommunicator>&,
-                                                   std::shared_ptr<CudaStreams>&, uint64_t, int,
-                                                   c10d::OpType, const char*, const at::Tensor&,
-                                                   bool, int);
+  friend class CudaPath;
 };
 
-// Runs `launch(gpu, stream)` for a collective on CUDA tensors and returns its Work: on the
-// caller's stream, or the group's side stream when async. Creates the group's CUDA path on
-// first use (on the tensors' device).
-c10::intrusive_ptr<c10d::Work> runCudaOp(Communicator& comm, std::shared_ptr<GpuCommunicator>& gpu,
-                                         std::shared_ptr<CudaStreams>& streams, uint64_t timeout_ms,
-                                         int rank, c10d::OpType type, const char* title,
-                                         const std::vector<at::Tensor>& outputs,
-                                         const std::vector<at::Tensor>& inputs, bool async_op,
-                                         c10::function_ref<void(GpuCommunicator&, void*)> launch);
+// A group's CUDA path: its GpuCommunicator and streams, created on the first op on CUDA
+// tensors (on their device), and every CUDA op of the group launched as a Work.
+class CudaPath {
+ public:
+  CudaPath(Communicator& comm, int rank, uint64_t timeout_ms)
+      : comm_(comm), rank_(rank), timeout_ms_(timeout_ms) {}
+  CudaPath(const CudaPath&) = delete;
+  CudaPath& operator=(const CudaPath&) = delete;
 
-// A send (`send`) or recv of `tensor` with `peer`. Its kernel is launched lazily: if the next
-// thing this process does with resident is this op's own wait() on the stream it was called
-// on (c10d's blocking send/recv), the kernel runs on that stream, where it gets programmatic
-// dependent launch; anything else first (another resident call, another Work's wait,
-// is_completed(), dropping the Work, a stream switch) launches it on a stream of its own per
-// peer and direction, ordered after the point it was called at and joined back on wait(), so
-// that isend/irecv in any order cannot block each other (as ProcessGroupNCCL's p2p streams).
-// An op still not launched after a tick (0.2-0.4 ms: its caller blocked the host on something
-// else, say a peer waiting for this message) is launched the second way by the flusher
-// thread, so every op starts without the caller's help, as with NCCL.
-// RESIDENT_GPU_P2P_STREAM=own launches every send/recv the second way at once.
-c10::intrusive_ptr<c10d::Work> runCudaP2P(Communicator& comm, std::shared_ptr<GpuCommunicator>& gpu,
-                                          std::shared_ptr<CudaStreams>& streams,
-                                          uint64_t timeout_ms, int rank, c10d::OpType type,
-                                          const char* title, const at::Tensor& tensor, bool send,
-                                          int peer);
+  // Runs `launch(gpu, stream)` for a collective and returns its Work: on the caller's stream,
+  // or the group's side stream when async.
+  c10::intrusive_ptr<c10d::Work> collective(
+      c10d::OpType type, const char* title, const std::vector<at::Tensor>& outputs,
+      const std::vector<at::Tensor>& inputs, bool async_op,
+      c10::function_ref<void(GpuCommunicator&, void*)> launch);
+
+  // A send (`send`) or recv of `tensor` with `peer`. Its kernel is launched lazily: if the
+  // next thing this process does with resident is this op's own wait() on the stream it was
+  // called on (c10d's blocking send/recv), the kernel runs on that stream, where it gets
+  // programmatic dependent launch; anything else first (another resident call, another Work's
+  // wait, is_completed(), dropping the Work, a stream switch) launches it on a stream of its
+  // own per peer and direction, ordered after the point it was called at and joined back on
+  // wait(), so that isend/irecv in any order cannot block each other (as ProcessGroupNCCL's
+  // p2p streams). An op still not launched after a tick (0.2-0.4 ms: its caller blocked the
+  // host on something else, say a peer waiting for this message) is launched the second way
+  // by the flusher thread, so every op starts without the caller's help, as with NCCL.
+  // RESIDENT_GPU_P2P_STREAM=own launches every send/recv the second way at once.
+  c10::intrusive_ptr<c10d::Work> pointToPoint(c10d::OpType type, const char* title,
+                                              const at::Tensor& tensor, bool send, int peer);
+
+  // The device-side timeout of later and running kernels.
+  void setTimeoutMs(uint64_t ms);
+  // Waits for the path's kernels and releases its registrations and streams. Idempotent.
+  void shutdown();
+
+ private:
+  // The path on the tensors' device, created on first use.
+  c10::Device deviceFor(const at::Tensor& first);
+
+  Communicator& comm_;
+  const int rank_;
+  uint64_t timeout_ms_;
+  std::shared_ptr<GpuCommunicator> gpu_;
+  std::shared_ptr<CudaStreams> streams_;
+};
 
 // Launches the send/recv still waiting to be launched, if any (every resident call does this
 // first, in any group: at most one op is pending in the process).
@@ -118,8 +134,5 @@ void flushPendingP2P();
 // The flusher thread's launch (core/pending_flusher.hpp): the pending op, if it is still op
 // `number` (a lazy op nobody launched within a tick, e.g. the host blocked on a peer instead).
 void flushStalePendingP2P(uint64_t number);
-
-// Shuts the CUDA path down (waits for its kernels, releases registrations).
-void shutdownCuda(std::shared_ptr<GpuCommunicator>& gpu, std::shared_ptr<CudaStreams>& streams);
 
 }  // namespace resident
