@@ -29,10 +29,9 @@ int residentBlocksPerSm(bool simple) {
   return coll;
 }
 
-cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream,
-                             bool pdl) {
-  if (args.reg.simple != 0) return launchKernel(collectiveKernel<true>, args, blocks, stream, pdl);
-  return launchKernel(collectiveKernel<false>, args, blocks, stream, pdl);
+cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream) {
+  if (args.reg.simple != 0) return launchKernel(collectiveKernel<true>, args, blocks, stream);
+  return launchKernel(collectiveKernel<false>, args, blocks, stream);
 }
 
 }  // namespace gpu

@@ -1,5 +1,5 @@
 // Host entry points of the kernels (compiled by nvcc; called from csrc/cuda). Torch-free.
-// `pdl`: launch with programmatic dependent launch (RESIDENT_GPU_PDL).
+// Every kernel is launched with programmatic dependent launch (launch_device.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,18 +13,17 @@ namespace gpu {
 // its build with the simple protocol (Region::simple), which launchCollective picks by the
 // args' Region::simple.
 int residentBlocksPerSm(bool simple);
-cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream,
-                             bool pdl);
+cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream);
 // An op of one round with every partner (one_round_kernel.cu): a block per 2 KiB part of the
 // largest exchange, `threads` per block (a multiple of 32, at most kThreads: one per LL line).
 cudaError_t launchOneRound(const CollectiveArgs& args, unsigned blocks, unsigned threads,
-                           cudaStream_t stream, bool pdl);
+                           cudaStream_t stream);
 // Loads the send and recv kernels now. Under lazy module loading (CUDA's default) a kernel
 // is loaded at its first launch, which may wait for the context's running kernels: a recv
 // spinning for a peer whose matching send is stuck in that load would never finish.
 cudaError_t loadP2PKernels();
-cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl);
-cudaError_t launchRecv(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl);
+cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream);
+cudaError_t launchRecv(const P2PArgs& args, unsigned blocks, cudaStream_t stream);
 
 }  // namespace gpu
 }  // namespace resident

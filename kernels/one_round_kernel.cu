@@ -381,15 +381,15 @@ __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__
 }  // namespace
 
 cudaError_t launchOneRound(const CollectiveArgs& args, unsigned blocks, unsigned threads,
-                           cudaStream_t stream, bool pdl) {
+                           cudaStream_t stream) {
   const bool simple = args.reg.simple != 0;
   if (args.mode != static_cast<uint8_t>(Mode::kReduce))
     return launchKernel(simple ? oneRoundCopy<true> : oneRoundCopy<false>, args, blocks, stream,
-                        pdl, threads);
+                        threads);
   return withAcc(args.dtype, [&](auto acc) {
     using Acc = decltype(acc);
     return launchKernel(simple ? oneRoundReduce<Acc, true> : oneRoundReduce<Acc, false>, args,
-                        blocks, stream, pdl, threads);
+                        blocks, stream, threads);
   });
 }
 

@@ -264,14 +264,14 @@ cudaError_t loadP2PKernels() {
   return cudaSuccess;
 }
 
-cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl) {
-  return simpleOp(args) ? launchKernel(sendKernel<true>, args, blocks, stream, pdl)
-                        : launchKernel(sendKernel<false>, args, blocks, stream, pdl);
+cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream) {
+  return simpleOp(args) ? launchKernel(sendKernel<true>, args, blocks, stream)
+                        : launchKernel(sendKernel<false>, args, blocks, stream);
 }
 
-cudaError_t launchRecv(const P2PArgs& args, unsigned blocks, cudaStream_t stream, bool pdl) {
-  return simpleOp(args) ? launchKernel(recvKernel<true>, args, blocks, stream, pdl)
-                        : launchKernel(recvKernel<false>, args, blocks, stream, pdl);
+cudaError_t launchRecv(const P2PArgs& args, unsigned blocks, cudaStream_t stream) {
+  return simpleOp(args) ? launchKernel(recvKernel<true>, args, blocks, stream)
+                        : launchKernel(recvKernel<false>, args, blocks, stream);
 }
 
 }  // namespace gpu

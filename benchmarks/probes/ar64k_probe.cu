@@ -226,14 +226,14 @@ __global__ void __launch_bounds__(512) simpleExchange(const __grid_constant__ Ar
 
 template <int K, int Lag, int Mode = 0>
 cudaError_t launchAs(const Args& a, int blocks, int threads, cudaStream_t s) {
-  return resident::gpu::launchKernel(exchange<K, Lag, Mode>, a, blocks, s, true, threads);
+  return resident::gpu::launchKernel(exchange<K, Lag, Mode>, a, blocks, s, threads);
 }
 
 cudaError_t launchVariant(const Variant& v, const Args& a, cudaStream_t s) {
-  if (v.mode == 3) return resident::gpu::launchKernel(mixedHalves, a, v.blocks, s, true, v.threads);
+  if (v.mode == 3) return resident::gpu::launchKernel(mixedHalves, a, v.blocks, s, v.threads);
   if (v.mode == 4) {  // simple: k = words per thread, lag = writer fence * 10 + reader sync
     const auto simple = [&](auto kernel) {
-      return resident::gpu::launchKernel(kernel, a, v.blocks, s, true, v.threads);
+      return resident::gpu::launchKernel(kernel, a, v.blocks, s, v.threads);
     };
     switch (v.layout * 1000 + v.k * 100 + v.lag) {
       case 210:

@@ -152,18 +152,17 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
     std::vector<double> per_op =
         probe::timeTwoRankGraph(s, nodes, replays, ctl, rank, step, ok, [&] {
           if (v.kind == 0) {
-            check(resident::gpu::launchCollective(a, 1, s, true), "launch");
+            check(resident::gpu::launchCollective(a, 1, s), "launch");
           } else if (v.kind == 5) {
-            check(resident::gpu::launchOneRound(a, 1, v.threads, s, true), "launch");
+            check(resident::gpu::launchOneRound(a, 1, v.threads, s), "launch");
           } else {
             if (v.kind >= 3)
               check(resident::gpu::launchKernel(v.kind == 3 ? libCopy<false> : libCopy<true>, a, 1,
-                                                s, true, v.threads),
+                                                s, v.threads),
                     "launch");
             else
               check(resident::gpu::launchKernel(
-                        v.kind == 1 ? minAllReduce<true> : minAllReduce<false>, m, 1, s, true,
-                        v.threads),
+                        v.kind == 1 ? minAllReduce<true> : minAllReduce<false>, m, 1, s, v.threads),
                     "launch");
           }
         });

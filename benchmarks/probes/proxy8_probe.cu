@@ -414,13 +414,11 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
     std::vector<double> per_op =
         probe::timeTwoRankGraph(s, nodes, replays, ctl, rank, step, ok, [&] {
           if (v.kind == kLib || v.kind == kLibDirect) {
-            check(resident::gpu::launchCollective(v.kind == kLib ? a : a_direct, 1, s, true),
-                  "launch");
+            check(resident::gpu::launchCollective(v.kind == kLib ? a : a_direct, 1, s), "launch");
             return;
           }
           if (v.kind == kLibOneRoundDirect || v.kind == kLibOneRound) {
-            check(resident::gpu::launchOneRound(v.kind == kLibOneRound ? a : a_direct, 1, 32, s,
-                                                true),
+            check(resident::gpu::launchOneRound(v.kind == kLibOneRound ? a : a_direct, 1, 32, s),
                   "launch");
             return;
           }
@@ -439,10 +437,10 @@ int runRank(int rank, unsigned char* shared, int nodes, int replays) {
           if (v.kind == kTriggerBigArgs) {
             BigArgs big{};
             big.m = m;
-            check(resident::gpu::launchKernel(minAllReduceBig, big, 1, s, true, 32), "launch");
+            check(resident::gpu::launchKernel(minAllReduceBig, big, 1, s, 32), "launch");
             return;
           }
-          check(resident::gpu::launchKernel(kernel, m, 1, s, true, 32), "launch");
+          check(resident::gpu::launchKernel(kernel, m, 1, s, 32), "launch");
         });
     uint64_t got[8] = {}, want[8];
     int err = 0;

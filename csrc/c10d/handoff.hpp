@@ -58,7 +58,7 @@ class Handoff {
 
   bool on() const { return inner_.defined(); }
   bool takes(HandoffOp op, const at::Tensor& t, size_t bytes) const {
-    if (!inner_ || t.device().type() != device_) return false;
+    if (!inner_ || !t.defined() || t.device().type() != device_) return false;
     const uint64_t from = crossover_[static_cast<size_t>(op)];
     return from != 0 && bytes >= from;
   }

@@ -222,11 +222,13 @@ void ProcessGroupResident::setHandoff(c10::intrusive_ptr<c10d::Backend> inner,
   for (const auto& kv : crossover_bytes) {
     int i = 0;
     while (i < kHandoffOps && kv.first != kHandoffOpNames[static_cast<size_t>(i)]) ++i;
-    std::string known;
-    for (const char* name : kHandoffOpNames)
-      known += (known.empty() ? "" : ", ") + std::string(name);
-    RESIDENT_CHECK_VALUE(i < kHandoffOps, "resident: hand-off op kind '", kv.first,
-                         "' is unknown (known: ", known, ")");
+    if (i == kHandoffOps) {
+      std::string known;
+      for (const char* name : kHandoffOpNames)
+        known += (known.empty() ? "" : ", ") + std::string(name);
+      C10_THROW_ERROR(ValueError, cat("resident: hand-off op kind '", kv.first,
+                                      "' is unknown (known: ", known, ")"));
+    }
     crossover[static_cast<size_t>(i)] = kv.second;
   }
   handoff_.install(std::move(inner), device == "cpu" ? c10::DeviceType::CPU : c10::DeviceType::CUDA,
@@ -451,8 +453,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allGatherBaseCuda(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  checkAllGatherBase(output, input);
   if (handoff_.takes(HandoffOp::kAllGatherIntoTensor, input, nbytes(input))) {
+    checkAllGatherBase(output, input);  // the resident paths check it below
     // Flat views: any shapes of equal element counts are accepted here (e.g. an output stacked
     // as [world size, n]); some backends (gloo) also compare shapes.
     at::Tensor out = output.view(-1), in = input.view(-1);
@@ -672,10 +674,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduceScatterBaseCuda(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  checkReduceScatterBase(output, input);
-  reductionType(output, "reduce_scatter_tensor");
-  reductionOp(opts.reduceOp, "reduce_scatter_tensor");
   if (handoff_.takes(HandoffOp::kReduceScatterTensor, output, nbytes(output))) {
+    checkReduceScatterBase(output, input);  // the resident paths check these below
+    reductionType(output, "reduce_scatter_tensor");
+    reductionOp(opts.reduceOp, "reduce_scatter_tensor");
     at::Tensor out = output.view(-1), in = input.view(-1);  // flat: as all_gather_into_tensor
     return handOff(HandoffOp::kReduceScatterTensor, "resident:reduce_scatter_tensor", input,
                    [&](c10d::Backend& b) { return b._reduce_scatter_base(out, in, opts); });

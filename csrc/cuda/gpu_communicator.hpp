@@ -118,10 +118,6 @@ class GpuCommunicator : public ProxyHandler {
   // copies: a GPU's lines are cache misses to the CPU. 1 KiB was faster than none in 12-16 of
   // 16 proxied cells of two of three side-by-side runs on the H200; 4 KiB was no better.
   static constexpr uint32_t kProxyPrefetchBytes = 1024;
-  // Every kernel is launched with programmatic dependent launch: the next op's kernel is
-  // scheduled while the previous one drains (a graph node boundary 0.61 instead of 0.87 us on
-  // the H200, a probe of 200-node graphs; docs/decisions.md). The launchers still take the flag.
-  static constexpr bool kPdl = true;
   // Proxied rounds of at least this many bytes to one peer fence their triggers on the device;
   // smaller ones leave the lines to the proxy's check (fenceTriggers).
   static constexpr uint64_t kFenceFromBytes = 64 * 1024;

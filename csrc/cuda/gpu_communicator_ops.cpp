@@ -156,13 +156,13 @@ void GpuCommunicator::launchCollective(void* stream) {
     const uint32_t lines = gpu::payloadLines(static_cast<uint32_t>(first_round_max), 0);
     const unsigned threads = ((lines ? lines : 1u) + 31) / 32 * 32;
     a.parts_per_block = 1;
-    checkCuda(gpu::launchOneRound(a, parts, threads, static_cast<cudaStream_t>(stream), kPdl),
+    checkCuda(gpu::launchOneRound(a, parts, threads, static_cast<cudaStream_t>(stream)),
               "launching the one-round collective kernel");
     return;
   }
   const uint32_t blocks = blocksFor(first_round_max);
   a.parts_per_block = partsFor(first_round_max, blocks);
-  checkCuda(gpu::launchCollective(a, blocks, static_cast<cudaStream_t>(stream), kPdl),
+  checkCuda(gpu::launchCollective(a, blocks, static_cast<cudaStream_t>(stream)),
             "launching the collective kernel");
 }
 
@@ -306,7 +306,7 @@ void GpuCommunicator::launchP2P(bool is_send, const void* src, void* dst, size_t
   const uint32_t blocks = want < cap ? want : cap;
   a.parts_per_block = partsFor(first, blocks);
   auto s = static_cast<cudaStream_t>(stream);
-  checkCuda(is_send ? gpu::launchSend(a, blocks, s, kPdl) : gpu::launchRecv(a, blocks, s, kPdl),
+  checkCuda(is_send ? gpu::launchSend(a, blocks, s) : gpu::launchRecv(a, blocks, s),
             is_send ? "launching the send kernel" : "launching the recv kernel");
 }
 

@@ -57,7 +57,7 @@ class TriggerFifo {
     return true;
   }
 
-  // Number of triggers pushed and not yet popped (approximate from the producer side).
+  // True when no trigger is ready for the consumer.
   bool empty() const {
     const Slot& s = slots_[tail_local_ & mask_];
     return (s.snd.load(std::memory_order_acquire) & kLapBit) != lapBit(tail_local_);
