@@ -332,8 +332,8 @@ __global__ void __launch_bounds__(kThreads)
   if (tp.self_nb == 0) {
     // No word of the result here; an op of no bytes still waits for each partner's credit
     // line: a partner may rewrite this op's slot two rounds later only once this rank has read
-    // the slot's previous round, which this line vouches for (without the wait, a zero-sized
-    // reduction let a fast rank overwrite a round a slow one had not read: 8 ranks over tcp).
+    // the slot's previous round, which this line vouches for (without the wait a fast rank can
+    // rewrite a round a slow one has not read: tests/test_cuda_op_mix.py, 8 ranks, tcp, seed 2).
     for (uint32_t i = 0; i < tp.n; ++i) {
       const Lane l = tp.lane(plan, i, t);
       uint64_t unused;
