@@ -330,6 +330,9 @@ void Communicator::connectTcp(BootstrapStore& store, const std::vector<std::stri
 }
 
 void Communicator::deliverTcpEvents() {
+  // A peer's state word (its group failed) travels before its goodbye on the same connection:
+  // read the state words first, so that a failed peer is not taken for one that left in order.
+  checkPeers();
   for (const auto& e : tcp_->takeEvents()) {
     if (e.fatal) {
       peerFailed(e.peer, e.reason);  // what it wrote may be torn: the group stops

@@ -43,9 +43,9 @@ Engine::Engine(int rank, int nranks, const Config& cfg, const InboxLayout& layou
       send_(static_cast<size_t>(nranks) * kRings),
       recv_(static_cast<size_t>(nranks) * kRings),
       p2p_bind_(static_cast<size_t>(nranks)),
-      lost_(new std::atomic<bool>[static_cast<size_t>(nranks)]),
+      lost_(new std::atomic<uint8_t>[static_cast<size_t>(nranks)]),
       lost_why_(static_cast<size_t>(nranks)) {
-  for (int p = 0; p < nranks; ++p) lost_[p].store(false, std::memory_order_relaxed);
+  for (int p = 0; p < nranks; ++p) lost_[p].store(kPresent, std::memory_order_relaxed);
   pool_.reserve(cfg.max_inflight);
   free_.reserve(cfg.max_inflight);
   active_.reserve(cfg.max_inflight);
@@ -301,7 +301,7 @@ void Engine::poison(const std::string& reason) {
 }
 
 void Engine::markPeerLost(int peer, const std::string& why, bool failed) {
-  std::atomic<bool>& flag = lost_[peer];
+  std::atomic<uint8_t>& state = lost_[peer];
   if (failed && !any_failed_.load(std::memory_order_relaxed)) {
     {
       std::lock_guard<std::mutex> guard(poison_mu_);
@@ -309,9 +309,9 @@ void Engine::markPeerLost(int peer, const std::string& why, bool failed) {
     }
     any_failed_.store(true, std::memory_order_release);
   }
-  if (flag.load(std::memory_order_relaxed)) return;
+  if (state.load(std::memory_order_relaxed) != kPresent) return;
   lost_why_[static_cast<size_t>(peer)] = why;
-  flag.store(true, std::memory_order_release);  // publishes the reason
+  state.store(failed ? kFailed : kLeft, std::memory_order_release);  // publishes the reason
 }
 
 std::string Engine::firstPeerFailure() const {
@@ -574,6 +574,19 @@ bool Engine::progressReduce(Op& op) {
   return moved;
 }
 
+bool Engine::restArrived(const Op& op, int p) {
+  // A peer that finished its part and left in order may have written every chunk this op still
+  // has to take from it (this rank is still reducing or waiting for another peer): those are in
+  // this rank's inbox, and the peer is not needed any more.
+  const PeerTransfer& t = op.peers[static_cast<size_t>(p)];
+  const uint32_t rest = t.recv_chunks - t.received;
+  if (rest > layout_.slots()) return false;
+  RecvChannel& ch = recvCh(p, op.ring);
+  for (uint32_t i = 0; i < rest; ++i)
+    if (readySlot(ch, t.recv_first + t.received + i) == nullptr) return false;
+  return true;
+}
+
 void Engine::checkDeadline(Op& op, uint64_t now) {
   const int peer = op.waiting_on;
   auto peer_text = [&] {
@@ -594,16 +607,21 @@ void Engine::checkDeadline(Op& op, uint64_t now) {
   if (now - op.last_liveness_check_ns < kLivenessPeriodNs) return;
   op.last_liveness_check_ns = now;
   for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_ || !lost_[p].load(std::memory_order_acquire)) continue;
+    if (p == rank_) continue;
+    const uint8_t lost = lost_[p].load(std::memory_order_acquire);
+    if (lost == kPresent) continue;
     const PeerTransfer& t = op.peers[static_cast<size_t>(p)];
+    // A peer that failed fails the op if it is a partner still owed anything (the failure
+    // spreads); one that left in order only if a chunk to take from it has not arrived.
     const bool needs = op.kind == OpKind::kRecv ? p == op.peer
-                                                : (t.recvs && t.received < t.recv_chunks) ||
+                                                : (t.recvs && t.received < t.recv_chunks &&
+                                                   (lost == kFailed || !restArrived(op, p))) ||
                                                       (t.sends && t.sent < t.send_chunks);
     if (!needs) continue;
     // Name the other peers gone as well: the first one to go is often the root cause.
     std::string also;
     for (int q = 0; q < nranks_; ++q) {
-      if (q != p && q != rank_ && lost_[q].load(std::memory_order_acquire))
+      if (q != p && q != rank_ && lost_[q].load(std::memory_order_acquire) != kPresent)
         also += "; also gone: " + lost_why_[static_cast<size_t>(q)];
     }
     throw CommError(lost_why_[static_cast<size_t>(p)] + "; " +

@@ -111,6 +111,8 @@ class Engine {
   void finishOp(Op& op, OpState state, ErrorKind kind, const std::string& error);
   void failAllLocked(const std::string& reason, ErrorKind kind);
   void checkDeadline(Op& op, uint64_t now);
+  // Every chunk op still has to receive from peer p is in this rank's inbox already.
+  bool restArrived(const Op& op, int p);
   void runCallbacks();
 
   const SlotHeader* readySlot(RecvChannel& ch, uint64_t seq) const;
@@ -166,9 +168,12 @@ class Engine {
   void* assist_ctx_ = nullptr;
   std::atomic<bool> poisoned_{false};
   mutable std::mutex poison_mu_;
-  std::string poison_reason_;                  // set once, under poison_mu_, before poisoned_
-  std::string first_failure_;                  // under poison_mu_
-  std::unique_ptr<std::atomic<bool>[]> lost_;  // per peer, set once by markPeerLost
+  std::string poison_reason_;  // set once, under poison_mu_, before poisoned_
+  std::string first_failure_;  // under poison_mu_
+  // Per peer, set once by markPeerLost: kPresent, kLeft (destroyed its group in order) or
+  // kFailed (its group failed, or it exited without destroying it).
+  enum Lost : uint8_t { kPresent, kLeft, kFailed };
+  std::unique_ptr<std::atomic<uint8_t>[]> lost_;
   std::atomic<bool> any_failed_{false};
   std::vector<std::string> lost_why_;
 };
