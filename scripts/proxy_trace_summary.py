@@ -45,16 +45,16 @@ def load(path):
 def segment(events, gap_ns, per_op):
     ops, cur, last, pops = [], None, None, 0
     for e in events:
-        if e[1] == "credit":
+        if e[1] in ("credit", "sent", "received"):
             if cur is not None:
-                cur["credits"] += 1
+                cur[{"credit": "credits", "sent": "sends", "received": "recvs"}[e[1]]] += 1
             continue
         is_pop = e[1].startswith("pop_")
         if is_pop:
             opens = pops % per_op == 0 if per_op else (last is None or e[0] - last > gap_ns)
             if opens or cur is None:
                 cur = {"first_pop": e[0], "last_pop": e[0], "end": e[0], "pops": 0, "posted": 0,
-                       "credits": 0}
+                       "credits": 0, "sends": 0, "recvs": 0}
                 ops.append(cur)
             cur["pops"] += 1
             cur["last_pop"] = e[0]

@@ -113,6 +113,7 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
     TcpOptions opts;
     opts.bind_addr = cfg.tcp_addr;
     opts.stall_timeout_ns = timeout_ms * 1000000ull;
+    opts.trace_prefix = cfg.gpu_proxy_trace;
     tcp_ = std::make_unique<TcpTransport>(rank, nranks, static_cast<unsigned char*>(inbox_.data()),
                                           segment_bytes, opts);
   }
@@ -463,6 +464,19 @@ void Communicator::setExtraPoller(ProxyHandler* poller) {
   extra_poller_.store(poller);
   if (poller == nullptr)
     while (extra_busy_.load()) cpuRelax();
+}
+
+void Communicator::releaseSource() {
+  while (pass_lock_.test_and_set(std::memory_order_acquire)) cpuRelax();
+  if (!passes_closed_ && !transport_failed_) {
+    try {
+      transport_->releaseSource();
+    } catch (const CommError& e) {
+      transport_failed_ = true;
+      engine_->poison(e.what());
+    }
+  }
+  pass_lock_.clear(std::memory_order_release);
 }
 
 int Communicator::localIndex() const {

@@ -116,6 +116,8 @@ class Communicator : public ProxyHandler {
   // A second poller the proxy runs on every pass (the GPU trigger ring). Removing it
   // (nullptr) returns only once the proxy is outside the old poller's proxyPoll.
   void setExtraPoller(ProxyHandler* poller);
+  // The transport's registered source goes away (Transport::releaseSource), with passes held off.
+  void releaseSource();
   Proxy* proxy() { return proxy_.get(); }
 
  private:

@@ -236,7 +236,8 @@ void GpuCommunicator::shutdown() {
   // Abort first: a proxy pass waiting for lines of a kernel that stopped ends on the abort word,
   // so detaching the proxy (which waits until it is outside proxyPoll) cannot hang on it.
   if (region_.local != nullptr) abortKernels();
-  comm_.setExtraPoller(nullptr);  // waits until the proxy is outside proxyPoll
+  comm_.setExtraPoller(nullptr);                       // waits until the proxy is outside proxyPoll
+  if (outbox_host_ != nullptr) comm_.releaseSource();  // nothing queued from it stays behind
   if (trace_) writeTrace();
   if (region_.local != nullptr) {
     // Kernels of this communicator exit once they see the abort word; wait for them before

@@ -234,6 +234,72 @@ void testOutBuffer() {
   }
 }
 
+// OutQueue against a model: copied bytes and referenced payloads interleaved, gathered with
+// few or many iovecs and consumed by random amounts (a partial sendmsg), always in order.
+void testOutQueue() {
+  std::mt19937_64 rng(5);
+  std::vector<unsigned char> source(1 << 16);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<unsigned char>(rng());
+  for (size_t cap : {size_t(16), size_t(100), size_t(4096)}) {
+    OutQueue q(cap);
+    std::deque<unsigned char> ref;
+    size_t ring_bytes = 0;  // copied bytes queued
+    int refs = 0;           // references queued (a bound on what appendRef accepts)
+    std::vector<int> ref_ends;
+    for (int step = 0; step < 20000; ++step) {
+      const unsigned r = static_cast<unsigned>(rng() % 4);
+      if (r == 0) {
+        std::vector<unsigned char> data(rng() % (cap / 2 + 2));
+        for (auto& x : data) x = static_cast<unsigned char>(rng());
+        const size_t took = q.append(data.data(), data.size());
+        CHECK(took == std::min(data.size(), cap - ring_bytes));
+        ref.insert(ref.end(), data.begin(), data.begin() + static_cast<std::ptrdiff_t>(took));
+        ring_bytes += took;
+      } else if (r == 1) {
+        const size_t off = rng() % source.size();
+        const size_t n = rng() % std::min<size_t>(source.size() - off, 3000);
+        const bool ok = q.appendRef(source.data() + off, n);
+        if (ok) ref.insert(ref.end(), source.begin() + off, source.begin() + off + n);
+        CHECK(ok || refs == OutQueue::kMaxRefs);
+      } else {
+        const int max = 3 + static_cast<int>(rng() % 8);
+        std::vector<iovec> iov(static_cast<size_t>(max));
+        const int k = q.gather(iov.data(), max);
+        CHECK(k <= max && (k == 0) == ref.empty());
+        std::vector<unsigned char> seen;
+        for (int i = 0; i < k; ++i) {
+          const auto* p = static_cast<const unsigned char*>(iov[i].iov_base);
+          seen.insert(seen.end(), p, p + iov[i].iov_len);
+        }
+        CHECK(seen.size() <= ref.size() && std::equal(seen.begin(), seen.end(), ref.begin()));
+        CHECK(!ref.empty() == !seen.empty());
+        const size_t n = seen.empty() ? 0 : rng() % (seen.size() + 1);
+        q.consume(n);
+        // The ring bytes among the consumed ones: those not inside a reference.
+        ref.erase(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(n));
+      }
+      CHECK(q.size() == ref.size());
+      // Recount what the queue holds: its ring and its references (from a full gather).
+      std::vector<iovec> all(3 * OutQueue::kMaxRefs + 2);
+      const int k = q.gather(all.data(), static_cast<int>(all.size()));
+      size_t total = 0;
+      ring_bytes = 0;
+      refs = 0;
+      for (int i = 0; i < k; ++i) {
+        total += all[static_cast<size_t>(i)].iov_len;
+        const auto* p = static_cast<const unsigned char*>(all[static_cast<size_t>(i)].iov_base);
+        if (p >= source.data() && p < source.data() + source.size())
+          ++refs;
+        else
+          ring_bytes += all[static_cast<size_t>(i)].iov_len;
+      }
+      CHECK(total == ref.size() && q.space() == cap - ring_bytes);
+    }
+    q.clear();
+    CHECK(q.size() == 0 && q.space() == cap);
+  }
+}
+
 void testHello() {
   const Secret s = Secret::random();
   CHECK(Secret::fromHex(s.hex()) == s);
@@ -270,6 +336,7 @@ int main() {
   testMalformed();
   testTruncatedAndClose();
   testOutBuffer();
+  testOutQueue();
   testHello();
   std::puts("test_tcp_frame: ok");
   return 0;

@@ -1,9 +1,9 @@
 // An opt-in timeline of the proxy's CUDA work (RESIDENT_GPU_PROXY_TRACE): when each trigger was
-// popped, when each merged write was posted and when each pass's flags were raised, on this
-// host's monotonic clock, so that two ranks' files line up. It answers where a proxied op's
-// time goes between the GPUs' stages and the proxy's (scripts/proxy_trace_summary.py). The
-// table is allocated once when tracing is on; recording never allocates, and events past its
-// end are counted, not kept.
+// popped, when each merged write was posted and when each pass's flags were raised (and, over
+// tcp, when each sendmsg and recv returned: a file of its own), on this host's monotonic clock, so
+// that two ranks' files line up. It answers where a proxied op's time goes between the GPUs' stages
+// and the proxy's (scripts/proxy_trace_summary.py). The table is allocated once when tracing is on;
+// recording never allocates, and events past its end are counted, not kept.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +22,8 @@ enum class TraceEvent : uint8_t {
   kPosted,    // one merged write posted (bytes)
   kFlags,     // a pass's flags raised (bytes: how many)
   kCredit,    // a send/recv credit forwarded
+  kSent,      // tcp: one sendmsg to the peer returned (bytes: what it took)
+  kReceived,  // tcp: one recv from the peer returned (bytes: what it read)
 };
 
 class ProxyTrace {
@@ -39,8 +41,8 @@ class ProxyTrace {
   // One line per event: time (ns), event name, peer, bytes; a header line says what was
   // dropped. False when the file cannot be written.
   bool writeTsv(const std::string& path) const {
-    static const char* const kNames[] = {"pop_lines", "pop_copy", "pop_flag",
-                                         "posted",    "flags",    "credit"};
+    static const char* const kNames[] = {"pop_lines", "pop_copy", "pop_flag", "posted",
+                                         "flags",     "credit",   "sent",     "received"};
     // stdio, not iostreams (see localHostKey): an ofstream here crashed both ranks with
     // SIGSEGV on the GPU machine (torch 2.11), the file left empty.
     FILE* f = std::fopen(path.c_str(), "w");

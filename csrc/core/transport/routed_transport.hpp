@@ -51,6 +51,9 @@ class RoutedTransport : public Transport {
     for (Transport* t : polled_) any = t->registerSource(base, bytes) || any;
     return any;
   }
+  void releaseSource() override {
+    for (Transport* t : polled_) t->releaseSource();
+  }
   std::string peerState(int peer) const override {
     return by_peer_[static_cast<size_t>(peer)]->peerState(peer);
   }

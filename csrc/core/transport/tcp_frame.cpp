@@ -112,6 +112,83 @@ int OutBuffer::peek(iovec iov[2]) const {
   return 2;
 }
 
+int OutBuffer::peekRange(size_t skip, size_t n, iovec iov[2]) const {
+  if (skip >= size_ || n == 0) return 0;
+  if (n > size_ - skip) n = size_ - skip;
+  const size_t cap = buf_.size();
+  size_t start = head_ + skip;
+  if (start >= cap) start -= cap;
+  const size_t first = n < cap - start ? n : cap - start;
+  iov[0].iov_base = const_cast<unsigned char*>(buf_.data() + start);
+  iov[0].iov_len = first;
+  if (first == n) return 1;
+  iov[1].iov_base = const_cast<unsigned char*>(buf_.data());
+  iov[1].iov_len = n - first;
+  return 2;
+}
+
+bool OutQueue::appendRef(const void* data, size_t n) {
+  if (n == 0) return true;
+  if (nrefs_ == kMaxRefs) return false;
+  refs_[(first_ + nrefs_) % kMaxRefs] = Ref{ring_in_, static_cast<const unsigned char*>(data), n};
+  ++nrefs_;
+  ref_bytes_ += n;
+  return true;
+}
+
+int OutQueue::gather(iovec* iov, int max) const {
+  int k = 0;
+  size_t skip = 0;  // ring bytes already listed
+  const uint64_t ring_head = ring_in_ - ring_.size();
+  int i = 0;
+  for (; i < nrefs_ && k + 3 <= max; ++i) {
+    const Ref& r = refs_[(first_ + i) % kMaxRefs];
+    const size_t before = static_cast<size_t>(r.at - ring_head) - skip;
+    k += ring_.peekRange(skip, before, iov + k);
+    skip += before;
+    const size_t sent = i == 0 ? first_sent_ : 0;
+    iov[k].iov_base = const_cast<unsigned char*>(r.data + sent);
+    iov[k].iov_len = r.bytes - sent;
+    ++k;
+  }
+  // The ring's tail only behind the last reference (listed in order, nothing skipped).
+  if (i == nrefs_ && k + 2 <= max) k += ring_.peekRange(skip, ring_.size() - skip, iov + k);
+  return k;
+}
+
+void OutQueue::consume(size_t n) {
+  while (n != 0) {
+    const size_t ring_before =
+        nrefs_ == 0 ? ring_.size()
+                    : static_cast<size_t>(refs_[first_].at - (ring_in_ - ring_.size()));
+    if (ring_before != 0) {
+      const size_t k = n < ring_before ? n : ring_before;
+      ring_.consume(k);
+      n -= k;
+      continue;
+    }
+    if (nrefs_ == 0) return;  // n > size(): nothing left
+    const Ref& r = refs_[first_];
+    const size_t left = r.bytes - first_sent_;
+    const size_t k = n < left ? n : left;
+    first_sent_ += k;
+    ref_bytes_ -= k;
+    n -= k;
+    if (first_sent_ == r.bytes) {
+      first_ = (first_ + 1) % kMaxRefs;
+      --nrefs_;
+      first_sent_ = 0;
+    }
+  }
+}
+
+void OutQueue::clear() {
+  ring_.clear();
+  ring_in_ = 0;
+  first_ = nrefs_ = 0;
+  first_sent_ = ref_bytes_ = 0;
+}
+
 void OutBuffer::consume(size_t n) {
   if (n > size_) n = size_;
   size_ -= n;

@@ -81,6 +81,8 @@ class OutBuffer {
   size_t append(const void* data, size_t n);
   // The queued bytes as at most two regions, oldest first; returns the count (0 when empty).
   int peek(iovec iov[2]) const;
+  // The n queued bytes that follow the oldest `skip` ones, as at most two regions.
+  int peekRange(size_t skip, size_t n, iovec iov[2]) const;
   // Drops the oldest n bytes (n <= size()).
   void consume(size_t n);
   void clear() { head_ = size_ = 0; }
@@ -89,6 +91,48 @@ class OutBuffer {
   std::vector<unsigned char> buf_;
   size_t head_ = 0;  // oldest byte
   size_t size_ = 0;
+};
+
+// What is queued for one peer: bytes copied into a ring (OutBuffer), between which sit
+// references to payloads that stay valid until sent (the GPU path's outbox, see
+// Transport::registerSource), sent from where they are. The whole queue goes to the kernel in
+// one gather (as much of it as fits in the iovecs given). No allocation after construction.
+class OutQueue {
+ public:
+  static constexpr int kMaxRefs = 64;
+
+  explicit OutQueue(size_t ring_capacity = 0) : ring_(ring_capacity) {}
+  size_t size() const { return ring_.size() + ref_bytes_; }
+  size_t space() const { return ring_.space(); }
+  size_t capacity() const { return ring_.capacity(); }
+  bool hasRefs() const { return nrefs_ != 0; }
+  // Copies min(n, space()) bytes behind what is queued; returns how many.
+  size_t append(const void* data, size_t n) {
+    const size_t k = ring_.append(data, n);
+    ring_in_ += k;
+    return k;
+  }
+  // Queues [data, data + n) by reference behind what is queued; false when the table of
+  // references is full (the caller copies instead).
+  bool appendRef(const void* data, size_t n);
+  // The queue's oldest bytes, in order, as at most `max` (>= 3) regions; returns the count.
+  int gather(iovec* iov, int max) const;
+  // Drops the oldest n bytes (n <= size()).
+  void consume(size_t n);
+  void clear();
+
+ private:
+  struct Ref {
+    uint64_t at;  // ring bytes appended before it
+    const unsigned char* data;
+    size_t bytes;
+  };
+  OutBuffer ring_;
+  uint64_t ring_in_ = 0;  // ring bytes ever appended
+  Ref refs_[kMaxRefs] = {};
+  int first_ = 0, nrefs_ = 0;  // a circular table
+  size_t first_sent_ = 0;      // bytes of the oldest reference already sent
+  size_t ref_bytes_ = 0;       // unsent bytes of the references
 };
 
 // Applies an incoming frame stream to a segment, in pieces of any size.

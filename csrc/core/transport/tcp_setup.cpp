@@ -89,6 +89,7 @@ TcpTransport::TcpTransport(int rank, int nranks, unsigned char* segment, size_t 
       expected_(static_cast<size_t>(nranks), false),
       conns_(static_cast<size_t>(nranks)),
       staging_(kStagingBytes) {
+  if (!opts.trace_prefix.empty()) trace_ = std::make_unique<ProxyTrace>(size_t{1} << 21);
   const std::string addr = opts.bind_addr.empty() ? firstNonLoopbackIPv4() : opts.bind_addr;
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
@@ -131,7 +132,7 @@ void TcpTransport::establish(const std::vector<std::string>& endpoints,
     expected_[i] = p != rank_ && tcp_peer[i];
     if (!expected_[i]) continue;
     Conn& c = conns_[i];
-    c.out = tcp::OutBuffer(opts_.out_buffer_bytes);
+    c.out = tcp::OutQueue(opts_.out_buffer_bytes);
     c.reader = tcp::FrameReader(segment_, segment_bytes_);
     c.state = ConnState::kIdle;
     c.endpoint = endpoints[i];

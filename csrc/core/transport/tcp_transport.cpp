@@ -23,6 +23,11 @@ using tcp::FrameType;
 constexpr size_t kDirectRecvMin = 4096;
 // A payload at least this large, with nothing queued before it, is sent from its source.
 constexpr size_t kDirectSendMin = size_t{16} * 1024;
+// A device write at least this large is queued by reference (writeForDevice); smaller ones
+// are copied, as cheap as a reference's bookkeeping.
+constexpr size_t kRefMin = 256;
+// Regions one flush hands to sendmsg (every reference has one, the ring two at most between).
+constexpr int kFlushIovecs = 3 * tcp::OutQueue::kMaxRefs + 2;
 constexpr uint64_t kMs = 1000000ull;
 constexpr uint64_t kGoodbyeNs = 200 * kMs;
 
@@ -84,6 +89,48 @@ void TcpTransport::write(int peer, size_t offset, const void* src, size_t bytes)
               bytes);
 }
 
+bool TcpTransport::registerSource(const void* base, size_t bytes) {
+  source_ = static_cast<const unsigned char*>(base);
+  source_bytes_ = bytes;
+  return true;
+}
+
+void TcpTransport::releaseSource() {
+  const uint64_t deadline = nowNs() + kGoodbyeNs;
+  for (int p = 0; p < nranks_; ++p) {
+    Conn& c = conns_[static_cast<size_t>(p)];
+    while (c.state == ConnState::kOpen && c.out.hasRefs()) {
+      flush(c, p);
+      if (c.state != ConnState::kOpen || !c.out.hasRefs()) break;
+      if (abort_.load(std::memory_order_acquire) || nowNs() > deadline) {
+        // A frame cut short: the peer reports this rank as failed mid-message, as it would
+        // if this process exited now.
+        drop(p, false,
+             "resident: " + rankText(p) + " took no data from " + rankText(rank_) +
+                 " over tcp while its GPU path shut down; connection closed");
+        break;
+      }
+      receiveAll();  // the peer may be blocked sending to this rank
+      pollfd f{c.fd.get(), POLLOUT, 0};
+      ::poll(&f, 1, 1);
+    }
+  }
+  source_ = nullptr;
+  source_bytes_ = 0;
+}
+
+void TcpTransport::writeForDevice(int peer, size_t offset, const void* src, size_t bytes,
+                                  size_t /*prefetch*/) {
+  const auto* p = static_cast<const unsigned char*>(src);
+  if (bytes < kRefMin || p < source_ || p + bytes > source_ + source_bytes_)
+    return write(peer, offset, src, bytes);
+  Conn& c = conns_[static_cast<size_t>(peer)];
+  if (c.state != ConnState::kOpen) return;
+  const FrameHeader h{static_cast<uint32_t>(FrameType::kWrite), 0, offset, bytes};
+  if (!append(c, peer, &h, sizeof(h))) return;
+  if (!c.out.appendRef(src, bytes)) append(c, peer, src, bytes);
+}
+
 void TcpTransport::signal(int peer, size_t offset, uint64_t value) {
   appendFrame(peer, FrameHeader{static_cast<uint32_t>(FrameType::kSignal), 0, offset, value},
               nullptr, 0);
@@ -107,6 +154,7 @@ void TcpTransport::appendFrame(int peer, const FrameHeader& h, const void* paylo
       do {
         k = sendmsg(c.fd.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
       } while (k < 0 && errno == EINTR);
+      if (trace_) trace_->record(TraceEvent::kSent, peer, k > 0 ? static_cast<uint64_t>(k) : 0);
       if (k < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK) return lost(peer, std::strerror(errno));
         k = 0;
@@ -175,11 +223,12 @@ bool TcpTransport::makeRoom(Conn& c, int peer, size_t want) {
 
 void TcpTransport::flush(Conn& c, int peer) {
   while (c.out.size() != 0) {
-    iovec iov[2];
+    iovec iov[kFlushIovecs];
     msghdr m{};
     m.msg_iov = iov;
-    m.msg_iovlen = static_cast<size_t>(c.out.peek(iov));
+    m.msg_iovlen = static_cast<size_t>(c.out.gather(iov, kFlushIovecs));
     const ssize_t k = sendmsg(c.fd.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (trace_) trace_->record(TraceEvent::kSent, peer, k > 0 ? static_cast<uint64_t>(k) : 0);
     if (k > 0) {
       c.out.consume(static_cast<size_t>(k));
       continue;
@@ -226,6 +275,7 @@ void TcpTransport::receiveFrom(int peer) {
     const size_t asked = direct ? c.reader.payloadRemaining() : kStagingRecvBytes;
     const ssize_t k =
         recv(c.fd.get(), direct ? c.reader.payloadDest() : staging_.data(), asked, MSG_DONTWAIT);
+    if (trace_ && k > 0) trace_->record(TraceEvent::kReceived, peer, static_cast<uint64_t>(k));
     if (k > 0) {
       activity_ = true;
       if (direct) {
@@ -311,6 +361,16 @@ void TcpTransport::shutdown() {
   pending_.clear();
   listener_.reset();
   epoll_.reset();
+  if (trace_) {
+    static std::atomic<int> serial{0};  // several groups of one process get files of their own
+    const std::string path = opts_.trace_prefix + ".rank" + std::to_string(rank_) + "." +
+                             std::to_string(serial++) + ".tcp.tsv";
+    if (trace_->writeTsv(path))
+      RLOG_INFO("rank %d: tcp trace written to %s", rank_, path.c_str());
+    else
+      RLOG_WARN("rank %d: could not write the tcp trace to %s", rank_, path.c_str());
+    trace_.reset();
+  }
 }
 
 }  // namespace resident

@@ -1,6 +1,7 @@
 // Transport to ranks on other hosts over TCP (no RDMA needed). One connection per peer pair;
-// write() and signal() queue frames (tcp_frame.hpp) in a preallocated per-peer buffer, poll()
-// flushes them and applies incoming frames to the local segment. Only the thread running a proxy
+// write() and signal() queue frames (tcp_frame.hpp) in a preallocated per-peer buffer (the GPU
+// path's payloads by reference to its outbox, writeForDevice), poll() flushes each peer's queue
+// in one sendmsg and applies incoming frames to the local segment. Only the thread running a proxy
 // pass calls write, signal and poll (directCapable is false; the communicator's pass lock makes
 // it one thread at a time: the proxy thread, or a caller waiting on its op), so nothing here is
 // locked.
@@ -21,9 +22,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/proxy/proxy_trace.hpp"
 #include "core/transport/tcp_frame.hpp"
 #include "core/transport/transport.hpp"
 
@@ -35,6 +38,9 @@ struct TcpOptions {
   size_t out_buffer_bytes = size_t{1} << 20;       // per peer, allocated once
   uint64_t stall_timeout_ns = 30000000000ull;      // a peer that takes no data this long fails
   uint64_t handshake_timeout_ns = 10000000000ull;  // unauthenticated connections are dropped
+  // RESIDENT_GPU_PROXY_TRACE: a path prefix; each sendmsg and recv of the data path is recorded
+  // and written to <prefix>.rank<r>.<n>.tcp.tsv at shutdown. Empty: off.
+  std::string trace_prefix;
 };
 
 // A file descriptor closed on destruction.
@@ -73,6 +79,12 @@ class TcpTransport : public Transport {
 
   const char* name() const override { return "tcp"; }
   void write(int peer, size_t offset, const void* src, size_t bytes) override;
+  // From the registered source (the GPU path's outbox): queued by reference and sent from
+  // where it is with the rest of the pass's frames, in one sendmsg per peer.
+  void writeForDevice(int peer, size_t offset, const void* src, size_t bytes,
+                      size_t prefetch) override;
+  bool registerSource(const void* base, size_t bytes) override;
+  void releaseSource() override;
   void signal(int peer, size_t offset, uint64_t value) override;
   bool directCapable(int) const override { return false; }
   void poll() override;
@@ -117,7 +129,7 @@ class TcpTransport : public Transport {
   struct Conn {
     UniqueFd fd;
     ConnState state = ConnState::kNone;
-    tcp::OutBuffer out;
+    tcp::OutQueue out;
     tcp::FrameReader reader;
     // Set-up of an outgoing connection.
     sockaddr_in addr{};
@@ -172,6 +184,9 @@ class TcpTransport : public Transport {
   std::vector<Event> events_;
   uint64_t rejected_ = 0;
   std::vector<std::string> names_;
+  std::unique_ptr<ProxyTrace> trace_;      // RESIDENT_GPU_PROXY_TRACE only
+  const unsigned char* source_ = nullptr;  // registerSource
+  size_t source_bytes_ = 0;
 };
 
 // The host's (network namespace's) first non-loopback IPv4 address that is up; "127.0.0.1"

@@ -58,6 +58,10 @@ class Transport {
   // instead of copying it first. It must stay allocated while the group can still write.
   // False: not taken (writes from it are copied like any others).
   virtual bool registerSource(const void* /*base*/, size_t /*bytes*/) { return false; }
+  // The registered source goes away (its owner shuts down): what is still queued from it is
+  // sent first, within a bounded time, or its connection is closed. Only the thread that runs
+  // proxy passes, or one that holds them off.
+  virtual void releaseSource() {}
   // What the connection to `peer` holds now (queued and partly received bytes), for the log
   // of a failure; empty where there is nothing to say (shm).
   virtual std::string peerState(int /*peer*/) const { return {}; }
