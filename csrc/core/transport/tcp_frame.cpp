@@ -101,15 +101,7 @@ size_t OutBuffer::append(const void* data, size_t n) {
 }
 
 int OutBuffer::peek(iovec iov[2]) const {
-  if (size_ == 0) return 0;
-  const size_t cap = buf_.size();
-  const size_t first = size_ < cap - head_ ? size_ : cap - head_;
-  iov[0].iov_base = const_cast<unsigned char*>(buf_.data() + head_);
-  iov[0].iov_len = first;
-  if (first == size_) return 1;
-  iov[1].iov_base = const_cast<unsigned char*>(buf_.data());
-  iov[1].iov_len = size_ - first;
-  return 2;
+  return peekRange(0, size_, iov);
 }
 
 int OutBuffer::peekRange(size_t skip, size_t n, iovec iov[2]) const {
