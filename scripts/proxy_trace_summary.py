@@ -42,12 +42,16 @@ def load(path):
     return events
 
 
+# Events counted per op but not part of its stages, and the op's field that counts them.
+COUNTED = {"credit": "credits", "sent": "sends", "received": "recvs"}
+
+
 def segment(events, gap_ns, per_op):
     ops, cur, last, pops = [], None, None, 0
     for e in events:
-        if e[1] in ("credit", "sent", "received"):
+        if e[1] in COUNTED:
             if cur is not None:
-                cur[{"credit": "credits", "sent": "sends", "received": "recvs"}[e[1]]] += 1
+                cur[COUNTED[e[1]]] += 1
             continue
         is_pop = e[1].startswith("pop_")
         if is_pop:

@@ -468,14 +468,7 @@ void Communicator::setExtraPoller(ProxyHandler* poller) {
 
 void Communicator::releaseSource() {
   while (pass_lock_.test_and_set(std::memory_order_acquire)) cpuRelax();
-  if (!passes_closed_ && !transport_failed_) {
-    try {
-      transport_->releaseSource();
-    } catch (const CommError& e) {
-      transport_failed_ = true;
-      engine_->poison(e.what());
-    }
-  }
+  if (!passes_closed_ && !transport_failed_) transport_->releaseSource();
   pass_lock_.clear(std::memory_order_release);
 }
 

@@ -254,13 +254,8 @@ void GpuCommunicator::shutdown() {
 }
 
 void GpuCommunicator::writeTrace() {
-  static std::atomic<int> serial{0};  // several groups of one process get files of their own
-  const std::string path = comm_.config().gpu_proxy_trace + ".rank" + std::to_string(rank_) + "." +
-                           std::to_string(serial++) + ".tsv";
-  if (trace_->writeTsv(path))
-    RLOG_INFO("rank %d: proxy trace written to %s", rank_, path.c_str());
-  else
-    RLOG_WARN("rank %d: could not write the proxy trace to %s", rank_, path.c_str());
+  static std::atomic<int> serial{0};
+  trace_->save(comm_.config().gpu_proxy_trace, rank_, serial, ".tsv");
   trace_.reset();
 }
 

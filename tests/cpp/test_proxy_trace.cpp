@@ -2,6 +2,7 @@
 // names, peers and byte counts, on a clock that does not run backwards; events past the
 // table's end are counted as dropped, not written; an unwritable path reports false.
 #include <unistd.h>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -15,7 +16,8 @@
 int main() {
   using resident::TraceEvent;
   std::mt19937_64 rng(20261130);
-  const char* names[] = {"pop_lines", "pop_copy", "pop_flag", "posted", "flags", "credit"};
+  const char* names[] = {"pop_lines", "pop_copy", "pop_flag", "posted",
+                         "flags",     "credit",   "sent",     "received"};
   resident::ProxyTrace trace(100);
   struct Want {
     int what, peer;
@@ -23,7 +25,7 @@ int main() {
   };
   std::vector<Want> want;
   for (int i = 0; i < 130; ++i) {
-    const Want w{static_cast<int>(rng() % 6), static_cast<int>(rng() % 64),
+    const Want w{static_cast<int>(rng() % 8), static_cast<int>(rng() % 64),
                  static_cast<unsigned long long>(rng() % (1u << 20))};
     trace.record(static_cast<TraceEvent>(w.what), w.peer, w.bytes);
     if (i < 100) want.push_back(w);
@@ -52,6 +54,13 @@ int main() {
   CHECK(n == want.size());
   std::remove(path.c_str());
   CHECK(!trace.writeTsv("/nonexistent-dir/trace.tsv"));
+  // save: <prefix>.rank<r>.<n><suffix>, n from the caller's counter.
+  std::atomic<int> serial{3};
+  const std::string prefix = "/tmp/resident_trace_test." + std::to_string(getpid());
+  trace.save(prefix, 7, serial, ".tcp.tsv");
+  const std::string saved = prefix + ".rank7.3.tcp.tsv";
+  CHECK(serial.load() == 4 && std::ifstream(saved).good());
+  std::remove(saved.c_str());
   std::puts("test_proxy_trace: ok");
   return 0;
 }

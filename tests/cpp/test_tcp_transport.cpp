@@ -169,6 +169,58 @@ void testOrdering() {
   CHECK(p.seg0.guardsIntact() && p.seg1.guardsIntact());
 }
 
+// Writes from the registered source (the GPU path's outbox) go by reference: mixed with copied
+// writes and signals, each round arrives whole and in order; more references than one queue
+// holds fall back to copies; the source is rewritten only after the peer saw the round, as the
+// GPU path does. releaseSource sends what is still queued from it before it returns: the
+// source overwritten right after changes nothing on the wire.
+void testRegisteredSource() {
+  Pair p(1 << 20, TcpOptions{});
+  std::vector<unsigned char> source(256 * 1024);
+  CHECK(p.t0->registerSource(source.data(), source.size()));
+  std::mt19937_64 rng(11);
+  std::atomic<bool> stop{false};
+  std::thread receiver([&] {
+    while (!stop.load()) p.t1->poll();
+  });
+  std::vector<unsigned char> plain(2000);
+  for (uint64_t round = 1; round <= 100; ++round) {
+    for (auto& b : source) b = static_cast<unsigned char>(rng());
+    for (auto& b : plain) b = static_cast<unsigned char>(rng());
+    // Up to 100 pieces of the source (some below the reference threshold), then a copy.
+    const size_t pieces = 1 + rng() % 100;
+    const size_t piece = source.size() / pieces;
+    std::vector<size_t> lens(pieces);
+    for (size_t i = 0; i < pieces; ++i) {
+      lens[i] = 1 + rng() % piece;
+      p.t0->write(1, 8192 + i * piece, source.data() + i * piece, lens[i]);
+    }
+    p.t0->write(1, 4096, plain.data(), plain.size());
+    p.t0->signal(1, 0, round);
+    const uint64_t end = nowNs() + 5 * kSec;
+    while (p.seg1.flag(0) != round && nowNs() < end) p.t0->poll();
+    CHECK(p.seg1.flag(0) == round);
+    CHECK(std::memcmp(p.seg1.data() + 4096, plain.data(), plain.size()) == 0);
+    for (size_t i = 0; i < pieces; ++i)
+      CHECK(std::memcmp(p.seg1.data() + 8192 + i * piece, source.data() + i * piece, lens[i]) == 0);
+  }
+  // What was queued from the source leaves before releaseSource returns.
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<unsigned char>(i * 7);
+  const std::vector<unsigned char> sent(source.begin(), source.begin() + 65536);
+  p.t0->write(1, 8192, source.data(), 65536);
+  p.t0->releaseSource();
+  std::memset(source.data(), 0xEE, source.size());
+  p.t0->signal(1, 0, 1000);
+  const uint64_t end = nowNs() + 5 * kSec;
+  while (p.seg1.flag(0) != 1000 && nowNs() < end) p.t0->poll();
+  CHECK(p.seg1.flag(0) == 1000);
+  CHECK(std::memcmp(p.seg1.data() + 8192, sent.data(), sent.size()) == 0);
+  stop.store(true);
+  receiver.join();
+  CHECK(!p.t0->hasEvents() && !p.t1->hasEvents());
+  CHECK(p.seg0.guardsIntact() && p.seg1.guardsIntact());
+}
+
 void testNoDeadlock() {
   // Both sides send 64 MiB to each other with 4 KiB buffers and do not call poll() while
   // doing so: only write()'s own reading while it waits for room lets them finish.
@@ -419,6 +471,8 @@ int main() {
   const int fds = fdCount();
   testOrdering();
   std::puts("test_tcp_transport: ordering ok");
+  testRegisteredSource();
+  std::puts("test_tcp_transport: registered source ok");
   testNoDeadlock();
   std::puts("test_tcp_transport: no deadlock ok");
   testBadFrames();

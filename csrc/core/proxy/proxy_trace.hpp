@@ -6,12 +6,14 @@
 // recording never allocates, and events past its end are counted, not kept.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "core/clock.hpp"
+#include "core/log.hpp"
 
 namespace resident {
 
@@ -56,6 +58,19 @@ class ProxyTrace {
                    static_cast<unsigned long long>(e.bytes));
     }
     return std::fclose(f) == 0;
+  }
+
+  // Writes <prefix>.rank<r>.<n><suffix> and logs where (or that it could not). n counts the
+  // files written through `serial`, so that several groups of one process get files of their
+  // own.
+  void save(const std::string& prefix, int rank, std::atomic<int>& serial,
+            const char* suffix) const {
+    const std::string path =
+        prefix + ".rank" + std::to_string(rank) + "." + std::to_string(serial++) + suffix;
+    if (writeTsv(path))
+      RLOG_INFO("rank %d: trace written to %s", rank, path.c_str());
+    else
+      RLOG_WARN("rank %d: could not write the trace to %s", rank, path.c_str());
   }
 
  private:

@@ -23,8 +23,8 @@ using tcp::FrameType;
 constexpr size_t kDirectRecvMin = 4096;
 // A payload at least this large, with nothing queued before it, is sent from its source.
 constexpr size_t kDirectSendMin = size_t{16} * 1024;
-// A device write at least this large is queued by reference (writeForDevice); smaller ones
-// are copied, as cheap as a reference's bookkeeping.
+// A payload from the registered source at least this large is queued by reference; smaller
+// ones are copied, as cheap as a reference's bookkeeping.
 constexpr size_t kRefMin = 256;
 // Regions one flush hands to sendmsg (every reference has one, the ring two at most between).
 constexpr int kFlushIovecs = 3 * tcp::OutQueue::kMaxRefs + 2;
@@ -119,18 +119,6 @@ void TcpTransport::releaseSource() {
   source_bytes_ = 0;
 }
 
-void TcpTransport::writeForDevice(int peer, size_t offset, const void* src, size_t bytes,
-                                  size_t /*prefetch*/) {
-  const auto* p = static_cast<const unsigned char*>(src);
-  if (bytes < kRefMin || p < source_ || p + bytes > source_ + source_bytes_)
-    return write(peer, offset, src, bytes);
-  Conn& c = conns_[static_cast<size_t>(peer)];
-  if (c.state != ConnState::kOpen) return;
-  const FrameHeader h{static_cast<uint32_t>(FrameType::kWrite), 0, offset, bytes};
-  if (!append(c, peer, &h, sizeof(h))) return;
-  if (!c.out.appendRef(src, bytes)) append(c, peer, src, bytes);
-}
-
 void TcpTransport::signal(int peer, size_t offset, uint64_t value) {
   appendFrame(peer, FrameHeader{static_cast<uint32_t>(FrameType::kSignal), 0, offset, value},
               nullptr, 0);
@@ -139,6 +127,13 @@ void TcpTransport::signal(int peer, size_t offset, uint64_t value) {
 void TcpTransport::appendFrame(int peer, const FrameHeader& h, const void* payload, size_t bytes) {
   Conn& c = conns_[static_cast<size_t>(peer)];
   if (c.state != ConnState::kOpen) return;  // gone or failed: the owner has been told
+  const auto* p = static_cast<const unsigned char*>(payload);
+  if (bytes >= kRefMin && p >= source_ && p + bytes <= source_ + source_bytes_) {
+    // From the registered source: queued by reference, sent with the rest of the pass.
+    if (append(c, peer, &h, sizeof(h)) && !c.out.appendRef(payload, bytes))
+      append(c, peer, payload, bytes);
+    return;
+  }
   if (bytes >= kDirectSendMin) {
     if (c.out.size() != 0) flush(c, peer);
     if (c.state != ConnState::kOpen) return;
@@ -362,13 +357,8 @@ void TcpTransport::shutdown() {
   listener_.reset();
   epoll_.reset();
   if (trace_) {
-    static std::atomic<int> serial{0};  // several groups of one process get files of their own
-    const std::string path = opts_.trace_prefix + ".rank" + std::to_string(rank_) + "." +
-                             std::to_string(serial++) + ".tcp.tsv";
-    if (trace_->writeTsv(path))
-      RLOG_INFO("rank %d: tcp trace written to %s", rank_, path.c_str());
-    else
-      RLOG_WARN("rank %d: could not write the tcp trace to %s", rank_, path.c_str());
+    static std::atomic<int> serial{0};
+    trace_->save(opts_.trace_prefix, rank_, serial, ".tcp.tsv");
     trace_.reset();
   }
 }

@@ -1,6 +1,6 @@
 // Transport to ranks on other hosts over TCP (no RDMA needed). One connection per peer pair;
 // write() and signal() queue frames (tcp_frame.hpp) in a preallocated per-peer buffer (the GPU
-// path's payloads by reference to its outbox, writeForDevice), poll() flushes each peer's queue
+// path's payloads by reference to its outbox, registerSource), poll() flushes each peer's queue
 // in one sendmsg and applies incoming frames to the local segment. Only the thread running a proxy
 // pass calls write, signal and poll (directCapable is false; the communicator's pass lock makes
 // it one thread at a time: the proxy thread, or a caller waiting on its op), so nothing here is
@@ -78,11 +78,9 @@ class TcpTransport : public Transport {
                  const tcp::Secret& secret, uint64_t timeout_ns);
 
   const char* name() const override { return "tcp"; }
+  // A payload inside the registered source (the GPU path's outbox) is queued by reference and
+  // sent from where it is with the rest of the pass's frames, in one sendmsg per peer.
   void write(int peer, size_t offset, const void* src, size_t bytes) override;
-  // From the registered source (the GPU path's outbox): queued by reference and sent from
-  // where it is with the rest of the pass's frames, in one sendmsg per peer.
-  void writeForDevice(int peer, size_t offset, const void* src, size_t bytes,
-                      size_t prefetch) override;
   bool registerSource(const void* base, size_t bytes) override;
   void releaseSource() override;
   void signal(int peer, size_t offset, uint64_t value) override;
