@@ -421,7 +421,9 @@ def cpu_job(rank, ws):
         for transport in ("splits", "padded"):
             res[f"ep[{name}-{transport}]"] = _catch(_ep_case, rank, ws, "cpu", name, transport)
         res[f"ep[{name}-gloo]"] = _catch(_ep_case, rank, ws, "cpu", name, "auto", gloo)
+    # the graph programs, called eagerly on CPU (a replay is the step itself)
     res["graph[splits]"] = _catch(_splits_graph_case, rank, ws, "cpu", "g", 6, 5, 3)
+    res["graph[ep]"] = _catch(_ep_graph_case, rank, ws, "cpu", 2)
     return {"cases": res, "errors": _error_cases(rank, ws)}
 
 
@@ -458,7 +460,7 @@ def _cpu(ws):
 def test_ep_cpu(ws):
     per_rank = _cpu(ws)
     cases = per_rank[0]["cases"]
-    assert len(cases) == 3 * 2 * 2 + 3 * 3 + 1
+    assert len(cases) == 3 * 2 * 2 + 3 * 3 + 2
     problems = [p for cid in cases for p in _problems(per_rank, cid)]
     assert not problems, "\n".join(problems[:20])
 
