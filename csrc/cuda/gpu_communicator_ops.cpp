@@ -296,6 +296,10 @@ void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t 
   const uint32_t blocks = want < split_max_blocks_ ? want : split_max_blocks_;
   a.parts_per_block = partsFor(first, blocks);
   // Not logRounds: the rounds with each peer are known only on the device.
+  RLOG_TRACE(
+      "rank %d of %d: CUDA %s: rounds with each peer from the device's counts (the host's "
+      "count of rounds no longer follows the device's after this op)",
+      rank_, nranks_, opName(a.op_id));
   gpu::SplitsArgs s{};
   s.coll = a;
   s.send_rows = send_rows;
