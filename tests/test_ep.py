@@ -222,8 +222,16 @@ def _splits_graph_case(rank, ws, device, key, cap, row_elems, replays):
 
 def _capture(step, device):
     """``step`` captured in a CUDA graph, as a replay callable; on CPU, ``step`` itself."""
+    import torch
+
     if device == "cpu":
         return step
+    side = torch.cuda.Stream()  # once more on a side stream before capturing, as torch advises
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
     return C.capture_replay(step)
 
 
