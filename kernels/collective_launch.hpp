@@ -14,6 +14,10 @@ namespace gpu {
 // args' Region::simple.
 int residentBlocksPerSm(bool simple);
 cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream);
+// The all_to_all with counts read on the device (splits_kernel.cu; SplitsArgs), and how many of
+// its blocks fit on one SM at once (its plan lives in shared memory).
+cudaError_t launchSplits(const SplitsArgs& args, unsigned blocks, cudaStream_t stream);
+int splitsBlocksPerSm(bool simple);
 // An op of one round with every partner (one_round_kernel.cu): a block per 2 KiB part of the
 // largest exchange, `threads` per block (a multiple of 32, at most kThreads: one per LL line).
 cudaError_t launchOneRound(const CollectiveArgs& args, unsigned blocks, unsigned threads,

@@ -92,6 +92,24 @@ struct CollectiveArgs {
   PeerPlan peers[kMaxRanks];
 };
 
+// An all_to_all whose per-peer byte counts are read on the device (splits_kernel.cu): `coll`
+// holds the capacity plan (peer p's send and recv pointers at p * max_rows rows, rounds_max
+// and the grid from the capacity); the kernel replaces each peer's send_bytes, recv_bytes and
+// rounds with those of the counts before the first round, so that a captured graph moves, on
+// every replay, only the rows its counts name. Both sides of a pair must see the same counts
+// of the pair (send_rows[q] on p equals recv_rows[p] on q): their rounds follow from them.
+struct SplitsArgs {
+  CollectiveArgs coll;
+  const void* send_rows;  // [nranks] rows to send to each peer (int32 or int64, device memory)
+  const void* recv_rows;  // [nranks] rows to receive from each peer (the same type)
+  uint64_t row_bytes;
+  uint64_t max_rows;     // capacity per peer: counts are clamped to [0, max_rows]
+  uint32_t count_bytes;  // 4 (int32 counts) or 8 (int64)
+  // Region::trigger_fence is set on the device for the op's largest first round to one peer:
+  // fenced from this many bytes on (GpuCommunicator::fenceTriggers' threshold).
+  uint32_t fence_from_bytes;
+};
+
 struct P2PArgs {
   Region reg;
   const void* send;  // send: source; recv: null

@@ -14,9 +14,15 @@ namespace gpu {
 // user buffers, then let the next one start launching. Only a kernel's own round bookkeeping,
 // which the previous kernel of the stream finished before its launch_dependents, comes first.
 // Launching dependents only after the wait keeps at most two kernels of a stream resident.
-__device__ __forceinline__ void pdlEnter() {
+__device__ __forceinline__ void pdlWait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void pdlLaunchDependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void pdlEnter() {
+  pdlWait();
+  pdlLaunchDependents();
 }
 
 // Called by one thread in each of `count` blocks: true in exactly one, the last to pass

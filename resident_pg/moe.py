@@ -43,7 +43,9 @@ smaller ``slots_per_rank`` shrinks every message; pairs that do not fit are then
 (expert-major order: the last experts of a peer lose their last tokens first), contribute
 nothing to ``combine`` and are counted in ``handle.dropped`` (a device tensor).
 
-Per call: ``dispatch`` = 2 ``all_to_all_single`` (counts, payload), ``combine`` = 1.
+Per call: ``dispatch`` = 2 ``all_to_all_single`` (counts, payload), ``combine`` = 1.  With a
+``payload_exchange`` (``resident_pg.ep``: the resident all_to_all with counts read on the
+device) the two payload exchanges move only the filled slots of each peer.
 
 Validation: shapes, dtypes, devices and ``T <= max_tokens_per_rank`` always raise
 ``ValueError`` (host-side metadata only).  Index values (``-1 <= idx < num_experts``, no
@@ -79,6 +81,9 @@ class DispatchHandle:
     back_index: torch.Tensor      # [W*C] row of expert_y (flattened) for each received slot
     dropped: torch.Tensor         # [] int64: pairs of this rank that did not fit (slots_per_rank)
     seq: int                      # dispatch sequence number (diagnostics)
+    # [W] int64 slots filled per peer, sent and received (set with a payload_exchange)
+    send_rows: Optional[torch.Tensor] = None
+    recv_rows: Optional[torch.Tensor] = None
 
 
 class MoEDispatcher:
@@ -87,11 +92,16 @@ class MoEDispatcher:
     def __init__(self, group, num_experts: int, hidden: int, max_tokens_per_rank: int,
                  top_k: int, dtype: torch.dtype = torch.bfloat16, device=None, *,
                  slots_per_rank: Optional[int] = None, check: Optional[bool] = None,
-                 all_to_all=None):
+                 all_to_all=None, payload_exchange=None):
         self.group = group
         # the exchange, called as all_to_all(output, input, group=group); replaceable, e.g. by
         # a local copy to time the same step without communication (examples/ep_decode.py)
         self.all_to_all = all_to_all or dist.all_to_all_single
+        # the payload exchange when only the filled slots should move, called as
+        # payload_exchange(output [W, C, H], input [W, C, H], send_rows [W], recv_rows [W]) with
+        # the slots filled per peer as device tensors (resident_pg.ep); None: all_to_all of the
+        # whole padded buffers
+        self.payload_exchange = payload_exchange
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         for name, v in (("num_experts", num_experts), ("hidden", hidden),
@@ -238,7 +248,15 @@ class MoEDispatcher:
 
         # --- exchange: counts (fixed size), then payload (fixed size)
         self.all_to_all(self._recv_counts, self._send_counts, group=self.group)
-        self.all_to_all(self._recv_x[: W * C], self._send_x[: W * C], group=self.group)
+        send_rows = recv_rows = None
+        if self.payload_exchange is None:
+            self.all_to_all(self._recv_x[: W * C], self._send_x[: W * C], group=self.group)
+        else:
+            # slots [0, rows) of each peer are filled (expert-major from slot 0)
+            send_rows, recv_rows = self._send_counts.sum(1), self._recv_counts.sum(1)
+            self.payload_exchange(self._recv_x[: W * C].view(W, C, self.hidden),
+                                  self._send_x[: W * C].view(W, C, self.hidden),
+                                  send_rows, recv_rows)
 
         # --- receiver side: pack each local expert's rows (source rank order, then slot order)
         rc = self._recv_counts                                      # [W src, L]
@@ -267,7 +285,8 @@ class MoEDispatcher:
         back_index = torch.where(back_ok, l_safe * self.max_slots + row, torch.zeros_like(row))
 
         handle = DispatchHandle(num_tokens=T, pair_slot=pair_slot, topk_weights=topk_weights,
-                                back_index=back_index.view(-1), dropped=dropped, seq=self._seq)
+                                back_index=back_index.view(-1), dropped=dropped, seq=self._seq,
+                                send_rows=send_rows, recv_rows=recv_rows)
         return self.expert_x, self.expert_counts, handle
 
     # ------------------------------------------------------------------ combine
@@ -301,7 +320,13 @@ class MoEDispatcher:
 
         flat_y = expert_y.reshape(-1, self.hidden)
         torch.index_select(flat_y, 0, handle.back_index, out=self._comb_send)
-        self.all_to_all(self._comb_recv[: W * C], self._comb_send, group=self.group)
+        if self.payload_exchange is None:
+            self.all_to_all(self._comb_recv[: W * C], self._comb_send, group=self.group)
+        else:
+            # back the way the rows came: what a peer sent is what it gets back
+            self.payload_exchange(self._comb_recv[: W * C].view(W, C, self.hidden),
+                                  self._comb_send.view(W, C, self.hidden),
+                                  handle.recv_rows, handle.send_rows)
         got = self._comb_recv.index_select(0, handle.pair_slot).view(T, K, self.hidden)
         acc = (got.float() * w.float().unsqueeze(-1)).sum(1)
         if out is None:

@@ -839,6 +839,71 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(std::vector<at::Te
   return submit(work);
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allToAllDeviceSplits(
+    at::Tensor& output, at::Tensor& input, const at::Tensor& send_rows, const at::Tensor& recv_rows,
+    bool async_op) {
+  const char* op = "all_to_all_device_splits";
+  checkTensor(input, op);
+  checkSameKind(input, output, op, "the output");
+  RESIDENT_CHECK_VALUE(input.dim() >= 2 && input.size(0) == size_, "resident: ", op,
+                       ": input must have shape [", size_, " (group size), max_rows, ...], got ",
+                       input.sizes());
+  RESIDENT_CHECK_VALUE(output.sizes() == input.sizes(), "resident: ", op, ": output has shape ",
+                       output.sizes(), " but the input has ", input.sizes());
+  for (const at::Tensor* t : {&send_rows, &recv_rows}) {
+    const char* what = t == &send_rows ? "send_rows" : "recv_rows";
+    RESIDENT_CHECK_VALUE(t->defined(), "resident: ", op, ": ", what, " is undefined");
+    RESIDENT_CHECK_VALUE(t->scalar_type() == at::kInt || t->scalar_type() == at::kLong,
+                         "resident: ", op, ": ", what, " must be int32 or int64, got ",
+                         t->scalar_type());
+    RESIDENT_CHECK_VALUE(t->dim() == 1 && t->size(0) == size_ && t->is_contiguous(),
+                         "resident: ", op, ": ", what, " must be a contiguous 1-D tensor of ",
+                         size_, " entries (one per rank), got sizes ", t->sizes());
+    RESIDENT_CHECK_VALUE(t->device() == input.device(), "resident: ", op, ": ", what, " is on ",
+                         t->device(), " but the input is on ", input.device());
+  }
+  RESIDENT_CHECK_VALUE(send_rows.scalar_type() == recv_rows.scalar_type(), "resident: ", op,
+                       ": send_rows is ", send_rows.scalar_type(), " but recv_rows is ",
+                       recv_rows.scalar_type(), " (use one dtype for both)");
+  const size_t max_rows = static_cast<size_t>(input.size(1));
+  const size_t row_bytes =
+      max_rows == 0 ? 0 : nbytes(input) / (static_cast<size_t>(size_) * max_rows);
+  const size_t cap = max_rows * row_bytes;
+  auto* in = static_cast<const unsigned char*>(input.data_ptr());
+  auto* out = static_cast<unsigned char*>(output.data_ptr());
+  if (input.is_cuda()) {
+    const uint32_t count_bytes = static_cast<uint32_t>(send_rows.element_size());
+    return cudaOp(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_device_splits", {output},
+                  {input, send_rows, recv_rows}, async_op, [&](GpuCommunicator& g, void* s) {
+                    g.allToAllDeviceSplits(in, out, max_rows, row_bytes, send_rows.data_ptr(),
+                                           recv_rows.data_ptr(), count_bytes, s);
+                  });
+  }
+  // CPU: the counts are host memory, read now, as the kernel reads them on the device.
+  const at::Tensor sr = send_rows.to(at::kLong), rr = recv_rows.to(at::kLong);
+  auto rowsOf = [&](const at::Tensor& t, int p) {
+    const int64_t v = t.data_ptr<int64_t>()[p];
+    return v <= 0 ? size_t{0} : std::min(static_cast<size_t>(v), max_rows);
+  };
+  c10::SmallVector<const void*, 16> ins;
+  c10::SmallVector<void*, 16> outs;
+  c10::SmallVector<size_t, 16> in_bytes, out_bytes;
+  for (int p = 0; p < size_; ++p) {
+    ins.push_back(in + p * cap);
+    outs.push_back(out + p * cap);
+    in_bytes.push_back(rowsOf(sr, p) * row_bytes);
+    // This rank's own rows: what it sends itself (as on the device).
+    out_bytes.push_back((p == rank_ ? rowsOf(sr, p) : rowsOf(rr, p)) * row_bytes);
+  }
+  auto work =
+      makeWork(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_device_splits", {output}, {input});
+  translateErrors([&] {
+    work->addOp(comm_->allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data()));
+    return 0;
+  });
+  return submit(work);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor>& tensors, int dst,
                                                           int tag) {
   const at::Tensor& t = single(tensors, "send");

@@ -21,9 +21,17 @@
 namespace resident {
 
 const char* GpuCommunicator::opName(uint32_t id) {
-  static const char* kNames[] = {
-      "all_reduce", "reduce_scatter", "reduce",    "all_gather", "gather",
-      "scatter",    "all_to_all",     "broadcast", "send",       "recv"};
+  static const char* kNames[] = {"all_reduce",
+                                 "reduce_scatter",
+                                 "reduce",
+                                 "all_gather",
+                                 "gather",
+                                 "scatter",
+                                 "all_to_all",
+                                 "broadcast",
+                                 "send",
+                                 "recv",
+                                 "all_to_all (device splits)"};
   return id < sizeof(kNames) / sizeof(kNames[0]) ? kNames[id] : "op";
 }
 
@@ -184,6 +192,10 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   max_blocks_ =
       static_cast<uint32_t>(fair < 1 ? 1 : (fair > gpu::kMaxBlocks ? gpu::kMaxBlocks : fair));
   if (cfg.gpu_max_blocks != 0 && cfg.gpu_max_blocks < max_blocks_) max_blocks_ = cfg.gpu_max_blocks;
+  // The device-splits all_to_all keeps its plan in shared memory: its own budget by the same
+  // rule, never above the collectives'.
+  const int split_fair = gpu::splitsBlocksPerSm(simple_possible) * sms / (4 * std::max(per_gpu, 1));
+  split_max_blocks_ = std::min(max_blocks_, static_cast<uint32_t>(std::max(split_fair, 1)));
   RLOG_INFO("rank %d: %d SMs, %d resident blocks, %d ranks per GPU -> at most %u blocks per op",
             rank_, sms, capacity, per_gpu, max_blocks_);
   comm.setExtraPoller(this);

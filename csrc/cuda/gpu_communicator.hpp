@@ -47,6 +47,15 @@ class GpuCommunicator : public ProxyHandler {
   void allToAll(const void* const* ins, const size_t* in_bytes, void* const* outs,
                 const size_t* out_bytes, void* stream);
   void broadcast(void* buf, size_t bytes, int root, void* stream);
+  // all_to_all of capacity buffers: peer p's rows at send + p * max_rows * row_bytes and
+  // recv + p * max_rows * row_bytes; send_rows / recv_rows ([nranks] int32 or int64 by
+  // count_bytes, device memory) give the rows of each peer, read by the kernel when it runs
+  // (clamped to [0, max_rows]); rows past them are neither sent nor written. Grid and round
+  // budget come from the capacity; the rounds with each peer from the counts, which must
+  // agree across each pair (send_rows[q] here == recv_rows[this rank] on q).
+  void allToAllDeviceSplits(const void* send, void* recv, size_t max_rows, size_t row_bytes,
+                            const void* send_rows, const void* recv_rows, uint32_t count_bytes,
+                            void* stream);
   void send(const void* buf, size_t bytes, int peer, void* stream);
   void recv(void* buf, size_t bytes, int peer, void* stream);
 
@@ -72,7 +81,8 @@ class GpuCommunicator : public ProxyHandler {
     kAllToAll,
     kBroadcast,
     kSend,
-    kRecv
+    kRecv,
+    kAllToAllDeviceSplits
   };
   gpu::CollectiveArgs& begin(OpId op);
   // The region as an op's kernel sees it: the group's, with the group's current timeout.
@@ -127,7 +137,8 @@ class GpuCommunicator : public ProxyHandler {
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;
-  gpu::Region region_{};  // written only at set-up: launches on other threads copy it
+  uint32_t split_max_blocks_ = 1;  // the same for the device-splits all_to_all's kernel
+  gpu::Region region_{};           // written only at set-up: launches on other threads copy it
   // The device-side timeout (region_.timeout_ns of each launch): set by any thread at any time.
   std::atomic<uint64_t> timeout_ns_{0};
   gpu::DeviceState* state_ = nullptr;

@@ -268,6 +268,50 @@ void GpuCommunicator::allToAll(const void* const* ins, const size_t* in_bytes, v
   launchCollective(stream);
 }
 
+void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t max_rows,
+                                           size_t row_bytes, const void* send_rows,
+                                           const void* recv_rows, uint32_t count_bytes,
+                                           void* stream) {
+  if (count_bytes != 4 && count_bytes != 8)
+    throw InvalidArgument("resident: all_to_all_device_splits: counts must be int32 or int64");
+  const uint64_t cap = static_cast<uint64_t>(max_rows) * row_bytes;
+  auto& a = begin(kAllToAllDeviceSplits);
+  if (cap == 0) return;
+  // The capacity plan: the pointers stay, the kernel puts the counts' bytes and rounds in.
+  for (int p = 0; p < nranks_; ++p)
+    partner(p, static_cast<const unsigned char*>(send) + p * cap, cap,
+            static_cast<unsigned char*>(recv) + p * cap, cap);
+  const uint64_t first = cap < region_.chunk ? cap : region_.chunk;
+  // The simple build when any pair could go simple at some count (simplePair grows with the
+  // bytes, so the capacity decides); it runs LL pairs as well.
+  bool any_simple = false;
+  for (int p = 0; p < nranks_; ++p)
+    any_simple |= p != rank_ && gpu::simplePair(a.reg, p, static_cast<uint32_t>(first));
+  a.common_send = nullptr;
+  a.common_send_bytes = 0;
+  a.rounds_max = roundsFor(cap);
+  a.reg.simple = any_simple ? 1u : 0u;
+  a.reg.trigger_fence = fenceTriggers(first);  // replaced on the device from the counts
+  const uint32_t want = blocksFor(first);
+  const uint32_t blocks = want < split_max_blocks_ ? want : split_max_blocks_;
+  a.parts_per_block = partsFor(first, blocks);
+  // Not logRounds: the rounds with each peer are known only on the device.
+  RLOG_TRACE(
+      "rank %d of %d: CUDA %s: rounds with each peer from the device's counts (the host's "
+      "count of rounds no longer follows the device's after this op)",
+      rank_, nranks_, opName(a.op_id));
+  gpu::SplitsArgs s{};
+  s.coll = a;
+  s.send_rows = send_rows;
+  s.recv_rows = recv_rows;
+  s.row_bytes = row_bytes;
+  s.max_rows = max_rows;
+  s.count_bytes = count_bytes;
+  s.fence_from_bytes = static_cast<uint32_t>(kFenceFromBytes);
+  checkCuda(gpu::launchSplits(s, blocks, static_cast<cudaStream_t>(stream)),
+            "launching the device-splits all_to_all kernel");
+}
+
 void GpuCommunicator::broadcast(void* buf, size_t bytes, int root, void* stream) {
   comm_.checkRank(root, "broadcast");
   begin(kBroadcast);

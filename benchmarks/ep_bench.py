@@ -1,0 +1,196 @@
+"""EP decode dispatch + combine, three ways side by side in one run, per decode shape:
+
+* ``ep``: resident_pg.ep.Buffer (counts all_to_all_single, then the resident all_to_all with
+  counts read on the device, which moves only the routed (token, expert) rows, both ways);
+* ``moe``: resident_pg.moe.MoEDispatcher (counts, then all_to_all_single of the padded
+  buffers of ``C = tokens * min(top_k, experts/rank)`` slots per peer, both ways);
+* ``a2a``: two plain all_to_all_single of the padded payload buffer (the data movement of
+  ``moe`` alone, without its index work).
+
+Experts are the identity (communication and layout work only). Routing: top-k of uniform random
+scores per token (fresh each step is not needed: the same shapes move the same bytes). Each
+step is captured in a CUDA graph (``--eager``: eager calls) and timed replay by replay with CUDA
+events; printed: the median per rank, the maximum over ranks, in microseconds, and the payload
+bytes per peer each way (``ep``: the mean routed rows of this routing; the others: padded).
+
+    python benchmarks/ep_bench.py --ranks 8 [--path direct|proxy|proxy+tcp] [--hidden 2048,4096,7168]
+        [--tokens 1,8,32,128] [--experts 64,256] [--top-k 8] [--iters 200] [--eager] [--json PATH]
+
+Rank r runs on GPU r % device_count (several ranks on one GPU need MPS). ``--device cpu`` runs
+the same on CPU tensors (a functional dry run; the times mean little).
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+PATH_ENV = {"direct": {"RESIDENT_PATH": "direct"}, "proxy": {"RESIDENT_PATH": "proxy"},
+            "proxy+tcp": {"RESIDENT_PATH": "proxy", "RESIDENT_TRANSPORT": "tcp"}}
+
+
+def _timed(step, iters, device, graph):
+    """Median microseconds of ``step`` (replayed as a CUDA graph when ``graph``)."""
+    import time
+
+    for _ in range(3):
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    run = step
+    if graph:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        run = g.replay
+        run()
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def _case(rank, world, device, hidden, tokens, experts, top_k, iters, graph):
+    from resident_pg.ep import Buffer
+    from resident_pg.moe import MoEDispatcher
+
+    dtype = torch.bfloat16
+    gen = torch.Generator().manual_seed(1234 + rank)
+    x = torch.randn(tokens, hidden, generator=gen).to(device=device, dtype=dtype)
+    idx = torch.rand(tokens, experts, generator=gen).topk(top_k, dim=1).indices.to(device)
+    w = torch.rand(tokens, top_k, generator=gen).to(device)
+    out = {}
+
+    buf = Buffer(None, tokens, hidden, experts, dtype, device, num_topk=top_k, transport="splits")
+
+    def ep_step():
+        recv_x, _, handle, _, _ = buf.low_latency_dispatch(x, idx, tokens, experts)
+        buf.low_latency_combine(recv_x, idx, w, handle)
+    out["ep"] = _timed(ep_step, iters, device, graph)
+    d = buf.dispatcher(top_k)
+    recv_x, _, handle, _, _ = buf.low_latency_dispatch(x, idx, tokens, experts)
+    rows = handle.dispatch.send_rows.float().mean().item()
+    row_bytes = hidden * dtype.itemsize
+    out["ep_bytes_per_peer"] = rows * row_bytes
+    out["padded_bytes_per_peer"] = d.message_bytes()
+    del buf, d, recv_x, handle
+
+    moe = MoEDispatcher(None, experts, hidden, tokens, top_k, dtype, device)
+
+    def moe_step():
+        ex, _, h = moe.dispatch(x, idx, w)
+        moe.combine(ex, h)
+    out["moe"] = _timed(moe_step, iters, device, graph)
+    world_slots = moe.world * moe.slots_per_rank
+    del moe
+
+    send = torch.zeros(world_slots, hidden, dtype=dtype, device=device)
+    recv = torch.zeros_like(send)
+
+    def a2a_step():
+        dist.all_to_all_single(recv, send)
+        dist.all_to_all_single(send, recv)
+    out["a2a"] = _timed(a2a_step, iters, device, graph)
+    del send, recv
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def _rank(rank, world, port, env, args, queue):
+    os.environ.update(env)
+    import resident_pg  # noqa: F401
+
+    device = args.device
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.zeros(1, device="cuda").add_(1)
+    dist.init_process_group("resident", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    rows = []
+    graph = device == "cuda" and not args.eager
+    for hidden in args.hidden:
+        for experts in args.experts:
+            for tokens in args.tokens:
+                r = _case(rank, world, device, hidden, tokens, experts, args.top_k, args.iters,
+                          graph)
+                t = torch.tensor([r["ep"], r["moe"], r["a2a"], r["ep_bytes_per_peer"]],
+                                 dtype=torch.float64, device=device)
+                mx = t.clone()
+                dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+                dist.all_reduce(t)
+                rows.append({"ranks": world, "hidden": hidden, "tokens": tokens,
+                             "experts": experts, "top_k": args.top_k,
+                             "ep_us": mx[0].item(), "moe_us": mx[1].item(),
+                             "a2a_us": mx[2].item(),
+                             "ep_bytes_per_peer": t[3].item() / world,
+                             "padded_bytes_per_peer": r["padded_bytes_per_peer"]})
+    dist.destroy_process_group()
+    if rank == 0:
+        queue.put(rows)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--path", choices=sorted(PATH_ENV), default="direct")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
+    p.add_argument("--hidden", type=ints, default=[2048, 4096, 7168])
+    p.add_argument("--tokens", type=ints, default=[1, 8, 32, 128])
+    p.add_argument("--experts", type=ints, default=[64, 256])
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--eager", action="store_true", help="time eager calls, not graph replays")
+    p.add_argument("--json", help="also write the rows here")
+    args = p.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, args.ranks, port, PATH_ENV[args.path], args,
+                                             queue)) for r in range(args.ranks)]
+    for proc in procs:
+        proc.start()
+    rows = queue.get(timeout=3600)
+    for proc in procs:
+        proc.join(120)
+    print(f"EP decode dispatch+combine, {args.ranks} ranks, path {args.path}, bf16, top-"
+          f"{args.top_k}, {'eager' if args.eager or args.device == 'cpu' else 'CUDA graph'}; "
+          "median us per step (max over ranks); KiB per peer each way")
+    print(f"{'hidden':>6} {'experts':>7} {'tokens':>6} {'ep':>9} {'moe':>9} {'a2a':>9} "
+          f"{'ep KiB':>8} {'padded KiB':>10} {'moe/ep':>7}")
+    for r in rows:
+        print(f"{r['hidden']:>6} {r['experts']:>7} {r['tokens']:>6} {r['ep_us']:>9.1f} "
+              f"{r['moe_us']:>9.1f} {r['a2a_us']:>9.1f} {r['ep_bytes_per_peer'] / 1024:>8.1f} "
+              f"{r['padded_bytes_per_peer'] / 1024:>10.1f} {r['moe_us'] / r['ep_us']:>7.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

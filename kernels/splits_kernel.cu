@@ -1,0 +1,94 @@
+// all_to_all with per-peer row counts read on the device (SplitsArgs): the collective body
+// (collective_body.cuh) on a plan built in shared memory from the counts at kernel start.
+// A separate kernel, so that the ordinary collective kernel keeps reading its plan from the
+// grid constants with its registers and timing unchanged.
+#include <cuda_runtime.h>
+
+#include "collective_body.cuh"
+#include "collective_launch.hpp"
+#include "launch_device.cuh"
+
+namespace resident {
+namespace gpu {
+namespace {
+
+static_assert(sizeof(CollectiveArgs) % 8 == 0, "CollectiveArgs is copied in 8-byte words");
+
+// Row count `i` of a counts array, clamped to [0, max_rows] (a count past the capacity would
+// run off the buffers; both sides of a pair clamp the same value alike).
+__device__ __forceinline__ uint64_t rowsAt(const void* counts, uint32_t count_bytes, int i,
+                                           uint64_t max_rows) {
+  const int64_t v = count_bytes == 8 ? static_cast<const int64_t*>(counts)[i]
+                                     : static_cast<const int32_t*>(counts)[i];
+  if (v <= 0) return 0;
+  return static_cast<uint64_t>(v) < max_rows ? static_cast<uint64_t>(v) : max_rows;
+}
+
+// Rounds of a pair whose larger direction carries `bytes` (GpuCommunicator::roundsFor).
+__device__ __forceinline__ uint32_t roundsOf(uint64_t bytes, uint32_t chunk) {
+  const uint64_t r = (bytes + chunk - 1) / chunk;
+  return r == 0 ? 1u : static_cast<uint32_t>(r);
+}
+
+template <bool Simple>
+__global__ void __launch_bounds__(kThreads) splitsKernel(const __grid_constant__ SplitsArgs s) {
+  __shared__ Shared sh;
+  __shared__ CollectiveArgs a;
+  {
+    const auto* from = reinterpret_cast<const uint64_t*>(&s.coll);
+    auto* to = reinterpret_cast<uint64_t*>(&a);
+    for (uint32_t i = threadIdx.x; i < sizeof(CollectiveArgs) / 8; i += blockDim.x) to[i] = from[i];
+  }
+  loadRoundState(s.coll, sh);
+  // The counts are written by the stream's previous kernels (the counts exchange): wait for
+  // them before reading. The round advance below needs the rounds they give, so this kernel
+  // lets the next one launch only after it (pdlLaunchDependents).
+  pdlWait();
+  __syncthreads();  // the copy of the args is complete
+  const uint32_t chunk = a.reg.chunk;
+  for (int p = threadIdx.x; p < a.nranks; p += blockDim.x) {
+    PeerPlan& pp = a.peers[p];
+    const uint64_t send = rowsAt(s.send_rows, s.count_bytes, p, s.max_rows) * s.row_bytes;
+    // This rank's own rows: what it sends itself is what it receives from itself.
+    const uint64_t recv =
+        p == a.rank ? send : rowsAt(s.recv_rows, s.count_bytes, p, s.max_rows) * s.row_bytes;
+    pp.send_bytes = send;
+    pp.recv_bytes = recv;
+    pp.rounds = roundsOf(send > recv ? send : recv, chunk);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t rounds_max = 0;
+    uint64_t first_max = 0;
+    for (int p = 0; p < a.nranks; ++p) {
+      const PeerPlan& pp = a.peers[p];
+      rounds_max = pp.rounds > rounds_max ? pp.rounds : rounds_max;
+      const uint64_t b = pp.send_bytes > pp.recv_bytes ? pp.send_bytes : pp.recv_bytes;
+      const uint64_t first = b < chunk ? b : chunk;
+      first_max = first > first_max ? first : first_max;
+    }
+    a.rounds_max = rounds_max;
+    // As GpuCommunicator::fenceTriggers decides from the host's byte counts.
+    a.reg.trigger_fence = first_max >= s.fence_from_bytes ? 1u : 0u;
+  }
+  advanceOnceLoaded(a, sh);  // begins with a barrier: the plan above is visible
+  pdlLaunchDependents();
+  collectiveBody<Simple>(a, sh);
+}
+
+}  // namespace
+
+int splitsBlocksPerSm(bool simple) {
+  int n = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &n, simple ? splitsKernel<true> : splitsKernel<false>, kThreads, 0);
+  return n;
+}
+
+cudaError_t launchSplits(const SplitsArgs& args, unsigned blocks, cudaStream_t stream) {
+  if (args.coll.reg.simple != 0) return launchKernel(splitsKernel<true>, args, blocks, stream);
+  return launchKernel(splitsKernel<false>, args, blocks, stream);
+}
+
+}  // namespace gpu
+}  // namespace resident

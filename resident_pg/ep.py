@@ -1,0 +1,294 @@
+"""Expert-parallel decode dispatch/combine in the shape of DeepEP's low-latency API, moving only
+the routed tokens (docs/ep.md).
+
+Two pieces:
+
+* :func:`all_to_all_device_splits` -- an all_to_all of capacity buffers ``[W, max_rows, ...]``
+  that moves only ``send_rows[p]`` rows to peer ``p`` and ``recv_rows[p]`` rows from it, the
+  counts being tensors: on CUDA the kernel reads them when it runs (graph-capturable, stream-
+  ordered, no host synchronisation); on CPU they are read at the call.  Resident backend only.
+* :class:`Buffer` -- ``low_latency_dispatch`` / ``low_latency_combine`` with DeepEP's argument
+  names and return tuples.  Built on :class:`resident_pg.moe.MoEDispatcher` (routing metadata,
+  expert-major layout, float32 weighted combine): the per-(peer, local expert) counts go first in
+  a small fixed-size ``all_to_all_single``, then the payload moves through
+  :func:`all_to_all_device_splits` (only the filled slots of each peer), in both directions.  On
+  a group whose backend for the tensors' device is not resident, the same API runs over
+  ``all_to_all_single`` of the padded buffers.
+
+::
+
+    from resident_pg.ep import Buffer
+    buf = Buffer(group, num_max_dispatch_tokens_per_rank=128, hidden=7168, num_experts=256)
+    recv_x, recv_count, handle, event, hook = buf.low_latency_dispatch(
+        x, topk_idx, 128, 256)                 # recv_x [L, W*128, H]; recv_count [L] int32
+    y = experts(recv_x, recv_count)            # same shape as recv_x
+    out, event, hook = buf.low_latency_combine(y, topk_idx, topk_weights, handle)   # [T, H]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+from resident_pg.moe import DispatchHandle, MoEDispatcher
+
+__all__ = ["Buffer", "EventOverlap", "LowLatencyHandle", "all_to_all_device_splits",
+           "resident_backend"]
+
+_TRANSPORTS = ("auto", "splits", "padded")
+
+
+def resident_backend(group=None, device="cpu"):
+    """The group's resident backend object for ``device``'s type, or None when the group's
+    backend for that device is another one."""
+    from resident_pg import _C
+
+    group = group if group is not None else dist.group.WORLD
+    try:
+        backend = group._get_backend(torch.device(torch.device(device).type))
+    except (RuntimeError, ValueError):
+        return None
+    return backend if isinstance(backend, _C.ProcessGroupResident) else None
+
+
+def all_to_all_device_splits(output: torch.Tensor, input: torch.Tensor,
+                             send_rows: torch.Tensor, recv_rows: torch.Tensor, group=None,
+                             async_op: bool = False):
+    """all_to_all of ``input`` / ``output`` (equal shapes ``[W, max_rows, ...]``) moving only
+    ``send_rows[p]`` rows of ``input[p]`` to peer ``p``, into the first ``recv_rows[q]`` rows of
+    ``output[q]`` from peer ``q``.
+
+    ``send_rows`` / ``recv_rows``: 1-D int32 or int64 tensors of ``W`` entries (the same dtype),
+    on the buffers' device; entries are clamped to ``[0, max_rows]``.  Rows of ``output`` past
+    the counts keep their contents.  The counts of a pair must agree (``send_rows[q]`` on rank
+    ``p`` equals ``recv_rows[p]`` on rank ``q``; a rank's own entry is taken from
+    ``send_rows``): on CUDA both sides derive their lockstep rounds from them, and a mismatch
+    ends in the group's device-side timeout.  Typically ``recv_rows`` is the result of an
+    ``all_to_all_single`` of ``send_rows``.
+
+    Resident backend only (ValueError otherwise).  CUDA: one kernel on the current stream
+    (``async_op``: the group's side stream, as the other collectives), capturable in a CUDA
+    graph; each replay reads the counts tensors afresh.  Returns a Work when ``async_op``,
+    else None.
+    """
+    for name, t in (("output", output), ("input", input), ("send_rows", send_rows),
+                    ("recv_rows", recv_rows)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"all_to_all_device_splits: {name} must be a tensor, got "
+                             f"{type(t).__name__}")
+    backend = resident_backend(group, input.device)
+    if backend is None:
+        raise ValueError(f"all_to_all_device_splits needs the resident backend for "
+                         f"{input.device.type} tensors on this group (it is a resident-only "
+                         "op); use resident_pg.ep.Buffer, which falls back to all_to_all_single")
+    work = backend.all_to_all_device_splits(output, input, send_rows, recv_rows, async_op)
+    if async_op:
+        return work
+    work.wait()  # CPU: done on return; CUDA: already ordered on the current stream
+    return None
+
+
+class EventOverlap:
+    """DeepEP's EventOverlap: ``event`` is a CUDA event recorded after the op when the call
+    had ``async_finish=True`` (else None); ``current_stream_wait()`` makes the current stream
+    wait for it.  The ops here are already ordered on the current stream."""
+
+    def __init__(self, event=None):
+        self.event = event
+
+    def current_stream_wait(self) -> None:
+        if self.event is not None:
+            torch.cuda.current_stream().wait_event(self.event)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.current_stream_wait()
+        return False
+
+
+@dataclasses.dataclass
+class LowLatencyHandle:
+    """What ``low_latency_combine`` needs from one ``low_latency_dispatch``."""
+
+    dispatch: DispatchHandle
+    num_tokens: int
+    num_topk: int
+
+
+def _no_op_hook() -> None:
+    """The receive hook: the receive finished inside the dispatch/combine call (stream-ordered),
+    so there is nothing left to do."""
+
+
+class Buffer:
+    """DeepEP-low-latency-shaped EP dispatch/combine for decode (see the module doc).
+
+    ``group``: the expert-parallel group (``W`` ranks; rank ``r`` hosts experts ``r*L ..
+    r*L+L-1``, ``L = num_experts / W``).  Static buffers sized for ``num_max_dispatch_tokens_
+    per_rank`` tokens are made per top-k width on first use (pass ``num_topk`` to make them
+    here, before a CUDA graph capture).  ``transport``: ``"splits"`` (the resident device-splits
+    all_to_all), ``"padded"`` (``all_to_all_single`` of the padded buffers, any backend) or
+    ``"auto"`` (splits when the group's backend for ``device`` is resident).
+    """
+
+    def __init__(self, group, num_max_dispatch_tokens_per_rank: int, hidden: int,
+                 num_experts: int, dtype: torch.dtype = torch.bfloat16, device=None, *,
+                 num_topk: Optional[int] = None, transport: str = "auto",
+                 check: Optional[bool] = None):
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"Buffer: transport must be one of {_TRANSPORTS}, got {transport!r}")
+        for name, v in (("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank),
+                        ("hidden", hidden), ("num_experts", num_experts)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"Buffer: {name} must be a positive int, got {v!r}")
+        self.group = group
+        self.num_ranks = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if num_experts % self.num_ranks:
+            raise ValueError(f"Buffer: num_experts ({num_experts}) must be a multiple of the "
+                             f"group size ({self.num_ranks})")
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) \
+                if torch.cuda.is_available() else torch.device("cpu")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.num_max_dispatch_tokens_per_rank = num_max_dispatch_tokens_per_rank
+        self.hidden, self.num_experts, self.dtype = hidden, num_experts, dtype
+        self.num_local_experts = num_experts // self.num_ranks
+        self.check = check
+        if transport == "auto":
+            transport = "splits" if resident_backend(group, self.device) is not None else "padded"
+        elif transport == "splits" and resident_backend(group, self.device) is None:
+            raise ValueError(f"Buffer: transport 'splits' needs the resident backend for "
+                             f"{self.device.type} tensors on this group")
+        self.transport = transport
+        self._dispatchers: Dict[int, MoEDispatcher] = {}
+        self._unit_weights: Dict[int, torch.Tensor] = {}
+        if num_topk is not None:
+            self._dispatcher(num_topk)
+
+    def __repr__(self) -> str:
+        return (f"Buffer(ranks={self.num_ranks}, experts={self.num_experts} "
+                f"({self.num_local_experts}/rank), hidden={self.hidden}, max_tokens="
+                f"{self.num_max_dispatch_tokens_per_rank}, dtype={self.dtype}, "
+                f"transport={self.transport!r}, device={self.device})")
+
+    def _exchange(self, output, input, send_rows, recv_rows):
+        all_to_all_device_splits(output, input, send_rows, recv_rows, group=self.group)
+
+    def _dispatcher(self, num_topk: int) -> MoEDispatcher:
+        d = self._dispatchers.get(num_topk)
+        if d is None:
+            d = MoEDispatcher(self.group, self.num_experts, self.hidden,
+                              self.num_max_dispatch_tokens_per_rank, num_topk, self.dtype,
+                              self.device, check=self.check,
+                              payload_exchange=self._exchange if self.transport == "splits"
+                              else None)
+            self._dispatchers[num_topk] = d
+            self._unit_weights[num_topk] = torch.ones(
+                self.num_max_dispatch_tokens_per_rank, num_topk, dtype=torch.float32,
+                device=self.device)
+        return d
+
+    def dispatcher(self, num_topk: int) -> MoEDispatcher:
+        """The MoEDispatcher serving top-``num_topk`` routings (made on first use)."""
+        return self._dispatcher(num_topk)
+
+    @staticmethod
+    def _finish(async_finish: bool, return_recv_hook: bool, device):
+        event = None
+        if async_finish and device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return EventOverlap(event), (_no_op_hook if return_recv_hook else None)
+
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor,
+                             num_max_dispatch_tokens_per_rank: int, num_experts: int,
+                             cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                             dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None,
+                             use_fp8: bool = False, round_scale: bool = False,
+                             use_ue8m0: bool = False, async_finish: bool = False,
+                             return_recv_hook: bool = False):
+        """Send each token of ``x [T, hidden]`` to its experts ``topk_idx [T, K]`` (-1: none).
+
+        Returns ``(recv_x, recv_count, handle, event, hook)``: ``recv_x [L, W *
+        num_max_dispatch_tokens_per_rank, hidden]`` (local expert ``l``'s tokens in rows
+        ``0 .. recv_count[l]-1``, source rank order then token order; zero rows after),
+        ``recv_count [L]`` int32, the handle for ``low_latency_combine``, an
+        :class:`EventOverlap` and, with ``return_recv_hook``, a hook to call (a no-op: the data
+        has arrived when the stream reaches the end of this call).  ``recv_x`` and
+        ``recv_count`` are the buffer's own, overwritten by the next dispatch.
+        """
+        if use_fp8 or round_scale or use_ue8m0:
+            raise NotImplementedError("low_latency_dispatch: FP8 dispatch (use_fp8, round_scale, "
+                                      "use_ue8m0) is not implemented; send bfloat16/float "
+                                      "payloads (docs/ep.md)")
+        if dispatch_wait_recv_cost_stats is not None:
+            raise NotImplementedError("low_latency_dispatch: dispatch_wait_recv_cost_stats is not "
+                                      "implemented (docs/ep.md)")
+        if num_max_dispatch_tokens_per_rank != self.num_max_dispatch_tokens_per_rank:
+            raise ValueError(f"low_latency_dispatch: num_max_dispatch_tokens_per_rank="
+                             f"{num_max_dispatch_tokens_per_rank} but the Buffer was made for "
+                             f"{self.num_max_dispatch_tokens_per_rank}")
+        if num_experts != self.num_experts:
+            raise ValueError(f"low_latency_dispatch: num_experts={num_experts} but the Buffer "
+                             f"was made for {self.num_experts}")
+        if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2:
+            raise ValueError("low_latency_dispatch: topk_idx must be a [num_tokens, num_topk] "
+                             "tensor")
+        K = topk_idx.shape[1]
+        if not 1 <= K <= self.num_experts:
+            raise ValueError(f"low_latency_dispatch: num_topk must be in 1..{self.num_experts}, "
+                             f"got {K}")
+        stats = cumulative_local_expert_recv_stats
+        if stats is not None and (not isinstance(stats, torch.Tensor) or
+                                  tuple(stats.shape) != (self.num_local_experts,) or
+                                  stats.device != self.device or stats.dtype != torch.int32):
+            raise ValueError(f"low_latency_dispatch: cumulative_local_expert_recv_stats must be an "
+                             f"int32 [{self.num_local_experts}] tensor on {self.device}")
+        d = self._dispatcher(K)
+        T = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 2 else 0
+        weights = self._unit_weights[K][:T]
+        recv_x, recv_count, h = d.dispatch(x, topk_idx, weights)
+        if stats is not None:
+            stats.add_(recv_count)
+        event, hook = self._finish(async_finish, return_recv_hook, self.device)
+        return recv_x, recv_count, LowLatencyHandle(h, h.num_tokens, K), event, hook
+
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor,
+                            topk_weights: torch.Tensor, handle: LowLatencyHandle,
+                            use_logfmt: bool = False, zero_copy: bool = False,
+                            async_finish: bool = False, return_recv_hook: bool = False,
+                            out: Optional[torch.Tensor] = None):
+        """Return ``(combined_x [T, hidden], event, hook)``: ``combined_x[t] = sum_k
+        topk_weights[t, k] * x[row of (t, k)]`` over the routed ``k``, accumulated in float32 and
+        rounded once to the payload dtype (or ``out``'s).  ``x``: the experts' outputs, shaped
+        like ``recv_x``.  ``topk_idx`` must be the dispatch's (only its shape is checked: the
+        routing is the handle's)."""
+        if use_logfmt:
+            raise NotImplementedError("low_latency_combine: use_logfmt is not implemented "
+                                      "(docs/ep.md)")
+        if zero_copy:
+            raise NotImplementedError("low_latency_combine: zero_copy is not implemented; pass "
+                                      "the experts' output as x (docs/ep.md)")
+        if not isinstance(handle, LowLatencyHandle):
+            raise ValueError(f"low_latency_combine: handle must come from low_latency_dispatch, "
+                             f"got {type(handle).__name__}")
+        shape = (handle.num_tokens, handle.num_topk)
+        if not isinstance(topk_idx, torch.Tensor) or tuple(topk_idx.shape) != shape:
+            raise ValueError(f"low_latency_combine: topk_idx must have the dispatch's shape "
+                             f"{shape}, got "
+                             f"{tuple(topk_idx.shape) if isinstance(topk_idx, torch.Tensor) else type(topk_idx).__name__}")
+        if not isinstance(topk_weights, torch.Tensor):
+            raise ValueError("low_latency_combine: topk_weights must be a tensor")
+        d = self._dispatchers[handle.num_topk]
+        y = d.combine(x, handle.dispatch, topk_weights=topk_weights, out=out)
+        event, hook = self._finish(async_finish, return_recv_hook, self.device)
+        return y, event, hook
+

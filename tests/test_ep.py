@@ -1,0 +1,516 @@
+"""resident_pg.ep: the all_to_all with counts read on the device, and the DeepEP-low-latency-
+shaped Buffer, checked against independent numpy references.
+
+Every rank regenerates every rank's inputs from seeds and computes the reference itself in numpy
+(no code of resident_pg.moe / resident_pg.ep): moved rows and received layouts compare bitwise,
+combined outputs within the payload dtype's rounding.
+
+CPU (in CI; 2 and 4 ranks, the resident backend on CPU tensors):
+
+* ``splits``: all_to_all_device_splits with random counts (zeros, the capacity, a rank's own
+  rows), int32 and int64 counts, rows of 12 bytes and of 8 KiB (several 64 KiB rounds per peer),
+  counts given directly and exchanged first with all_to_all_single; rows past the counts keep
+  their contents.
+* ``ep``: Buffer.low_latency_dispatch / low_latency_combine over the device-splits exchange
+  (transport ``splits``), the padded all_to_all_single (``padded``) and a gloo group (the
+  fallback, ``auto``): random routings with an expert nobody picks, ``-1`` entries, a rank with
+  no tokens, and every token to the same experts (the capacity edge).
+* ``errors``: bad calls raise ValueError (NotImplementedError for FP8) before communicating.
+
+GPU (``gpu`` marker; skipped without CUDA): the same cases on CUDA tensors plus graph replays
+with fresh counts / routings, per world size (RESIDENT_GPU_TESTS_WS, default 2,4,8) and path
+(direct, proxy, proxy+tcp)::
+
+    python -m pytest -q tests/test_ep.py -m gpu
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cuda_harness as C
+import dist_harness as H
+
+CPU_WORLD_SIZES = (2, 4)
+SENTINEL = -77.5  # exact in every payload dtype
+GPU_PATHS = ("direct", "proxy", "proxy+tcp")
+
+# ---------------------------------------------------------------- data (any rank, any process)
+
+
+def _to_dtype(a, dtype_name):
+    """numpy float64 -> the payload dtype's values, back as float64 (torch does the rounding)."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a)).to(H.tdtype(dtype_name)).double().numpy()
+
+
+def split_counts(key, ws, cap):
+    """[src, dst] rows: random in [0, cap], with zeros and full rows in every matrix."""
+    rng = H.rng_for(key + "/counts", 0)
+    c = rng.integers(0, cap + 1, size=(ws, ws))
+    c[0, ws - 1] = 0
+    c[ws - 1, 0] = cap
+    c[1 % ws, 1 % ws] = cap  # a rank's own rows at the capacity
+    return c
+
+
+def split_rows(key, src, ws, cap, row_elems):
+    return H.rng_for(key + "/rows", src).standard_normal((ws, cap, row_elems))
+
+
+# EP scenarios: dtype, local experts, hidden, max tokens, top-k, tokens per rank per round
+# (rank r takes entry r % len), routing mode.
+EP_SCENARIOS = {
+    "random_bf16": ("bfloat16", 4, 40, 6, 3, [[6, 3, 0, 5], [2, 6, 6, 1]], "random"),
+    "masked_f32": ("float32", 3, 24, 5, 4, [[5, 1, 4]], "masked"),
+    "hot_f32": ("float32", 2, 16, 5, 2, [[5]], "hot"),
+}
+
+
+def ep_params(name, ws):
+    dt, L, Hd, M, K, rounds, mode = EP_SCENARIOS[name]
+    return dt, L, L * ws, Hd, M, K, [[r[i % len(r)] for i in range(ws)] for r in rounds], mode
+
+
+def ep_routing(key, rank, T, E, K, mode):
+    """[T, K] int64 experts: ``random``: skewed, expert E//2+1 never picked, 20% -1;
+    ``masked``: 60% -1 (rows of only -1 included); ``hot``: every token to experts 0..K-1."""
+    rng = H.rng_for(key + "/route", rank)
+    if T == 0:
+        return np.zeros((0, K), dtype=np.int64)
+    if mode == "hot":
+        return np.tile(np.arange(K, dtype=np.int64), (T, 1))
+    p = 1.0 / (1.0 + np.arange(E)) ** 1.2
+    if mode == "random":
+        p[E // 2 + 1] = 0.0
+    p /= p.sum()
+    idx = np.stack([rng.choice(E, size=K, replace=False, p=p) for _ in range(T)])
+    idx[rng.random((T, K)) < (0.2 if mode == "random" else 0.6)] = -1
+    if mode == "masked":
+        idx[0] = -1
+    return idx.astype(np.int64)
+
+
+def ep_tokens(key, rank, T, Hd, dt):
+    return _to_dtype(H.rng_for(key + "/x", rank).standard_normal((T, Hd)), dt)
+
+
+def ep_weights(key, rank, T, K):
+    return H.rng_for(key + "/w", rank).uniform(0.1, 1.0, (T, K)).astype(np.float32)
+
+
+def expert_scale(e):
+    return 1.0 + (e % 7) / 8.0  # exact in every payload dtype
+
+
+def ep_reference(name, ws, rank, rnd, key, Ts=None):
+    """(recv_x [L, ws*M, H], recv_count [L], y [T, H], tol [T, H]) of ``rank`` for one round
+    (``Ts``: tokens per rank instead of the scenario's)."""
+    dt, L, E, Hd, M, K, rounds, mode = ep_params(name, ws)
+    Ts = rounds[rnd] if Ts is None else Ts
+    recv_x = np.zeros((L, ws * M, Hd))
+    count = np.zeros(L, dtype=np.int32)
+    for src in range(ws):  # source rank order, then token order
+        idx = ep_routing(key, src, Ts[src], E, K, mode)
+        x = ep_tokens(key, src, Ts[src], Hd, dt)
+        for t in range(Ts[src]):
+            for e in idx[t]:
+                if e >= 0 and e // L == rank:
+                    recv_x[e % L, count[e % L]] = x[t]
+                    count[e % L] += 1
+    T = Ts[rank]
+    idx = ep_routing(key, rank, T, E, K, mode)
+    x = ep_tokens(key, rank, T, Hd, dt)
+    w = ep_weights(key, rank, T, K).astype(np.float64)
+    y = np.zeros((T, Hd))
+    mag = np.zeros((T, Hd))
+    for t in range(T):
+        for k in range(K):
+            e = idx[t, k]
+            if e >= 0:
+                out = _to_dtype(x[t] * expert_scale(e), dt)
+                y[t] += w[t, k] * out
+                mag[t] += np.abs(w[t, k] * out)
+    ulp = 2.0 ** -8 if dt == "bfloat16" else 2.0 ** -23
+    tol = np.abs(y) * ulp + mag * 2.0 ** -20 + 1e-7
+    return recv_x, count, y, tol
+
+
+# ---------------------------------------------------------------- inside a rank
+
+
+def _dev(a, dtype, device):
+    import torch
+
+    return torch.as_tensor(np.ascontiguousarray(a)).to(dtype=dtype, device=device)
+
+
+def _splits_case(rank, ws, device, key, cap, row_elems, dtype_name, count_dtype, exchange,
+                 group=None):
+    """One device-splits all_to_all, checked; returns problems."""
+    import torch
+    import torch.distributed as dist
+
+    from resident_pg.ep import all_to_all_device_splits
+
+    dtype = H.tdtype(dtype_name)
+    cdt = getattr(torch, count_dtype)
+    c = split_counts(key, ws, cap)
+    send = _dev(_to_dtype(split_rows(key, rank, ws, cap, row_elems), dtype_name), dtype, device)
+    out = torch.full((ws, cap, row_elems), SENTINEL, dtype=dtype, device=device)
+    send_rows = _dev(c[rank], cdt, device)
+    if exchange:  # as the EP layer does: the receiver learns its counts from the senders
+        recv_rows = torch.empty_like(send_rows)
+        dist.all_to_all_single(recv_rows, send_rows, group=group)
+    else:
+        recv_rows = _dev(c[:, rank], cdt, device)
+    all_to_all_device_splits(out, send, send_rows, recv_rows, group=group)
+    return _check_splits(out, c, key, rank, ws, cap, row_elems, dtype_name, key)
+
+
+def _check_splits(out, c, key, rank, ws, cap, row_elems, dtype_name, label):
+    got = out.double().cpu().numpy()
+    errs = []
+    for src in range(ws):
+        n = int(c[src, rank])
+        want = _to_dtype(split_rows(key, src, ws, cap, row_elems), dtype_name)[rank, :n]
+        if not np.array_equal(got[src, :n], want):
+            bad = np.argwhere(got[src, :n] != want)[0].tolist()
+            errs.append(f"{label}: rows from rank {src} differ first at [row, col] {bad}")
+        if not (got[src, n:] == SENTINEL).all():
+            errs.append(f"{label}: rows from rank {src} past its count {n} were written")
+    return errs
+
+
+def _splits_graph_case(rank, ws, device, key, cap, row_elems, replays):
+    """Captured once with static count tensors, replayed with fresh counts and rows."""
+    import torch
+
+    from resident_pg.ep import all_to_all_device_splits
+
+    send = torch.zeros((ws, cap, row_elems), dtype=torch.float32, device=device)
+    out = torch.empty_like(send)
+    send_rows = torch.zeros(ws, dtype=torch.int32, device=device)
+    recv_rows = torch.zeros(ws, dtype=torch.int32, device=device)
+
+    def step():
+        all_to_all_device_splits(out, send, send_rows, recv_rows)
+
+    def fill(k):
+        c = split_counts(k, ws, cap)
+        send.copy_(_dev(_to_dtype(split_rows(k, rank, ws, cap, row_elems), "float32"),
+                        torch.float32, device))
+        send_rows.copy_(_dev(c[rank], torch.int32, device))
+        recv_rows.copy_(_dev(c[:, rank], torch.int32, device))
+        out.fill_(SENTINEL)
+        return c
+
+    errs = []
+    c = fill(f"{key}/warm")
+    step()
+    errs += _check_splits(out, c, f"{key}/warm", rank, ws, cap, row_elems, "float32", "warm-up")
+    replay = _capture(step, device)
+    for i in range(replays):
+        k = f"{key}/replay{i}"
+        c = fill(k)
+        replay()
+        errs += _check_splits(out, c, k, rank, ws, cap, row_elems, "float32", f"replay {i}")
+    return errs
+
+
+def _capture(step, device):
+    """``step`` captured in a CUDA graph, as a replay callable; on CPU, ``step`` itself."""
+    import torch
+
+    if device == "cpu":
+        return step
+    side = torch.cuda.Stream()  # once more on a side stream before capturing, as torch advises
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    return C.capture_replay(step)
+
+
+def _expert(recv_x, rank, L):
+    import torch
+
+    scale = torch.tensor([expert_scale(rank * L + l) for l in range(L)], dtype=torch.float32,
+                         device=recv_x.device).view(L, 1, 1)
+    return (recv_x.float() * scale).to(recv_x.dtype)
+
+
+def _check_ep(name, ws, rank, rnd, key, recv_x, recv_count, y, label, Ts=None):
+    import torch
+
+    ref_x, ref_count, ref_y, tol = ep_reference(name, ws, rank, rnd, key, Ts)
+    errs = []
+    got_count = recv_count.cpu().numpy()
+    if recv_count.dtype != torch.int32 or not np.array_equal(got_count, ref_count):
+        errs.append(f"{label}: recv_count {got_count.tolist()} ({recv_count.dtype}) != "
+                    f"{ref_count.tolist()}")
+    got_x = recv_x.double().cpu().numpy()
+    if got_x.shape != ref_x.shape or not np.array_equal(got_x, ref_x):
+        where = np.argwhere(got_x != ref_x)[0].tolist() if got_x.shape == ref_x.shape else None
+        errs.append(f"{label}: recv_x {got_x.shape} differs from the reference {ref_x.shape} "
+                    f"(first at [expert, row, col] {where})")
+    got_y = y.double().cpu().numpy()
+    if got_y.shape != ref_y.shape:
+        errs.append(f"{label}: combined shape {got_y.shape} != {ref_y.shape}")
+    elif (np.abs(got_y - ref_y) > tol).any():
+        i = np.unravel_index(np.argmax(np.abs(got_y - ref_y) - tol), tol.shape)
+        errs.append(f"{label}: combined[{i}] = {got_y[i]!r}, reference {ref_y[i]!r}")
+    return errs
+
+
+def _ep_case(rank, ws, device, name, transport, group=None):
+    import torch
+
+    from resident_pg.ep import Buffer, EventOverlap
+
+    dt, L, E, Hd, M, K, rounds, mode = ep_params(name, ws)
+    dtype = H.tdtype(dt)
+    buf = Buffer(group, M, Hd, E, dtype, device, transport=transport)
+    want = "padded" if transport == "auto" else transport
+    errs = [] if buf.transport == want else [f"transport {buf.transport!r}, expected {want!r}"]
+    for rnd, Ts in enumerate(rounds):
+        key = f"ep/{name}/{rnd}"
+        T = Ts[rank]
+        x = _dev(ep_tokens(key, rank, T, Hd, dt), dtype, device)
+        idx = _dev(ep_routing(key, rank, T, E, K, mode), torch.int64, device)
+        w = _dev(ep_weights(key, rank, T, K), torch.float32, device)
+        recv_x, recv_count, handle, event, hook = buf.low_latency_dispatch(
+            x, idx, M, E, async_finish=True, return_recv_hook=True)
+        if not isinstance(event, EventOverlap) or not callable(hook):
+            errs.append(f"round {rnd}: dispatch returned event {event!r}, hook {hook!r}")
+        event.current_stream_wait()
+        hook()
+        got_x, got_count = recv_x.clone(), recv_count.clone()
+        y, event, hook = buf.low_latency_combine(_expert(recv_x, rank, L), idx, w, handle)
+        if hook is not None:
+            errs.append(f"round {rnd}: combine without return_recv_hook returned a hook")
+        errs += _check_ep(name, ws, rank, rnd, key, got_x, got_count, y,
+                          f"{transport} round {rnd}")
+    return errs
+
+
+def _ep_graph_case(rank, ws, device, replays):
+    """Dispatch + experts + combine captured once, replayed with fresh routings."""
+    import torch
+
+    from resident_pg.ep import Buffer
+
+    name = "random_bf16"
+    dt, L, E, Hd, M, K, _, mode = ep_params(name, ws)
+    dtype = H.tdtype(dt)
+    buf = Buffer(None, M, Hd, E, dtype, device, num_topk=K)
+    x = torch.zeros(M, Hd, dtype=dtype, device=device)
+    idx = torch.zeros(M, K, dtype=torch.int64, device=device)
+    w = torch.zeros(M, K, dtype=torch.float32, device=device)
+    res = {}
+
+    def step():
+        recv_x, recv_count, handle, _, _ = buf.low_latency_dispatch(x, idx, M, E)
+        res["x"], res["count"] = recv_x, recv_count
+        res["y"] = buf.low_latency_combine(_expert(recv_x, rank, L), idx, w, handle)[0]
+
+    def fill(key):
+        x.copy_(_dev(ep_tokens(key, rank, M, Hd, dt), dtype, device))
+        idx.copy_(_dev(ep_routing(key, rank, M, E, K, mode), torch.int64, device))
+        w.copy_(_dev(ep_weights(key, rank, M, K), torch.float32, device))
+
+    def check(key, label):  # M tokens on every rank
+        return _check_ep(name, ws, rank, 0, key, res["x"], res["count"], res["y"], label,
+                         [M] * ws)
+
+    fill("ep/graph/warm")
+    step()
+    errs = check("ep/graph/warm", "graph warm-up")
+    replay = _capture(step, device)
+    for i in range(replays):
+        fill(f"ep/graph/{i}")
+        replay()
+        errs += check(f"ep/graph/{i}", f"replay {i}")
+    return errs
+
+
+def _error_cases(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    from resident_pg.ep import Buffer, all_to_all_device_splits
+
+    res = {}
+
+    def expect(label, fn, fragment, exc=ValueError):
+        try:
+            fn()
+            res[label] = f"no error (expected {exc.__name__} containing {fragment!r})"
+        except exc as e:
+            res[label] = "ok" if fragment in str(e) else f"{exc.__name__} without {fragment!r}: {e}"
+        except Exception as e:  # noqa: BLE001
+            res[label] = f"{type(e).__name__} instead of {exc.__name__}: {e}"
+
+    buf3 = torch.zeros(ws, 3, 4)
+    rows = torch.zeros(ws, dtype=torch.int64)
+    a2a = all_to_all_device_splits
+    expect("shape", lambda: a2a(torch.zeros(ws + 1, 3, 4), torch.zeros(ws + 1, 3, 4), rows, rows),
+           "shape")
+    expect("1d", lambda: a2a(torch.zeros(ws), torch.zeros(ws), rows, rows), "shape")
+    expect("out_shape", lambda: a2a(torch.zeros(ws, 2, 4), buf3, rows, rows), "output has shape")
+    expect("out_dtype", lambda: a2a(buf3.double(), buf3, rows, rows), "dtype")
+    expect("rows_float", lambda: a2a(buf3.clone(), buf3, rows.float(), rows.float()), "int32")
+    expect("rows_len", lambda: a2a(buf3.clone(), buf3, rows[:-1], rows[:-1]), "entries")
+    expect("rows_mix", lambda: a2a(buf3.clone(), buf3, rows, rows.int()), "one dtype")
+    expect("not_tensor", lambda: a2a(buf3.clone(), buf3, [0] * ws, rows), "tensor")
+    gloo = dist.new_group(backend="gloo")
+    expect("gloo", lambda: a2a(buf3.clone(), buf3, rows, rows, group=gloo), "resident")
+    expect("transport", lambda: Buffer(None, 4, 8, 2 * ws, transport="fast"), "transport")
+    expect("splits_on_gloo", lambda: Buffer(gloo, 4, 8, 2 * ws, device="cpu",
+                                            transport="splits"), "resident")
+    expect("experts", lambda: Buffer(None, 4, 8, 2 * ws + 1, device="cpu"), "multiple")
+    buf = Buffer(None, 4, 8, 2 * ws, torch.float32, "cpu")
+    x, idx = torch.zeros(2, 8), torch.tensor([[0, 1], [-1, 2 * ws - 1]])
+    expect("fp8", lambda: buf.low_latency_dispatch(x, idx, 4, 2 * ws, use_fp8=True), "FP8",
+           NotImplementedError)
+    expect("max_tokens", lambda: buf.low_latency_dispatch(x, idx, 5, 2 * ws), "num_max")
+    expect("num_experts", lambda: buf.low_latency_dispatch(x, idx, 4, 2 * ws + 2), "num_experts")
+    expect("too_many", lambda: buf.low_latency_dispatch(torch.zeros(5, 8),
+                                                        torch.zeros(5, 2, dtype=torch.int64),
+                                                        4, 2 * ws), "max_tokens")
+    # a valid round trip afterwards: nothing above communicated
+    rx, rc, h, _, _ = buf.low_latency_dispatch(x, idx, 4, 2 * ws)
+    expect("combine_idx", lambda: buf.low_latency_combine(rx, idx[:1], torch.ones(2, 2), h),
+           "topk_idx")
+    expect("combine_handle", lambda: buf.low_latency_combine(rx, idx, torch.ones(2, 2), None),
+           "handle")
+    expect("logfmt", lambda: buf.low_latency_combine(rx, idx, torch.ones(2, 2), h,
+                                                     use_logfmt=True), "logfmt",
+           NotImplementedError)
+    y = buf.low_latency_combine(rx, idx, torch.ones(2, 2), h)[0]
+    res["valid_after_errors"] = "ok" if tuple(y.shape) == (2, 8) else f"shape {tuple(y.shape)}"
+    return res
+
+
+def _catch(fn, *args, **kw):
+    try:
+        return fn(*args, **kw)
+    except Exception as e:  # noqa: BLE001
+        return [C.exc_text(e)]
+
+
+SPLIT_SHAPES = {  # label: (capacity rows, row elements, dtype)
+    "small": (7, 3, "float32"),
+    "bf16": (5, 6, "bfloat16"),
+    "rounds": (40, 2048, "float32"),  # 8 KiB rows: up to 320 KiB per peer, several rounds
+}
+
+
+def _split_cases(rank, ws, device):
+    out = {}
+    for label, (cap, n, dt) in SPLIT_SHAPES.items():
+        for cdt in ("int32", "int64"):
+            for exchange in (False, True):
+                cid = f"splits[{label}-{cdt}-{'exchanged' if exchange else 'given'}]"
+                out[cid] = _catch(_splits_case, rank, ws, device, f"{cid}", cap, n, dt, cdt,
+                                  exchange)
+    return out
+
+
+def cpu_job(rank, ws):
+    import torch.distributed as dist
+
+    res = _split_cases(rank, ws, "cpu")
+    gloo = dist.new_group(backend="gloo")
+    for name in EP_SCENARIOS:
+        for transport in ("splits", "padded"):
+            res[f"ep[{name}-{transport}]"] = _catch(_ep_case, rank, ws, "cpu", name, transport)
+        res[f"ep[{name}-gloo]"] = _catch(_ep_case, rank, ws, "cpu", name, "auto", gloo)
+    # the graph programs, called eagerly on CPU (a replay is the step itself)
+    res["graph[splits]"] = _catch(_splits_graph_case, rank, ws, "cpu", "g", 6, 5, 3)
+    res["graph[ep]"] = _catch(_ep_graph_case, rank, ws, "cpu", 2)
+    return {"cases": res, "errors": _error_cases(rank, ws)}
+
+
+def gpu_job(rank, ws):
+    C.setup_rank(rank, ws, timeout_s=60)
+    res = _split_cases(rank, ws, "cuda")
+    for name in EP_SCENARIOS:
+        for transport in ("splits", "padded"):
+            res[f"ep[{name}-{transport}]"] = _catch(_ep_case, rank, ws, "cuda", name, transport)
+    res["graph[splits-small]"] = _catch(_splits_graph_case, rank, ws, "cuda", "gs", 6, 5, 4)
+    res["graph[splits-rounds]"] = _catch(_splits_graph_case, rank, ws, "cuda", "gr", 40, 2048, 4)
+    res["graph[ep]"] = _catch(_ep_graph_case, rank, ws, "cuda", 4)
+    return {"cases": res}
+
+
+# ---------------------------------------------------------------- parent side
+
+
+def _problems(per_rank, cid):
+    return [f"rank {r}: {p}" for r, v in enumerate(per_rank) for p in v["cases"][cid]]
+
+
+_CPU_JOBS = {}
+
+
+def _cpu(ws):
+    if ws not in _CPU_JOBS:
+        _CPU_JOBS[ws] = H.run_ranks(cpu_job, ws, timeout_s=300, init_timeout_s=60)
+    return _CPU_JOBS[ws]
+
+
+@pytest.mark.resident_only
+@pytest.mark.parametrize("ws", CPU_WORLD_SIZES)
+def test_ep_cpu(ws):
+    per_rank = _cpu(ws)
+    cases = per_rank[0]["cases"]
+    assert len(cases) == 3 * 2 * 2 + 3 * 3 + 2
+    problems = [p for cid in cases for p in _problems(per_rank, cid)]
+    assert not problems, "\n".join(problems[:20])
+
+
+@pytest.mark.resident_only
+@pytest.mark.parametrize("ws", CPU_WORLD_SIZES)
+def test_ep_cpu_value_errors(ws):
+    per_rank = _cpu(ws)
+    bad = [f"rank {r} {label}: {v}" for r in range(ws)
+           for label, v in per_rank[r]["errors"].items() if v != "ok"]
+    assert len(per_rank[0]["errors"]) >= 20
+    assert not bad, "\n".join(bad)
+
+
+def test_ep_references_see_the_edges():
+    """The scenarios reach what they are there for: an expert with no tokens, -1 entries, a rank
+    without tokens, every slot of a peer filled, and split counts of 0 and of the capacity."""
+    counts = [ep_reference("random_bf16", 4, r, 0, "ep/random_bf16/0")[1] for r in range(4)]
+    assert min(c.min() for c in counts) == 0
+    assert ep_params("random_bf16", 4)[6][0][2] == 0
+    idx = ep_routing("ep/masked_f32/0", 0, 5, 12, 4, "masked")
+    assert (idx == -1).all(axis=1).any() and (idx >= 0).any()
+    hot = ep_reference("hot_f32", 2, 0, 0, "ep/hot_f32/0")[1]
+    assert hot.tolist() == [2 * 5, 2 * 5]  # every token of both ranks: experts 0 and 1
+    c = split_counts("x", 4, 7)
+    assert (c == 0).any() and (c == 7).any()
+
+
+_GPU_JOBS = {}
+
+
+@pytest.mark.gpu
+@pytest.mark.resident_only
+@pytest.mark.parametrize("path", GPU_PATHS)
+@pytest.mark.parametrize("ws", C.WORLD_SIZES)
+def test_ep_gpu(ws, path):
+    if C.DRY_RUN:
+        pytest.skip("CUDA graphs and device splits need a GPU")
+    key = (ws, path)
+    if key not in _GPU_JOBS:
+        _GPU_JOBS[key] = H.run_ranks(gpu_job, ws, env=C.path_env(path), init=False,
+                                     timeout_s=300 * C.TIME_SCALE, init_timeout_s=60)
+    per_rank = _GPU_JOBS[key]
+    problems = [p for cid in per_rank[0]["cases"] for p in _problems(per_rank, cid)]
+    assert not problems, "\n".join(problems[:20])
