@@ -397,12 +397,17 @@ __device__ __forceinline__ void advanceOnceLoaded(const CollectiveArgs& a, const
 // A collective kernel's start: this op's round numbers, which the previous op advanced before
 // it let this kernel launch, and then this op's own advance (by the last block to have read
 // them), before this kernel lets the next one launch; then the wait for the previous kernel of
-// the stream (pdlEnter). So the device-state loads overlap the previous kernel instead of
-// following it.
+// the stream. So the device-state loads overlap the previous kernel instead of following it.
+// An op of one round lets the next kernel launch here (pdlEnter); an op of several rounds only
+// when its blocks exit: a successor launched at its start would sit resident, in its
+// griddepcontrol.wait, through every round of waiting on peers, and with 8 ranks sharing one
+// GPU under MPS a captured 256 KiB all_reduce followed by an all_to_all then stalled until the
+// group's timeout (the 8-rank graph suite on the proxy path, docs/decisions.md).
 __device__ __forceinline__ void enterCollective(const CollectiveArgs& a, Shared& sh) {
   loadRoundState(a, sh);
   advanceOnceLoaded(a, sh);
-  pdlEnter();
+  pdlWait();
+  if (a.rounds_max <= 1) pdlLaunchDependents();
 }
 
 }  // namespace gpu

@@ -41,8 +41,7 @@ __global__ void __launch_bounds__(kThreads) splitsKernel(const __grid_constant__
   }
   loadRoundState(s.coll, sh);
   // The counts are written by the stream's previous kernels (the counts exchange): wait for
-  // them before reading. The round advance below needs the rounds they give, so this kernel
-  // lets the next one launch only after it (pdlLaunchDependents).
+  // them before reading. The round advance below needs the rounds they give.
   pdlWait();
   __syncthreads();  // the copy of the args is complete
   const uint32_t chunk = a.reg.chunk;
@@ -72,7 +71,8 @@ __global__ void __launch_bounds__(kThreads) splitsKernel(const __grid_constant__
     a.reg.trigger_fence = first_max >= s.fence_from_bytes ? 1u : 0u;
   }
   advanceOnceLoaded(a, sh);  // begins with a barrier: the plan above is visible
-  pdlLaunchDependents();
+  // The next kernel launches when this one's blocks exit, as after a collective of several
+  // rounds (enterCollective).
   collectiveBody<Simple>(a, sh);
 }
 

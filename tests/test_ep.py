@@ -235,12 +235,20 @@ def _capture(step, device):
     return C.capture_replay(step)
 
 
+_SCALES: dict = {}
+
+
 def _expert(recv_x, rank, L):
+    """A stand-in expert: local expert l scales its rows by expert_scale(its global id). The
+    scales are made on the first call (eager, before any capture: a graph cannot copy from
+    pageable host memory) and reused."""
     import torch
 
-    scale = torch.tensor([expert_scale(rank * L + l) for l in range(L)], dtype=torch.float32,
-                         device=recv_x.device).view(L, 1, 1)
-    return (recv_x.float() * scale).to(recv_x.dtype)
+    key = (str(recv_x.device), rank, L)
+    if key not in _SCALES:
+        _SCALES[key] = torch.tensor([expert_scale(rank * L + l) for l in range(L)],
+                                    dtype=torch.float32, device=recv_x.device).view(L, 1, 1)
+    return (recv_x.float() * _SCALES[key]).to(recv_x.dtype)
 
 
 def _check_ep(name, ws, rank, rnd, key, recv_x, recv_count, y, label, Ts=None):
