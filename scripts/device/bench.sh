@@ -7,6 +7,7 @@
 # stage bench-tcp: CUDA tensors over tcp beside the proxy path over shm, then CPU tensors over tcp beside shm and gloo, 2 ranks ($OUT/bench_tcp_{cuda,cpu}.json, ~3 min; RESIDENT_TCP_SIZES, RESIDENT_TCP_BACKENDS).
 # stage bench-pytest: pytest benchmarks/ on CUDA tensors, 2 ranks (RESIDENT_PYTEST_BENCH_WS), ratios to this call's floors, gated against benchmarks/baselines/h200-mps.json ($OUT/bench_pytest.json in pytest-benchmark's format, $OUT/bench_pytest.log; bounded by RESIDENT_BENCH_LIMIT_S, default 420 s).
 # stage bench-small: 2 ranks, graph mode, 8 B / 64 B / 4 KiB, both paths ($OUT/bench_small.json, ~20 s).
+# stage bench-ep: benchmarks/ep_bench.py (resident_pg.ep.Buffer beside the padded MoEDispatcher and bare all_to_alls), CUDA graphs, at RESIDENT_EP_RANKS (default 8) ranks on each of RESIDENT_EP_PATHS (default "direct proxy proxy+tcp"), hidden 2048 and 7168, 1/16/128 tokens, 64/256 experts ($OUT/ep_bench.log, $OUT/ep_bench_<path>.json; ~1.5 min per path).
 # stage interference: a bf16 decode GEMM alone and next to all_reduces per mode (RESIDENT_INTERFERENCE_MODES, _WS default "2", _LIMIT_S) ($OUT/interference_ws<N>.json, ~1 min per world size).
 
 if has overhead; then
@@ -95,6 +96,16 @@ if has bench-small; then
     --backends "resident:path=direct,resident:path=proxy" --floors "$OUT/floors.json" \
     --timeout 30 --time-limit 60 --json "$OUT/bench_small.json" > "$OUT/bench_small.log" 2>&1 || status=1
   tail -n 30 "$OUT/bench_small.log"
+fi
+
+if has bench-ep; then
+  for path in ${RESIDENT_EP_PATHS:-direct proxy proxy+tcp}; do
+    step "EP dispatch + combine, ${RESIDENT_EP_RANKS:-8} ranks, path $path"
+    timeout 180 python3 benchmarks/ep_bench.py --ranks "${RESIDENT_EP_RANKS:-8}" --path "$path" \
+      --hidden 2048,7168 --tokens 1,16,128 --experts 64,256 \
+      --json "$OUT/ep_bench_${path/+/_}.json" >> "$OUT/ep_bench.log" 2>&1 || status=1
+    tail -n 14 "$OUT/ep_bench.log"
+  done
 fi
 
 # Modes: "default"; "proxy": RESIDENT_PATH=proxy. World sizes e.g. "2 4 8", one run each.
