@@ -7,6 +7,10 @@
 * ``a2a``: two plain all_to_all_single of the padded payload buffer (the data movement of
   ``moe`` alone, without its index work).
 
+With ``--fp8`` also: ``ep8`` -- the ``ep`` step with FP8 dispatch (``use_fp8=True``: e4m3fn
+values plus one float32 scale per 128 channels, about half the bytes of bf16; combine in bf16,
+from a static bf16 expert output), and the dispatch alone in bf16 (``d16``) and in FP8 (``d8``).
+
 Experts are the identity (communication and layout work only). Routing: top-k of uniform random
 scores per token (fresh each step is not needed: the same shapes move the same bytes). Each
 step is captured in a CUDA graph (``--eager``: eager calls) and timed replay by replay with CUDA
@@ -14,7 +18,8 @@ events; printed: the median per rank, the maximum over ranks, in microseconds, a
 bytes per peer each way (``ep``: the mean routed rows of this routing; the others: padded).
 
     python benchmarks/ep_bench.py --ranks 8 [--path direct|proxy|proxy+tcp] [--hidden 2048,4096,7168]
-        [--tokens 1,8,32,128] [--experts 64,256] [--top-k 8] [--iters 200] [--eager] [--json PATH]
+        [--tokens 1,8,32,128] [--experts 64,256] [--top-k 8] [--iters 200] [--eager] [--fp8]
+        [--json PATH]
 
 Rank r runs on GPU r % device_count (several ranks on one GPU need MPS). ``--device cpu`` runs
 the same on CPU tensors (a functional dry run; the times mean little).
@@ -72,7 +77,35 @@ def _timed(step, iters, device, graph):
     return statistics.median(times)
 
 
-def _case(rank, world, device, hidden, tokens, experts, top_k, iters, graph):
+def _fp8_times(out, buf, x, idx, w, tokens, experts, iters, device, graph):
+    """``ep8`` (FP8 dispatch + bf16 combine), ``d16`` / ``d8`` (dispatch alone) and the FP8
+    dispatch's bytes per peer, into ``out``."""
+    from resident_pg.ep import Buffer
+
+    def d16_step():
+        buf.low_latency_dispatch(x, idx, tokens, experts)
+    out["d16"] = _timed(d16_step, iters, device, graph)
+
+    top_k = idx.shape[1]
+    buf8 = Buffer(None, tokens, x.shape[1], experts, x.dtype, device, num_topk=top_k,
+                  transport="splits", use_fp8=True)
+    d8 = buf8.dispatcher(top_k, use_fp8=True)
+    y = torch.zeros(d8.local_experts, d8.max_slots, x.shape[1], dtype=x.dtype, device=device)
+
+    def d8_step():
+        buf8.low_latency_dispatch(x, idx, tokens, experts, use_fp8=True)
+    out["d8"] = _timed(d8_step, iters, device, graph)
+
+    def ep8_step():
+        _, _, handle, _, _ = buf8.low_latency_dispatch(x, idx, tokens, experts, use_fp8=True)
+        buf8.low_latency_combine(y, idx, w, handle)
+    out["ep8"] = _timed(ep8_step, iters, device, graph)
+    _, _, handle, _, _ = buf8.low_latency_dispatch(x, idx, tokens, experts, use_fp8=True)
+    out["ep8_bytes_per_peer"] = handle.dispatch.send_rows.float().mean().item() * \
+        d8.dispatch_row_bytes()
+
+
+def _case(rank, world, device, hidden, tokens, experts, top_k, iters, graph, fp8):
     from resident_pg.ep import Buffer
     from resident_pg.moe import MoEDispatcher
 
@@ -95,6 +128,8 @@ def _case(rank, world, device, hidden, tokens, experts, top_k, iters, graph):
     row_bytes = hidden * dtype.itemsize
     out["ep_bytes_per_peer"] = rows * row_bytes
     out["padded_bytes_per_peer"] = d.message_bytes()
+    if fp8:
+        _fp8_times(out, buf, x, idx, w, tokens, experts, iters, device, graph)
     del buf, d, recv_x, handle
 
     moe = MoEDispatcher(None, experts, hidden, tokens, top_k, dtype, device)
@@ -135,8 +170,9 @@ def _rank(rank, world, port, env, args, queue):
         for experts in args.experts:
             for tokens in args.tokens:
                 r = _case(rank, world, device, hidden, tokens, experts, args.top_k, args.iters,
-                          graph)
-                t = torch.tensor([r["ep"], r["moe"], r["a2a"], r["ep_bytes_per_peer"]],
+                          graph, args.fp8)
+                fp8 = [r.get(k, 0.0) for k in ("ep8", "d16", "d8", "ep8_bytes_per_peer")]
+                t = torch.tensor([r["ep"], r["moe"], r["a2a"], r["ep_bytes_per_peer"]] + fp8,
                                  dtype=torch.float64, device=device)
                 mx = t.clone()
                 dist.all_reduce(mx, op=dist.ReduceOp.MAX)
@@ -147,6 +183,10 @@ def _rank(rank, world, port, env, args, queue):
                              "a2a_us": mx[2].item(),
                              "ep_bytes_per_peer": t[3].item() / world,
                              "padded_bytes_per_peer": r["padded_bytes_per_peer"]})
+                if args.fp8:
+                    rows[-1].update({"ep8_us": mx[4].item(), "d16_us": mx[5].item(),
+                                     "d8_us": mx[6].item(),
+                                     "ep8_bytes_per_peer": t[7].item() / world})
     dist.destroy_process_group()
     if rank == 0:
         queue.put(rows)
@@ -164,6 +204,8 @@ def main():
     p.add_argument("--top-k", type=int, default=8)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--eager", action="store_true", help="time eager calls, not graph replays")
+    p.add_argument("--fp8", action="store_true",
+                   help="also time FP8 dispatch (ep8 step, d16 / d8 dispatch alone)")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args()
     with socket.socket() as s:
@@ -181,12 +223,16 @@ def main():
     print(f"EP decode dispatch+combine, {args.ranks} ranks, path {args.path}, bf16, top-"
           f"{args.top_k}, {'eager' if args.eager or args.device == 'cpu' else 'CUDA graph'}; "
           "median us per step (max over ranks); KiB per peer each way")
+    fp8_head = (f" {'ep8':>9} {'d16':>9} {'d8':>9} {'ep8 KiB':>8}" if args.fp8 else "")
     print(f"{'hidden':>6} {'experts':>7} {'tokens':>6} {'ep':>9} {'moe':>9} {'a2a':>9} "
-          f"{'ep KiB':>8} {'padded KiB':>10} {'moe/ep':>7}")
+          f"{'ep KiB':>8} {'padded KiB':>10} {'moe/ep':>7}" + fp8_head)
     for r in rows:
+        fp8_cols = (f" {r['ep8_us']:>9.1f} {r['d16_us']:>9.1f} {r['d8_us']:>9.1f} "
+                    f"{r['ep8_bytes_per_peer'] / 1024:>8.1f}" if args.fp8 else "")
         print(f"{r['hidden']:>6} {r['experts']:>7} {r['tokens']:>6} {r['ep_us']:>9.1f} "
               f"{r['moe_us']:>9.1f} {r['a2a_us']:>9.1f} {r['ep_bytes_per_peer'] / 1024:>8.1f} "
-              f"{r['padded_bytes_per_peer'] / 1024:>10.1f} {r['moe_us'] / r['ep_us']:>7.2f}")
+              f"{r['padded_bytes_per_peer'] / 1024:>10.1f} {r['moe_us'] / r['ep_us']:>7.2f}"
+              + fp8_cols)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": rows}, f, indent=1)

@@ -13,7 +13,10 @@ Two pieces:
   a small fixed-size ``all_to_all_single``, then the payload moves through
   :func:`all_to_all_device_splits` (only the filled slots of each peer), in both directions.  On
   a group whose backend for the tensors' device is not resident, the same API runs over
-  ``all_to_all_single`` of the padded buffers.
+  ``all_to_all_single`` of the padded buffers.  ``use_fp8=True`` dispatches each token as
+  float8_e4m3fn values with one float32 scale per 128 channels (DeepEP's low-latency format,
+  :mod:`resident_pg.ep_fp8`), moved as one byte row per (token, expert) pair; combine stays in
+  the activation dtype.
 
 ::
 
@@ -28,17 +31,21 @@ Two pieces:
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+from resident_pg.ep_fp8 import Fp8Rows, check_fp8_options, row_bytes
 from resident_pg.moe import DispatchHandle, MoEDispatcher
 
 __all__ = ["Buffer", "EventOverlap", "LowLatencyHandle", "all_to_all_device_splits",
            "resident_backend"]
 
 _TRANSPORTS = ("auto", "splits", "padded")
+# what a dispatch moves per (token, expert) pair: the activation rows, or FP8 rows whose scales
+# are float32 or UE8M0 bytes
+_ACTIVATIONS, _FP8, _FP8_UE8M0 = "activations", "fp8", "fp8_ue8m0"
 
 
 def resident_backend(group=None, device="cpu"):
@@ -118,6 +125,7 @@ class LowLatencyHandle:
     dispatch: DispatchHandle
     num_tokens: int
     num_topk: int
+    row_format: str = _ACTIVATIONS
 
 
 def _no_op_hook() -> None:
@@ -130,8 +138,9 @@ class Buffer:
 
     ``group``: the expert-parallel group (``W`` ranks; rank ``r`` hosts experts ``r*L ..
     r*L+L-1``, ``L = num_experts / W``).  Static buffers sized for ``num_max_dispatch_tokens_
-    per_rank`` tokens are made per top-k width on first use (pass ``num_topk`` to make them
-    here, before a CUDA graph capture).  ``transport``: ``"splits"`` (the resident device-splits
+    per_rank`` tokens are made per top-k width and dispatch format on first use (pass
+    ``num_topk``, and ``use_fp8`` / ``use_ue8m0`` for the FP8 format, to make them here, before
+    a CUDA graph capture).  ``transport``: ``"splits"`` (the resident device-splits
     all_to_all), ``"padded"`` (``all_to_all_single`` of the padded buffers, any backend) or
     ``"auto"`` (splits when the group's backend for ``device`` is resident).
     """
@@ -139,7 +148,7 @@ class Buffer:
     def __init__(self, group, num_max_dispatch_tokens_per_rank: int, hidden: int,
                  num_experts: int, dtype: torch.dtype = torch.bfloat16, device=None, *,
                  num_topk: Optional[int] = None, transport: str = "auto",
-                 check: Optional[bool] = None):
+                 check: Optional[bool] = None, use_fp8: bool = False, use_ue8m0: bool = False):
         if transport not in _TRANSPORTS:
             raise ValueError(f"Buffer: transport must be one of {_TRANSPORTS}, got {transport!r}")
         for name, v in (("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank),
@@ -168,10 +177,13 @@ class Buffer:
             raise ValueError(f"Buffer: transport 'splits' needs the resident backend for "
                              f"{self.device.type} tensors on this group")
         self.transport = transport
-        self._dispatchers: Dict[int, MoEDispatcher] = {}
+        self._dispatchers: Dict[Tuple[int, str], MoEDispatcher] = {}
+        self._fp8_rows: Dict[Tuple[int, str], Fp8Rows] = {}
         self._unit_weights: Dict[int, torch.Tensor] = {}
         if num_topk is not None:
-            self._dispatcher(num_topk)
+            if use_fp8:  # round_scale is per call; UE8M0 implies it
+                check_fp8_options("Buffer", hidden, dtype, use_ue8m0, use_ue8m0)
+            self._dispatcher(num_topk, self._row_format(use_fp8, use_ue8m0))
 
     def __repr__(self) -> str:
         return (f"Buffer(ranks={self.num_ranks}, experts={self.num_experts} "
@@ -182,23 +194,43 @@ class Buffer:
     def _exchange(self, output, input, send_rows, recv_rows):
         all_to_all_device_splits(output, input, send_rows, recv_rows, group=self.group)
 
-    def _dispatcher(self, num_topk: int) -> MoEDispatcher:
-        d = self._dispatchers.get(num_topk)
+    @staticmethod
+    def _row_format(use_fp8: bool, use_ue8m0: bool) -> str:
+        if not use_fp8:
+            return _ACTIVATIONS
+        return _FP8_UE8M0 if use_ue8m0 else _FP8
+
+    def _dispatcher(self, num_topk: int, row_format: str = _ACTIVATIONS) -> MoEDispatcher:
+        key = (num_topk, row_format)
+        d = self._dispatchers.get(key)
         if d is None:
-            d = MoEDispatcher(self.group, self.num_experts, self.hidden,
-                              self.num_max_dispatch_tokens_per_rank, num_topk, self.dtype,
-                              self.device, check=self.check,
+            M = self.num_max_dispatch_tokens_per_rank
+            rows = {}
+            if row_format != _ACTIVATIONS:  # dispatch moves uint8 rows, combine activations
+                rows = dict(dispatch_dtype=torch.uint8,
+                            dispatch_hidden=row_bytes(self.hidden, row_format == _FP8_UE8M0))
+            d = MoEDispatcher(self.group, self.num_experts, self.hidden, M, num_topk,
+                              self.dtype, self.device, check=self.check,
                               payload_exchange=self._exchange if self.transport == "splits"
-                              else None)
-            self._dispatchers[num_topk] = d
-            self._unit_weights[num_topk] = torch.ones(
-                self.num_max_dispatch_tokens_per_rank, num_topk, dtype=torch.float32,
-                device=self.device)
+                              else None, **rows)
+            if row_format != _ACTIVATIONS:
+                self._fp8_rows[key] = Fp8Rows(self.hidden, M, self.num_local_experts,
+                                              d.max_slots, row_format == _FP8_UE8M0,
+                                              self.device)
+            self._dispatchers[key] = d
+            if num_topk not in self._unit_weights:
+                self._unit_weights[num_topk] = torch.ones(M, num_topk, dtype=torch.float32,
+                                                          device=self.device)
         return d
 
-    def dispatcher(self, num_topk: int) -> MoEDispatcher:
-        """The MoEDispatcher serving top-``num_topk`` routings (made on first use)."""
-        return self._dispatcher(num_topk)
+    def dispatcher(self, num_topk: int, use_fp8: bool = False,
+                   use_ue8m0: bool = False) -> MoEDispatcher:
+        """The MoEDispatcher serving top-``num_topk`` routings in the given dispatch format
+        (made on first use)."""
+        if use_fp8:
+            check_fp8_options("Buffer.dispatcher", self.hidden, self.dtype, use_ue8m0,
+                              use_ue8m0)
+        return self._dispatcher(num_topk, self._row_format(use_fp8, use_ue8m0))
 
     @staticmethod
     def _finish(async_finish: bool, return_recv_hook: bool, device):
@@ -219,16 +251,22 @@ class Buffer:
 
         Returns ``(recv_x, recv_count, handle, event, hook)``: ``recv_x [L, W *
         num_max_dispatch_tokens_per_rank, hidden]`` (local expert ``l``'s tokens in rows
-        ``0 .. recv_count[l]-1``, source rank order then token order; zero rows after),
+        ``0 .. recv_count[l]-1``, source rank order then token order; zero rows after); with
+        ``use_fp8``, the tuple ``(x float8_e4m3fn [L, W*M, hidden], scales)`` -- ``scales``
+        float32 ``[L, W*M, hidden/128]`` (``use_ue8m0``: int32 ``[L, W*M, hidden/512]``, four
+        UE8M0 bytes each), column-major in the last two dimensions as DeepEP's; ``round_scale``:
+        power-of-two scales (:mod:`resident_pg.ep_fp8`),
         ``recv_count [L]`` int32, the handle for ``low_latency_combine``, an
         :class:`EventOverlap` and, with ``return_recv_hook``, a hook to call (a no-op: the data
         has arrived when the stream reaches the end of this call).  ``recv_x`` and
         ``recv_count`` are the buffer's own, overwritten by the next dispatch.
         """
-        if use_fp8 or round_scale or use_ue8m0:
-            raise NotImplementedError("low_latency_dispatch: FP8 dispatch (use_fp8, round_scale, "
-                                      "use_ue8m0) is not implemented; send bfloat16/float "
-                                      "payloads (docs/ep.md)")
+        if not use_fp8 and (round_scale or use_ue8m0):
+            raise ValueError("low_latency_dispatch: round_scale and use_ue8m0 shape the FP8 "
+                             "scales; they need use_fp8=True")
+        if use_fp8:
+            check_fp8_options("low_latency_dispatch", self.hidden, self.dtype, round_scale,
+                              use_ue8m0)
         if dispatch_wait_recv_cost_stats is not None:
             raise NotImplementedError("low_latency_dispatch: dispatch_wait_recv_cost_stats is not "
                                       "implemented (docs/ep.md)")
@@ -252,14 +290,34 @@ class Buffer:
                                   stats.device != self.device or stats.dtype != torch.int32):
             raise ValueError(f"low_latency_dispatch: cumulative_local_expert_recv_stats must be an "
                              f"int32 [{self.num_local_experts}] tensor on {self.device}")
-        d = self._dispatcher(K)
+        row_format = self._row_format(use_fp8, use_ue8m0)
+        d = self._dispatcher(K, row_format)
         T = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 2 else 0
         weights = self._unit_weights[K][:T]
-        recv_x, recv_count, h = d.dispatch(x, topk_idx, weights)
+        if row_format == _ACTIVATIONS:
+            recv_x, recv_count, h = d.dispatch(x, topk_idx, weights)
+        else:
+            self._check_activations(x)
+            fp8 = self._fp8_rows[(K, row_format)]
+            rows, recv_count, h = d.dispatch(fp8.pack(x, round_scale), topk_idx, weights)
+            recv_x = fp8.unpack(rows)
         if stats is not None:
             stats.add_(recv_count)
         event, hook = self._finish(async_finish, return_recv_hook, self.device)
-        return recv_x, recv_count, LowLatencyHandle(h, h.num_tokens, K), event, hook
+        return recv_x, recv_count, LowLatencyHandle(h, h.num_tokens, K, row_format), event, hook
+
+    def _check_activations(self, x) -> None:
+        """What the MoEDispatcher checks of ``x``, before FP8 dispatch quantizes it."""
+        M = self.num_max_dispatch_tokens_per_rank
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden:
+            raise ValueError(f"low_latency_dispatch: x must be a [T, {self.hidden}] tensor, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)}")
+        if x.shape[0] > M:
+            raise ValueError(f"low_latency_dispatch: {x.shape[0]} tokens > "
+                             f"num_max_dispatch_tokens_per_rank={M}")
+        if x.dtype != self.dtype or x.device != self.device:
+            raise ValueError(f"low_latency_dispatch: x has dtype {x.dtype} on {x.device}, the "
+                             f"Buffer was made for dtype {self.dtype} on {self.device}")
 
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor,
                             topk_weights: torch.Tensor, handle: LowLatencyHandle,
@@ -287,7 +345,7 @@ class Buffer:
                              f"{tuple(topk_idx.shape) if isinstance(topk_idx, torch.Tensor) else type(topk_idx).__name__}")
         if not isinstance(topk_weights, torch.Tensor):
             raise ValueError("low_latency_combine: topk_weights must be a tensor")
-        d = self._dispatchers[handle.num_topk]
+        d = self._dispatchers[(handle.num_topk, handle.row_format)]
         y = d.combine(x, handle.dispatch, topk_weights=topk_weights, out=out)
         event, hook = self._finish(async_finish, return_recv_hook, self.device)
         return y, event, hook

@@ -37,6 +37,10 @@ Layout (all buffers are allocated ONCE, in ``__init__``; ``C`` = ``slots_per_ran
   the source rank reduces ``y[t] = sum_k w[t, k] * out[t, k]`` in float32, rounded once to
   the payload dtype.
 
+``dispatch_dtype`` / ``dispatch_hidden`` (default: ``dtype`` / ``hidden``): the rows dispatch
+moves, when they differ from the rows combine moves back -- ``resident_pg.ep``'s FP8 dispatch
+sends each token as one uint8 row of its fp8 values and scales and combines in ``dtype``.
+
 Messages are the padded buffers, ``C * H * itemsize`` bytes per peer, whatever the routing:
 that is the price of static shapes (a graph cannot size a message from device data).  A
 smaller ``slots_per_rank`` shrinks every message; pairs that do not fit are then dropped
@@ -92,7 +96,9 @@ class MoEDispatcher:
     def __init__(self, group, num_experts: int, hidden: int, max_tokens_per_rank: int,
                  top_k: int, dtype: torch.dtype = torch.bfloat16, device=None, *,
                  slots_per_rank: Optional[int] = None, check: Optional[bool] = None,
-                 all_to_all=None, payload_exchange=None):
+                 all_to_all=None, payload_exchange=None,
+                 dispatch_dtype: Optional[torch.dtype] = None,
+                 dispatch_hidden: Optional[int] = None):
         self.group = group
         # the exchange, called as all_to_all(output, input, group=group); replaceable, e.g. by
         # a local copy to time the same step without communication (examples/ep_decode.py)
@@ -113,8 +119,17 @@ class MoEDispatcher:
                              f"the group size ({self.world})")
         if top_k > num_experts:
             raise ValueError(f"MoEDispatcher: top_k ({top_k}) > num_experts ({num_experts})")
-        if not isinstance(dtype, torch.dtype) or dtype.is_complex or dtype == torch.bool:
-            raise ValueError(f"MoEDispatcher: unsupported payload dtype {dtype!r}")
+        # dispatch may move rows of another format than combine (FP8 dispatch: the bytes of the
+        # fp8 values and their scales); by default both move [hidden] rows of ``dtype``
+        dispatch_dtype = dtype if dispatch_dtype is None else dispatch_dtype
+        dispatch_hidden = hidden if dispatch_hidden is None else dispatch_hidden
+        for name, dt in (("payload", dtype), ("dispatch", dispatch_dtype)):
+            if not isinstance(dt, torch.dtype) or dt.is_complex or dt == torch.bool:
+                raise ValueError(f"MoEDispatcher: unsupported {name} dtype {dt!r}")
+        if not isinstance(dispatch_hidden, int) or isinstance(dispatch_hidden, bool) or \
+                dispatch_hidden < 1:
+            raise ValueError(f"MoEDispatcher: dispatch_hidden must be a positive int, got "
+                             f"{dispatch_hidden!r}")
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) \
                 if torch.cuda.is_available() else torch.device("cpu")
@@ -124,6 +139,7 @@ class MoEDispatcher:
         self.num_experts, self.hidden, self.top_k = num_experts, hidden, top_k
         self.max_tokens = max_tokens_per_rank
         self.dtype = dtype
+        self.dispatch_dtype, self.dispatch_hidden = dispatch_dtype, dispatch_hidden
         self.local_experts = L = num_experts // self.world
         worst = max_tokens_per_rank * min(top_k, L)
         if slots_per_rank is None:
@@ -141,13 +157,14 @@ class MoEDispatcher:
         z = dict(device=dev)
         # payload buffers: one extra row at the end (W*C) = a dump row (send) or a zero row
         # (receive) so that every scatter/gather has a valid static index.
-        self._send_x = torch.zeros(W * C + 1, H, dtype=dtype, **z)
-        self._recv_x = torch.zeros(W * C + 1, H, dtype=dtype, **z)
+        DH = dispatch_hidden
+        self._send_x = torch.zeros(W * C + 1, DH, dtype=dispatch_dtype, **z)
+        self._recv_x = torch.zeros(W * C + 1, DH, dtype=dispatch_dtype, **z)
         self._comb_send = torch.zeros(W * C, H, dtype=dtype, **z)
         self._comb_recv = torch.zeros(W * C + 1, H, dtype=dtype, **z)
         self._send_counts = torch.zeros(W, L, dtype=torch.int64, **z)
         self._recv_counts = torch.zeros(W, L, dtype=torch.int64, **z)
-        self.expert_x = torch.zeros(L, self.max_slots, H, dtype=dtype, **z)
+        self.expert_x = torch.zeros(L, self.max_slots, DH, dtype=dispatch_dtype, **z)
         self.expert_counts = torch.zeros(L, dtype=torch.int32, **z)
         # constants
         self._experts = torch.arange(num_experts, dtype=torch.int64, **z)
@@ -158,8 +175,13 @@ class MoEDispatcher:
     # ------------------------------------------------------------------ helpers
 
     def message_bytes(self) -> int:
-        """Bytes per peer of one payload all_to_all (dispatch or combine)."""
+        """Bytes per peer of one padded combine all_to_all (and dispatch's, when it moves rows of
+        the same format)."""
         return self.slots_per_rank * self.hidden * self.dtype.itemsize
+
+    def dispatch_row_bytes(self) -> int:
+        """Bytes of one dispatched (token, expert) row."""
+        return self.dispatch_hidden * self.dispatch_dtype.itemsize
 
     def __repr__(self) -> str:
         return (f"MoEDispatcher(world={self.world}, experts={self.num_experts} "
@@ -171,15 +193,16 @@ class MoEDispatcher:
         return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
     def _validate(self, x, topk_idx, topk_weights):
-        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden:
-            raise ValueError(f"dispatch: x must be a [T, {self.hidden}] tensor, got "
+        DH = self.dispatch_hidden
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != DH:
+            raise ValueError(f"dispatch: x must be a [T, {DH}] tensor, got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)}")
         T = x.shape[0]
         if T > self.max_tokens:
             raise ValueError(f"dispatch: {T} tokens > max_tokens_per_rank={self.max_tokens}")
-        if x.dtype != self.dtype:
+        if x.dtype != self.dispatch_dtype:
             raise ValueError(f"dispatch: x has dtype {x.dtype}, the dispatcher was built for "
-                             f"{self.dtype}")
+                             f"{self.dispatch_dtype}")
         for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"dispatch: {name} must be a tensor, got {type(t).__name__}")
@@ -217,10 +240,10 @@ class MoEDispatcher:
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor):
         """Send each token to its top-k experts.
 
-        ``x`` [T, H] (payload dtype), ``topk_idx`` [T, K] (int; -1 = no expert),
-        ``topk_weights`` [T, K] (float; used by ``combine``).  Returns ``(expert_x [L,
-        max_slots, H], expert_counts [L] int32, handle)``; both tensors are the dispatcher's
-        static buffers.
+        ``x`` [T, dispatch_hidden] (dispatch dtype; by default [T, H] of the payload dtype),
+        ``topk_idx`` [T, K] (int; -1 = no expert), ``topk_weights`` [T, K] (float; used by
+        ``combine``).  Returns ``(expert_x [L, max_slots, dispatch_hidden], expert_counts [L]
+        int32, handle)``; both tensors are the dispatcher's static buffers.
         """
         self._validate(x, topk_idx, topk_weights)
         W, L, C, K = self.world, self.local_experts, self.slots_per_rank, self.top_k
@@ -254,8 +277,8 @@ class MoEDispatcher:
         else:
             # slots [0, rows) of each peer are filled (expert-major from slot 0)
             send_rows, recv_rows = self._send_counts.sum(1), self._recv_counts.sum(1)
-            self.payload_exchange(self._recv_x[: W * C].view(W, C, self.hidden),
-                                  self._send_x[: W * C].view(W, C, self.hidden),
+            self.payload_exchange(self._recv_x[: W * C].view(W, C, self.dispatch_hidden),
+                                  self._send_x[: W * C].view(W, C, self.dispatch_hidden),
                                   send_rows, recv_rows)
 
         # --- receiver side: pack each local expert's rows (source rank order, then slot order)
@@ -272,7 +295,7 @@ class MoEDispatcher:
         c = r_start[s_safe, ls] + (self._slot_grid - e_off[s_safe, ls])
         gather_idx = torch.where(ok, s_safe * C + c, torch.full_like(c, W * C))  # W*C: zero row
         torch.index_select(self._recv_x, 0, gather_idx.view(-1),
-                           out=self.expert_x.view(L * self.max_slots, self.hidden))
+                           out=self.expert_x.view(L * self.max_slots, self.dispatch_hidden))
         self.expert_counts.copy_(rc.sum(0).clamp(max=self.max_slots))
 
         # --- for combine: received slot (s, c) -> row of expert_y it must return
@@ -296,7 +319,7 @@ class MoEDispatcher:
                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Return ``y [T, H]``: ``y[t] = sum_k w[t, k] * expert_y[row of (t, k)]``.
 
-        ``expert_y`` has ``expert_x``'s shape and the payload dtype (rows beyond
+        ``expert_y`` is ``[L, max_slots, H]`` of the payload dtype (rows beyond
         ``expert_counts`` are ignored).  ``topk_weights`` overrides the dispatch's weights.
         Accumulates in float32, rounds once to the payload dtype (or ``out``'s dtype).
         """

@@ -15,11 +15,20 @@ CPU (in CI; 2 and 4 ranks, the resident backend on CPU tensors):
   (transport ``splits``), the padded all_to_all_single (``padded``) and a gloo group (the
   fallback, ``auto``): random routings with an expert nobody picks, ``-1`` entries, a rank with
   no tokens, and every token to the same experts (the capacity edge).
-* ``errors``: bad calls raise ValueError (NotImplementedError for FP8) before communicating.
+* ``fp8``: FP8 dispatch (``use_fp8``; with ``round_scale``; with ``use_ue8m0``) over the same
+  three exchanges: the received fp8 bytes and scales compare bitwise with a numpy quantization of
+  the routed rows (an fp8 e4m3fn encoder written from the format's definition), the scales'
+  column-major layout, dequantized values within fp8 rounding of the inputs, combine of the
+  dequantized experts' outputs, and an activation-dtype dispatch on the same Buffer afterwards.
+  Tokens have groups of 128 channels at magnitudes from 2**-24 (below the amax floor) to 2**9,
+  and an all-zero group.
+* ``errors``: bad calls raise ValueError (NotImplementedError for what is not implemented)
+  before communicating.
 
 GPU (``gpu`` marker; skipped without CUDA): the same cases on CUDA tensors plus graph replays
-with fresh counts / routings, per world size (RESIDENT_GPU_TESTS_WS, default 2,4,8) and path
-(direct, proxy, proxy+tcp)::
+with fresh counts / routings (activation and FP8 dispatch), per world size
+(RESIDENT_GPU_TESTS_WS, default 2,4,8) and path (direct, proxy, proxy+tcp); the FP8 cases have
+not yet run on a GPU::
 
     python -m pytest -q tests/test_ep.py -m gpu
 """
@@ -138,6 +147,112 @@ def ep_reference(name, ws, rank, rnd, key, Ts=None):
     return recv_x, count, y, tol
 
 
+# FP8 scenarios: activation dtype, local experts, hidden, max tokens, top-k, tokens per rank
+# (rank r takes entry r % len), routing mode, round_scale, use_ue8m0.
+EP_FP8_SCENARIOS = {
+    "fp8_random_bf16": ("bfloat16", 3, 256, 6, 3, [6, 2, 0, 5], "random", False, False),
+    "fp8_round_masked_f32": ("float32", 2, 384, 5, 4, [5, 1, 4], "masked", True, False),
+    "fp8_ue8m0_hot_bf16": ("bfloat16", 2, 512, 4, 2, [4, 3], "hot", True, True),
+}
+
+
+def fp8_params(name, ws):
+    dt, L, Hd, M, K, Ts, mode, rs, ue = EP_FP8_SCENARIOS[name]
+    return dt, L, L * ws, Hd, M, K, [Ts[i % len(Ts)] for i in range(ws)], mode, rs, ue
+
+
+def fp8_tokens(key, rank, T, Hd, dt):
+    """Groups of 128 channels at magnitudes 2**-24 .. 2**9; token 0's first group is zero."""
+    rng = H.rng_for(key + "/x8", rank)
+    mag = 2.0 ** rng.uniform(-24, 9, (T, Hd // 128))
+    if T:
+        mag[0, 0] = 0.0
+    return _to_dtype(rng.standard_normal((T, Hd)) * np.repeat(mag, 128, axis=1), dt)
+
+
+def fp8_codes(y):
+    """float32 values in [-448, 448] -> float8_e4m3fn bit patterns (uint8), rounded to nearest
+    even; from the format's definition (exponent bias 7, 3 mantissa bits, subnormal step 2**-9)."""
+    y = np.asarray(y, dtype=np.float32)
+    a = np.abs(y).astype(np.float64)
+    assert (a <= 448).all()
+    m, e = np.frexp(a)  # a = m * 2**e, 0.5 <= m < 1
+    normal = (e - 1 + 7) * 8 + np.rint((2 * m - 1) * 8)  # a mantissa carry bumps the exponent
+    code = np.where(a >= 2.0 ** -6, normal, np.rint(a / 2.0 ** -9)).astype(np.int64)
+    return (code | (np.signbit(y).astype(np.int64) << 7)).astype(np.uint8)
+
+
+def fp8_values(codes):
+    """float8_e4m3fn bit patterns -> float64 values (finite codes only)."""
+    c = np.asarray(codes).astype(np.int64)
+    e, m = (c >> 3) & 0xF, c & 7
+    mag = np.where(e > 0, (1 + m / 8.0) * 2.0 ** (e - 7), m * 2.0 ** -9)
+    return np.where(c & 0x80, -mag, mag)
+
+
+def fp8_quantize(x, round_scale):
+    """DeepEP's per-token, per-128-channel cast in float32: (codes [T, H], scale_inv [T, G])."""
+    T, Hd = x.shape
+    xf = np.asarray(x, dtype=np.float32).reshape(T, Hd // 128, 128)
+    amax = np.maximum(np.abs(xf).max(axis=-1, initial=0.0), np.float32(1e-4))
+    v = amax * np.float32(1 / 448)
+    if round_scale:
+        bits = v.view(np.uint32).astype(np.int64)
+        e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0)
+        scale_inv = np.ldexp(np.float32(1), e).astype(np.float32)
+        scale = np.ldexp(np.float32(1), -e).astype(np.float32)
+    else:
+        scale_inv, scale = v, np.float32(448) / amax
+    y = np.clip(xf * scale[..., None], np.float32(-448), np.float32(448))
+    return fp8_codes(y).reshape(T, Hd), scale_inv.astype(np.float32)
+
+
+def ep_fp8_reference(name, ws, rank, key, Ts=None):
+    """For ``rank``: received codes [L, S, H] uint8, scales [L, S, G] float32, counts [L], the
+    input rows behind them [L, S, H], and the combined output of the stand-in experts applied
+    to the dequantized rows (y [T, H], tol [T, H])."""
+    dt, L, E, Hd, M, K, Ts0, mode, rs, _ = fp8_params(name, ws)
+    Ts = Ts0 if Ts is None else Ts
+    S, G = ws * M, Hd // 128
+    codes = np.zeros((L, S, Hd), dtype=np.uint8)
+    scales = np.zeros((L, S, G), dtype=np.float32)
+    rows = np.zeros((L, S, Hd))
+    count = np.zeros(L, dtype=np.int32)
+    for src in range(ws):
+        idx = ep_routing(key, src, Ts[src], E, K, mode)
+        x = fp8_tokens(key, src, Ts[src], Hd, dt)
+        q, s = fp8_quantize(x, rs)
+        for t in range(Ts[src]):
+            for e in idx[t]:
+                if e >= 0 and e // L == rank:
+                    j = count[e % L]
+                    codes[e % L, j], scales[e % L, j], rows[e % L, j] = q[t], s[t], x[t]
+                    count[e % L] += 1
+    T = Ts[rank]
+    idx = ep_routing(key, rank, T, E, K, mode)
+    q, s = fp8_quantize(fp8_tokens(key, rank, T, Hd, dt), rs)
+    deq = fp8_values(q).astype(np.float32) * np.repeat(s, 128, axis=1)  # float32, as the device
+    w = ep_weights(key, rank, T, K).astype(np.float64)
+    y, mag = np.zeros((T, Hd)), np.zeros((T, Hd))
+    for t in range(T):
+        for k in range(K):
+            e = idx[t, k]
+            if e >= 0:
+                out = _to_dtype(deq[t] * np.float32(expert_scale(e)), dt)
+                y[t] += w[t, k] * out
+                mag[t] += np.abs(w[t, k] * out)
+    ulp = 2.0 ** -8 if dt == "bfloat16" else 2.0 ** -23
+    return codes, scales, count, rows, y, np.abs(y) * ulp + mag * 2.0 ** -20 + 1e-7
+
+
+def ue8m0_packed(scales):
+    """float32 power-of-two scales [..., G] -> DeepEP's packed UE8M0 [..., G/4] as uint32:
+    group 4j+b's exponent byte in bits 8b..8b+7 of word j."""
+    b = (scales.view(np.uint32) >> 23) & 0xFF
+    b = b.reshape(*scales.shape[:-1], -1, 4).astype(np.uint64)
+    return (b << (8 * np.arange(4, dtype=np.uint64))).sum(-1).astype(np.uint32)
+
+
 # ---------------------------------------------------------------- inside a rank
 
 
@@ -238,17 +353,21 @@ def _capture(step, device):
 _SCALES: dict = {}
 
 
-def _expert(recv_x, rank, L):
-    """A stand-in expert: local expert l scales its rows by expert_scale(its global id). The
-    scales are made on the first call (eager, before any capture: a graph cannot copy from
-    pageable host memory) and reused."""
+def _expert_scales(device, rank, L):
+    """[L, 1, 1] float32: expert_scale of each local expert's global id, made on the first call
+    (eager, before any capture: a graph cannot copy from pageable host memory) and reused."""
     import torch
 
-    key = (str(recv_x.device), rank, L)
+    key = (str(device), rank, L)
     if key not in _SCALES:
         _SCALES[key] = torch.tensor([expert_scale(rank * L + l) for l in range(L)],
-                                    dtype=torch.float32, device=recv_x.device).view(L, 1, 1)
-    return (recv_x.float() * _SCALES[key]).to(recv_x.dtype)
+                                    dtype=torch.float32, device=device).view(L, 1, 1)
+    return _SCALES[key]
+
+
+def _expert(recv_x, rank, L):
+    """A stand-in expert: local expert l scales its rows by expert_scale(its global id)."""
+    return (recv_x.float() * _expert_scales(recv_x.device, rank, L)).to(recv_x.dtype)
 
 
 def _check_ep(name, ws, rank, rnd, key, recv_x, recv_count, y, label, Ts=None):
@@ -345,6 +464,142 @@ def _ep_graph_case(rank, ws, device, replays):
     return errs
 
 
+def _expert_fp8(recv_x, rank, L, dtype):
+    """The stand-in expert on FP8 rows: dequantize (float32), scale by expert_scale, round to
+    the activation dtype."""
+    from resident_pg.ep_fp8 import dequantize
+
+    x, scales = recv_x
+    return (dequantize(x, scales) * _expert_scales(x.device, rank, L)).to(dtype)
+
+
+def _check_ep_fp8(name, ws, rank, key, recv_x, recv_count, y, label, Ts=None):
+    import torch
+
+    dt, L, E, Hd, M, K, _, _, _, ue = fp8_params(name, ws)
+    codes, scales, ref_count, rows, ref_y, tol = ep_fp8_reference(name, ws, rank, key, Ts)
+    S, G = ws * M, Hd // 128
+    errs = []
+    if not isinstance(recv_x, tuple) or len(recv_x) != 2:
+        return [f"{label}: recv_x is {type(recv_x).__name__}, expected (x_fp8, scales)"]
+    x8, sc = recv_x
+    want_sc = (torch.int32, (L, S, G // 4)) if ue else (torch.float32, (L, S, G))
+    if x8.dtype != torch.float8_e4m3fn or tuple(x8.shape) != (L, S, Hd):
+        return [f"{label}: x_fp8 is {x8.dtype}{tuple(x8.shape)}, expected float8_e4m3fn"
+                f"{(L, S, Hd)}"]
+    if (sc.dtype, tuple(sc.shape)) != want_sc:
+        return [f"{label}: scales are {sc.dtype}{tuple(sc.shape)}, expected {want_sc}"]
+    if sc.stride() != (want_sc[1][2] * S, 1, S):
+        errs.append(f"{label}: scales strides {sc.stride()}: not column-major in the last two "
+                    "dimensions")
+    got_count = recv_count.cpu().numpy()
+    if not np.array_equal(got_count, ref_count):
+        errs.append(f"{label}: recv_count {got_count.tolist()} != {ref_count.tolist()}")
+    got_codes = x8.view(torch.uint8).cpu().numpy()
+    if not np.array_equal(got_codes, codes):
+        errs.append(f"{label}: fp8 bytes differ from the reference first at [expert, row, col] "
+                    f"{np.argwhere(got_codes != codes)[0].tolist()}")
+    if ue:
+        got_sc, want = sc.cpu().numpy().view(np.uint32), ue8m0_packed(scales)
+    else:
+        got_sc, want = sc.cpu().numpy().view(np.uint32), scales.view(np.uint32)
+    if not np.array_equal(got_sc, want):
+        errs.append(f"{label}: scales differ from the reference first at [expert, row, group] "
+                    f"{np.argwhere(got_sc != want)[0].tolist()}")
+    # the received values are the inputs within fp8 rounding (relative 2**-4, or half the
+    # subnormal step 2**-10 times the scale)
+    if not errs:
+        for l in range(L):
+            n = int(ref_count[l])
+            s_full = np.repeat(scales[l, :n].astype(np.float64), 128, axis=1)
+            deq = fp8_values(got_codes[l, :n]) * s_full
+            bound = np.abs(rows[l, :n]) * 2.0 ** -4 * (1 + 2.0 ** -20) + s_full * 2.0 ** -10
+            if (np.abs(deq - rows[l, :n]) > bound).any():
+                i = np.unravel_index(np.argmax(np.abs(deq - rows[l, :n]) - bound), bound.shape)
+                errs.append(f"{label}: expert {l} row {i}: dequantized {deq[i]!r} is not within "
+                            f"fp8 rounding of the input {rows[l, :n][i]!r}")
+                break
+    got_y = y.double().cpu().numpy()
+    if got_y.shape != ref_y.shape:
+        errs.append(f"{label}: combined shape {got_y.shape} != {ref_y.shape}")
+    elif (np.abs(got_y - ref_y) > tol).any():
+        i = np.unravel_index(np.argmax(np.abs(got_y - ref_y) - tol), tol.shape)
+        errs.append(f"{label}: combined[{i}] = {got_y[i]!r}, reference {ref_y[i]!r}")
+    return errs
+
+
+def _ep_fp8_case(rank, ws, device, name, transport, group=None):
+    """FP8 dispatch + combine, then an activation-dtype dispatch of the same tokens on the same
+    Buffer (both formats side by side)."""
+    import torch
+
+    from resident_pg.ep import Buffer
+
+    dt, L, E, Hd, M, K, Ts, mode, rs, ue = fp8_params(name, ws)
+    dtype = H.tdtype(dt)
+    key = f"ep/{name}"
+    buf = Buffer(group, M, Hd, E, dtype, device, transport=transport)
+    T = Ts[rank]
+    x = _dev(fp8_tokens(key, rank, T, Hd, dt), dtype, device)
+    idx = _dev(ep_routing(key, rank, T, E, K, mode), torch.int64, device)
+    w = _dev(ep_weights(key, rank, T, K), torch.float32, device)
+    recv_x, recv_count, handle, event, _ = buf.low_latency_dispatch(
+        x, idx, M, E, use_fp8=True, round_scale=rs, use_ue8m0=ue, async_finish=True)
+    event.current_stream_wait()
+    got = (recv_x[0].clone(), recv_x[1].clone()) if isinstance(recv_x, tuple) else recv_x
+    y, _, _ = buf.low_latency_combine(_expert_fp8(recv_x, rank, L, dtype), idx, w, handle)
+    errs = _check_ep_fp8(name, ws, rank, key, got, recv_count.clone(), y, f"{transport} fp8")
+    # the same tokens in the activation dtype: the rows arrive unchanged
+    plain_x, plain_count, _, _, _ = buf.low_latency_dispatch(x, idx, M, E)
+    _, _, ref_count, rows, _, _ = ep_fp8_reference(name, ws, rank, key)
+    if not (np.array_equal(plain_x.double().cpu().numpy(), rows) and
+            np.array_equal(plain_count.cpu().numpy(), ref_count)):
+        errs.append(f"{transport}: activation dispatch after FP8 dispatch differs from the "
+                    "reference rows")
+    return errs
+
+
+def _ep_fp8_graph_case(rank, ws, device, name, replays):
+    """FP8 dispatch + experts + combine captured once, replayed with fresh tokens / routings."""
+    import torch
+
+    from resident_pg.ep import Buffer
+
+    dt, L, E, Hd, M, K, _, mode, rs, ue = fp8_params(name, ws)
+    dtype = H.tdtype(dt)
+    buf = Buffer(None, M, Hd, E, dtype, device, num_topk=K, use_fp8=True, use_ue8m0=ue)
+    x = torch.zeros(M, Hd, dtype=dtype, device=device)
+    idx = torch.zeros(M, K, dtype=torch.int64, device=device)
+    w = torch.zeros(M, K, dtype=torch.float32, device=device)
+    res = {}
+
+    def step():
+        recv_x, recv_count, handle, _, _ = buf.low_latency_dispatch(
+            x, idx, M, E, use_fp8=True, round_scale=rs, use_ue8m0=ue)
+        res["x"], res["count"] = recv_x, recv_count
+        y = _expert_fp8(recv_x, rank, L, dtype)
+        res["y"] = buf.low_latency_combine(y, idx, w, handle)[0]
+
+    def fill(key):
+        x.copy_(_dev(fp8_tokens(key, rank, M, Hd, dt), dtype, device))
+        idx.copy_(_dev(ep_routing(key, rank, M, E, K, mode), torch.int64, device))
+        w.copy_(_dev(ep_weights(key, rank, M, K), torch.float32, device))
+
+    def check(key, label):  # M tokens on every rank
+        return _check_ep_fp8(name, ws, rank, key, res["x"], res["count"], res["y"], label,
+                             [M] * ws)
+
+    fill(f"ep/{name}/graph/warm")
+    step()
+    errs = check(f"ep/{name}/graph/warm", "fp8 graph warm-up")
+    replay = _capture(step, device)
+    for i in range(replays):
+        fill(f"ep/{name}/graph/{i}")
+        replay()
+        errs += check(f"ep/{name}/graph/{i}", f"fp8 replay {i}")
+    return errs
+
+
 def _error_cases(rank, ws):
     import torch
     import torch.distributed as dist
@@ -382,8 +637,26 @@ def _error_cases(rank, ws):
     expect("experts", lambda: Buffer(None, 4, 8, 2 * ws + 1, device="cpu"), "multiple")
     buf = Buffer(None, 4, 8, 2 * ws, torch.float32, "cpu")
     x, idx = torch.zeros(2, 8), torch.tensor([[0, 1], [-1, 2 * ws - 1]])
-    expect("fp8", lambda: buf.low_latency_dispatch(x, idx, 4, 2 * ws, use_fp8=True), "FP8",
-           NotImplementedError)
+    expect("fp8_hidden", lambda: buf.low_latency_dispatch(x, idx, 4, 2 * ws, use_fp8=True),
+           "multiple of 128")
+    expect("round_scale_without_fp8", lambda: buf.low_latency_dispatch(x, idx, 4, 2 * ws,
+                                                                       round_scale=True),
+           "use_fp8")
+    buf8 = Buffer(None, 4, 256, 2 * ws, torch.bfloat16, "cpu")
+    x8 = torch.zeros(2, 256, dtype=torch.bfloat16)
+    expect("ue8m0_without_round", lambda: buf8.low_latency_dispatch(
+        x8, idx, 4, 2 * ws, use_fp8=True, use_ue8m0=True), "round_scale")
+    expect("ue8m0_hidden", lambda: buf8.low_latency_dispatch(
+        x8, idx, 4, 2 * ws, use_fp8=True, round_scale=True, use_ue8m0=True), "multiple of 512")
+    expect("fp8_x_dtype", lambda: buf8.low_latency_dispatch(x8.float(), idx, 4, 2 * ws,
+                                                            use_fp8=True), "dtype")
+    expect("fp8_x_hidden", lambda: buf8.low_latency_dispatch(x8[:, :128], idx, 4, 2 * ws,
+                                                             use_fp8=True), "[T, 256]")
+    expect("fp8_too_many", lambda: buf8.low_latency_dispatch(
+        torch.zeros(5, 256, dtype=torch.bfloat16), torch.zeros(5, 2, dtype=torch.int64), 4,
+        2 * ws, use_fp8=True), "num_max_dispatch_tokens_per_rank")
+    expect("fp8_int_dtype", lambda: Buffer(None, 4, 256, 2 * ws, torch.int32, "cpu",
+                                           num_topk=2, use_fp8=True), "activations")
     expect("max_tokens", lambda: buf.low_latency_dispatch(x, idx, 5, 2 * ws), "num_max")
     expect("num_experts", lambda: buf.low_latency_dispatch(x, idx, 4, 2 * ws + 2), "num_experts")
     expect("too_many", lambda: buf.low_latency_dispatch(torch.zeros(5, 8),
@@ -428,6 +701,17 @@ def _split_cases(rank, ws, device):
     return out
 
 
+def _fp8_cases(rank, ws, device, gloo=None):
+    out = {}
+    for name in EP_FP8_SCENARIOS:
+        for transport in ("splits", "padded"):
+            out[f"fp8[{name}-{transport}]"] = _catch(_ep_fp8_case, rank, ws, device, name,
+                                                     transport)
+        if gloo is not None:
+            out[f"fp8[{name}-gloo]"] = _catch(_ep_fp8_case, rank, ws, device, name, "auto", gloo)
+    return out
+
+
 def cpu_job(rank, ws):
     import torch.distributed as dist
 
@@ -440,6 +724,8 @@ def cpu_job(rank, ws):
     # the graph programs, called eagerly on CPU (a replay is the step itself)
     res["graph[splits]"] = _catch(_splits_graph_case, rank, ws, "cpu", "g", 6, 5, 3)
     res["graph[ep]"] = _catch(_ep_graph_case, rank, ws, "cpu", 2)
+    res.update(_fp8_cases(rank, ws, "cpu", gloo))
+    res["graph[ep-fp8]"] = _catch(_ep_fp8_graph_case, rank, ws, "cpu", "fp8_random_bf16", 2)
     return {"cases": res, "errors": _error_cases(rank, ws)}
 
 
@@ -452,6 +738,9 @@ def gpu_job(rank, ws):
     res["graph[splits-small]"] = _catch(_splits_graph_case, rank, ws, "cuda", "gs", 6, 5, 4)
     res["graph[splits-rounds]"] = _catch(_splits_graph_case, rank, ws, "cuda", "gr", 40, 2048, 4)
     res["graph[ep]"] = _catch(_ep_graph_case, rank, ws, "cuda", 4)
+    res.update(_fp8_cases(rank, ws, "cuda"))
+    for name in EP_FP8_SCENARIOS:
+        res[f"graph[ep-{name}]"] = _catch(_ep_fp8_graph_case, rank, ws, "cuda", name, 4)
     return {"cases": res}
 
 
@@ -476,7 +765,7 @@ def _cpu(ws):
 def test_ep_cpu(ws):
     per_rank = _cpu(ws)
     cases = per_rank[0]["cases"]
-    assert len(cases) == 3 * 2 * 2 + 3 * 3 + 2
+    assert len(cases) == 3 * 2 * 2 + 3 * 3 + 2 + 3 * 3 + 1
     problems = [p for cid in cases for p in _problems(per_rank, cid)]
     assert not problems, "\n".join(problems[:20])
 
@@ -522,3 +811,46 @@ def test_ep_gpu(ws, path):
     per_rank = _GPU_JOBS[key]
     problems = [p for cid in per_rank[0]["cases"] for p in _problems(per_rank, cid)]
     assert not problems, "\n".join(problems[:20])
+
+
+def test_fp8_reference_encoder_covers_every_code():
+    """The test's numpy fp8 encoder / decoder agree with torch's float8_e4m3fn on every finite
+    code, and on rounding random float32 values (ties included)."""
+    import torch
+
+    codes = np.arange(256, dtype=np.uint8)
+    finite = (codes & 0x7F) != 0x7F
+    vals = torch.from_numpy(codes).view(torch.float8_e4m3fn).double().numpy()
+    assert np.array_equal(fp8_values(codes[finite]), vals[finite])
+    assert np.array_equal(fp8_codes(vals[finite].astype(np.float32)), codes[finite])
+    rng = np.random.default_rng(7)
+    y = (rng.standard_normal(50000) * 2.0 ** rng.uniform(-14, 9, 50000)).astype(np.float32)
+    y = np.concatenate([np.clip(y, -448, 448),
+                        ((vals[finite][1:] + vals[finite][:-1]) / 2).astype(np.float32)])
+    y = y[np.abs(y) <= 448]
+    want = torch.from_numpy(y).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    assert np.array_equal(fp8_codes(y), want)
+
+
+@pytest.mark.parametrize("round_scale", (False, True))
+@pytest.mark.parametrize("dt", ("bfloat16", "float16", "float32"))
+def test_fp8_quantize_matches_reference(dt, round_scale):
+    """resident_pg.ep_fp8.quantize against the numpy cast, bitwise; UE8M0 bytes of rounded
+    scales are their exponents; dequantize inverts within fp8 rounding."""
+    import torch
+
+    from resident_pg.ep_fp8 import dequantize, quantize, ue8m0_bytes
+
+    x = fp8_tokens(f"quant/{dt}", 0, 40, 512, dt)  # float16: the smallest groups are subnormal
+    q, s = quantize(torch.from_numpy(x).to(H.tdtype(dt)), round_scale)
+    codes, scales = fp8_quantize(x, round_scale)
+    assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32
+    assert np.array_equal(q.view(torch.uint8).numpy(), codes)
+    assert np.array_equal(s.numpy().view(np.uint32), scales.view(np.uint32))
+    if round_scale:
+        assert np.array_equal(ue8m0_bytes(s).numpy(), (scales.view(np.uint32) >> 23) & 0xFF)
+        packed = torch.from_numpy(ue8m0_packed(scales).view(np.int32))
+        assert torch.equal(dequantize(q, packed), dequantize(q, s))
+    deq = dequantize(q, s).double().numpy()
+    s_full = np.repeat(scales.astype(np.float64), 128, axis=1)
+    assert (np.abs(deq - x) <= np.abs(x) * 2.0 ** -4 * (1 + 2.0 ** -20) + s_full * 2.0 ** -10).all()
