@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from resident_pg.ep_fp8 import Fp8Rows, check_fp8_options, row_bytes
-from resident_pg.moe import DispatchHandle, MoEDispatcher
+from resident_pg.moe import DispatchHandle, MoEDispatcher, resolve_device
 
 __all__ = ["Buffer", "EventOverlap", "LowLatencyHandle", "all_to_all_device_splits",
            "resident_backend"]
@@ -161,12 +161,7 @@ class Buffer:
         if num_experts % self.num_ranks:
             raise ValueError(f"Buffer: num_experts ({num_experts}) must be a multiple of the "
                              f"group size ({self.num_ranks})")
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device()) \
-                if torch.cuda.is_available() else torch.device("cpu")
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = resolve_device(device)
         self.num_max_dispatch_tokens_per_rank = num_max_dispatch_tokens_per_rank
         self.hidden, self.num_experts, self.dtype = hidden, num_experts, dtype
         self.num_local_experts = num_experts // self.num_ranks

@@ -75,6 +75,18 @@ __all__ = ["MoEDispatcher", "DispatchHandle"]
 _INDEX_DTYPES = (torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8)
 
 
+def resolve_device(device) -> torch.device:
+    """``device`` as a full torch.device: None means the current CUDA device when CUDA is
+    available, else the CPU; a CUDA device without an index gets the current one."""
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) \
+            if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 @dataclasses.dataclass
 class DispatchHandle:
     """What ``combine`` needs from one ``dispatch`` (device tensors, static shapes)."""
@@ -130,12 +142,7 @@ class MoEDispatcher:
                 dispatch_hidden < 1:
             raise ValueError(f"MoEDispatcher: dispatch_hidden must be a positive int, got "
                              f"{dispatch_hidden!r}")
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device()) \
-                if torch.cuda.is_available() else torch.device("cpu")
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = resolve_device(device)
         self.num_experts, self.hidden, self.top_k = num_experts, hidden, top_k
         self.max_tokens = max_tokens_per_rank
         self.dtype = dtype
