@@ -370,6 +370,17 @@ def _expert(recv_x, rank, L):
     return (recv_x.float() * _expert_scales(recv_x.device, rank, L)).to(recv_x.dtype)
 
 
+def _check_combined(y, ref_y, tol, label):
+    """The combined output against its reference, within ``tol`` (per element)."""
+    got_y = y.double().cpu().numpy()
+    if got_y.shape != ref_y.shape:
+        return [f"{label}: combined shape {got_y.shape} != {ref_y.shape}"]
+    if (np.abs(got_y - ref_y) > tol).any():
+        i = np.unravel_index(np.argmax(np.abs(got_y - ref_y) - tol), tol.shape)
+        return [f"{label}: combined[{i}] = {got_y[i]!r}, reference {ref_y[i]!r}"]
+    return []
+
+
 def _check_ep(name, ws, rank, rnd, key, recv_x, recv_count, y, label, Ts=None):
     import torch
 
@@ -384,13 +395,7 @@ def _check_ep(name, ws, rank, rnd, key, recv_x, recv_count, y, label, Ts=None):
         where = np.argwhere(got_x != ref_x)[0].tolist() if got_x.shape == ref_x.shape else None
         errs.append(f"{label}: recv_x {got_x.shape} differs from the reference {ref_x.shape} "
                     f"(first at [expert, row, col] {where})")
-    got_y = y.double().cpu().numpy()
-    if got_y.shape != ref_y.shape:
-        errs.append(f"{label}: combined shape {got_y.shape} != {ref_y.shape}")
-    elif (np.abs(got_y - ref_y) > tol).any():
-        i = np.unravel_index(np.argmax(np.abs(got_y - ref_y) - tol), tol.shape)
-        errs.append(f"{label}: combined[{i}] = {got_y[i]!r}, reference {ref_y[i]!r}")
-    return errs
+    return errs + _check_combined(y, ref_y, tol, label)
 
 
 def _ep_case(rank, ws, device, name, transport, group=None):
@@ -519,13 +524,7 @@ def _check_ep_fp8(name, ws, rank, key, recv_x, recv_count, y, label, Ts=None):
                 errs.append(f"{label}: expert {l} row {i}: dequantized {deq[i]!r} is not within "
                             f"fp8 rounding of the input {rows[l, :n][i]!r}")
                 break
-    got_y = y.double().cpu().numpy()
-    if got_y.shape != ref_y.shape:
-        errs.append(f"{label}: combined shape {got_y.shape} != {ref_y.shape}")
-    elif (np.abs(got_y - ref_y) > tol).any():
-        i = np.unravel_index(np.argmax(np.abs(got_y - ref_y) - tol), tol.shape)
-        errs.append(f"{label}: combined[{i}] = {got_y[i]!r}, reference {ref_y[i]!r}")
-    return errs
+    return errs + _check_combined(y, ref_y, tol, label)
 
 
 def _ep_fp8_case(rank, ws, device, name, transport, group=None):
