@@ -53,8 +53,15 @@ def test_tp_decode_cpu_three_ranks_batch():
     _checks(out, 2)
 
 
-@pytest.mark.parametrize("nproc,experts", [(2, 8), (3, 6)])
-def test_ep_decode_cpu_check(nproc, experts):
-    out = torchrun("ep_decode.py", nproc, EP_TINY + ["--experts", str(experts), "--check"])
-    assert "comm share" in out and "dispatch+combine alone" in out, out
-    _checks(out, 2)
+@pytest.mark.parametrize("nproc,experts,dispatch", [(2, 8, "both"), (3, 6, "ep")])
+def test_ep_decode_cpu_check(nproc, experts, dispatch):
+    out = torchrun("ep_decode.py", nproc, EP_TINY + ["--experts", str(experts), "--check",
+                                                     "--dispatch", dispatch])
+    engines = ("ep", "moe") if dispatch == "both" else (dispatch,)
+    for eng in engines:
+        assert f"[{eng}] step" in out and f"[{eng}] dispatch+combine alone" in out, out
+    assert "comm share" in out, out
+    if H.BACKEND == "resident":  # the ep engine moves only the routed rows
+        assert "[ep] transport splits" in out, out
+    lines = _checks(out, 2 * len(engines) + (len(engines) == 2))
+    assert all(any(l.startswith(f"check: [{eng}]") for l in lines) for eng in engines), lines
