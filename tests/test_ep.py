@@ -40,19 +40,13 @@ import pytest
 
 import cuda_harness as C
 import dist_harness as H
+from ep_reference import combine_reference, to_dtype
 
 CPU_WORLD_SIZES = (2, 4)
 SENTINEL = -77.5  # exact in every payload dtype
 GPU_PATHS = ("direct", "proxy", "proxy+tcp")
 
 # ---------------------------------------------------------------- data (any rank, any process)
-
-
-def _to_dtype(a, dtype_name):
-    """numpy float64 -> the payload dtype's values, back as float64 (torch does the rounding)."""
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(a)).to(H.tdtype(dtype_name)).double().numpy()
 
 
 def split_counts(key, ws, cap):
@@ -103,7 +97,7 @@ def ep_routing(key, rank, T, E, K, mode):
 
 
 def ep_tokens(key, rank, T, Hd, dt):
-    return _to_dtype(H.rng_for(key + "/x", rank).standard_normal((T, Hd)), dt)
+    return to_dtype(H.rng_for(key + "/x", rank).standard_normal((T, Hd)), dt)
 
 
 def ep_weights(key, rank, T, K):
@@ -133,17 +127,7 @@ def ep_reference(name, ws, rank, rnd, key, Ts=None):
     idx = ep_routing(key, rank, T, E, K, mode)
     x = ep_tokens(key, rank, T, Hd, dt)
     w = ep_weights(key, rank, T, K).astype(np.float64)
-    y = np.zeros((T, Hd))
-    mag = np.zeros((T, Hd))
-    for t in range(T):
-        for k in range(K):
-            e = idx[t, k]
-            if e >= 0:
-                out = _to_dtype(x[t] * expert_scale(e), dt)
-                y[t] += w[t, k] * out
-                mag[t] += np.abs(w[t, k] * out)
-    ulp = 2.0 ** -8 if dt == "bfloat16" else 2.0 ** -23
-    tol = np.abs(y) * ulp + mag * 2.0 ** -20 + 1e-7
+    y, tol = combine_reference(x, idx, w, dt, expert_scale)
     return recv_x, count, y, tol
 
 
@@ -167,7 +151,7 @@ def fp8_tokens(key, rank, T, Hd, dt):
     mag = 2.0 ** rng.uniform(-24, 9, (T, Hd // 128))
     if T:
         mag[0, 0] = 0.0
-    return _to_dtype(rng.standard_normal((T, Hd)) * np.repeat(mag, 128, axis=1), dt)
+    return to_dtype(rng.standard_normal((T, Hd)) * np.repeat(mag, 128, axis=1), dt)
 
 
 def fp8_codes(y):
@@ -238,7 +222,7 @@ def ep_fp8_reference(name, ws, rank, key, Ts=None):
         for k in range(K):
             e = idx[t, k]
             if e >= 0:
-                out = _to_dtype(deq[t] * np.float32(expert_scale(e)), dt)
+                out = to_dtype(deq[t] * np.float32(expert_scale(e)), dt)
                 y[t] += w[t, k] * out
                 mag[t] += np.abs(w[t, k] * out)
     ulp = 2.0 ** -8 if dt == "bfloat16" else 2.0 ** -23
@@ -273,7 +257,7 @@ def _splits_case(rank, ws, device, key, cap, row_elems, dtype_name, count_dtype,
     dtype = H.tdtype(dtype_name)
     cdt = getattr(torch, count_dtype)
     c = split_counts(key, ws, cap)
-    send = _dev(_to_dtype(split_rows(key, rank, ws, cap, row_elems), dtype_name), dtype, device)
+    send = _dev(to_dtype(split_rows(key, rank, ws, cap, row_elems), dtype_name), dtype, device)
     out = torch.full((ws, cap, row_elems), SENTINEL, dtype=dtype, device=device)
     send_rows = _dev(c[rank], cdt, device)
     if exchange:  # as the EP layer does: the receiver learns its counts from the senders
@@ -290,7 +274,7 @@ def _check_splits(out, c, key, rank, ws, cap, row_elems, dtype_name, label):
     errs = []
     for src in range(ws):
         n = int(c[src, rank])
-        want = _to_dtype(split_rows(key, src, ws, cap, row_elems), dtype_name)[rank, :n]
+        want = to_dtype(split_rows(key, src, ws, cap, row_elems), dtype_name)[rank, :n]
         if not np.array_equal(got[src, :n], want):
             bad = np.argwhere(got[src, :n] != want)[0].tolist()
             errs.append(f"{label}: rows from rank {src} differ first at [row, col] {bad}")
@@ -315,7 +299,7 @@ def _splits_graph_case(rank, ws, device, key, cap, row_elems, replays):
 
     def fill(k):
         c = split_counts(k, ws, cap)
-        send.copy_(_dev(_to_dtype(split_rows(k, rank, ws, cap, row_elems), "float32"),
+        send.copy_(_dev(to_dtype(split_rows(k, rank, ws, cap, row_elems), "float32"),
                         torch.float32, device))
         send_rows.copy_(_dev(c[rank], torch.int32, device))
         recv_rows.copy_(_dev(c[:, rank], torch.int32, device))

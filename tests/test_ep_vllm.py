@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 
 import dist_harness as H
+from ep_reference import combine_reference, to_dtype
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (see docs/vllm.md: "
@@ -50,16 +51,8 @@ SCENARIOS = {
 # ---------------------------------------------------------------- data and reference
 
 
-def _round(a, dtype_name):
-    """float64 values -> the payload dtype's values, back as float64."""
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64)).to(
-        H.tdtype(dtype_name)).double().numpy()
-
-
 def tokens(key, rank, T, Hd, dt):
-    return _round(H.rng_for(key + "/x", rank).standard_normal((T, Hd)), dt)
+    return to_dtype(H.rng_for(key + "/x", rank).standard_normal((T, Hd)), dt)
 
 
 def routing(key, rank, T, E, K):
@@ -97,7 +90,7 @@ def reference(name, rank, rnd, key):
         T = rounds[rnd][src]
         x, idx = tokens(key, src, T, Hd, dt), routing(key, src, T, E, K)
         if on_input:  # x * w, with w rounded to the payload dtype first
-            x = _round(x * _round(weights(key, src, T, K).astype(np.float64), dt), dt)
+            x = to_dtype(x * to_dtype(weights(key, src, T, K).astype(np.float64), dt), dt)
         phys = np.where(idx >= 0, perm[np.maximum(idx, 0)], -1)
         return x, phys
 
@@ -113,17 +106,8 @@ def reference(name, rank, rnd, key):
     x, phys = sent(rank)
     w = np.ones_like(phys, dtype=np.float64) if on_input else \
         weights(key, rank, len(x), K).astype(np.float64)
-    y = np.zeros((len(x), Hd))
-    mag = np.zeros_like(y)
-    for t in range(len(x)):
-        for k in range(K):
-            e = phys[t, k]
-            if e >= 0:
-                out = _round(x[t] * expert_scale(e), dt)
-                y[t] += w[t, k] * out
-                mag[t] += np.abs(w[t, k] * out)
-    ulp = 2.0 ** -8 if dt == "bfloat16" else 2.0 ** -23
-    return bx, count, y, np.abs(y) * ulp + mag * 2.0 ** -20 + 1e-7
+    y, tol = combine_reference(x, phys, w, dt, expert_scale)
+    return bx, count, y, tol
 
 
 # ---------------------------------------------------------------- stand-ins of vLLM's names
