@@ -888,3 +888,15 @@ class JobCache:
         problems = case_problems(per_rank, self.registry, cid)
         if problems:
             pytest.fail(f"{cid} ws={ws}:\n" + "\n".join(problems[:40]), pytrace=False)
+
+
+def expect_error(results, label, fn, fragment, exc=ValueError):
+    """Calls ``fn`` and records in ``results[label]`` "ok" when it raised ``exc`` with
+    ``fragment`` in its message, else what happened instead."""
+    try:
+        fn()
+        results[label] = f"no error (expected {exc.__name__} containing {fragment!r})"
+    except exc as e:
+        results[label] = "ok" if fragment in str(e) else f"{exc.__name__} without {fragment!r}: {e}"
+    except Exception as e:  # noqa: BLE001
+        results[label] = f"{type(e).__name__} instead of {exc.__name__}: {e}"

@@ -349,6 +349,20 @@ def _expert_scales(device, rank, L):
     return _SCALES[key]
 
 
+def _graph_replays(fill, step, check, device, replays, key, label):
+    """A graph program: ``fill(key)`` the static inputs, ``step()`` once eagerly and checked,
+    captured, then replayed ``replays`` times with fresh inputs, each checked; the errors."""
+    fill(f"{key}/warm")
+    step()
+    errs = check(f"{key}/warm", f"{label}graph warm-up")
+    replay = _capture(step, device)
+    for i in range(replays):
+        fill(f"{key}/{i}")
+        replay()
+        errs += check(f"{key}/{i}", f"{label}replay {i}")
+    return errs
+
+
 def _expert(recv_x, rank, L):
     """A stand-in expert: local expert l scales its rows by expert_scale(its global id)."""
     return (recv_x.float() * _expert_scales(recv_x.device, rank, L)).to(recv_x.dtype)
@@ -442,15 +456,7 @@ def _ep_graph_case(rank, ws, device, replays):
         return _check_ep(name, ws, rank, 0, key, res["x"], res["count"], res["y"], label,
                          [M] * ws)
 
-    fill("ep/graph/warm")
-    step()
-    errs = check("ep/graph/warm", "graph warm-up")
-    replay = _capture(step, device)
-    for i in range(replays):
-        fill(f"ep/graph/{i}")
-        replay()
-        errs += check(f"ep/graph/{i}", f"replay {i}")
-    return errs
+    return _graph_replays(fill, step, check, device, replays, "ep/graph", "")
 
 
 def _expert_fp8(recv_x, rank, L, dtype):
@@ -572,15 +578,7 @@ def _ep_fp8_graph_case(rank, ws, device, name, replays):
         return _check_ep_fp8(name, ws, rank, key, res["x"], res["count"], res["y"], label,
                              [M] * ws)
 
-    fill(f"ep/{name}/graph/warm")
-    step()
-    errs = check(f"ep/{name}/graph/warm", "fp8 graph warm-up")
-    replay = _capture(step, device)
-    for i in range(replays):
-        fill(f"ep/{name}/graph/{i}")
-        replay()
-        errs += check(f"ep/{name}/graph/{i}", f"fp8 replay {i}")
-    return errs
+    return _graph_replays(fill, step, check, device, replays, f"ep/{name}/graph", "fp8 ")
 
 
 def _error_cases(rank, ws):
@@ -592,13 +590,7 @@ def _error_cases(rank, ws):
     res = {}
 
     def expect(label, fn, fragment, exc=ValueError):
-        try:
-            fn()
-            res[label] = f"no error (expected {exc.__name__} containing {fragment!r})"
-        except exc as e:
-            res[label] = "ok" if fragment in str(e) else f"{exc.__name__} without {fragment!r}: {e}"
-        except Exception as e:  # noqa: BLE001
-            res[label] = f"{type(e).__name__} instead of {exc.__name__}: {e}"
+        H.expect_error(res, label, fn, fragment, exc)
 
     buf3 = torch.zeros(ws, 3, 4)
     rows = torch.zeros(ws, dtype=torch.int64)
