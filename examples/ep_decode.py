@@ -66,11 +66,9 @@ def expert_weights(a, layer, experts, device, dtype):
     return [t.to(device=device, dtype=dtype) for t in (gate, up, down)]
 
 
-def local_copy(out, inp, group=None):
-    out.copy_(inp)
-
-
-def local_rows_copy(out, inp, send_rows, recv_rows):
+def local_copy(out, inp, *_counts, group=None):
+    """The no-comm stand-in of an exchange (all_to_all, or one with row counts): a local copy
+    of the whole buffer."""
     out.copy_(inp)
 
 
@@ -89,7 +87,7 @@ class MoEStack:
             if local:
                 self.moe.all_to_all = local_copy
                 if self.moe.payload_exchange is not None:
-                    self.moe.payload_exchange = local_rows_copy
+                    self.moe.payload_exchange = local_copy
         else:
             self.buf = None
             self.moe = MoEDispatcher(group, a.experts, a.hidden, a.batch, a.top_k, dtype,

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from resident_pg.ep_fp8 import Fp8Rows, check_fp8_options, row_bytes
-from resident_pg.moe import DispatchHandle, MoEDispatcher, resolve_device
+from resident_pg.moe import DispatchHandle, MoEDispatcher, check_token_rows, resolve_device
 
 __all__ = ["Buffer", "EventOverlap", "LowLatencyHandle", "all_to_all_device_splits",
            "resident_backend"]
@@ -292,7 +292,9 @@ class Buffer:
         if row_format == _ACTIVATIONS:
             recv_x, recv_count, h = d.dispatch(x, topk_idx, weights)
         else:
-            self._check_activations(x)
+            check_token_rows("low_latency_dispatch", x, self.hidden, self.dtype, self.device,
+                             "num_max_dispatch_tokens_per_rank",
+                             self.num_max_dispatch_tokens_per_rank)
             fp8 = self._fp8_rows[(K, row_format)]
             rows, recv_count, h = d.dispatch(fp8.pack(x, round_scale), topk_idx, weights)
             recv_x = fp8.unpack(rows)
@@ -300,19 +302,6 @@ class Buffer:
             stats.add_(recv_count)
         event, hook = self._finish(async_finish, return_recv_hook, self.device)
         return recv_x, recv_count, LowLatencyHandle(h, h.num_tokens, K, row_format), event, hook
-
-    def _check_activations(self, x) -> None:
-        """What the MoEDispatcher checks of ``x``, before FP8 dispatch quantizes it."""
-        M = self.num_max_dispatch_tokens_per_rank
-        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden:
-            raise ValueError(f"low_latency_dispatch: x must be a [T, {self.hidden}] tensor, got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)}")
-        if x.shape[0] > M:
-            raise ValueError(f"low_latency_dispatch: {x.shape[0]} tokens > "
-                             f"num_max_dispatch_tokens_per_rank={M}")
-        if x.dtype != self.dtype or x.device != self.device:
-            raise ValueError(f"low_latency_dispatch: x has dtype {x.dtype} on {x.device}, the "
-                             f"Buffer was made for dtype {self.dtype} on {self.device}")
 
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor,
                             topk_weights: torch.Tensor, handle: LowLatencyHandle,

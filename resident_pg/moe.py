@@ -87,6 +87,20 @@ def resolve_device(device) -> torch.device:
     return device
 
 
+def check_token_rows(where: str, x, hidden: int, dtype: torch.dtype, device: torch.device,
+                     limit_name: str, max_tokens: int) -> None:
+    """ValueError naming ``where`` unless ``x`` is a ``[T, hidden]`` tensor of ``dtype`` on
+    ``device`` with ``T <= max_tokens`` (``limit_name``: the argument that set it)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != hidden:
+        raise ValueError(f"{where}: x must be a [T, {hidden}] tensor, got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)}")
+    if x.shape[0] > max_tokens:
+        raise ValueError(f"{where}: {x.shape[0]} tokens > {limit_name}={max_tokens}")
+    if x.dtype != dtype or x.device != device:
+        raise ValueError(f"{where}: x has dtype {x.dtype} on {x.device}, expected dtype {dtype} "
+                         f"on {device}")
+
+
 @dataclasses.dataclass
 class DispatchHandle:
     """What ``combine`` needs from one ``dispatch`` (device tensors, static shapes)."""
@@ -200,16 +214,9 @@ class MoEDispatcher:
         return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
     def _validate(self, x, topk_idx, topk_weights):
-        DH = self.dispatch_hidden
-        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != DH:
-            raise ValueError(f"dispatch: x must be a [T, {DH}] tensor, got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x)}")
+        check_token_rows("dispatch", x, self.dispatch_hidden, self.dispatch_dtype, self.device,
+                         "max_tokens_per_rank", self.max_tokens)
         T = x.shape[0]
-        if T > self.max_tokens:
-            raise ValueError(f"dispatch: {T} tokens > max_tokens_per_rank={self.max_tokens}")
-        if x.dtype != self.dispatch_dtype:
-            raise ValueError(f"dispatch: x has dtype {x.dtype}, the dispatcher was built for "
-                             f"{self.dispatch_dtype}")
         for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"dispatch: {name} must be a tensor, got {type(t).__name__}")

@@ -188,14 +188,16 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   // Per rank: a collective kernel and its PDL successor (2 x max_blocks_), plus p2p kernels
   // on up to 2(n-1) streams that share another 2 x max_blocks_ (see launchP2P): 4 x
   // max_blocks_ per rank, so every rank sharing the GPU stays resident at once.
-  const int fair = capacity / (4 * (per_gpu > 0 ? per_gpu : 1));
-  max_blocks_ =
-      static_cast<uint32_t>(fair < 1 ? 1 : (fair > gpu::kMaxBlocks ? gpu::kMaxBlocks : fair));
+  auto fairShare = [&](int blocks_on_gpu) {
+    const int fair = blocks_on_gpu / (4 * std::max(per_gpu, 1));
+    return static_cast<uint32_t>(std::min(std::max(fair, 1), static_cast<int>(gpu::kMaxBlocks)));
+  };
+  max_blocks_ = fairShare(capacity);
   if (cfg.gpu_max_blocks != 0 && cfg.gpu_max_blocks < max_blocks_) max_blocks_ = cfg.gpu_max_blocks;
   // The device-splits all_to_all keeps its plan in shared memory: its own budget by the same
   // rule, never above the collectives'.
-  const int split_fair = gpu::splitsBlocksPerSm(simple_possible) * sms / (4 * std::max(per_gpu, 1));
-  split_max_blocks_ = std::min(max_blocks_, static_cast<uint32_t>(std::max(split_fair, 1)));
+  split_max_blocks_ =
+      std::min(max_blocks_, fairShare(gpu::splitsBlocksPerSm(simple_possible) * sms));
   RLOG_INFO("rank %d: %d SMs, %d resident blocks, %d ranks per GPU -> at most %u blocks per op",
             rank_, sms, capacity, per_gpu, max_blocks_);
   comm.setExtraPoller(this);
