@@ -797,10 +797,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
                     g.allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data(), s);
                   });
   }
-  auto work =
-      makeWork(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_single", {output}, {input});
+  return submitAllToAll(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_single", {output},
+                        {input}, ins.data(), in_bytes.data(), outs.data(), out_bytes.data());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::submitAllToAll(
+    c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+    std::vector<at::Tensor> inputs, const void* const* ins, const size_t* in_bytes,
+    void* const* outs, const size_t* out_bytes) {
+  auto work = makeWork(type, title, std::move(outputs), std::move(inputs));
   translateErrors([&] {
-    work->addOp(comm_->allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data()));
+    work->addOp(comm_->allToAll(ins, in_bytes, outs, out_bytes));
     return 0;
   });
   return submit(work);
@@ -831,12 +838,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(std::vector<at::Te
                     g.allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data(), s);
                   });
   }
-  auto work = makeWork(c10d::OpType::ALLTOALL, "resident:all_to_all", outputs, inputs);
-  translateErrors([&] {
-    work->addOp(comm_->allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data()));
-    return 0;
-  });
-  return submit(work);
+  return submitAllToAll(c10d::OpType::ALLTOALL, "resident:all_to_all", outputs, inputs, ins.data(),
+                        in_bytes.data(), outs.data(), out_bytes.data());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allToAllDeviceSplits(
@@ -895,13 +898,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allToAllDeviceSplits(
     // This rank's own rows: what it sends itself (as on the device).
     out_bytes.push_back((p == rank_ ? rowsOf(sr, p) : rowsOf(rr, p)) * row_bytes);
   }
-  auto work =
-      makeWork(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_device_splits", {output}, {input});
-  translateErrors([&] {
-    work->addOp(comm_->allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data()));
-    return 0;
-  });
-  return submit(work);
+  return submitAllToAll(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_device_splits", {output},
+                        {input}, ins.data(), in_bytes.data(), outs.data(), out_bytes.data());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor>& tensors, int dst,
