@@ -58,6 +58,9 @@ def resident_backend(group=None, device="cpu"):
         backend = group._get_backend(torch.device(torch.device(device).type))
     except (RuntimeError, ValueError):
         return None
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps each backend (its collectives are checked across the
+    # ranks first); an op of resident's own, outside c10d, goes to the backend inside
+    backend = getattr(backend, "wrapped_pg", backend)
     return backend if isinstance(backend, _C.ProcessGroupResident) else None
 
 

@@ -92,6 +92,8 @@ KINDS = {
     "reduce_scatter_tensor_coalesced": Kind(2),
     "all_to_all_single": Kind(5),
     "all_to_all": Kind(3),
+    # resident_pg.ep: capacity buffers, per-peer row counts as tensors (read by the kernel)
+    "all_to_all_device_splits": Kind(3),
     "p2p_pairs": Kind(4, min_group=2),
     "p2p_ring": Kind(4, min_group=2),
     "p2p_tagged": Kind(2, min_group=2, needs="p2p_tags"),
@@ -387,6 +389,14 @@ class _Gen:
         s.dtype = self.choice(MOVE_DTYPES)
         s.n = self.per_peer(s.dtype, gs)
         s.splits = self._split_matrix(gs, s.n)
+
+    def _all_to_all_device_splits(self, s, gs):
+        """Capacity ``n`` rows of ``cols`` elements per peer; ``splits[s][d]`` rows (at most
+        ``n``) go from group rank s to d."""
+        s.dtype = self.choice(MOVE_DTYPES)
+        s.cols = int(self.rng.integers(1, 9))
+        s.n = self.per_peer(s.dtype, gs) // s.cols
+        s.splits = tuple(tuple(min(v, s.n) for v in row) for row in self._split_matrix(gs, s.n))
 
     def _p2p_pairs(self, s, gs):
         s.dtype = self.choice(MOVE_DTYPES)

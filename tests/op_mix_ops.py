@@ -440,6 +440,38 @@ class AllToAll(MixOp):
             self.same(f"o{r}", self.ins[r][me], f"from group rank {r}")
 
 
+class AllToAllDeviceSplits(MixOp):
+    """resident_pg.ep.all_to_all_device_splits: [group size, n, cols] capacity buffers, the
+    rows each peer gets given by count tensors; rows past the counts keep their contents."""
+
+    def fill(self, k):
+        s, gs, me = self.spec, self.m.size, self.m.me
+        self.ins = [self.data(k, "x", r, gs * s.n * s.cols).reshape(gs, s.n, s.cols)
+                    for r in range(gs)]
+        self.put("x", self.ins[me])
+        self.out("o", (gs, s.n, s.cols))
+        self.put("send_rows", torch.tensor([s.splits[me][d] for d in range(gs)]))
+        self.put("recv_rows", torch.tensor([s.splits[r][me] for r in range(gs)]))
+
+    def issue(self, a):
+        from resident_pg.ep import all_to_all_device_splits
+
+        return _works(all_to_all_device_splits(self.buf["o"], self.buf["x"],
+                                               self.buf["send_rows"], self.buf["recv_rows"],
+                                               group=self.pg, async_op=a))
+
+    def verify(self):
+        s, me = self.spec, self.m.me
+        got = self.host(self.buf["o"])
+        for r in range(self.m.size):
+            rows = s.splits[r][me]
+            self.errors += compare_exact(got[r, :rows], self.ins[r][me, :rows],
+                                         f"rows from group rank {r}")
+            self.errors += compare_exact(got[r, rows:], torch.full_like(got[r, rows:], SENTINEL.get(
+                s.dtype, -77.25)), f"rows past the count from group rank {r} (must stay)")
+        self.unchanged("x", self.ins[me])
+
+
 def _wait_all(works):
     for w in works:
         w.wait()
@@ -585,6 +617,7 @@ OPS = {
     "reduce_scatter_tensor_coalesced": ReduceScatterTensorCoalesced,
     "all_to_all_single": AllToAllSingle,
     "all_to_all": AllToAll,
+    "all_to_all_device_splits": AllToAllDeviceSplits,
     "p2p_pairs": P2PPairs,
     "p2p_ring": P2PRing,
     "p2p_tagged": P2PTagged,
