@@ -67,10 +67,12 @@ struct Region {
   uint32_t simple;
   // simplePair's rule: a pair goes simple for an op whose first round's larger direction carries
   // more than simple_above[rule] bytes (kSimpleNever: never; zero, as in a zeroed Region: always),
-  // where the rule is 1 for a pair proxied in at least one direction (bit p of proxy_rule), 0 for a
-  // pair direct both ways.
-  uint32_t simple_above[2];
+  // where the rule (pairRule) is 0 for a pair direct both ways, 1 for a pair proxied in at least
+  // one direction (bit p of proxy_rule) over shared memory, 2 for one over a network transport
+  // (bit p of network_rule too: tcp, ib).
+  uint32_t simple_above[3];
   uint64_t proxy_rule;
+  uint64_t network_rule;
 };
 
 constexpr uint32_t kSimpleNever = 0xffffffffu;

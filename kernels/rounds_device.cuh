@@ -43,10 +43,14 @@ RESIDENT_HOST_DEVICE_INLINE uint32_t exchangedParts(uint64_t total, uint32_t r, 
 // The simple protocol (simple_device.cuh): does an op with `peer` whose first (largest) round's
 // larger direction carries `first_bytes` go simple in every round, or as LL lines in every
 // round? Per op, not per round: see simple_device.cuh. Direct pairs: above half a chunk with
-// RESIDENT_GPU_PROTOCOL=simple; proxied pairs: above RESIDENT_GPU_PROXY_SIMPLE_ABOVE (at most
-// half a chunk, so that an op's LL lines always fit below the simple payload).
+// RESIDENT_GPU_PROTOCOL=simple; proxied pairs: above the threshold of their rule (at most half a
+// chunk, so that an op's LL lines always fit below the simple payload).
+RESIDENT_HOST_DEVICE_INLINE uint32_t pairRule(const Region& reg, int peer) {
+  return static_cast<uint32_t>(((reg.proxy_rule >> peer) & 1ull) +
+                               ((reg.network_rule >> peer) & 1ull));
+}
 RESIDENT_HOST_DEVICE_INLINE bool simplePair(const Region& reg, int peer, uint32_t first_bytes) {
-  return first_bytes > reg.simple_above[(reg.proxy_rule >> peer) & 1ull];
+  return first_bytes > reg.simple_above[pairRule(reg, peer)];
 }
 
 // Payload bytes of part j of a round carrying `round_bytes` (may be <= 0).

@@ -17,6 +17,7 @@
 #include "core/log.hpp"
 #include "cuda/cuda_guards.hpp"
 #include "region_offsets.cuh"
+#include "rounds_device.cuh"
 
 namespace resident {
 
@@ -120,7 +121,10 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       if (comm.proxied(p)) {
         any_proxied_ = true;
         region_.proxied |= 1ull << p;
-        if (comm.transport().fusesLineCheck(p)) fused_peers_ |= 1ull << p;
+        if (comm.transport().fusesLineCheck(p))
+          fused_peers_ |= 1ull << p;
+        else
+          region_.network_rule |= 1ull << p;  // the same transport both ways: both ends agree
         continue;
       }
       if (comm.peerSegmentBytes(p) < needed) {
@@ -136,6 +140,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       outbox_host_ = static_cast<unsigned char*>(out);
       std::memset(outbox_host_, 0, lay.outboxBytes());  // credit words included (as sent)
       credit_sent_.assign(static_cast<size_t>(nranks_), {});
+      credit_seen_ns_.assign(static_cast<size_t>(nranks_), {});
       void* dev = nullptr;
       checkCuda(cudaHostGetDevicePointer(&dev, out, 0), "cudaHostGetDevicePointer (outbox)");
       region_.outbox = static_cast<unsigned char*>(dev);
@@ -161,18 +166,20 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   region_.timeout_ns = timeout_ms * 1000000ull;
   timeout_ns_.store(region_.timeout_ns, std::memory_order_relaxed);
   // simplePair's thresholds: direct pairs above half a chunk with RESIDENT_GPU_PROTOCOL=simple;
-  // proxied ones above kProxySimpleAbove, capped at half a chunk (above that an op's LL lines
-  // would reach the slot's simple payload half, simple_device.cuh).
+  // pairs proxied over shm above kProxySimpleAbove, over a network above kNetworkSimpleAbove,
+  // both capped at half a chunk (above that an op's LL lines would reach the slot's simple
+  // payload half, simple_device.cuh).
   const Config& cfg = comm.config();
   region_.simple_above[0] =
       cfg.gpu_protocol == GpuProtocol::kSimple ? lay.chunk / 2 : gpu::kSimpleNever;
   region_.simple_above[1] = std::min(kProxySimpleAbove, lay.chunk / 2);
+  region_.simple_above[2] = std::min(kNetworkSimpleAbove, lay.chunk / 2);
   // Could any op be simple? Then the residency budget below is that of the heavier build.
   // (Region::simple itself is set per op, in launchCollective.)
   bool simple_possible = false;
   for (int p = 0; p < nranks_; ++p)
     simple_possible |=
-        p != rank_ && region_.simple_above[(region_.proxy_rule >> p) & 1] != gpu::kSimpleNever;
+        p != rank_ && region_.simple_above[gpu::pairRule(region_, p)] != gpu::kSimpleNever;
   unsigned char* gpu_base = comm.segmentBase() + comm.gpuRegionOffset();
   ring_ = TriggerRingView(gpu_base + lay.fifoOffset(),
                           reinterpret_cast<uint64_t*>(gpu_base + GpuLayout::kFifoTailWord),

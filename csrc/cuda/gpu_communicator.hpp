@@ -109,7 +109,7 @@ class GpuCommunicator : public ProxyHandler {
   // Proxy side of send/recv flow control: a recv kernel stores the credit it returns to a
   // proxied sender into this rank's outbox (a word per peer and slot); forwards each one that
   // changed as a signal into the sender's credit words. True when it forwarded any.
-  bool forwardCredits();
+  bool forwardCredits(uint64_t written_peers);
   // Region::trigger_fence for an op whose largest round to one peer has this many bytes.
   uint32_t fenceTriggers(uint64_t first_round_bytes) const;
   uint32_t blocksFor(uint64_t first_round_bytes) const;
@@ -134,7 +134,16 @@ class GpuCommunicator : public ProxyHandler {
   // Proxied ops whose first round to the peer carries more than this many bytes (capped at half
   // a chunk) go as payload + flags raised by the proxy; smaller ones as LL lines.
   static constexpr uint32_t kProxySimpleAbove = 32 * 1024;
-  // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
+  // The same over a network transport (tcp, ib), where every byte costs the proxy and the wire
+  // (LL lines are twice the payload). tcp on the H200, 2 ranks, graphs: above 8 KiB 64 KiB
+  // all_gather, reduce_scatter and all_to_all (32 KiB per peer) took 26-30 µs against 37-50
+  // as LL lines; above 2 KiB, 4 KiB ops lost 1-4 µs (docs/decisions.md).
+  static constexpr uint32_t kNetworkSimpleAbove = 8 * 1024;
+  // A p2p credit for a network peer waits up to this long for a write to the same peer to
+  // share its message (a recv followed by a send back, as in a ping-pong, sends one message
+  // instead of two; tcp on the H200: 8 B send/recv 9.0 against 12.3 µs).
+  static constexpr uint64_t kCreditHoldNs = 5000;  // Blocks per kernel: every rank sharing this GPU
+                                                   // must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;
   uint32_t split_max_blocks_ = 1;  // the same for the device-splits all_to_all's kernel
@@ -154,6 +163,8 @@ class GpuCommunicator : public ProxyHandler {
   uint64_t fused_peers_ = 0;
   // forwardCredits: per peer, the credit last forwarded for each p2p slot (proxy thread only).
   std::vector<std::array<uint64_t, GpuLayout::kP2PSlots>> credit_sent_;
+  // When a credit not yet forwarded was first seen (0: none waits), for kCreditHoldNs.
+  std::vector<std::array<uint64_t, GpuLayout::kP2PSlots>> credit_seen_ns_;
   // Collective rounds launched eagerly with each peer while tracing, as the host counts them
   // (logRounds; logDeviceRounds reads them on the proxy thread).
   std::unique_ptr<std::atomic<uint64_t>[]> host_rounds_;

@@ -115,19 +115,32 @@ void GpuCommunicator::logDeviceRounds() const {
              traced ? " / as the host counted them" : "", line.c_str());
 }
 
-bool GpuCommunicator::forwardCredits() {
+bool GpuCommunicator::forwardCredits(uint64_t written_peers) {
   // Credits only follow the recv kernel's reads of the slot (done before it stored the word),
   // not any write of this rank, so they need no place in the FIFO's order. Each word is one
   // aligned 8-byte store and only grows, so a read sees it whole, never moving backwards.
   const GpuLayout& lay = comm_.gpuLayout();
   Transport& transport = comm_.transport();
   bool forwarded = false;
+  uint64_t now = 0;  // read once, when a credit is held
   for (int p = 0; p < nranks_; ++p) {
     if (((region_.proxied >> p) & 1) == 0) continue;
     const auto* words = reinterpret_cast<const uint64_t*>(outbox_host_ + lay.outCredit(p));
     for (uint32_t slot = 0; slot < GpuLayout::kP2PSlots; ++slot) {
       const uint64_t credit = __atomic_load_n(words + slot, __ATOMIC_RELAXED);
       if (credit == credit_sent_[static_cast<size_t>(p)][slot]) continue;
+      // A network peer's credit waits a little for a write to share its message; shm signals
+      // cost no message.
+      if (((fused_peers_ >> p) & 1) == 0 && ((written_peers >> p) & 1) == 0) {
+        uint64_t& seen = credit_seen_ns_[static_cast<size_t>(p)][slot];
+        if (now == 0) now = nowNs();
+        if (seen == 0) seen = now;
+        if (now - seen < kCreditHoldNs) {
+          forwarded = true;  // keeps the proxy hot
+          continue;
+        }
+      }
+      credit_seen_ns_[static_cast<size_t>(p)][slot] = 0;
       transport.signal(p, comm_.gpuRegionOffset() + lay.creditIn(rank_) + 8ull * slot, credit);
       if (trace_) trace_->record(TraceEvent::kCredit, p, 8);
       credit_sent_[static_cast<size_t>(p)][slot] = credit;
@@ -164,8 +177,6 @@ bool GpuCommunicator::proxyPoll() {
     if (!comm_.engine().poisoned()) comm_.engine().poison(comm_.engine().firstPeerFailure());
     abortKernels();
   }
-  // First the credits (a peer's send may be waiting for one), then the FIFO.
-  const bool credited = any_proxied_ && forwardCredits();
   // Drain what the kernels pushed into a batch of writes (fixed arrays, no allocation), posted
   // in outbox order with adjacent ranges merged (sortAndMergeWrites) whenever FIFO order requires
   // it (lines still in flight), when full, and at the end of the pass. The simple
@@ -206,6 +217,7 @@ bool GpuCommunicator::proxyPoll() {
     nflags = 0;
   };
   int popped = 0;
+  uint64_t written_peers = 0;
   Trigger t;
   while (popped < 256 && ring_.tryPop(t)) {
     ++popped;
@@ -215,6 +227,7 @@ bool GpuCommunicator::proxyPoll() {
                      : r.kind == TriggerKind::kCopy ? TraceEvent::kPopCopy
                                                     : TraceEvent::kPopLines,
                      static_cast<int>(r.peer), r.bytes);
+    if (r.peer < gpu::kMaxRanks) written_peers |= 1ull << r.peer;
     if (r.kind == TriggerKind::kFlag) {  // raised after the next post (flush)
       for (uint64_t off = 0; off + 16 <= r.bytes; off += kSimpleFlagStride) {
         if (nflags == 64) flush();
@@ -263,6 +276,8 @@ bool GpuCommunicator::proxyPoll() {
   }
   flush();
   if (popped > 0) ring_.publishTail();
+  // The credits after the FIFO: one sent beside a write to its peer shares its message.
+  const bool credited = any_proxied_ && forwardCredits(written_peers);
   if (!error_logged_.load(std::memory_order_relaxed)) {
     const std::string err = deviceError();
     if (!err.empty()) {

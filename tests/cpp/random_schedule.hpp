@@ -93,7 +93,7 @@ Outcome exploreSchedules(int trials, uint32_t seed, MakeModel make) {
 // RESIDENT_GPU_PROTOCOL=simple (and the proxied threshold, 32 KiB, at 64 KiB chunks);
 // and proxied thresholds below it (the host caps larger ones at half a chunk).
 inline std::vector<uint32_t> thresholdsFor(uint32_t chunk, uint32_t never) {
-  return {never, chunk / 2, 0u, 2048u, chunk / 4};
+  return {never, chunk / 2, 0u, 2048u, chunk / 4, chunk / 8};
 }
 
 }  // namespace slot_model

@@ -197,9 +197,24 @@ slot_model::Outcome explore(const Rules& R, int trials, uint32_t seed) {
   });
 }
 
+// simplePair picks each pair's threshold by its rule: direct, proxied over shm, over a network.
+void checkPairRules() {
+  g::Region reg{};
+  reg.simple_above[0] = g::kSimpleNever;
+  reg.simple_above[1] = 32768;
+  reg.simple_above[2] = 8192;
+  reg.proxy_rule = (1ull << 1) | (1ull << 2);
+  reg.network_rule = 1ull << 2;
+  CHECK(g::pairRule(reg, 0) == 0 && g::pairRule(reg, 1) == 1 && g::pairRule(reg, 2) == 2);
+  CHECK(!g::simplePair(reg, 0, 65536));
+  CHECK(!g::simplePair(reg, 1, 32768) && g::simplePair(reg, 1, 32769));
+  CHECK(!g::simplePair(reg, 2, 8192) && g::simplePair(reg, 2, 8193));
+}
+
 }  // namespace
 
 int main() {
+  checkPairRules();
   for (uint32_t chunk : {65536u, 16384u}) {
     for (uint32_t above : slot_model::thresholdsFor(chunk, g::kSimpleNever)) {
       const slot_model::Outcome now = explore({true, above, chunk}, 3000, 7 + chunk + above);
