@@ -27,8 +27,7 @@ CPU (in CI; 2 and 4 ranks, the resident backend on CPU tensors):
 
 GPU (``gpu`` marker; skipped without CUDA): the same cases on CUDA tensors plus graph replays
 with fresh counts / routings (activation and FP8 dispatch), per world size
-(RESIDENT_GPU_TESTS_WS, default 2,4,8) and path (direct, proxy, proxy+tcp); the FP8 cases have
-not yet run on a GPU::
+(RESIDENT_GPU_TESTS_WS, default 2,4,8) and path (direct, proxy, proxy+tcp)::
 
     python -m pytest -q tests/test_ep.py -m gpu
 """
