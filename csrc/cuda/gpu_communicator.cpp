@@ -141,6 +141,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       std::memset(outbox_host_, 0, lay.outboxBytes());  // credit words included (as sent)
       credit_sent_.assign(static_cast<size_t>(nranks_), {});
       credit_seen_ns_.assign(static_cast<size_t>(nranks_), {});
+      last_write_ns_.assign(static_cast<size_t>(nranks_), 0);
       void* dev = nullptr;
       checkCuda(cudaHostGetDevicePointer(&dev, out, 0), "cudaHostGetDevicePointer (outbox)");
       region_.outbox = static_cast<unsigned char*>(dev);

@@ -139,11 +139,14 @@ class GpuCommunicator : public ProxyHandler {
   // all_gather, reduce_scatter and all_to_all (32 KiB per peer) took 26-30 µs against 37-50
   // as LL lines; above 2 KiB, 4 KiB ops lost 1-4 µs (docs/decisions.md).
   static constexpr uint32_t kNetworkSimpleAbove = 8 * 1024;
-  // A p2p credit for a network peer waits up to this long for a write to the same peer to
+  // A p2p credit for a network peer waits up to kCreditHoldNs for a write to the same peer to
   // share its message (a recv followed by a send back, as in a ping-pong, sends one message
-  // instead of two; tcp on the H200: 8 B send/recv 9.0 against 12.3 µs).
-  static constexpr uint64_t kCreditHoldNs = 5000;  // Blocks per kernel: every rank sharing this GPU
-                                                   // must have all blocks of its current op
+  // instead of two; tcp on the H200: 8 B send/recv 9.0 against 12.3 µs) — only while this rank
+  // wrote to that peer within kCreditHoldRecentNs: a one-way stream of sends gets its credits
+  // at once (a held credit would slow the sender, which has two slots).
+  static constexpr uint64_t kCreditHoldNs = 5000;
+  static constexpr uint64_t kCreditHoldRecentNs = 100000;
+  // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;
   uint32_t split_max_blocks_ = 1;  // the same for the device-splits all_to_all's kernel
@@ -165,6 +168,7 @@ class GpuCommunicator : public ProxyHandler {
   std::vector<std::array<uint64_t, GpuLayout::kP2PSlots>> credit_sent_;
   // When a credit not yet forwarded was first seen (0: none waits), for kCreditHoldNs.
   std::vector<std::array<uint64_t, GpuLayout::kP2PSlots>> credit_seen_ns_;
+  std::vector<uint64_t> last_write_ns_;  // per peer: when a pass last posted a write to it
   // Collective rounds launched eagerly with each peer while tracing, as the host counts them
   // (logRounds; logDeviceRounds reads them on the proxy thread).
   std::unique_ptr<std::atomic<uint64_t>[]> host_rounds_;

@@ -129,13 +129,15 @@ bool GpuCommunicator::forwardCredits(uint64_t written_peers) {
     for (uint32_t slot = 0; slot < GpuLayout::kP2PSlots; ++slot) {
       const uint64_t credit = __atomic_load_n(words + slot, __ATOMIC_RELAXED);
       if (credit == credit_sent_[static_cast<size_t>(p)][slot]) continue;
-      // A network peer's credit waits a little for a write to share its message; shm signals
-      // cost no message.
+      // A network peer this rank also writes to: its credit waits a little for a write to
+      // share its message (kCreditHoldNs); shm signals cost no message.
       if (((fused_peers_ >> p) & 1) == 0 && ((written_peers >> p) & 1) == 0) {
-        uint64_t& seen = credit_seen_ns_[static_cast<size_t>(p)][slot];
         if (now == 0) now = nowNs();
+        const uint64_t last_write = last_write_ns_[static_cast<size_t>(p)];
+        uint64_t& seen = credit_seen_ns_[static_cast<size_t>(p)][slot];
         if (seen == 0) seen = now;
-        if (now - seen < kCreditHoldNs) {
+        if (last_write != 0 && now - last_write < kCreditHoldRecentNs &&
+            now - seen < kCreditHoldNs) {
           forwarded = true;  // keeps the proxy hot
           continue;
         }
@@ -276,6 +278,11 @@ bool GpuCommunicator::proxyPoll() {
   }
   flush();
   if (popped > 0) ring_.publishTail();
+  if (written_peers != 0) {
+    const uint64_t now = nowNs();
+    for (int p = 0; p < nranks_; ++p)
+      if ((written_peers >> p) & 1) last_write_ns_[static_cast<size_t>(p)] = now;
+  }
   // The credits after the FIFO: one sent beside a write to its peer shares its message.
   const bool credited = any_proxied_ && forwardCredits(written_peers);
   if (!error_logged_.load(std::memory_order_relaxed)) {
