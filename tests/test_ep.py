@@ -828,3 +828,16 @@ def test_fp8_quantize_matches_reference(dt, round_scale):
     deq = dequantize(q, s).double().numpy()
     s_full = np.repeat(scales.astype(np.float64), 128, axis=1)
     assert (np.abs(deq - x) <= np.abs(x) * 2.0 ** -4 * (1 + 2.0 ** -20) + s_full * 2.0 ** -10).all()
+
+
+@pytest.mark.parametrize("hidden,use_ue8m0", [(128, False), (512, False), (512, True)])
+def test_fp8_rows_of_a_rank_without_tokens(hidden, use_ue8m0):
+    """A rank with no tokens packs no rows, whatever the number of scale groups (one group per
+    row gives an empty scale tensor that torch cannot view as bytes)."""
+    import torch
+
+    from resident_pg.ep_fp8 import Fp8Rows, row_bytes
+
+    rows = Fp8Rows(hidden, 4, 2, 8, use_ue8m0, "cpu").pack(
+        torch.zeros(0, hidden, dtype=torch.bfloat16), round_scale=use_ue8m0)
+    assert rows.dtype == torch.uint8 and tuple(rows.shape) == (0, row_bytes(hidden, use_ue8m0))
