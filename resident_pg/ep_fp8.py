@@ -123,8 +123,10 @@ class Fp8Rows:
     def pack(self, x: torch.Tensor, round_scale: bool) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, row_bytes]`` uint8 rows (a view of the static buffer)."""
         T, H = x.shape
-        q, scale_inv = quantize(x, round_scale)
         rows = self._rows[:T]
+        if T == 0:  # nothing to pack (and torch cannot view an empty [0, 1] as bytes)
+            return rows
+        q, scale_inv = quantize(x, round_scale)
         rows[:, :H].copy_(q.view(torch.uint8))
         rows[:, H:].copy_(ue8m0_bytes(scale_inv) if self.use_ue8m0
                           else scale_inv.view(torch.uint8))

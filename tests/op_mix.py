@@ -94,6 +94,10 @@ KINDS = {
     "all_to_all": Kind(3),
     # resident_pg.ep: capacity buffers, per-peer row counts as tensors (read by the kernel)
     "all_to_all_device_splits": Kind(3),
+    # resident_pg.ep.Buffer: one low_latency_dispatch + stand-in experts + low_latency_combine
+    # (op_mix_ep.py). Issued async (a batch, or a graph op with async_op): the combine's
+    # async_finish event is what is waited on.
+    "ep_dispatch_combine": Kind(2),
     "p2p_pairs": Kind(4, min_group=2),
     "p2p_ring": Kind(4, min_group=2),
     "p2p_tagged": Kind(2, min_group=2, needs="p2p_tags"),
@@ -104,6 +108,59 @@ KINDS = {
     "gather_object": Kind(1, batchable=False, capturable=False),
     "scatter_object_list": Kind(1, batchable=False, capturable=False),
 }
+
+
+# ep_dispatch_combine: the Buffer's activation dtypes (FP8 dispatch quantizes these too)
+EP_DTYPES = ("bfloat16", "float16", "float32")
+# "auto": the device-splits exchange where the group's backend is resident, else the padded
+# all_to_all_single (the kind then runs on gloo too); "padded" on any backend. "splits" is not
+# drawn: on another backend it is a ValueError, and on resident it is what "auto" picks.
+EP_TRANSPORTS = ("auto", "padded")
+# routings: "random" (skewed choice of distinct experts, ~20% -1), "masked" (~60% -1, a first
+# token with none), "hot" (every token of every rank to the same top-k experts)
+EP_ROUTINGS = ("random", "random", "masked", "hot")
+# dispatch formats: activations, or FP8 (DeepEP's cast; round_scale; round_scale + UE8M0)
+EP_FP8 = ("", "fp8", "fp8_round", "fp8_ue8m0")
+
+
+@dataclasses.dataclass(frozen=True)
+class EpShape:
+    """What a resident_pg.ep.Buffer is made for; a rank keeps one Buffer per (group, shape)."""
+
+    max_tokens: int      # num_max_dispatch_tokens_per_rank
+    hidden: int
+    local_experts: int   # num_experts = local_experts x group size
+    dtype: str
+    transport: str
+
+    def describe(self) -> str:
+        return (f"Buffer(M={self.max_tokens} hidden={self.hidden} L={self.local_experts} "
+                f"{self.dtype} {self.transport})")
+
+
+@dataclasses.dataclass(frozen=True)
+class EpCall:
+    """One dispatch + combine on a Buffer of ``shape``."""
+
+    shape: EpShape
+    top_k: int
+    tokens: tuple        # tokens of each group rank (0 .. max_tokens)
+    routing: str         # one of EP_ROUTINGS
+    hot: tuple           # "hot": the experts every token goes to
+    fp8: str             # one of EP_FP8
+    async_finish: tuple  # (dispatch, combine)
+    recv_hook: tuple     # return_recv_hook of (dispatch, combine)
+    stats: bool          # cumulative_local_expert_recv_stats given
+    out: bool            # combine writes into a given out tensor
+
+    def describe(self) -> str:
+        flags = [n for n, on in (("finish-d", self.async_finish[0]),
+                                 ("finish-c", self.async_finish[1]),
+                                 ("hook-d", self.recv_hook[0]), ("hook-c", self.recv_hook[1]),
+                                 ("stats", self.stats), ("out", self.out)) if on]
+        return (f"{self.shape.describe()} top{self.top_k} tokens={list(self.tokens)} "
+                f"{self.routing}{list(self.hot) if self.hot else ''} {self.fp8 or 'activations'}"
+                + (" " + ",".join(flags) if flags else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,10 +192,13 @@ class OpSpec:
     shift: int = 1       # p2p_ring, batch_isend_irecv: send to rank + shift
     tags: tuple = ()     # p2p tags (unique within a plan)
     order: tuple = ()    # p2p_tagged: the receiver's posting order
+    ep: Optional[EpCall] = None  # ep_dispatch_combine
 
     def describe(self, groups) -> str:
         g = groups[self.group]
         parts = [self.kind]
+        if self.ep is not None:
+            return f"{self.kind} {self.ep.describe()} on {g.label()}"
         if self.redop:
             parts.append(self.redop)
         if self.dtypes:
@@ -208,6 +268,7 @@ class _Gen:
         self.caps = caps
         self.next_tag = 1
         self.deck = []  # kinds not drawn yet in this plan
+        self.ep_shapes = {}  # group index -> the EpShapes drawn on it (their Buffers are reused)
 
     def choice(self, seq):
         return seq[int(self.rng.integers(len(seq)))]
@@ -397,6 +458,41 @@ class _Gen:
         s.cols = int(self.rng.integers(1, 9))
         s.n = self.per_peer(s.dtype, gs) // s.cols
         s.splits = tuple(tuple(min(v, s.n) for v in row) for row in self._split_matrix(gs, s.n))
+
+    def _ep_shape(self, group: int) -> EpShape:
+        """Half the time a Buffer already drawn on the group (reused by the ranks: other routings,
+        top-k widths and dispatch formats on the same static buffers), else a fresh shape."""
+        drawn = self.ep_shapes.setdefault(group, [])
+        if drawn and self.coin(0.5):
+            return self.choice(drawn)
+        r = self.rng.random()
+        if r < 0.4:
+            hidden = int(self.rng.integers(1, 97))  # activations only
+        elif r < 0.8:
+            hidden = 128 * int(self.rng.integers(1, 4))  # FP8: one scale per 128 channels
+        else:
+            hidden = 512  # FP8 with UE8M0: four scales per int32
+        shape = EpShape(self.choice((1, 2, 3, 5, 8)), hidden, int(self.rng.integers(1, 4)),
+                        self.choice(EP_DTYPES), self.choice(EP_TRANSPORTS))
+        drawn.append(shape)
+        return shape
+
+    def _ep_dispatch_combine(self, s, gs):
+        shape = self._ep_shape(s.group)
+        experts = shape.local_experts * gs
+        k = int(self.rng.integers(1, min(experts, 8) + 1))
+        tokens = tuple(0 if self.coin(0.25) else int(self.rng.integers(1, shape.max_tokens + 1))
+                       for _ in range(gs))
+        routing = self.choice(EP_ROUTINGS)
+        hot = (tuple(sorted(int(e) for e in self.rng.choice(experts, size=k, replace=False)))
+               if routing == "hot" else ())
+        formats = [f for f in EP_FP8
+                   if not f or shape.hidden % (512 if f == "fp8_ue8m0" else 128) == 0]
+        fp8 = self.choice(formats[1:]) if len(formats) > 1 and self.coin(0.5) else ""
+        s.dtype = shape.dtype
+        s.ep = EpCall(shape, k, tokens, routing, hot, fp8,
+                      (self.coin(0.5), self.coin(0.5)), (self.coin(0.5), self.coin(0.5)),
+                      self.coin(0.3), self.coin(0.5))
 
     def _p2p_pairs(self, s, gs):
         s.dtype = self.choice(MOVE_DTYPES)

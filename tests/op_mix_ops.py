@@ -1,4 +1,5 @@
-"""The tensor op kinds of an op mix (op_mix.KINDS; the object collectives: op_mix_objects.py):
+"""The tensor op kinds of an op mix (op_mix.KINDS; the object collectives: op_mix_objects.py;
+resident_pg.ep.Buffer: op_mix_ep.py):
 each issues its torch.distributed call on static buffers and checks what it got against a
 reference it computes itself.
 
@@ -49,7 +50,8 @@ def data_kind(op: str, dtype: str) -> str:
 class Member:
     """Where an op runs: this rank's place in the op's group, the device, the data key."""
 
-    def __init__(self, plan, spec, rank: int, pg, device: str, key: str, local_rng):
+    def __init__(self, plan, spec, rank: int, pg, device: str, key: str, local_rng,
+                 cache=None):
         self.ranks = plan.groups[spec.group].ranks
         self.rank = rank
         self.me = self.ranks.index(rank)
@@ -58,6 +60,9 @@ class Member:
         self.device = device
         self.key = key
         self.rng = local_rng  # this rank's own choices (posting orders)
+        # objects kept across the ops of a seed (op_mix_ep: a Buffer per group and shape);
+        # None: the op's own
+        self.cache = {} if cache is None else cache
 
     def glob(self, group_rank: int) -> int:
         return self.ranks[group_rank]
@@ -627,6 +632,7 @@ OPS = {
 
 
 def make_op(spec, member: Member) -> MixOp:
+    from op_mix_ep import EP_OPS
     from op_mix_objects import OBJECT_OPS
 
-    return (OPS.get(spec.kind) or OBJECT_OPS[spec.kind])(spec, member)
+    return (OPS.get(spec.kind) or OBJECT_OPS.get(spec.kind) or EP_OPS[spec.kind])(spec, member)

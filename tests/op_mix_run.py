@@ -158,13 +158,15 @@ class _Seed:
         self.hooks, self.timeout_s = hooks, timeout_s
         self.problems, self.digests = [], {}
         self.handles = [None]  # the world: the default group
+        self.cache = {}  # Member.cache of every op of the seed (dies with its subgroups)
         self.where = "creating the subgroups"
         self.ops = 0
 
     def member(self, spec, key, local):
         from op_mix_ops import Member
 
-        return Member(self.plan, spec, self.rank, self.handles[spec.group], self.device, key, local)
+        return Member(self.plan, spec, self.rank, self.handles[spec.group], self.device, key, local,
+                      self.cache)
 
     def label(self, head, spec, op=None):
         g = self.plan.groups[spec.group]

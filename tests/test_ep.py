@@ -39,7 +39,17 @@ import pytest
 
 import cuda_harness as C
 import dist_harness as H
-from ep_reference import combine_reference, to_dtype
+from ep_reference import (
+    combine_reference,
+    dispatch_reference,
+    expert_scale,
+    fp8_codes,
+    fp8_dequantize,
+    fp8_quantize,
+    fp8_values,
+    to_dtype,
+    ue8m0_packed,
+)
 
 CPU_WORLD_SIZES = (2, 4)
 SENTINEL = -77.5  # exact in every payload dtype
@@ -103,30 +113,16 @@ def ep_weights(key, rank, T, K):
     return H.rng_for(key + "/w", rank).uniform(0.1, 1.0, (T, K)).astype(np.float32)
 
 
-def expert_scale(e):
-    return 1.0 + (e % 7) / 8.0  # exact in every payload dtype
-
-
 def ep_reference(name, ws, rank, rnd, key, Ts=None):
     """(recv_x [L, ws*M, H], recv_count [L], y [T, H], tol [T, H]) of ``rank`` for one round
     (``Ts``: tokens per rank instead of the scenario's)."""
     dt, L, E, Hd, M, K, rounds, mode = ep_params(name, ws)
     Ts = rounds[rnd] if Ts is None else Ts
-    recv_x = np.zeros((L, ws * M, Hd))
-    count = np.zeros(L, dtype=np.int32)
-    for src in range(ws):  # source rank order, then token order
-        idx = ep_routing(key, src, Ts[src], E, K, mode)
-        x = ep_tokens(key, src, Ts[src], Hd, dt)
-        for t in range(Ts[src]):
-            for e in idx[t]:
-                if e >= 0 and e // L == rank:
-                    recv_x[e % L, count[e % L]] = x[t]
-                    count[e % L] += 1
-    T = Ts[rank]
-    idx = ep_routing(key, rank, T, E, K, mode)
-    x = ep_tokens(key, rank, T, Hd, dt)
-    w = ep_weights(key, rank, T, K).astype(np.float64)
-    y, tol = combine_reference(x, idx, w, dt, expert_scale)
+    idx = [ep_routing(key, src, Ts[src], E, K, mode) for src in range(ws)]
+    x = [ep_tokens(key, src, Ts[src], Hd, dt) for src in range(ws)]
+    recv_x, count = dispatch_reference(idx, x, rank, L, ws * M)
+    w = ep_weights(key, rank, Ts[rank], K).astype(np.float64)
+    y, tol = combine_reference(x[rank], idx[rank], w, dt, expert_scale)
     return recv_x, count, y, tol
 
 
@@ -153,87 +149,23 @@ def fp8_tokens(key, rank, T, Hd, dt):
     return to_dtype(rng.standard_normal((T, Hd)) * np.repeat(mag, 128, axis=1), dt)
 
 
-def fp8_codes(y):
-    """float32 values in [-448, 448] -> float8_e4m3fn bit patterns (uint8), rounded to nearest
-    even; from the format's definition (exponent bias 7, 3 mantissa bits, subnormal step 2**-9)."""
-    y = np.asarray(y, dtype=np.float32)
-    a = np.abs(y).astype(np.float64)
-    assert (a <= 448).all()
-    m, e = np.frexp(a)  # a = m * 2**e, 0.5 <= m < 1
-    normal = (e - 1 + 7) * 8 + np.rint((2 * m - 1) * 8)  # a mantissa carry bumps the exponent
-    code = np.where(a >= 2.0 ** -6, normal, np.rint(a / 2.0 ** -9)).astype(np.int64)
-    return (code | (np.signbit(y).astype(np.int64) << 7)).astype(np.uint8)
-
-
-def fp8_values(codes):
-    """float8_e4m3fn bit patterns -> float64 values (finite codes only)."""
-    c = np.asarray(codes).astype(np.int64)
-    e, m = (c >> 3) & 0xF, c & 7
-    mag = np.where(e > 0, (1 + m / 8.0) * 2.0 ** (e - 7), m * 2.0 ** -9)
-    return np.where(c & 0x80, -mag, mag)
-
-
-def fp8_quantize(x, round_scale):
-    """DeepEP's per-token, per-128-channel cast in float32: (codes [T, H], scale_inv [T, G])."""
-    T, Hd = x.shape
-    xf = np.asarray(x, dtype=np.float32).reshape(T, Hd // 128, 128)
-    amax = np.maximum(np.abs(xf).max(axis=-1, initial=0.0), np.float32(1e-4))
-    v = amax * np.float32(1 / 448)
-    if round_scale:
-        bits = v.view(np.uint32).astype(np.int64)
-        e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0)
-        scale_inv = np.ldexp(np.float32(1), e).astype(np.float32)
-        scale = np.ldexp(np.float32(1), -e).astype(np.float32)
-    else:
-        scale_inv, scale = v, np.float32(448) / amax
-    y = np.clip(xf * scale[..., None], np.float32(-448), np.float32(448))
-    return fp8_codes(y).reshape(T, Hd), scale_inv.astype(np.float32)
-
-
 def ep_fp8_reference(name, ws, rank, key, Ts=None):
     """For ``rank``: received codes [L, S, H] uint8, scales [L, S, G] float32, counts [L], the
     input rows behind them [L, S, H], and the combined output of the stand-in experts applied
     to the dequantized rows (y [T, H], tol [T, H])."""
     dt, L, E, Hd, M, K, Ts0, mode, rs, _ = fp8_params(name, ws)
     Ts = Ts0 if Ts is None else Ts
-    S, G = ws * M, Hd // 128
-    codes = np.zeros((L, S, Hd), dtype=np.uint8)
-    scales = np.zeros((L, S, G), dtype=np.float32)
-    rows = np.zeros((L, S, Hd))
-    count = np.zeros(L, dtype=np.int32)
-    for src in range(ws):
-        idx = ep_routing(key, src, Ts[src], E, K, mode)
-        x = fp8_tokens(key, src, Ts[src], Hd, dt)
-        q, s = fp8_quantize(x, rs)
-        for t in range(Ts[src]):
-            for e in idx[t]:
-                if e >= 0 and e // L == rank:
-                    j = count[e % L]
-                    codes[e % L, j], scales[e % L, j], rows[e % L, j] = q[t], s[t], x[t]
-                    count[e % L] += 1
-    T = Ts[rank]
-    idx = ep_routing(key, rank, T, E, K, mode)
-    q, s = fp8_quantize(fp8_tokens(key, rank, T, Hd, dt), rs)
-    deq = fp8_values(q).astype(np.float32) * np.repeat(s, 128, axis=1)  # float32, as the device
-    w = ep_weights(key, rank, T, K).astype(np.float64)
-    y, mag = np.zeros((T, Hd)), np.zeros((T, Hd))
-    for t in range(T):
-        for k in range(K):
-            e = idx[t, k]
-            if e >= 0:
-                out = to_dtype(deq[t] * np.float32(expert_scale(e)), dt)
-                y[t] += w[t, k] * out
-                mag[t] += np.abs(w[t, k] * out)
-    ulp = 2.0 ** -8 if dt == "bfloat16" else 2.0 ** -23
-    return codes, scales, count, rows, y, np.abs(y) * ulp + mag * 2.0 ** -20 + 1e-7
-
-
-def ue8m0_packed(scales):
-    """float32 power-of-two scales [..., G] -> DeepEP's packed UE8M0 [..., G/4] as uint32:
-    group 4j+b's exponent byte in bits 8b..8b+7 of word j."""
-    b = (scales.view(np.uint32) >> 23) & 0xFF
-    b = b.reshape(*scales.shape[:-1], -1, 4).astype(np.uint64)
-    return (b << (8 * np.arange(4, dtype=np.uint64))).sum(-1).astype(np.uint32)
+    idx = [ep_routing(key, src, Ts[src], E, K, mode) for src in range(ws)]
+    x = [fp8_tokens(key, src, Ts[src], Hd, dt) for src in range(ws)]
+    q = [fp8_quantize(xs, rs) for xs in x]
+    S = ws * M
+    codes, count = dispatch_reference(idx, [c for c, _ in q], rank, L, S)
+    scales, _ = dispatch_reference(idx, [s for _, s in q], rank, L, S)
+    rows, _ = dispatch_reference(idx, x, rank, L, S)
+    deq = fp8_dequantize(*q[rank])  # float32, as the device
+    w = ep_weights(key, rank, Ts[rank], K).astype(np.float64)
+    y, tol = combine_reference(deq, idx[rank], w, dt, lambda e: np.float32(expert_scale(e)))
+    return codes, scales, count, rows, y, tol
 
 
 # ---------------------------------------------------------------- inside a rank
@@ -828,3 +760,16 @@ def test_fp8_quantize_matches_reference(dt, round_scale):
     deq = dequantize(q, s).double().numpy()
     s_full = np.repeat(scales.astype(np.float64), 128, axis=1)
     assert (np.abs(deq - x) <= np.abs(x) * 2.0 ** -4 * (1 + 2.0 ** -20) + s_full * 2.0 ** -10).all()
+
+
+@pytest.mark.parametrize("hidden,use_ue8m0", [(128, False), (512, False), (512, True)])
+def test_fp8_rows_of_a_rank_without_tokens(hidden, use_ue8m0):
+    """A rank with no tokens packs no rows, whatever the number of scale groups (one group per
+    row gives an empty scale tensor that torch cannot view as bytes)."""
+    import torch
+
+    from resident_pg.ep_fp8 import Fp8Rows, row_bytes
+
+    rows = Fp8Rows(hidden, 4, 2, 8, use_ue8m0, "cpu").pack(
+        torch.zeros(0, hidden, dtype=torch.bfloat16), round_scale=use_ue8m0)
+    assert rows.dtype == torch.uint8 and tuple(rows.shape) == (0, row_bytes(hidden, use_ue8m0))

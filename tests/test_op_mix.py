@@ -77,11 +77,13 @@ def _kinds(plan):
 
 
 def test_every_kind_has_an_op_and_the_left_out_ones_are_named():
+    from op_mix_ep import EP_OPS
     from op_mix_objects import OBJECT_OPS
     from op_mix_ops import OPS
 
-    assert set(OPS) | set(OBJECT_OPS) == set(op_mix.KINDS)
-    assert not set(OPS) & set(OBJECT_OPS)
+    tables = [set(OPS), set(OBJECT_OPS), set(EP_OPS)]
+    assert set.union(*tables) == set(op_mix.KINDS)
+    assert sum(len(t) for t in tables) == len(op_mix.KINDS)  # no kind in two tables
     assert not set(op_mix.UNSUPPORTED) & set(op_mix.KINDS)
 
 
@@ -127,8 +129,41 @@ def test_plans_cover_every_kind_dtype_op_and_group_shape(caps):
     assert {1, 2, 3, 4, 8} <= shapes
 
 
+def test_plans_cover_the_ep_buffer_modes():
+    """ep_dispatch_combine draws every option of resident_pg.ep.Buffer a user can turn on, the
+    routing edges, subgroups, reused Buffers and graph ops."""
+    calls, reused, in_graph, on_subgroup = [], 0, 0, 0
+    for ws in (2, 3, 4, 8):
+        for seed in range(1, 13):
+            plan = op_mix.make_plan(seed, ws, op_mix.CPU_CAPS)
+            ops = [op for s in plan.steps for op in s.ops] + [op for op, _a in plan.graph]
+            ep = [op for op in ops if op.kind == "ep_dispatch_combine"]
+            calls += [op.ep for op in ep]
+            shapes = [(op.group, op.ep.shape) for op in ep]
+            reused += len(shapes) - len(set(shapes))
+            in_graph += sum(op.kind == "ep_dispatch_combine" for op, _a in plan.graph)
+            on_subgroup += sum(op.group != 0 for op in ep)
+    assert reused > 5 and in_graph > 3 and on_subgroup > 5
+    assert {c.fp8 for c in calls} == set(op_mix.EP_FP8)
+    assert {c.shape.dtype for c in calls} == set(op_mix.EP_DTYPES)
+    assert {c.shape.transport for c in calls} == set(op_mix.EP_TRANSPORTS)
+    assert {c.routing for c in calls} == set(op_mix.EP_ROUTINGS)
+    flags = [c.async_finish + c.recv_hook + (c.stats, c.out) for c in calls]
+    assert all({f[i] for f in flags} == {False, True} for i in range(6))
+    for c in calls:
+        E = c.shape.local_experts * len(c.tokens)
+        assert 1 <= c.top_k <= min(E, 8) and all(0 <= t <= c.shape.max_tokens for t in c.tokens)
+        if c.fp8:
+            assert c.shape.hidden % (512 if c.fp8 == "fp8_ue8m0" else 128) == 0
+        assert (c.routing == "hot") == bool(c.hot) and len(set(c.hot)) == len(c.hot)
+    tokens = [t for c in calls for t in c.tokens]
+    assert 0 in tokens and any(t == c.shape.max_tokens for c in calls for t in c.tokens)
+    assert {c.top_k for c in calls} >= set(range(1, 9))
+    assert any(c.shape.hidden % 128 for c in calls)
+
+
 def test_sizes_span_empty_to_100k_with_odd_and_boundary_sizes():
-    sizes = [op.n for seed in range(1, 6) for s in op_mix.make_plan(seed, 3, op_mix.CPU_CAPS).steps
+    sizes = [op.n for seed in range(1, 11) for s in op_mix.make_plan(seed, 3, op_mix.CPU_CAPS).steps
              for op in s.ops if op.kind in ("all_reduce", "broadcast", "p2p_ring")]
     assert 0 in sizes and 1 in sizes and max(sizes) > 50_000 and max(sizes) <= op_mix.MAX_ELEMS
     assert sum(n % 2 for n in sizes) > len(sizes) // 3
@@ -185,6 +220,9 @@ def _spec_with_data(gen, kind, groups):
                 return spec
         elif kind == "p2p_tagged":
             if all(spec.sizes):
+                return spec
+        elif kind == "ep_dispatch_combine":
+            if all(spec.ep.tokens) and spec.ep.routing != "masked":
                 return spec
         elif (spec.n > 0 or spec.sizes) and all(spec.sizes):
             return spec
@@ -255,3 +293,35 @@ def test_checks_report_a_corrupted_output_and_no_kind_is_left_out():
     # every op kind of torch.distributed the backend serves is in the mix
     assert not op_mix.UNSUPPORTED, op_mix.UNSUPPORTED
     assert not problems, "\n".join(problems)
+
+
+def _ep_on_gloo_job(rank, ws):
+    """ep_dispatch_combine ops of random specs on a gloo group: the Buffer's "auto" transport
+    falls back to the padded all_to_all_single there."""
+    import numpy as np
+    import torch.distributed as dist
+
+    from op_mix_ops import Member, make_op
+
+    gloo = dist.new_group(backend="gloo")
+    plan = op_mix.Plan(7, ws, op_mix.CPU_CAPS, [op_mix.Group(0, tuple(range(ws)))], [], [])
+    gen = op_mix._Gen(7, ws, op_mix.CPU_CAPS)
+    cache, problems = {}, []
+    for i in range(10):
+        spec = op_mix.OpSpec("ep_dispatch_combine", 0)
+        gen._ep_dispatch_combine(spec, ws)
+        local = np.random.default_rng([rank, i])
+        op = make_op(spec, Member(plan, spec, rank, gloo, "cpu", f"gloo/{i}", local, cache))
+        op.fill("in")
+        for w in op.issue(i % 2 == 1):
+            w.wait()
+        problems += [f"{spec.describe(plan.groups)}: {e}" for e in op.check()]
+    return problems, sorted({(shape.transport, b.transport) for (_g, shape), b in cache.items()})
+
+
+def test_ep_kind_on_a_gloo_group():
+    per_rank = H.run_ranks(_ep_on_gloo_job, 2, timeout_s=120, init_timeout_s=GROUP_TIMEOUT_S)
+    for problems, transports in per_rank:
+        assert not problems, "\n".join(problems)
+        assert {t for _drawn, t in transports} == {"padded"}
+        assert {d for d, _t in transports} == set(op_mix.EP_TRANSPORTS)
