@@ -60,6 +60,9 @@ class Caps:
     # CPU: the coalesced forms take tensors of different dtypes in one call.
     coalesced_dtype_mix: bool
     graph_replays: int
+    # The backend under test is resident (RESIDENT_TEST_BACKEND): ops that only it serves, such
+    # as resident_pg.ep.all_to_all_device_splits (a ValueError on another backend), are drawn.
+    resident_ops: bool = True
 
 
 CPU_CAPS = Caps("cpu", p2p_tags=True, coalesced_dtype_mix=True, graph_replays=3)
@@ -93,7 +96,7 @@ KINDS = {
     "all_to_all_single": Kind(5),
     "all_to_all": Kind(3),
     # resident_pg.ep: capacity buffers, per-peer row counts as tensors (read by the kernel)
-    "all_to_all_device_splits": Kind(3),
+    "all_to_all_device_splits": Kind(3, needs="resident_ops"),
     # resident_pg.ep.Buffer: one low_latency_dispatch + stand-in experts + low_latency_combine
     # (op_mix_ep.py). Issued async (a batch, or a graph op with async_op): the combine's
     # async_finish event is what is waited on.

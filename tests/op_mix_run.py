@@ -17,6 +17,7 @@ step, op, dtype, size, group and rank, and how to rerun that seed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -83,6 +84,7 @@ def run_modes(rank, ws, job: dict, hooks: Hooks) -> dict:
     import torch.distributed as dist
 
     caps = op_mix.CPU_CAPS if job["caps"] == "cpu" else op_mix.CUDA_CAPS
+    caps = dataclasses.replace(caps, resident_ops=H.BACKEND == "resident")
     out = {}
     for mode_id, env in job["modes"]:
         saved = _apply_env(env)
