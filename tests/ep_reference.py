@@ -1,7 +1,8 @@
 """Reference computations shared by the EP tests (test_ep.py, test_ep_vllm.py, the op mixes'
 op_mix_ep.py), in numpy: rounding to a payload dtype, where dispatch puts each routed row, DeepEP's
-FP8 cast (an fp8 e4m3fn encoder written from the format's definition), and the output of a
-combine of scaled stand-in experts.  Nothing here calls resident_pg."""
+FP8 cast (an fp8 e4m3fn encoder written from the format's definition) with test tokens that
+reach its edges, and the output of a combine of scaled stand-in experts.  Nothing here calls
+resident_pg."""
 
 from __future__ import annotations
 
@@ -62,6 +63,15 @@ def combine_reference(x, idx, w, dtype_name, scale_of):
 
 
 # ---------------------------------------------------------------- FP8 (DeepEP's low-latency cast)
+
+
+def fp8_tokens(key, rank, T, Hd, dt):
+    """Groups of 128 channels at magnitudes 2**-24 .. 2**9; token 0's first group is zero."""
+    rng = H.rng_for(key + "/x8", rank)
+    mag = 2.0 ** rng.uniform(-24, 9, (T, Hd // 128))
+    if T:
+        mag[0, 0] = 0.0
+    return to_dtype(rng.standard_normal((T, Hd)) * np.repeat(mag, 128, axis=1), dt)
 
 
 def fp8_codes(y):

@@ -46,6 +46,7 @@ from ep_reference import (
     fp8_codes,
     fp8_dequantize,
     fp8_quantize,
+    fp8_tokens,
     fp8_values,
     to_dtype,
     ue8m0_packed,
@@ -138,15 +139,6 @@ EP_FP8_SCENARIOS = {
 def fp8_params(name, ws):
     dt, L, Hd, M, K, Ts, mode, rs, ue = EP_FP8_SCENARIOS[name]
     return dt, L, L * ws, Hd, M, K, [Ts[i % len(Ts)] for i in range(ws)], mode, rs, ue
-
-
-def fp8_tokens(key, rank, T, Hd, dt):
-    """Groups of 128 channels at magnitudes 2**-24 .. 2**9; token 0's first group is zero."""
-    rng = H.rng_for(key + "/x8", rank)
-    mag = 2.0 ** rng.uniform(-24, 9, (T, Hd // 128))
-    if T:
-        mag[0, 0] = 0.0
-    return to_dtype(rng.standard_normal((T, Hd)) * np.repeat(mag, 128, axis=1), dt)
 
 
 def ep_fp8_reference(name, ws, rank, key, Ts=None):
