@@ -12,6 +12,13 @@
 namespace resident {
 namespace gpu {
 
+// Rounds of a pair whose larger direction carries `bytes` (at least one: an empty exchange still
+// sends its credit lines).
+RESIDENT_HOST_DEVICE_INLINE uint64_t roundsOfBytes(uint64_t bytes, uint32_t chunk) {
+  const uint64_t r = (bytes + chunk - 1) / chunk;
+  return r == 0 ? 1u : r;
+}
+
 // Payload bytes of round r of a message of `total` bytes.
 RESIDENT_HOST_DEVICE_INLINE uint32_t roundBytes(uint64_t total, uint32_t r, uint32_t chunk) {
   const uint64_t off = static_cast<uint64_t>(r) * chunk;

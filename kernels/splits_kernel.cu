@@ -24,12 +24,6 @@ __device__ __forceinline__ uint64_t rowsAt(const void* counts, uint32_t count_by
   return static_cast<uint64_t>(v) < max_rows ? static_cast<uint64_t>(v) : max_rows;
 }
 
-// Rounds of a pair whose larger direction carries `bytes` (GpuCommunicator::roundsFor).
-__device__ __forceinline__ uint32_t roundsOf(uint64_t bytes, uint32_t chunk) {
-  const uint64_t r = (bytes + chunk - 1) / chunk;
-  return r == 0 ? 1u : static_cast<uint32_t>(r);
-}
-
 template <bool Simple>
 __global__ void __launch_bounds__(kThreads) splitsKernel(const __grid_constant__ SplitsArgs s) {
   __shared__ Shared sh;
@@ -53,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) splitsKernel(const __grid_constant__
         p == a.rank ? send : rowsAt(s.recv_rows, s.count_bytes, p, s.max_rows) * s.row_bytes;
     pp.send_bytes = send;
     pp.recv_bytes = recv;
-    pp.rounds = roundsOf(send > recv ? send : recv, chunk);
+    pp.rounds = static_cast<uint32_t>(roundsOfBytes(send > recv ? send : recv, chunk));
   }
   __syncthreads();
   if (threadIdx.x == 0) {

@@ -169,9 +169,11 @@ class Buffer:
         self.hidden, self.num_experts, self.dtype = hidden, num_experts, dtype
         self.num_local_experts = num_experts // self.num_ranks
         self.check = check
+        # looked up once: the splits exchange calls it directly, twice per dispatch + combine
+        self._resident = resident_backend(group, self.device)
         if transport == "auto":
-            transport = "splits" if resident_backend(group, self.device) is not None else "padded"
-        elif transport == "splits" and resident_backend(group, self.device) is None:
+            transport = "splits" if self._resident is not None else "padded"
+        elif transport == "splits" and self._resident is None:
             raise ValueError(f"Buffer: transport 'splits' needs the resident backend for "
                              f"{self.device.type} tensors on this group")
         self.transport = transport
@@ -190,7 +192,9 @@ class Buffer:
                 f"transport={self.transport!r}, device={self.device})")
 
     def _exchange(self, output, input, send_rows, recv_rows):
-        all_to_all_device_splits(output, input, send_rows, recv_rows, group=self.group)
+        # all_to_all_device_splits on the Buffer's own tensors, without its per-call lookup
+        self._resident.all_to_all_device_splits(output, input, send_rows, recv_rows,
+                                                False).wait()
 
     @staticmethod
     def _row_format(use_fp8: bool, use_ue8m0: bool) -> str:

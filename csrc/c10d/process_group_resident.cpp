@@ -882,10 +882,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allToAllDeviceSplits(
                                            recv_rows.data_ptr(), count_bytes, s);
                   });
   }
-  // CPU: the counts are host memory, read now, as the kernel reads them on the device.
-  const at::Tensor sr = send_rows.to(at::kLong), rr = recv_rows.to(at::kLong);
+  // CPU: the counts are host memory, read now (in place, either dtype), as the kernel reads
+  // them on the device.
   auto rowsOf = [&](const at::Tensor& t, int p) {
-    const int64_t v = t.data_ptr<int64_t>()[p];
+    const int64_t v =
+        t.scalar_type() == at::kLong ? t.data_ptr<int64_t>()[p] : int64_t{t.data_ptr<int32_t>()[p]};
     return v <= 0 ? size_t{0} : std::min(static_cast<size_t>(v), max_rows);
   };
   c10::SmallVector<const void*, 16> ins;
@@ -894,9 +895,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allToAllDeviceSplits(
   for (int p = 0; p < size_; ++p) {
     ins.push_back(in + p * cap);
     outs.push_back(out + p * cap);
-    in_bytes.push_back(rowsOf(sr, p) * row_bytes);
+    in_bytes.push_back(rowsOf(send_rows, p) * row_bytes);
     // This rank's own rows: what it sends itself (as on the device).
-    out_bytes.push_back((p == rank_ ? rowsOf(sr, p) : rowsOf(rr, p)) * row_bytes);
+    out_bytes.push_back(rowsOf(p == rank_ ? send_rows : recv_rows, p) * row_bytes);
   }
   return submitAllToAll(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_device_splits", {output},
                         {input}, ins.data(), in_bytes.data(), outs.data(), out_bytes.data());

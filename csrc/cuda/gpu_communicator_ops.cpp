@@ -25,9 +25,9 @@ static_assert(static_cast<int>(DType::kUInt8) == 6 && static_cast<int>(RedOp::kB
 }  // namespace
 
 uint32_t GpuCommunicator::roundsFor(size_t bytes) const {
-  const uint64_t r = (bytes + region_.chunk - 1) / region_.chunk;
+  const uint64_t r = gpu::roundsOfBytes(bytes, region_.chunk);
   if (r > 0xffffffffull) throw InvalidArgument("resident: message too large");
-  return r == 0 ? 1u : static_cast<uint32_t>(r);
+  return static_cast<uint32_t>(r);
 }
 
 namespace {

@@ -129,20 +129,21 @@ bool GpuCommunicator::forwardCredits(uint64_t written_peers) {
     for (uint32_t slot = 0; slot < GpuLayout::kP2PSlots; ++slot) {
       const uint64_t credit = __atomic_load_n(words + slot, __ATOMIC_RELAXED);
       if (credit == credit_sent_[static_cast<size_t>(p)][slot]) continue;
-      // A network peer this rank also writes to: its credit waits a little for a write to
-      // share its message (kCreditHoldNs); shm signals cost no message.
-      if (((fused_peers_ >> p) & 1) == 0 && ((written_peers >> p) & 1) == 0) {
+      // A network peer this rank wrote to lately, with no write in this pass: its credit waits
+      // a little for one to share its message (kCreditHoldNs); shm signals cost no message.
+      uint64_t& seen = credit_seen_ns_[static_cast<size_t>(p)][slot];
+      if ((((fused_peers_ | written_peers) >> p) & 1) == 0) {
         if (now == 0) now = nowNs();
         const uint64_t last_write = last_write_ns_[static_cast<size_t>(p)];
-        uint64_t& seen = credit_seen_ns_[static_cast<size_t>(p)][slot];
-        if (seen == 0) seen = now;
-        if (last_write != 0 && now - last_write < kCreditHoldRecentNs &&
-            now - seen < kCreditHoldNs) {
-          forwarded = true;  // keeps the proxy hot
-          continue;
+        if (last_write != 0 && now - last_write < kCreditHoldRecentNs) {
+          if (seen == 0) seen = now;
+          if (now - seen < kCreditHoldNs) {
+            forwarded = true;  // keeps the proxy hot
+            continue;
+          }
         }
       }
-      credit_seen_ns_[static_cast<size_t>(p)][slot] = 0;
+      seen = 0;
       transport.signal(p, comm_.gpuRegionOffset() + lay.creditIn(rank_) + 8ull * slot, credit);
       if (trace_) trace_->record(TraceEvent::kCredit, p, 8);
       credit_sent_[static_cast<size_t>(p)][slot] = credit;
@@ -278,10 +279,12 @@ bool GpuCommunicator::proxyPoll() {
   }
   flush();
   if (popped > 0) ring_.publishTail();
-  if (written_peers != 0) {
+  if (written_peers != 0) {  // one clock read per pass that posted writes
     const uint64_t now = nowNs();
-    for (int p = 0; p < nranks_; ++p)
-      if ((written_peers >> p) & 1) last_write_ns_[static_cast<size_t>(p)] = now;
+    for (uint64_t m = written_peers; m != 0; m &= m - 1) {
+      const auto p = static_cast<size_t>(__builtin_ctzll(m));
+      if (p < last_write_ns_.size()) last_write_ns_[p] = now;
+    }
   }
   // The credits after the FIFO: one sent beside a write to its peer shares its message.
   const bool credited = any_proxied_ && forwardCredits(written_peers);
