@@ -20,6 +20,11 @@ Credits (send/recv: the proxy forwards one when this rank's receive has consumed
 counted per op but are not part of its stages: they follow the peer's op, up to a round trip
 later, and would otherwise stretch the proxy stage of a ping-pong's op to its whole period.
 
+The report's "timeline" puts both ranks' events (tcp's `sent` and `received` included) on rank
+0's ops: per event, its median time after the op's first trigger on rank 0 (ops opened by a gap
+as above, the later three quarters of the run): each rank's first and last trigger popped and
+every other event by its occurrence in the op, those seen in more than half of the ops.
+
 usage: python3 scripts/proxy_trace_summary.py PREFIX [--triggers-per-op N] [--gap-ns N]
        [--json OUT]
 """
@@ -86,6 +91,38 @@ def best_shift(a, b):
     return min(scores)[1] if scores else 0
 
 
+def timeline(ranks, gap_ns):
+    """Median offsets of both ranks' events from the first trigger of rank 0's ops (µs)."""
+    events = sorted((t, r, ev) for r, evs in ranks.items() for t, ev, _peer, _n in evs)
+    events = events[len(events) // 4:]
+    ops, last0 = [], None
+    for t, r, ev in events:
+        pop = ev.startswith("pop_")
+        if r == 0 and pop and (last0 is None or t - last0 > gap_ns):
+            ops.append((t, []))
+        if r == 0 and pop:
+            last0 = t
+        if ops:
+            ops[-1][1].append((t - ops[-1][0], r, ev))
+    offsets = {}
+    for _start, evs in ops[:-1]:  # the last op may be cut short
+        seen, pops = {}, {}
+        for dt, r, ev in evs:
+            if ev.startswith("pop_"):
+                first, _ = pops.get(r, (dt, dt))
+                pops[r] = (first, dt)
+                continue
+            n = seen.get((r, ev), 0)
+            seen[(r, ev)] = n + 1
+            offsets.setdefault((r, ev, n), []).append(dt)
+        for r, (first, last) in pops.items():
+            offsets.setdefault((r, "first_pop", 0), []).append(first)
+            offsets.setdefault((r, "last_pop", 0), []).append(last)
+    rows = [{"rank": r, "event": ev, "occurrence": n, "median_us": med(v), "ops": len(v)}
+            for (r, ev, n), v in offsets.items() if len(v) * 2 > len(ops)]
+    return sorted(rows, key=lambda x: x["median_us"])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("prefix")
@@ -135,6 +172,7 @@ def main():
             "median_pops_per_op": statistics.median(pops) if pops else None,
             "median_posts_per_op": statistics.median(posts) if posts else None,
             "median_credits_per_op": statistics.median(credits) if credits else None}
+    report["timeline"] = timeline(ranks, args.gap_ns)
     print(json.dumps(report, indent=1))
     if args.json:
         with open(args.json, "w") as f:

@@ -83,6 +83,16 @@ def test_summary_recovers_the_stages(tmp_path):
                 m = report["ranks"][r]["median_us"]
                 assert report["ranks"][r]["median_pops_per_op"] == per_op, (case, r)
                 assert abs(m["proxy_stage"] - (spread_q + copy + 100) / 1000) < 0.002, (case, r, m)
+            # The timeline: rank 0's own events at their built-in offsets from its op's first
+            # trigger; rank 1's events are there too (those of each op window: rank 1's op starts
+            # alternately before and after rank 0's here, so its pops fill every other window).
+            at = {(x["rank"], x["event"], x["occurrence"]): x["median_us"]
+                  for x in report["timeline"]}
+            assert at[(0, "first_pop", 0)] == 0
+            assert abs(at[(0, "last_pop", 0)] - spread_q / 1000) < 0.002, (case, at)
+            assert abs(at[(0, "posted", 0)] - (spread_q + copy) / 1000) < 0.002, (case, at)
+            assert abs(at[(0, "flags", 0)] - (spread_q + copy + 100) / 1000) < 0.002, (case, at)
+            assert any(k[0] == 1 for k in at), (case, at)
     assert gap_runs >= 2  # the seed gives cases of both kinds, with and without credits
 
 

@@ -1,0 +1,132 @@
+// launch_cost_probe.cu: the host's cost of each CUDA call an eager op of the CUDA path makes
+// (csrc/c10d/work_cuda.cpp, CudaPath::collective), one process, as batches of 200 back-to-back
+// calls on one stream then one synchronize (as benchmarks/overhead.py times an eager op):
+// a launch with the library's launch helper (programmatic dependent launch) of a kernel taking
+// the library's CollectiveArgs by value (~2.8 KB of parameters) and of one taking 24 bytes, a
+// plain <<<>>> launch, and each call around the launch: the capture check, the event record of
+// the op's end, the device guard's get/set. Each kernel counts its runs; a count short of the
+// launches fails the probe (exit status 1).
+//
+//   nvcc -std=c++17 -O2 -arch=sm_90 -Ikernels -Icsrc benchmarks/probes/launch_cost_probe.cu \
+//     -o /tmp/launch_cost_probe && /tmp/launch_cost_probe [batches]
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "exchange_args.hpp"
+#include "launch_device.cuh"
+#include "probe_util.hpp"
+
+namespace {
+
+using resident::gpu::CollectiveArgs;
+using resident::gpu::launchKernel;
+
+constexpr int kBatch = 200;
+
+struct SmallArgs {
+  unsigned long long* count;
+  const void* in;
+  unsigned long long bytes;
+};
+
+__global__ void countSmall(SmallArgs a) {
+  if (threadIdx.x == 0) atomicAdd(a.count, 1ull);
+}
+
+// The counter rides in the args' first pointer field, the rest is what an op passes.
+__global__ void countCollective(CollectiveArgs a) {
+  if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(a.out), 1ull);
+}
+
+// Median µs per call of `call`, over `batches` batches of kBatch calls then a synchronize.
+template <typename F>
+double perCall(F call, cudaStream_t s, int batches) {
+  std::vector<double> v;
+  for (int b = 0; b < batches; ++b) {
+    probe::check(cudaStreamSynchronize(s), "sync");
+    const double t0 = probe::nowUs();
+    for (int i = 0; i < kBatch; ++i) call();
+    const double t1 = probe::nowUs();
+    probe::check(cudaStreamSynchronize(s), "sync");
+    v.push_back((t1 - t0) / kBatch);
+  }
+  return probe::median(v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int batches = argc > 1 ? std::atoi(argv[1]) : 31;
+  cudaStream_t s;
+  probe::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  cudaEvent_t ev;
+  probe::check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "event");
+  unsigned long long* count;
+  probe::check(cudaMalloc(&count, sizeof(*count)), "malloc");
+  probe::check(cudaMemset(count, 0, sizeof(*count)), "memset");
+  SmallArgs small{count, nullptr, 8};
+  CollectiveArgs coll{};
+  coll.out = count;
+  unsigned long long launched = 0;
+  auto launchSmall = [&] {
+    probe::check(launchKernel(countSmall, small, 1, s), "launch");
+    ++launched;
+  };
+  auto launchColl = [&] {
+    probe::check(launchKernel(countCollective, coll, 1, s), "launch");
+    ++launched;
+  };
+  auto launchPlain = [&] {
+    countSmall<<<1, 256, 0, s>>>(small);
+    ++launched;
+  };
+  auto captureCheckThenLaunch = [&] {
+    cudaStreamCaptureStatus c;
+    probe::check(cudaStreamIsCapturing(s, &c), "capturing");
+    launchColl();
+  };
+  auto launchThenRecord = [&] {
+    launchColl();
+    probe::check(cudaEventRecord(ev, s), "record");
+  };
+  auto guardThenLaunch = [&] {
+    int d = -1;
+    probe::check(cudaGetDevice(&d), "get device");
+    probe::check(cudaSetDevice(d), "set device");
+    launchColl();
+  };
+  struct Row {
+    const char* name;
+    double us;
+  };
+  std::vector<Row> rows;
+  probe::check(cudaSetDevice(0), "set device");
+  for (int pass = 0; pass < 2; ++pass) {  // the first pass warms up; the second is reported
+    rows = {{"launch_small_args_pdl", perCall(launchSmall, s, batches)},
+            {"launch_collective_args_pdl", perCall(launchColl, s, batches)},
+            {"launch_small_args_plain", perCall(launchPlain, s, batches)},
+            {"capture_check_then_launch", perCall(captureCheckThenLaunch, s, batches)},
+            {"launch_then_event_record", perCall(launchThenRecord, s, batches)},
+            {"device_guard_then_launch", perCall(guardThenLaunch, s, batches)}};
+  }
+  probe::check(cudaStreamSynchronize(s), "sync");
+  unsigned long long counted = 0;
+  probe::check(cudaMemcpy(&counted, count, sizeof(counted), cudaMemcpyDeviceToHost), "copy");
+  const bool ok = counted == launched;
+  const char* mps = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  for (const Row& r : rows)
+    std::printf(
+        "{\"variant\": \"%s\", \"us_per_call\": %.3f, \"collective_args_bytes\": %zu, "
+        "\"mps_pipe\": \"%s\", \"batch\": %d, \"batches\": %d, \"correct\": %s}\n",
+        r.name, r.us, sizeof(CollectiveArgs), mps ? mps : "", kBatch, batches,
+        ok ? "true" : "false");
+  if (!ok) {
+    std::printf("{\"error\": \"kernels ran %llu times, %llu launched\"}\n", counted, launched);
+    return 1;
+  }
+  probe::freeDevice({count});
+  return 0;
+}
