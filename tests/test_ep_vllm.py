@@ -1,5 +1,5 @@
 """resident_pg.ep_vllm: the vLLM prepare/finalize over resident_pg.ep.Buffer, checked against an
-independent numpy reference in 2 CPU ranks.
+independent numpy reference in 2 ranks on CPU tensors, and on CUDA tensors on the GPU machine.
 
 Every rank regenerates every rank's tokens, routings and weights from seeds and computes in
 numpy (no code of resident_pg) what ``prepare`` must hand the experts -- the batched
@@ -22,6 +22,9 @@ per-token FP8, other block widths, static scales, e4m3fnuz, int8, nvfp4, block F
 
 * Without vLLM (CI): the class is made from stand-ins of vLLM's names (an abstract base with
   vLLM's abstract methods, ``ExpertTokensMetadata``, ``TopKWeightAndReduceDelegate``).
+* On the GPU machine (``gpu`` marker; skipped without CUDA): the same stand-in scenarios on CUDA
+  tensors, 2 ranks on cuda:0, the resident group's exchange being the CUDA device-splits kernel
+  (``python -m pytest -q tests/test_ep_vllm.py -m gpu``).
 * With vLLM 0.33.0 installed (skipped otherwise; docs/vllm.md): the same cases through the class
   derived from vLLM's own ``FusedMoEPrepareAndFinalizeModular`` and vLLM's own
   ``FusedMoEQuantConfig`` objects, and layers run by vLLM's ``FusedMoEKernel`` (its
@@ -46,6 +49,7 @@ import sys
 import numpy as np
 import pytest
 
+import cuda_harness as C
 import dist_harness as H
 from ep_reference import (combine_reference, dispatch_reference, fp8_codes, fp8_dequantize,
                           fp8_quantize, fp8_tokens, fp8_values, to_dtype, ue8m0_packed)
@@ -290,10 +294,10 @@ class _ExpertsTakingUe8m0:
 # ---------------------------------------------------------------- inside a rank
 
 
-def _t(a, dtype):
+def _t(a, dtype, device="cpu"):
     import torch
 
-    return torch.as_tensor(np.ascontiguousarray(a)).to(dtype)
+    return torch.as_tensor(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
 
 
 def _experts(bx, rank, L):
@@ -301,7 +305,8 @@ def _experts(bx, rank, L):
     expert_scale(its physical id)."""
     import torch
 
-    s = torch.tensor([expert_scale(rank * L + l) for l in range(L)], dtype=torch.float32)
+    s = torch.tensor([expert_scale(rank * L + l) for l in range(L)], dtype=torch.float32,
+                     device=bx.device)
     return (bx.float() * s.view(L, 1, 1)).to(bx.dtype)
 
 
@@ -321,7 +326,8 @@ def _experts_fp8(x_fp8, scales, rank, L, dtype):
     activation dtype."""
     import torch
 
-    s = torch.tensor([expert_scale(rank * L + l) for l in range(L)], dtype=torch.float32)
+    s = torch.tensor([expert_scale(rank * L + l) for l in range(L)], dtype=torch.float32,
+                     device=x_fp8.device)
     return (_dequantized(x_fp8, scales) * s.view(L, 1, 1)).to(dtype)
 
 
@@ -343,11 +349,11 @@ def _check_fp8_rows(label, fmt, a1q, a1q_scale, ref, shape):
     if a1q_scale.stride() != (want[1][2] * S, 1, S):
         errs.append(f"{label}: a1q_scale strides {a1q_scale.stride()}: not column-major in the "
                     "last two dimensions")
-    got_codes = a1q.view(torch.uint8).numpy()
+    got_codes = a1q.view(torch.uint8).cpu().numpy()
     if not np.array_equal(got_codes, ref["codes"]):
         errs.append(f"{label}: fp8 bytes differ from the reference first at [expert, row, col] "
                     f"{np.argwhere(got_codes != ref['codes'])[0].tolist()}")
-    got_sc = a1q_scale.numpy().view(np.uint32)
+    got_sc = a1q_scale.cpu().numpy().view(np.uint32)
     want_sc = ue8m0_packed(ref["scales"]) if fmt == "ue8m0" else ref["scales"].view(np.uint32)
     if not np.array_equal(got_sc, want_sc):
         errs.append(f"{label}: scales differ from the reference first at [expert, row, group] "
@@ -355,21 +361,24 @@ def _check_fp8_rows(label, fmt, a1q, a1q_scale, ref, shape):
     return errs
 
 
-def _adapter_case(rank, cls, iface, quants, name, group):
-    """All rounds of a scenario through ``cls``; returns problems."""
+def _adapter_case(rank, cls, iface, quants, name, group, device):
+    """All rounds of a scenario through ``cls`` on ``device``'s tensors; returns problems."""
     import torch
 
     from resident_pg.ep import Buffer
 
     dt, L, Hd, M, K, rounds, on_input, g2p, fmt = SCENARIOS[name]
     E, dtype = L * WS, H.tdtype(dt)
-    buf = Buffer(group, M, Hd, E, dtype, "cpu", num_topk=K)
+    buf = Buffer(group, M, Hd, E, dtype, device, num_topk=K)
     perm = physical_of(E)
-    pf = cls(buf, global_to_physical=_t(perm, torch.int64) if g2p else None,
+    pf = cls(buf, global_to_physical=_t(perm, torch.int64, device) if g2p else None,
              use_fp8_dispatch=fmt in FP8_FORMATS)
     pf.post_init_setup(_ExpertsTakingUe8m0(fmt == "ue8m0"))
     quant = quants["fp8_block128" if fmt in ("fp8", "ue8m0") else "none"]
     errs = []
+    # the resident group moves the rows with the device-splits exchange, gloo the padded buffers
+    if buf.transport != ("splits" if group is None else "padded"):
+        errs.append(f"{name}: Buffer transport {buf.transport!r} on {buf.device}")
     facts = (pf.activation_format, pf.max_num_tokens_per_rank(), pf.num_dispatchers(),
              pf.topk_indices_dtype(), pf.output_is_reduced(), pf.supports_async(),
              pf.use_ue8m0_dispatch)
@@ -377,10 +386,10 @@ def _adapter_case(rank, cls, iface, quants, name, group):
         errs.append(f"{name}: properties {facts}")
     for rnd, Ts in enumerate(rounds):
         key, T = f"ep_vllm/{name}/{rnd}", Ts[rank]
-        x = _t(tokens(key, rank, T, Hd, dt, fmt), dtype)
+        x = _t(tokens(key, rank, T, Hd, dt, fmt), dtype, device)
         x_before = x.clone()
-        idx = _t(routing(key, rank, T, E, K), torch.int64)
-        w = _t(weights(key, rank, T, K), torch.float32)
+        idx = _t(routing(key, rank, T, E, K), torch.int64, device)
+        w = _t(weights(key, rank, T, K), torch.float32, device)
         use_async = rnd % 2 == 1
         args = (x, w, idx, E, None, on_input, quant)
         if use_async:
@@ -403,7 +412,7 @@ def _adapter_case(rank, cls, iface, quants, name, group):
         else:
             if scales is not None:
                 errs.append(f"{label}: prepare returned scales {scales}")
-            got_x = bx.double().numpy()
+            got_x = bx.double().cpu().numpy()
             if bx.dtype != dtype or got_x.shape != ref["x"].shape or \
                     not np.array_equal(got_x, ref["x"]):
                 errs.append(f"{label}: batched x {bx.dtype}{got_x.shape} differs from the "
@@ -411,7 +420,7 @@ def _adapter_case(rank, cls, iface, quants, name, group):
             fused = _experts(bx, rank, L)
         if not torch.equal(x, x_before):
             errs.append(f"{label}: prepare modified a1")
-        out = torch.full((T, Hd), -5.0, dtype=dtype)
+        out = torch.full((T, Hd), -5.0, dtype=dtype, device=device)
         fargs = (out, fused, w, idx, on_input, iface.delegate())
         if use_async:
             hook, receiver = pf.finalize_async(*fargs)
@@ -419,7 +428,7 @@ def _adapter_case(rank, cls, iface, quants, name, group):
             receiver()
         else:
             pf.finalize(*fargs)
-        got_y, ref_y, tol = out.double().numpy(), ref["y"], ref["tol"]
+        got_y, ref_y, tol = out.double().cpu().numpy(), ref["y"], ref["tol"]
         if (np.abs(got_y - ref_y) > tol).any():
             i = np.unravel_index(np.argmax(np.abs(got_y - ref_y) - tol), tol.shape)
             errs.append(f"{label}: output[{i}] = {got_y[i]!r}, reference {ref_y[i]!r}")
@@ -510,7 +519,8 @@ def _catch(fn, *args):
         return [f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"]
 
 
-def _all_cases(rank, cls, iface, dbo, quants):
+def _scenario_cases(rank, cls, iface, quants, device):
+    """Every scenario over the resident group and a gloo group, on ``device``'s tensors."""
     import torch.distributed as dist
 
     gloo = dist.new_group(backend="gloo")
@@ -518,8 +528,13 @@ def _all_cases(rank, cls, iface, dbo, quants):
     for name in SCENARIOS:
         for label, group in (("resident", None), ("gloo", gloo)):
             res[f"{name}-{label}"] = _catch(_adapter_case, rank, cls, iface, quants, name,
-                                            group)
-    return res, _error_cases(rank, cls, iface, dbo, quants)
+                                            group, device)
+    return res
+
+
+def _all_cases(rank, cls, iface, dbo, quants):
+    return (_scenario_cases(rank, cls, iface, quants, "cpu"),
+            _error_cases(rank, cls, iface, dbo, quants))
 
 
 def standin_job(rank, ws):
@@ -529,6 +544,17 @@ def standin_job(rank, ws):
     cls = make_prepare_finalize_class(iface)
     cases, errors = _all_cases(rank, cls, iface, dbo, standin_quant_configs())
     return {"cases": cases, "errors": errors}
+
+
+def standin_cuda_job(rank, ws):
+    """The scenarios of standin_job on CUDA tensors (cuda_harness.DEVICE: the CPU in the dry
+    run), every rank on cuda:0 of the GPU machine (under MPS)."""
+    from resident_pg.ep_vllm import make_prepare_finalize_class
+
+    C.setup_rank(rank, ws, timeout_s=60)
+    iface, _ = standin_interface()
+    cls = make_prepare_finalize_class(iface)
+    return {"cases": _scenario_cases(rank, cls, iface, standin_quant_configs(), C.DEVICE)}
 
 
 # ---------------------------------------------------------------- with the installed vLLM
@@ -830,6 +856,32 @@ def test_ep_vllm_adapter_standins():
     per_rank = H.run_ranks(standin_job, WS, timeout_s=240, init_timeout_s=60)
     assert len(per_rank[0]["cases"]) == 2 * len(SCENARIOS)
     problems = _problems(per_rank) + _error_problems(per_rank, N_ERROR_CASES + 1)
+    assert not problems, "\n".join(problems[:20])
+
+
+def cuda_marks(fn):
+    """The marks of a CUDA test (cuda_harness.module_marks): gpu (except in the dry run,
+    RESIDENT_GPU_TESTS_DEVICE=cpu) and resident_only."""
+    for mark in C.module_marks():
+        fn = mark(fn)
+    return fn
+
+
+@cuda_marks
+def test_ep_vllm_adapter_standins_cuda():
+    """The scenarios of test_ep_vllm_adapter_standins on CUDA tensors, 2 ranks on cuda:0: the
+    resident group's dispatch and combine run the CUDA device-splits exchange (counts read by
+    the kernel), the gloo group's the padded all_to_all_single, which gloo stages through pinned
+    host memory for CUDA tensors (ProcessGroupGloo::alltoall_base).  The refused options and
+    quantization configs are checked by the CPU test only: they are refused before any exchange,
+    whatever the device."""
+    if WS not in C.WORLD_SIZES:
+        pytest.skip(f"RESIDENT_GPU_TESTS_WS={','.join(map(str, C.WORLD_SIZES))} leaves out "
+                    f"{WS} ranks")
+    per_rank = H.run_ranks(standin_cuda_job, WS, init=False, timeout_s=240 * C.TIME_SCALE,
+                           init_timeout_s=60)
+    assert len(per_rank[0]["cases"]) == 2 * len(SCENARIOS)
+    problems = _problems(per_rank)
     assert not problems, "\n".join(problems[:20])
 
 
