@@ -868,8 +868,10 @@ def cuda_marks(fn):
 
 
 @cuda_marks
-def test_ep_vllm_adapter_standins_cuda():
-    """The scenarios of test_ep_vllm_adapter_standins on CUDA tensors, 2 ranks on cuda:0: the
+@pytest.mark.parametrize("path", ("direct", "proxy", "proxy+tcp"))
+def test_ep_vllm_adapter_standins_cuda(path):
+    """The scenarios of test_ep_vllm_adapter_standins on CUDA tensors, 2 ranks on cuda:0, on each
+    path of the CUDA exchange (direct stores, the proxy over shm, the proxy over tcp): the
     resident group's dispatch and combine run the CUDA device-splits exchange (counts read by
     the kernel), the gloo group's the padded all_to_all_single, which gloo stages through pinned
     host memory for CUDA tensors (ProcessGroupGloo::alltoall_base).  The refused options and
@@ -878,8 +880,8 @@ def test_ep_vllm_adapter_standins_cuda():
     if WS not in C.WORLD_SIZES:
         pytest.skip(f"RESIDENT_GPU_TESTS_WS={','.join(map(str, C.WORLD_SIZES))} leaves out "
                     f"{WS} ranks")
-    per_rank = H.run_ranks(standin_cuda_job, WS, init=False, timeout_s=240 * C.TIME_SCALE,
-                           init_timeout_s=60)
+    per_rank = H.run_ranks(standin_cuda_job, WS, env=C.path_env(path), init=False,
+                           timeout_s=240 * C.TIME_SCALE, init_timeout_s=60)
     assert len(per_rank[0]["cases"]) == 2 * len(SCENARIOS)
     problems = _problems(per_rank)
     assert not problems, "\n".join(problems[:20])
