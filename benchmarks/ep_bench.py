@@ -21,6 +21,8 @@ bytes per peer each way (``ep``: the mean routed rows of this routing; the other
         [--tokens 1,8,32,128] [--experts 64,256] [--top-k 8] [--iters 200] [--eager] [--fp8]
         [--json PATH]
 
+Rows print as each shape finishes; a rank that fails ends the run at once (exit status 1, the
+failing ranks named; ``--json`` keeps the shapes measured, with ``"complete": false``).
 Rank r runs on GPU r % device_count (several ranks on one GPU need MPS). ``--device cpu`` runs
 the same on CPU tensors (a functional dry run; the times mean little).
 """
@@ -28,6 +30,7 @@ the same on CPU tensors (a functional dry run; the times mean little).
 import argparse
 import json
 import os
+import queue as queue_module
 import socket
 import statistics
 
@@ -187,9 +190,11 @@ def _rank(rank, world, port, env, args, queue):
                     rows[-1].update({"ep8_us": mx[4].item(), "d16_us": mx[5].item(),
                                      "d8_us": mx[6].item(),
                                      "ep8_bytes_per_peer": t[7].item() / world})
+                if rank == 0:  # each shape as it is done: a run cut short keeps what it measured
+                    queue.put(("row", rows[-1]))
     dist.destroy_process_group()
     if rank == 0:
-        queue.put(rows)
+        queue.put(("done", None))
 
 
 def main():
@@ -208,6 +213,10 @@ def main():
                    help="also time FP8 dispatch (ep8 step, d16 / d8 dispatch alone)")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args()
+    for e in args.experts:
+        if e % args.ranks or e < args.top_k:
+            p.error(f"--experts {e}: each value must be a multiple of --ranks ({args.ranks}) and at "
+                    f"least --top-k ({args.top_k})")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -217,25 +226,43 @@ def main():
                                              queue)) for r in range(args.ranks)]
     for proc in procs:
         proc.start()
-    rows = queue.get(timeout=3600)
-    for proc in procs:
-        proc.join(120)
     print(f"EP decode dispatch+combine, {args.ranks} ranks, path {args.path}, bf16, top-"
           f"{args.top_k}, {'eager' if args.eager or args.device == 'cpu' else 'CUDA graph'}; "
           "median us per step (max over ranks); KiB per peer each way")
     fp8_head = (f" {'ep8':>9} {'d16':>9} {'d8':>9} {'ep8 KiB':>8}" if args.fp8 else "")
     print(f"{'hidden':>6} {'experts':>7} {'tokens':>6} {'ep':>9} {'moe':>9} {'a2a':>9} "
-          f"{'ep KiB':>8} {'padded KiB':>10} {'moe/ep':>7}" + fp8_head)
-    for r in rows:
+          f"{'ep KiB':>8} {'padded KiB':>10} {'moe/ep':>7}" + fp8_head, flush=True)
+    rows, failure, all_exited = [], None, False
+    while failure is None:
+        try:
+            kind, r = queue.get(timeout=1.0)
+        except queue_module.Empty:
+            # A rank that died ends the run now, not when its peers' waits time out.
+            dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                failure = ", ".join(f"rank {i} exited with code {c}" for i, c in dead)
+            elif all_exited:  # a second empty wait after every rank exited: nothing is coming
+                failure = "the ranks exited before rank 0 reported the end of the run"
+            all_exited = all(p.exitcode == 0 for p in procs)
+            continue
+        if kind == "done":
+            break
+        rows.append(r)
         fp8_cols = (f" {r['ep8_us']:>9.1f} {r['d16_us']:>9.1f} {r['d8_us']:>9.1f} "
                     f"{r['ep8_bytes_per_peer'] / 1024:>8.1f}" if args.fp8 else "")
         print(f"{r['hidden']:>6} {r['experts']:>7} {r['tokens']:>6} {r['ep_us']:>9.1f} "
               f"{r['moe_us']:>9.1f} {r['a2a_us']:>9.1f} {r['ep_bytes_per_peer'] / 1024:>8.1f} "
               f"{r['padded_bytes_per_peer'] / 1024:>10.1f} {r['moe_us'] / r['ep_us']:>7.2f}"
-              + fp8_cols)
+              + fp8_cols, flush=True)
+    for proc in procs:
+        if failure is not None and proc.is_alive():
+            proc.terminate()
+        proc.join(120)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+            json.dump({"args": vars(args), "rows": rows, "complete": failure is None}, f, indent=1)
+    if failure is not None:
+        raise SystemExit(f"ep_bench: {failure}; {len(rows)} shapes measured before that")
 
 
 if __name__ == "__main__":
