@@ -14,6 +14,7 @@ bare torch kernel (`t.add_(1)`) timed the same way in the same processes, and th
 import argparse
 import json
 import os
+import queue as queue_module
 import socket
 import statistics
 import time
@@ -69,6 +70,30 @@ def _rank(rank, world, port, backend, iters, device, queue):
     dist.destroy_process_group()
 
 
+def _collect(queue, procs, backend):
+    """Each rank's results; a rank that exits without them ends the run at once, named."""
+    per_rank, empty_after_exit = {}, 0
+    while len(per_rank) < len(procs):
+        try:
+            rank, res = queue.get(timeout=1.0)
+            per_rank[rank] = res
+            continue
+        except queue_module.Empty:
+            pass
+        gone = [(i, p.exitcode) for i, p in enumerate(procs)
+                if p.exitcode is not None and i not in per_rank]
+        # A failed rank at once; one that exited cleanly after a second empty wait (its results
+        # may still be in the pipe).
+        empty_after_exit = empty_after_exit + 1 if gone else 0
+        if any(c != 0 for _i, c in gone) or empty_after_exit >= 2:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            raise SystemExit(f"overhead.py: {backend}: " + ", ".join(
+                f"rank {i} exited with code {c} without its results" for i, c in gone))
+    return per_rank
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backends", default="resident,gloo")
@@ -87,7 +112,7 @@ def main():
                  for r in range(2)]
         for p in procs:
             p.start()
-        per_rank = dict(queue.get(timeout=600) for _ in procs)
+        per_rank = _collect(queue, procs, backend)
         for p in procs:
             p.join()
         results[backend] = {k: max(per_rank[r][k] for r in per_rank) for k in per_rank[0]}
