@@ -93,24 +93,20 @@ def best_shift(a, b):
 
 def timeline(ranks, gap_ns):
     """Median offsets of both ranks' events from the first trigger of rank 0's ops (µs)."""
-    events = sorted((t, r, ev) for r, evs in ranks.items() for t, ev, _peer, _n in evs)
-    events = events[len(events) // 4:]
-    ops, last0 = [], None
-    for t, r, ev in events:
-        pop = ev.startswith("pop_")
-        if r == 0 and pop and (last0 is None or t - last0 > gap_ns):
-            ops.append((t, []))
-        if r == 0 and pop:
-            last0 = t
-        if ops:
-            ops[-1][1].append((t - ops[-1][0], r, ev))
+    ops0 = segment(sorted(ranks[0]), gap_ns, 0)
+    starts = [o["first_pop"] for o in ops0[len(ops0) // 4:-1]]  # the last op may be cut short
+    per_op = [[] for _ in starts]
+    for r, evs in ranks.items():
+        for t, ev, _peer, _n in evs:
+            k = bisect.bisect_right(starts, t) - 1
+            if 0 <= k < len(starts) and (k + 1 < len(starts) or t < ops0[-1]["first_pop"]):
+                per_op[k].append((t - starts[k], r, ev))
     offsets = {}
-    for _start, evs in ops[:-1]:  # the last op may be cut short
+    for evs in per_op:
         seen, pops = {}, {}
-        for dt, r, ev in evs:
+        for dt, r, ev in sorted(evs):
             if ev.startswith("pop_"):
-                first, _ = pops.get(r, (dt, dt))
-                pops[r] = (first, dt)
+                pops[r] = (pops.get(r, (dt,))[0], dt)  # (first, last)
                 continue
             n = seen.get((r, ev), 0)
             seen[(r, ev)] = n + 1
@@ -119,7 +115,7 @@ def timeline(ranks, gap_ns):
             offsets.setdefault((r, "first_pop", 0), []).append(first)
             offsets.setdefault((r, "last_pop", 0), []).append(last)
     rows = [{"rank": r, "event": ev, "occurrence": n, "median_us": med(v), "ops": len(v)}
-            for (r, ev, n), v in offsets.items() if len(v) * 2 > len(ops)]
+            for (r, ev, n), v in offsets.items() if len(v) * 2 > len(starts)]
     return sorted(rows, key=lambda x: x["median_us"])
 
 

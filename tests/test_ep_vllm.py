@@ -615,18 +615,31 @@ def _linear_experts_class():
     return LinearBatchedExperts
 
 
+def _moe_kernel(pf, experts_class, quant, **experts_attrs):
+    """vLLM's FusedMoEKernel over ``pf`` and ``experts_class(moe, quant, ...)``, the experts given
+    ``experts_attrs`` before the kernel calls ``pf.post_init_setup(experts)``."""
+    import types
+
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEParallelConfig
+
+    # the experts read only these fields of the MoE config (activation settings, parallelism)
+    moe = types.SimpleNamespace(swiglu_limit=None, swiglu_alpha=None, swiglu_beta=None,
+                                activation_situ_beta=None, activation_situ_linear_beta=None,
+                                moe_parallel_config=FusedMoEParallelConfig.make_no_parallel())
+    experts = experts_class(moe, quant, max_num_tokens=pf.max_num_tokens_per_rank(),
+                            num_dispatchers=pf.num_dispatchers())
+    for name, value in experts_attrs.items():
+        setattr(experts, name, value)
+    return mk.FusedMoEKernel(pf, experts)
+
+
 def _kernel_case(rank, cls, group, rounds):
     """vLLM's FusedMoEKernel(prepare/finalize, LinearBatchedExperts).apply on random routings,
     against y[t] = sum_k w[t,k] * x[t] @ w1[e]^T @ w2[e]^T over all experts in numpy."""
-    import types
-
     import torch
-    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
-    from vllm.model_executor.layers.fused_moe.config import (
-        FUSED_MOE_UNQUANTIZED_CONFIG,
-        FusedMoEParallelConfig,
-    )
+    from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG
 
     from resident_pg.ep import Buffer
 
@@ -637,14 +650,7 @@ def _kernel_case(rank, cls, group, rounds):
     w2_all = rng.standard_normal((E, Hd, N)) / 4
     buf = Buffer(group, M, Hd, E, torch.float32, "cpu", num_topk=K)
     pf = cls(buf)
-    # the experts read only these fields of the MoE config (activation settings, parallelism)
-    moe = types.SimpleNamespace(swiglu_limit=None, swiglu_alpha=None, swiglu_beta=None,
-                                activation_situ_beta=None, activation_situ_linear_beta=None,
-                                moe_parallel_config=FusedMoEParallelConfig.make_no_parallel())
-    experts = _linear_experts_class()(moe, FUSED_MOE_UNQUANTIZED_CONFIG,
-                                      max_num_tokens=pf.max_num_tokens_per_rank(),
-                                      num_dispatchers=pf.num_dispatchers())
-    kernel = mk.FusedMoEKernel(pf, experts)
+    kernel = _moe_kernel(pf, _linear_experts_class(), FUSED_MOE_UNQUANTIZED_CONFIG)
     w1 = _t(w1_all[rank * L:(rank + 1) * L], torch.float32)
     w2 = _t(w2_all[rank * L:(rank + 1) * L], torch.float32)
     errs = []
@@ -736,15 +742,9 @@ def _fp8_kernel_case(rank, cls, group, dt, ue8m0, rounds):
     BlockFp8BatchedExperts): fp8 weights with 128x128 block scales in vLLM's fp8_w8a8 config,
     SiLU-and-mul, random routings; against y[t] = sum_k w[t,k] * W2_e silu_mul(W1_e xq[t]) in
     numpy (xq: the numpy FP8 quantization of x[t], dequantized; W: the dequantized weights)."""
-    import types
-
     import torch
-    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
-    from vllm.model_executor.layers.fused_moe.config import (
-        FusedMoEParallelConfig,
-        fp8_w8a8_moe_quant_config,
-    )
+    from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config
 
     from resident_pg.ep import Buffer
 
@@ -758,14 +758,7 @@ def _fp8_kernel_case(rank, cls, group, dt, ue8m0, rounds):
     quant = fp8_w8a8_moe_quant_config(w1_scale=_t(w1s[mine], torch.float32),
                                       w2_scale=_t(w2s[mine], torch.float32),
                                       block_shape=[128, 128])
-    moe = types.SimpleNamespace(swiglu_limit=None, swiglu_alpha=None, swiglu_beta=None,
-                                activation_situ_beta=None, activation_situ_linear_beta=None,
-                                moe_parallel_config=FusedMoEParallelConfig.make_no_parallel())
-    experts = _block_fp8_experts_class()(moe, quant,
-                                         max_num_tokens=pf.max_num_tokens_per_rank(),
-                                         num_dispatchers=pf.num_dispatchers())
-    experts.takes_ue8m0 = ue8m0
-    kernel = mk.FusedMoEKernel(pf, experts)  # calls pf.post_init_setup(experts)
+    kernel = _moe_kernel(pf, _block_fp8_experts_class(), quant, takes_ue8m0=ue8m0)
     errs = []
     if pf.use_ue8m0_dispatch != ue8m0:
         errs.append(f"after FusedMoEKernel: use_ue8m0_dispatch={pf.use_ue8m0_dispatch}")

@@ -109,7 +109,11 @@ class GpuCommunicator : public ProxyHandler {
   // Proxy side of send/recv flow control: a recv kernel stores the credit it returns to a
   // proxied sender into this rank's outbox (a word per peer and slot); forwards each one that
   // changed as a signal into the sender's credit words. True when it forwarded any.
-  bool forwardCredits(uint64_t written_peers);
+  // `written_peers`: the peers this pass posted writes to; `now`: the pass's clock read, or 0.
+  bool forwardCredits(uint64_t written_peers, uint64_t now);
+  // Whether a changed credit to network peer `peer` waits (kCreditHoldNs) for a write to share
+  // its message; reads the clock into `now` if it is 0.
+  bool holdCredit(int peer, uint32_t slot, uint64_t& now);
   // Region::trigger_fence for an op whose largest round to one peer has this many bytes.
   uint32_t fenceTriggers(uint64_t first_round_bytes) const;
   uint32_t blocksFor(uint64_t first_round_bytes) const;

@@ -115,39 +115,40 @@ void GpuCommunicator::logDeviceRounds() const {
              traced ? " / as the host counted them" : "", line.c_str());
 }
 
-bool GpuCommunicator::forwardCredits(uint64_t written_peers) {
+bool GpuCommunicator::holdCredit(int peer, uint32_t slot, uint64_t& now) {
+  if (now == 0) now = nowNs();
+  uint64_t& seen = credit_seen_ns_[static_cast<size_t>(peer)][slot];
+  const uint64_t last_write = last_write_ns_[static_cast<size_t>(peer)];
+  if (last_write != 0 && now - last_write < kCreditHoldRecentNs) {
+    if (seen == 0) seen = now;
+    if (now - seen < kCreditHoldNs) return true;
+  }
+  seen = 0;
+  return false;
+}
+
+bool GpuCommunicator::forwardCredits(uint64_t written_peers, uint64_t now) {
   // Credits only follow the recv kernel's reads of the slot (done before it stored the word),
   // not any write of this rank, so they need no place in the FIFO's order. Each word is one
   // aligned 8-byte store and only grows, so a read sees it whole, never moving backwards.
   const GpuLayout& lay = comm_.gpuLayout();
   Transport& transport = comm_.transport();
+  // Network peers with no write in this pass: a credit may wait for one to share its message
+  // (holdCredit); shm signals cost no message.
+  const uint64_t holdable = region_.network_rule & ~written_peers;
   bool forwarded = false;
-  uint64_t now = 0;  // read once, when a credit is held
   for (int p = 0; p < nranks_; ++p) {
     if (((region_.proxied >> p) & 1) == 0) continue;
     const auto* words = reinterpret_cast<const uint64_t*>(outbox_host_ + lay.outCredit(p));
     for (uint32_t slot = 0; slot < GpuLayout::kP2PSlots; ++slot) {
       const uint64_t credit = __atomic_load_n(words + slot, __ATOMIC_RELAXED);
       if (credit == credit_sent_[static_cast<size_t>(p)][slot]) continue;
-      // A network peer this rank wrote to lately, with no write in this pass: its credit waits
-      // a little for one to share its message (kCreditHoldNs); shm signals cost no message.
-      uint64_t& seen = credit_seen_ns_[static_cast<size_t>(p)][slot];
-      if ((((fused_peers_ | written_peers) >> p) & 1) == 0) {
-        if (now == 0) now = nowNs();
-        const uint64_t last_write = last_write_ns_[static_cast<size_t>(p)];
-        if (last_write != 0 && now - last_write < kCreditHoldRecentNs) {
-          if (seen == 0) seen = now;
-          if (now - seen < kCreditHoldNs) {
-            forwarded = true;  // keeps the proxy hot
-            continue;
-          }
-        }
-      }
-      seen = 0;
+      forwarded = true;  // a held credit keeps the proxy hot too
+      if (((holdable >> p) & 1) != 0 && holdCredit(p, slot, now)) continue;
+      credit_seen_ns_[static_cast<size_t>(p)][slot] = 0;
       transport.signal(p, comm_.gpuRegionOffset() + lay.creditIn(rank_) + 8ull * slot, credit);
       if (trace_) trace_->record(TraceEvent::kCredit, p, 8);
       credit_sent_[static_cast<size_t>(p)][slot] = credit;
-      forwarded = true;
     }
   }
   return forwarded;
@@ -279,15 +280,16 @@ bool GpuCommunicator::proxyPoll() {
   }
   flush();
   if (popped > 0) ring_.publishTail();
-  if (written_peers != 0) {  // one clock read per pass that posted writes
-    const uint64_t now = nowNs();
-    for (uint64_t m = written_peers; m != 0; m &= m - 1) {
-      const auto p = static_cast<size_t>(__builtin_ctzll(m));
-      if (p < last_write_ns_.size()) last_write_ns_[p] = now;
-    }
+  // When each network peer was last written to (for holdCredit): one clock read per pass that
+  // posted to one, shared with forwardCredits.
+  uint64_t now = 0;
+  if (const uint64_t net_written = written_peers & region_.network_rule; net_written != 0) {
+    now = nowNs();
+    for (uint64_t m = net_written; m != 0; m &= m - 1)
+      last_write_ns_[static_cast<size_t>(__builtin_ctzll(m))] = now;
   }
   // The credits after the FIFO: one sent beside a write to its peer shares its message.
-  const bool credited = any_proxied_ && forwardCredits(written_peers);
+  const bool credited = any_proxied_ && forwardCredits(written_peers, now);
   if (!error_logged_.load(std::memory_order_relaxed)) {
     const std::string err = deviceError();
     if (!err.empty()) {
