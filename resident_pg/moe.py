@@ -67,8 +67,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+import contextlib
+
 import torch
 import torch.distributed as dist
+
+from resident_pg import ep_kernels
 
 __all__ = ["MoEDispatcher", "DispatchHandle"]
 
@@ -108,10 +112,11 @@ class DispatchHandle:
     num_tokens: int               # T of the dispatch
     pair_slot: torch.Tensor       # [T*K] flat slot d*C+pos of each (token, k) pair; W*C: none
     topk_weights: torch.Tensor    # [T, K] as given to dispatch
-    back_index: torch.Tensor      # [W*C] row of expert_y (flattened) for each received slot
+    back_index: torch.Tensor      # [W*C] row of expert_y (flattened) for each filled slot
     dropped: torch.Tensor         # [] int64: pairs of this rank that did not fit (slots_per_rank)
     seq: int                      # dispatch sequence number (diagnostics)
-    # [W] int64 slots filled per peer, sent and received (set with a payload_exchange)
+    # [W] int64 slots filled per peer, sent and received (set with a payload_exchange, and
+    # always on CUDA, where combine packs only the filled slots)
     send_rows: Optional[torch.Tensor] = None
     recv_rows: Optional[torch.Tensor] = None
 
@@ -192,6 +197,12 @@ class MoEDispatcher:
         self._slot_grid = torch.arange(self.max_slots, dtype=torch.int64, **z).repeat(L, 1)
         self._c_grid = torch.arange(C, dtype=torch.int64, **z).repeat(W, 1)
         self._src_base = (torch.arange(W, dtype=torch.int64, **z) * C).unsqueeze(1)
+        # CUDA: the steps around the exchanges are one kernel each (resident_pg.ep_kernels)
+        # that touches only the rows in use; ``_zero_from[l]``: rows of expert_x[l] known zero
+        # from there on (the unpack kernel zeroes only what the previous dispatch filled)
+        self._kernels = ep_kernels.available(self.device)
+        if self._kernels:
+            self._zero_from = torch.zeros(L, dtype=torch.int32, **z)
 
     # ------------------------------------------------------------------ helpers
 
@@ -263,6 +274,9 @@ class MoEDispatcher:
         W, L, C, K = self.world, self.local_experts, self.slots_per_rank, self.top_k
         T = x.shape[0]
         self._seq += 1
+        if self._kernels:
+            with self._on_device():
+                return self._dispatch_kernels(x, topk_idx, topk_weights)
 
         # --- routing metadata of this rank's (token, k) pairs, all on the device
         e = topk_idx.reshape(-1).to(torch.int64)                    # [P], P = T*K
@@ -286,14 +300,10 @@ class MoEDispatcher:
         # --- exchange: counts (fixed size), then payload (fixed size)
         self.all_to_all(self._recv_counts, self._send_counts, group=self.group)
         send_rows = recv_rows = None
-        if self.payload_exchange is None:
-            self.all_to_all(self._recv_x[: W * C], self._send_x[: W * C], group=self.group)
-        else:
-            # slots [0, rows) of each peer are filled (expert-major from slot 0)
+        if self.payload_exchange is not None:
             send_rows, recv_rows = self._send_counts.sum(1), self._recv_counts.sum(1)
-            self.payload_exchange(self._recv_x[: W * C].view(W, C, self.dispatch_hidden),
-                                  self._send_x[: W * C].view(W, C, self.dispatch_hidden),
-                                  send_rows, recv_rows)
+        self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_rows,
+                               recv_rows)
 
         # --- receiver side: pack each local expert's rows (source rank order, then slot order)
         rc = self._recv_counts                                      # [W src, L]
@@ -326,6 +336,46 @@ class MoEDispatcher:
                                 send_rows=send_rows, recv_rows=recv_rows)
         return self.expert_x, self.expert_counts, handle
 
+    def _on_device(self):
+        """The dispatcher's CUDA device made current for the kernels' launches, when it is not."""
+        if torch.cuda.current_device() == self.device.index:
+            return contextlib.nullcontext()
+        return torch.cuda.device(self.device)
+
+    def _exchange_payload(self, recv, send, rows_hidden, send_rows, recv_rows):
+        W, C = self.world, self.slots_per_rank
+        if self.payload_exchange is None:
+            self.all_to_all(recv[: W * C], send[: W * C], group=self.group)
+        else:  # slots [0, rows) of each peer are filled (expert-major from slot 0)
+            self.payload_exchange(recv[: W * C].view(W, C, rows_hidden),
+                                  send[: W * C].view(W, C, rows_hidden), send_rows, recv_rows)
+
+    def _dispatch_kernels(self, x, topk_idx, topk_weights):
+        """dispatch on CUDA: route + pack, the exchanges, unpack (resident_pg.ep_kernels)."""
+        W, L, C, K = self.world, self.local_experts, self.slots_per_rank, self.top_k
+        T = x.shape[0]
+        dev = self.device
+        if topk_idx.dtype not in (torch.int32, torch.int64):
+            topk_idx = topk_idx.to(torch.int64)
+        topk_idx = topk_idx.contiguous()
+        if T and x.stride(1) != 1:
+            x = x.contiguous()
+        pair_slot = torch.empty(T * K, dtype=torch.int64, device=dev)
+        dropped = torch.empty((), dtype=torch.int64, device=dev)
+        ep_kernels.route(topk_idx, x, self._send_x, self._send_counts, pair_slot, dropped,
+                         self.num_experts, W, C)
+        self.all_to_all(self._recv_counts, self._send_counts, group=self.group)
+        send_rows, recv_rows = self._send_counts.sum(1), self._recv_counts.sum(1)
+        self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_rows,
+                               recv_rows)
+        back_index = torch.empty(W * C, dtype=torch.int64, device=dev)
+        ep_kernels.unpack(self._recv_counts, self._recv_x, self.expert_x, self.expert_counts,
+                          self._zero_from, back_index, C)
+        handle = DispatchHandle(num_tokens=T, pair_slot=pair_slot, topk_weights=topk_weights,
+                                back_index=back_index, dropped=dropped, seq=self._seq,
+                                send_rows=send_rows, recv_rows=recv_rows)
+        return self.expert_x, self.expert_counts, handle
+
     # ------------------------------------------------------------------ combine
 
     def combine(self, expert_y: torch.Tensor, handle: DispatchHandle,
@@ -355,18 +405,43 @@ class MoEDispatcher:
         if out is not None and (tuple(out.shape) != (T, self.hidden) or out.device != self.device):
             raise ValueError(f"combine: out must be [{T}, {self.hidden}] on {self.device}")
 
+        if self._kernels:
+            with self._on_device():
+                return self._combine_kernels(expert_y, handle, w, out)
         flat_y = expert_y.reshape(-1, self.hidden)
         torch.index_select(flat_y, 0, handle.back_index, out=self._comb_send)
-        if self.payload_exchange is None:
-            self.all_to_all(self._comb_recv[: W * C], self._comb_send, group=self.group)
-        else:
-            # back the way the rows came: what a peer sent is what it gets back
-            self.payload_exchange(self._comb_recv[: W * C].view(W, C, self.hidden),
-                                  self._comb_send.view(W, C, self.hidden),
-                                  handle.recv_rows, handle.send_rows)
+        # back the way the rows came: what a peer sent is what it gets back
+        self._exchange_payload(self._comb_recv, self._comb_send, self.hidden, handle.recv_rows,
+                               handle.send_rows)
         got = self._comb_recv.index_select(0, handle.pair_slot).view(T, K, self.hidden)
         acc = (got.float() * w.float().unsqueeze(-1)).sum(1)
         if out is None:
             return acc.to(self.dtype)
         out.copy_(acc)
         return out
+
+    def _combine_kernels(self, expert_y, handle, w, out):
+        """combine on CUDA: pack the filled slots, the exchange, the weighted reduction."""
+        T, H, C = handle.num_tokens, self.hidden, self.slots_per_rank
+        ep_kernels.combine_pack(handle.recv_rows, handle.back_index,
+                                expert_y.contiguous().view(-1, H), self._comb_send, C)
+        self._exchange_payload(self._comb_recv, self._comb_send, H, handle.recv_rows,
+                               handle.send_rows)
+        no_slot = self.world * C
+        out_dtype = self.dtype if out is None else out.dtype
+        if self.dtype not in ep_kernels.REDUCE_DTYPES or \
+                out_dtype not in ep_kernels.REDUCE_DTYPES:
+            got = self._comb_recv.index_select(0, handle.pair_slot).view(T, self.top_k, H)
+            acc = (got.float() * w.float().unsqueeze(-1)).sum(1)
+            if out is None:
+                return acc.to(self.dtype)
+            out.copy_(acc)
+            return out
+        target = out if out is not None and out.is_contiguous() else \
+            torch.empty(T, H, dtype=out_dtype, device=self.device)
+        ep_kernels.combine_reduce(self._comb_recv, handle.pair_slot,
+                                  w.to(torch.float32).contiguous(), target, no_slot)
+        if out is not None and target is not out:
+            out.copy_(target)
+            return out
+        return target

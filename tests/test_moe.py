@@ -9,6 +9,11 @@ Per world size (2 and 3 ranks, one spawned job each), every rank builds MoEDispa
 * ``capacity``: ``slots_per_rank`` below the worst case, so some pairs are dropped by the
   documented rule (expert-major order inside a peer's slots, the tail is dropped).
 
+``test_moe_dispatch_combine_cuda`` (gpu marker): the same scenarios and checks on CUDA tensors,
+where dispatch and combine run the kernels of resident_pg.ep_kernels (the second round of
+``bf16`` has fewer rows per expert: the rows the first left must read zero again), with
+``topk_idx`` as int64, int32 and int16.
+
 Each expert is a random linear layer; the parent recomputes everything in numpy (float64) from
 the same seeds: expert counts must match **bitwise**, ``expert_x`` must hold exactly the rows the
 layout promises (source rank order, then token order; zero padding), and ``combine`` must match
@@ -86,29 +91,31 @@ def scenario_params(name, ws):
 # --------------------------------------------------------------------------
 
 
-def _run_scenario(name, rank, ws):
+def _run_scenario(name, rank, ws, device="cpu", index_dtype=None):
     import torch
 
     from resident_pg.moe import MoEDispatcher
 
     dt, E, Hd, M, K, rounds, masked, slots, dead = scenario_params(name, ws)
     dtype = H.tdtype(dt)
-    moe = MoEDispatcher(None, E, Hd, M, K, dtype, "cpu", slots_per_rank=slots)
+    moe = MoEDispatcher(None, E, Hd, M, K, dtype, device, slots_per_rank=slots)
     L = moe.local_experts
     Wx = torch.from_numpy(expert_weights(name, E, Hd)[rank * L:(rank + 1) * L]).float()
+    Wx = Wx.to(device)
     out = []
     for rnd, Ts in enumerate(rounds):
         key = f"{name}/{rnd}"
         T = Ts[rank]
-        x = torch.from_numpy(tokens(key, rank, T, Hd)).to(dtype)
+        x = torch.from_numpy(tokens(key, rank, T, Hd)).to(dtype).to(device)
         idx = torch.from_numpy(routing(key, rank, T, E, K, dead, masked))
-        w = torch.from_numpy(weights(key, rank, T, K)).float()
+        idx = idx.to(index_dtype or idx.dtype).to(device)
+        w = torch.from_numpy(weights(key, rank, T, K)).float().to(device)
         expert_x, counts, handle = moe.dispatch(x, idx, w)
-        got_x = expert_x.double().numpy().copy()
-        got_counts = counts.numpy().copy()
+        got_x = expert_x.double().cpu().numpy().copy()
+        got_counts = counts.cpu().numpy().copy()
         expert_y = torch.bmm(expert_x.float(), Wx).to(dtype)  # padding rows too: static shapes
         y = moe.combine(expert_y, handle)
-        out.append({"expert_x": got_x, "counts": got_counts, "y": y.double().numpy(),
+        out.append({"expert_x": got_x, "counts": got_counts, "y": y.double().cpu().numpy(),
                     "y_dtype": str(y.dtype), "dropped": int(handle.dropped),
                     "max_slots": moe.max_slots, "slots": moe.slots_per_rank})
     return out
@@ -164,6 +171,18 @@ def _error_cases(rank, ws):
 def rank_job(rank, ws):
     return {"scenarios": {name: _run_scenario(name, rank, ws) for name in SCENARIOS},
             "errors": _error_cases(rank, ws)}
+
+
+def gpu_rank_job(rank, ws):
+    """The scenarios on CUDA tensors (the dispatch/combine kernels of resident_pg.ep_kernels),
+    topk_idx as int64 and as int32 (the kernel reads both) and as int16 (converted first)."""
+    import torch
+
+    import cuda_harness as C
+
+    C.setup_rank(rank, ws, timeout_s=60)
+    return {f"{name}/{str(it).split('.')[-1]}": _run_scenario(name, rank, ws, "cuda", it)
+            for name in SCENARIOS for it in (torch.int64, torch.int32, torch.int16)}
 
 
 # --------------------------------------------------------------------------
@@ -246,7 +265,29 @@ def jobs():
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_moe_dispatch_combine(jobs, ws, name):
-    per_rank = jobs(ws)
+    _check_scenario([job["scenarios"][name] for job in jobs(ws)], ws, name)
+
+
+_GPU_JOBS = {}
+
+
+@pytest.mark.gpu
+@pytest.mark.resident_only
+@pytest.mark.parametrize("index_dtype", ["int64", "int32", "int16"])
+@pytest.mark.parametrize("name", list(SCENARIOS))
+@pytest.mark.parametrize("ws", WORLD_SIZES)
+def test_moe_dispatch_combine_cuda(ws, name, index_dtype):
+    import cuda_harness as C
+
+    if C.DRY_RUN:
+        pytest.skip("the dispatch/combine kernels need a GPU")
+    if ws not in _GPU_JOBS:
+        _GPU_JOBS[ws] = H.run_ranks(gpu_rank_job, ws, init=False, timeout_s=240,
+                                    init_timeout_s=60)
+    _check_scenario([job[f"{name}/{index_dtype}"] for job in _GPU_JOBS[ws]], ws, name)
+
+
+def _check_scenario(got_per_rank, ws, name):
     dt = SCENARIOS[name][0]
     n_rounds = len(SCENARIOS[name][5])
     problems = []
@@ -259,7 +300,7 @@ def test_moe_dispatch_combine(jobs, ws, name):
             assert (ref["counts"] == 0).sum() >= 1, "some expert must receive nothing"
             assert ref["counts"].max() > 2 * max(1, ref["counts"].min()), "loads must be uneven"
         for r in range(ws):
-            got = per_rank[r]["scenarios"][name][rnd]
+            got = got_per_rank[r][rnd]
             tag = f"ws={ws} {name} round {rnd} rank {r}"
             want_counts = ref["counts"][r * L:(r + 1) * L].astype(np.int32)
             if got["counts"].dtype != np.int32 or not np.array_equal(got["counts"], want_counts):

@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 
+#include "c10d/ep_bindings.hpp"
 #include "c10d/process_group_resident.hpp"
 #include "core/log.hpp"
 #include "core/options.hpp"
@@ -115,6 +116,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_log_info", [](const std::string& message) { RLOG_INFO("%s", message.c_str()); },
       py::arg("message"), "Writes `message` through the RESIDENT_DEBUG logger at level info.");
+  resident::bindEpKernels(m);
   m.def("set_log_level",
         [](int level) { resident::setLogLevel(static_cast<resident::LogLevel>(level)); });
 }

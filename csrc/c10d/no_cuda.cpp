@@ -3,6 +3,7 @@
 #include "c10d/work_cuda.hpp"
 
 #include "core/error.hpp"
+#include "ep_args.hpp"
 
 namespace resident {
 
@@ -37,5 +38,30 @@ void CudaPath::setTimeoutMs(uint64_t ms) {
 void CudaPath::shutdown() {}
 
 void flushPendingP2P() {}
+
+namespace ep {
+
+bool kernelsBuilt() {
+  return false;
+}
+
+namespace {
+const char* const kNoKernels = "this build of resident_pg has no CUDA path (built without nvcc)";
+}
+
+std::string launchRoute(const RouteArgs&, void*) {
+  return kNoKernels;
+}
+std::string launchUnpack(const UnpackArgs&, void*) {
+  return kNoKernels;
+}
+std::string launchCombinePack(const CombinePackArgs&, void*) {
+  return kNoKernels;
+}
+std::string launchCombineReduce(const CombineReduceArgs&, void*) {
+  return kNoKernels;
+}
+
+}  // namespace ep
 
 }  // namespace resident

@@ -1,0 +1,86 @@
+// Arguments and host entry points of the EP dispatch/combine kernels (ep_kernels.cu), used by
+// resident_pg.moe on CUDA tensors: the routing and packing of dispatch, the receiver's unpacking
+// into expert-major rows, and combine's packing and weighted reduction, each one kernel that
+// touches only the rows in use. Plain C++ (no CUDA types): the bindings include it in every
+// build; without nvcc, csrc/c10d/no_cuda.cpp stands in for the entry points and raises.
+//
+// Layout (resident_pg/moe.py): W ranks, L = E / W local experts per rank, C slots per peer.
+// A send buffer is W*C rows (peer d's slots d*C .. d*C+C-1), filled expert-major from slot 0;
+// expert_x is [L, max_slots] rows. Rows are opaque bytes (row_bytes each), so the same kernels
+// move activations of any dtype and FP8 rows with their scales.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace resident {
+namespace ep {
+
+// Dispatch, sender: where each (token, k) pair goes and the rows copied there.
+struct RouteArgs {
+  const void* topk_idx;  // [tokens, topk], int32 or int64; -1 or out of range: not routed
+  int32_t index_bytes;   // 4 or 8
+  int32_t tokens, topk, experts, ranks;
+  int64_t slots;         // C
+  const void* x;         // token rows, x_stride bytes apart
+  int64_t x_stride;
+  void* send_x;          // [W*C] rows
+  int64_t row_bytes;
+  int64_t* send_counts;  // [W, L] out: pairs placed per (peer, local expert)
+  int64_t* pair_slot;    // [tokens*topk] out: d*C + slot, or W*C for a pair not placed
+  int64_t* dropped;      // [1] out: routed pairs that did not fit in C slots
+};
+
+// Dispatch, receiver: expert_x[l, j] <- the j-th received row for local expert l (source rank
+// order, then the sender's slot order), rows past the count zero again.
+struct UnpackArgs {
+  const int64_t* recv_counts;  // [W, L] rows per (source, local expert)
+  int32_t ranks, local_experts;
+  int64_t slots, max_slots;
+  const void* recv_x;  // [W*C] rows
+  void* expert_x;      // [L, max_slots] rows
+  int64_t row_bytes;
+  int32_t* expert_counts;  // [L] out
+  // [L] rows of expert_x known zero from this row on (the kernel's own state: it zeroes only
+  // the rows the previous dispatch filled and this one does not)
+  int32_t* zero_from;
+  int64_t* back_index;  // [W*C] out for the filled slots: the expert_x row each came from
+};
+
+// Combine, expert side: comb_send[slot] <- expert_y[back_index[slot]] for the filled slots.
+struct CombinePackArgs {
+  const int64_t* filled;  // [W] slots the dispatch filled per source (clamped to C)
+  int32_t ranks;
+  int64_t slots;
+  const int64_t* back_index;
+  const void* expert_y;  // [L * max_slots] rows
+  void* comb_send;       // [W*C] rows
+  int64_t row_bytes;
+};
+
+enum class Dtype : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// Combine, token side: out[t] = sum_k weights[t, k] * comb_recv[pair_slot[t*K + k]] in float32,
+// rounded once; pairs whose slot is W*C (not placed) add nothing.
+struct CombineReduceArgs {
+  const void* comb_recv;  // [W*C + 1] rows of `hidden` values of in_dtype
+  const int64_t* pair_slot;
+  const float* weights;  // [tokens, topk], contiguous
+  void* out;             // [tokens, hidden] of out_dtype, contiguous
+  int32_t tokens, topk;
+  int64_t hidden;
+  int64_t no_slot;  // W*C
+  Dtype in_dtype, out_dtype;
+};
+
+// True in a build with these kernels (false: built without nvcc; the launchers then fail).
+bool kernelsBuilt();
+
+// Each launches one kernel on `stream` (a cudaStream_t) and returns "" or the CUDA error.
+std::string launchRoute(const RouteArgs& args, void* stream);
+std::string launchUnpack(const UnpackArgs& args, void* stream);
+std::string launchCombinePack(const CombinePackArgs& args, void* stream);
+std::string launchCombineReduce(const CombineReduceArgs& args, void* stream);
+
+}  // namespace ep
+}  // namespace resident
