@@ -121,6 +121,9 @@ __global__ void __launch_bounds__(kEpThreads) unpackKernel(const UnpackArgs a) {
   __shared__ int64_t total_rows;
   const int l = blockIdx.x, part = blockIdx.y, parts = gridDim.y;
   const int L = a.local_experts;
+  // Read before the barriers below: thread 0 of part 0 moves it on at the end, and a warp
+  // still to read it then would skip its share of the zeroing.
+  const int64_t zero_to = part == 0 ? a.zero_from[l] : 0;
   for (int s = threadIdx.x; s < a.ranks; s += blockDim.x) {
     const int64_t* rc = a.recv_counts + static_cast<int64_t>(s) * L;
     int64_t first = 0;
@@ -163,7 +166,6 @@ __global__ void __launch_bounds__(kEpThreads) unpackKernel(const UnpackArgs a) {
     }
   }
   if (part != 0) return;
-  const int64_t zero_to = a.zero_from[l];
   const int64_t stale = zero_to > count ? zero_to - count : 0;
   for (uint32_t f = threadIdx.x; f < static_cast<uint32_t>(stale) * units; f += blockDim.x)
     dst[count * units + f] = V{};

@@ -7,11 +7,13 @@ Per world size (2 and 3 ranks, one spawned job each), every rank builds MoEDispa
   second with other counts, one rank with 0 tokens);
 * ``fp32_masked``: float32 payload, some top-k entries -1 (no expert), K=2;
 * ``capacity``: ``slots_per_rank`` below the worst case, so some pairs are dropped by the
-  documented rule (expert-major order inside a peer's slots, the tail is dropped).
+  documented rule (expert-major order inside a peer's slots, the tail is dropped);
+* ``shrink``: six rounds alternating full and nearly empty ranks (the rows a round leaves past
+  the new counts must read zero).
 
 ``test_moe_dispatch_combine_cuda`` (gpu marker): the same scenarios and checks on CUDA tensors,
-where dispatch and combine run the kernels of resident_pg.ep_kernels (the second round of
-``bf16`` has fewer rows per expert: the rows the first left must read zero again), with
+where dispatch and combine run the kernels of resident_pg.ep_kernels (``shrink`` and the
+second round of ``bf16`` leave rows that must read zero again), with
 ``topk_idx`` as int64, int32 and int16.
 
 Each expert is a random linear layer; the parent recomputes everything in numpy (float64) from
@@ -76,6 +78,9 @@ SCENARIOS = {
     "bf16": ("bfloat16", 4, 32, 6, 3, [[6, 3, 5], [2, 0, 6]], 0.0, None),
     "fp32_masked": ("float32", 2, 24, 5, 2, [[5, 4, 1]], 0.25, None),
     "capacity": ("float32", 3, 16, 8, 3, [[8, 8, 7]], 0.0, 4),
+    # rounds that alternate full and nearly empty ranks: the rows a round leaves must read zero
+    "shrink": ("float32", 2, 200, 8, 2, [[8, 8, 8], [1, 0, 1], [8, 7, 8], [0, 1, 1], [8, 8, 6],
+                                         [1, 1, 0]], 0.0, None),
 }
 
 
