@@ -21,10 +21,10 @@ struct RouteArgs {
   const void* topk_idx;  // [tokens, topk], int32 or int64; -1 or out of range: not routed
   int32_t index_bytes;   // 4 or 8
   int32_t tokens, topk, experts, ranks;
-  int64_t slots;         // C
-  const void* x;         // token rows, x_stride bytes apart
+  int64_t slots;  // C
+  const void* x;  // token rows, x_stride bytes apart
   int64_t x_stride;
-  void* send_x;          // [W*C] rows
+  void* send_x;  // [W*C] rows
   int64_t row_bytes;
   int64_t* send_counts;  // [W, L] out: pairs placed per (peer, local expert)
   int64_t* pair_slot;    // [tokens*topk] out: d*C + slot, or W*C for a pair not placed

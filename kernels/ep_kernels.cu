@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(kEpThreads) routeKernel(const RouteArgs a) {
     const int index = below + __popc(ballot & ((1u << lane) - 1u));
     const int64_t pos = before + hits + index;
     const int64_t slot = pos < a.slots ? d * a.slots + pos : -1;
-    if (part == 0 && p < P && (hit || (v < 0 && e == 0))) a.pair_slot[p] = hit && slot >= 0 ? slot : no_slot;
+    if (part == 0 && p < P && (hit || (v < 0 && e == 0)))
+      a.pair_slot[p] = hit && slot >= 0 ? slot : no_slot;
     if (hit) {
       list_token[index] = static_cast<int32_t>(p / a.topk);
       list_slot[index] = slot;
@@ -148,7 +149,8 @@ __global__ void __launch_bounds__(kEpThreads) unpackKernel(const UnpackArgs a) {
   const auto* src = static_cast<const V*>(a.recv_x);
   auto* dst = static_cast<V*>(a.expert_x) + static_cast<int64_t>(l) * a.max_slots * units;
   for (int s = 0; s < a.ranks; ++s) {
-    const int64_t n = nonNegative((row0[s] + rows[s] < count ? row0[s] + rows[s] : count) - row0[s]);
+    const int64_t n =
+        nonNegative((row0[s] + rows[s] < count ? row0[s] + rows[s] : count) - row0[s]);
     const int64_t skip = ((part - row0[s]) % parts + parts) % parts;  // first r of this part
     const int64_t mine = n > skip ? (n - skip + parts - 1) / parts : 0;
     const V* from = src + (static_cast<int64_t>(s) * a.slots + slot0[s]) * units;
@@ -290,9 +292,9 @@ bool kernelsBuilt() {
 
 std::string launchRoute(const RouteArgs& a, void* stream) {
   if (a.experts <= 0) return std::string();
-  const int unit =
-      unitBytes(a.row_bytes, {reinterpret_cast<uintptr_t>(a.x), reinterpret_cast<uintptr_t>(a.send_x),
-                              static_cast<uintptr_t>(a.x_stride)});
+  const int unit = unitBytes(
+      a.row_bytes, {reinterpret_cast<uintptr_t>(a.x), reinterpret_cast<uintptr_t>(a.send_x),
+                    static_cast<uintptr_t>(a.x_stride)});
   const dim3 grid(static_cast<unsigned>(a.experts),
                   static_cast<unsigned>(partsFor(a.experts, std::max(a.tokens, 1))));
   const size_t shared = sizeof(int32_t) * static_cast<size_t>(a.ranks);

@@ -51,6 +51,12 @@ Per call: ``dispatch`` = 2 ``all_to_all_single`` (counts, payload), ``combine`` 
 ``payload_exchange`` (``resident_pg.ep``: the resident all_to_all with counts read on the
 device) the two payload exchanges move only the filled slots of each peer.
 
+On CUDA tensors the work around the exchanges is one kernel per step
+(:mod:`resident_pg.ep_kernels`: route + pack, unpack, combine's pack, the weighted reduction),
+each touching only the rows in use: ``expert_x`` rows past the counts are zeroed only where the
+previous dispatch filled them (rows a caller writes there itself stay written).  On CPU the
+same steps are torch ops.
+
 Validation: shapes, dtypes, devices and ``T <= max_tokens_per_rank`` always raise
 ``ValueError`` (host-side metadata only).  Index values (``-1 <= idx < num_experts``, no
 expert twice in a token's row) need a look at device data; they are checked when ``check``

@@ -37,11 +37,20 @@ void bindEpKernels(py::module_& m) {
       [](uintptr_t topk_idx, int index_bytes, int tokens, int topk, int experts, int ranks,
          int64_t slots, uintptr_t x, int64_t x_stride, uintptr_t send_x, int64_t row_bytes,
          uintptr_t send_counts, uintptr_t pair_slot, uintptr_t dropped, uintptr_t stream) {
-        ep::RouteArgs a{at<const void>(topk_idx), index_bytes,        tokens,
-                        topk,                     experts,            ranks,
-                        slots,                    at<const void>(x),  x_stride,
-                        at<void>(send_x),         row_bytes,          at<int64_t>(send_counts),
-                        at<int64_t>(pair_slot),   at<int64_t>(dropped)};
+        ep::RouteArgs a{at<const void>(topk_idx),
+                        index_bytes,
+                        tokens,
+                        topk,
+                        experts,
+                        ranks,
+                        slots,
+                        at<const void>(x),
+                        x_stride,
+                        at<void>(send_x),
+                        row_bytes,
+                        at<int64_t>(send_counts),
+                        at<int64_t>(pair_slot),
+                        at<int64_t>(dropped)};
         check("route", ep::launchRoute(a, at<void>(stream)));
       },
       "Dispatch's routing and packing kernel (kernels/ep_args.hpp, RouteArgs); addresses as "
@@ -51,11 +60,16 @@ void bindEpKernels(py::module_& m) {
       [](uintptr_t recv_counts, int ranks, int local_experts, int64_t slots, int64_t max_slots,
          uintptr_t recv_x, uintptr_t expert_x, int64_t row_bytes, uintptr_t expert_counts,
          uintptr_t zero_from, uintptr_t back_index, uintptr_t stream) {
-        ep::UnpackArgs a{at<const int64_t>(recv_counts), ranks,
-                         local_experts,                  slots,
-                         max_slots,                      at<const void>(recv_x),
-                         at<void>(expert_x),             row_bytes,
-                         at<int32_t>(expert_counts),     at<int32_t>(zero_from),
+        ep::UnpackArgs a{at<const int64_t>(recv_counts),
+                         ranks,
+                         local_experts,
+                         slots,
+                         max_slots,
+                         at<const void>(recv_x),
+                         at<void>(expert_x),
+                         row_bytes,
+                         at<int32_t>(expert_counts),
+                         at<int32_t>(zero_from),
                          at<int64_t>(back_index)};
         check("unpack", ep::launchUnpack(a, at<void>(stream)));
       },
@@ -64,9 +78,12 @@ void bindEpKernels(py::module_& m) {
       "ep_combine_pack",
       [](uintptr_t filled, int ranks, int64_t slots, uintptr_t back_index, uintptr_t expert_y,
          uintptr_t comb_send, int64_t row_bytes, uintptr_t stream) {
-        ep::CombinePackArgs a{at<const int64_t>(filled), ranks,
-                              slots,                     at<const int64_t>(back_index),
-                              at<const void>(expert_y),  at<void>(comb_send),
+        ep::CombinePackArgs a{at<const int64_t>(filled),
+                              ranks,
+                              slots,
+                              at<const int64_t>(back_index),
+                              at<const void>(expert_y),
+                              at<void>(comb_send),
                               row_bytes};
         check("combine pack", ep::launchCombinePack(a, at<void>(stream)));
       },
@@ -74,13 +91,17 @@ void bindEpKernels(py::module_& m) {
   m.def(
       "ep_combine_reduce",
       [](uintptr_t comb_recv, uintptr_t pair_slot, uintptr_t weights, uintptr_t out, int tokens,
-         int topk, int64_t hidden, int64_t no_slot, int in_dtype, int out_dtype,
-         uintptr_t stream) {
-        ep::CombineReduceArgs a{at<const void>(comb_recv), at<const int64_t>(pair_slot),
-                                at<const float>(weights),  at<void>(out),
-                                tokens,                    topk,
-                                hidden,                    no_slot,
-                                dtypeOf(in_dtype),         dtypeOf(out_dtype)};
+         int topk, int64_t hidden, int64_t no_slot, int in_dtype, int out_dtype, uintptr_t stream) {
+        ep::CombineReduceArgs a{at<const void>(comb_recv),
+                                at<const int64_t>(pair_slot),
+                                at<const float>(weights),
+                                at<void>(out),
+                                tokens,
+                                topk,
+                                hidden,
+                                no_slot,
+                                dtypeOf(in_dtype),
+                                dtypeOf(out_dtype)};
         check("combine reduce", ep::launchCombineReduce(a, at<void>(stream)));
       },
       "Combine's weighted float32 reduction kernel (CombineReduceArgs).");
