@@ -32,14 +32,17 @@ struct RouteArgs {
 };
 
 // Dispatch, receiver: expert_x[l, j] <- the j-th received row for local expert l (source rank
-// order, then the sender's slot order), rows past the count zero again.
+// order, then the sender's slot order), rows past the count zero again. With tail_out, a row is
+// split: its first head_bytes go to expert_x, the rest (4-byte words) to tail_out, column-major
+// per expert (DeepEP's layout of FP8 scales).
 struct UnpackArgs {
   const int64_t* recv_counts;  // [W, L] rows per (source, local expert)
   int32_t ranks, local_experts;
   int64_t slots, max_slots;
-  const void* recv_x;  // [W*C] rows
-  void* expert_x;      // [L, max_slots] rows
-  int64_t row_bytes;
+  const void* recv_x;  // [W*C] rows of row_bytes
+  void* expert_x;      // [L, max_slots] rows of head_bytes
+  int64_t row_bytes, head_bytes;
+  int32_t* tail_out;       // null (head_bytes == row_bytes), or [L, tail words, max_slots]
   int32_t* expert_counts;  // [L] out
   // [L] rows of expert_x known zero from this row on (the kernel's own state: it zeroes only
   // the rows the previous dispatch filled and this one does not)

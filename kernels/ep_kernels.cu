@@ -145,20 +145,32 @@ __global__ void __launch_bounds__(kEpThreads) unpackKernel(const UnpackArgs a) {
   }
   __syncthreads();
   const int64_t count = total_rows < a.max_slots ? total_rows : a.max_slots;
-  const uint32_t units = static_cast<uint32_t>(a.row_bytes / sizeof(V));
+  const uint32_t src_units = static_cast<uint32_t>(a.row_bytes / sizeof(V));
+  const uint32_t units = static_cast<uint32_t>(a.head_bytes / sizeof(V));
+  const uint32_t tail_words =
+      a.tail_out != nullptr ? static_cast<uint32_t>((a.row_bytes - a.head_bytes) / 4) : 0u;
   const auto* src = static_cast<const V*>(a.recv_x);
   auto* dst = static_cast<V*>(a.expert_x) + static_cast<int64_t>(l) * a.max_slots * units;
+  int32_t* tail = a.tail_out + static_cast<int64_t>(l) * tail_words * a.max_slots;
   for (int s = 0; s < a.ranks; ++s) {
     const int64_t n =
         nonNegative((row0[s] + rows[s] < count ? row0[s] + rows[s] : count) - row0[s]);
     const int64_t skip = ((part - row0[s]) % parts + parts) % parts;  // first r of this part
     const int64_t mine = n > skip ? (n - skip + parts - 1) / parts : 0;
-    const V* from = src + (static_cast<int64_t>(s) * a.slots + slot0[s]) * units;
+    const int64_t first_slot = static_cast<int64_t>(s) * a.slots + slot0[s];
+    const V* from = src + first_slot * src_units;
     V* to = dst + row0[s] * units;
     for (uint32_t f = threadIdx.x; f < static_cast<uint32_t>(mine) * units; f += blockDim.x) {
       const uint32_t k = f / units, u = f - k * units;
       const int64_t r = skip + static_cast<int64_t>(k) * parts;
-      to[r * units + u] = from[r * units + u];
+      to[r * units + u] = from[r * src_units + u];
+    }
+    for (uint32_t f = threadIdx.x; f < static_cast<uint32_t>(mine) * tail_words; f += blockDim.x) {
+      const uint32_t k = f / tail_words, w = f - k * tail_words;
+      const int64_t r = skip + static_cast<int64_t>(k) * parts;
+      const auto* words = reinterpret_cast<const int32_t*>(
+          static_cast<const char*>(a.recv_x) + (first_slot + r) * a.row_bytes + a.head_bytes);
+      tail[w * a.max_slots + row0[s] + r] = words[w];
     }
     int64_t* back = a.back_index + static_cast<int64_t>(s) * a.slots + slot0[s];
     for (int64_t r = part + static_cast<int64_t>(threadIdx.x) * parts; r < rows[s];
@@ -171,6 +183,10 @@ __global__ void __launch_bounds__(kEpThreads) unpackKernel(const UnpackArgs a) {
   const int64_t stale = zero_to > count ? zero_to - count : 0;
   for (uint32_t f = threadIdx.x; f < static_cast<uint32_t>(stale) * units; f += blockDim.x)
     dst[count * units + f] = V{};
+  for (uint32_t f = threadIdx.x; f < static_cast<uint32_t>(stale) * tail_words; f += blockDim.x) {
+    const uint32_t k = f / tail_words, w = f - k * tail_words;
+    tail[w * a.max_slots + count + k] = 0;
+  }
   if (threadIdx.x == 0) {
     a.expert_counts[l] = static_cast<int32_t>(count);
     a.zero_from[l] = static_cast<int32_t>(count);
@@ -306,8 +322,9 @@ std::string launchRoute(const RouteArgs& a, void* stream) {
 
 std::string launchUnpack(const UnpackArgs& a, void* stream) {
   if (a.local_experts <= 0) return std::string();
-  const int unit = unitBytes(a.row_bytes, {reinterpret_cast<uintptr_t>(a.recv_x),
-                                           reinterpret_cast<uintptr_t>(a.expert_x)});
+  const int unit = unitBytes(
+      a.head_bytes, {reinterpret_cast<uintptr_t>(a.recv_x), reinterpret_cast<uintptr_t>(a.expert_x),
+                     static_cast<uintptr_t>(a.row_bytes)});
   const dim3 grid(static_cast<unsigned>(a.local_experts),
                   static_cast<unsigned>(partsFor(a.local_experts, a.max_slots)));
   const size_t shared = 3 * sizeof(int64_t) * static_cast<size_t>(a.ranks);

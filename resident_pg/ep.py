@@ -209,16 +209,18 @@ class Buffer:
             M = self.num_max_dispatch_tokens_per_rank
             rows = {}
             if row_format != _ACTIVATIONS:  # dispatch moves uint8 rows, combine activations
+                # received straight into DeepEP's (values, scales) where the EP kernels run;
+                # W*M: the dispatcher's max_slots with its default (lossless) slots
+                fp8 = Fp8Rows(self.hidden, M, self.num_local_experts, self.num_ranks * M,
+                              row_format == _FP8_UE8M0, self.device)
+                self._fp8_rows[key] = fp8
                 rows = dict(dispatch_dtype=torch.uint8,
-                            dispatch_hidden=row_bytes(self.hidden, row_format == _FP8_UE8M0))
+                            dispatch_hidden=row_bytes(self.hidden, row_format == _FP8_UE8M0),
+                            unpack_into=fp8.unpack_into)
             d = MoEDispatcher(self.group, self.num_experts, self.hidden, M, num_topk,
                               self.dtype, self.device, check=self.check,
                               payload_exchange=self._exchange if self.transport == "splits"
                               else None, **rows)
-            if row_format != _ACTIVATIONS:
-                self._fp8_rows[key] = Fp8Rows(self.hidden, M, self.num_local_experts,
-                                              d.max_slots, row_format == _FP8_UE8M0,
-                                              self.device)
             self._dispatchers[key] = d
             if num_topk not in self._unit_weights:
                 self._unit_weights[num_topk] = torch.ones(M, num_topk, dtype=torch.float32,
@@ -304,7 +306,7 @@ class Buffer:
                              self.num_max_dispatch_tokens_per_rank)
             fp8 = self._fp8_rows[(K, row_format)]
             rows, recv_count, h = d.dispatch(fp8.pack(x, round_scale), topk_idx, weights)
-            recv_x = fp8.unpack(rows)
+            recv_x = (fp8.x, fp8.scales) if d.unpacks_into else fp8.unpack(rows)
         if stats is not None:
             stats.add_(recv_count)
         event, hook = self._finish(async_finish, return_recv_hook, self.device)

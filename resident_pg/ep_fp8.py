@@ -119,6 +119,9 @@ class Fp8Rows:
         else:
             store = torch.zeros(L, G, S, dtype=torch.float32, device=device)
         self.scales = store.transpose(1, 2)
+        # where a dispatcher that splits received rows (MoEDispatcher's unpack_into) puts them:
+        # the fp8 bytes, and the scales' 4-byte words in their column-major storage
+        self.unpack_into = (self.x.view(torch.uint8), store.view(torch.int32))
 
     def pack(self, x: torch.Tensor, round_scale: bool) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, row_bytes]`` uint8 rows (a view of the static buffer)."""

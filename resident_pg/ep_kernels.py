@@ -11,6 +11,8 @@ float32, float16 and bfloat16 payloads (:data:`REDUCE_DTYPES`).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 __all__ = ["REDUCE_DTYPES", "available", "combine_pack", "combine_reduce", "route", "unpack"]
@@ -53,15 +55,18 @@ def route(topk_idx: torch.Tensor, x: torch.Tensor, send_x: torch.Tensor,
 
 def unpack(recv_counts: torch.Tensor, recv_x: torch.Tensor, expert_x: torch.Tensor,
            expert_counts: torch.Tensor, zero_from: torch.Tensor, back_index: torch.Tensor,
-           slots: int) -> None:
-    """Dispatch, receiver side: ``expert_x [L, S, R]`` from ``recv_x [>= W*C, R]`` by
+           slots: int, tail_out: Optional[torch.Tensor] = None) -> None:
+    """Dispatch, receiver side: ``expert_x [L, S, R']`` from ``recv_x [>= W*C, R]`` by
     ``recv_counts [W, L]``; writes ``expert_counts [L]`` (int32) and ``back_index`` of the
-    filled slots; ``zero_from [L]`` (int32) is the kernel's own state (zeros at first)."""
+    filled slots; ``zero_from [L]`` (int32) is the kernel's own state (zeros at first).  ``R'``
+    bytes < ``R``: each row is split, its first ``R'`` bytes to ``expert_x`` and the rest, as
+    4-byte words, to ``tail_out [L, (R - R') / 4, S]`` (column-major per expert)."""
     from resident_pg import _C
 
     W, L = recv_counts.shape
     _C.ep_unpack(recv_counts.data_ptr(), W, L, slots, expert_x.shape[1], recv_x.data_ptr(),
-                 expert_x.data_ptr(), _row_bytes(expert_x), expert_counts.data_ptr(),
+                 expert_x.data_ptr(), _row_bytes(recv_x), _row_bytes(expert_x),
+                 0 if tail_out is None else tail_out.data_ptr(), expert_counts.data_ptr(),
                  zero_from.data_ptr(), back_index.data_ptr(), _stream(expert_x.device))
 
 

@@ -40,6 +40,11 @@ Layout (all buffers are allocated ONCE, in ``__init__``; ``C`` = ``slots_per_ran
 ``dispatch_dtype`` / ``dispatch_hidden`` (default: ``dtype`` / ``hidden``): the rows dispatch
 moves, when they differ from the rows combine moves back -- ``resident_pg.ep``'s FP8 dispatch
 sends each token as one uint8 row of its fp8 values and scales and combines in ``dtype``.
+``unpack_into=(head, tail)`` (CUDA tensors, where the EP kernels run; ``unpacks_into`` says
+whether it applies): each received row is split, its first bytes into ``head [L, max_slots,
+h]`` and the rest, as 4-byte words, into ``tail [L, words, max_slots]`` (column-major per
+expert), instead of into ``expert_x``, which is then not made (``dispatch`` returns None for
+it) -- ``resident_pg.ep`` receives FP8 rows straight into DeepEP's values and scales.
 
 Messages are the padded buffers, ``C * H * itemsize`` bytes per peer, whatever the routing:
 that is the price of static shapes (a graph cannot size a message from device data).  A
@@ -71,7 +76,7 @@ group must call ``dispatch`` / ``combine`` in the same order (they are collectiv
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Tuple
 
 import contextlib
 
@@ -135,7 +140,8 @@ class MoEDispatcher:
                  slots_per_rank: Optional[int] = None, check: Optional[bool] = None,
                  all_to_all=None, payload_exchange=None,
                  dispatch_dtype: Optional[torch.dtype] = None,
-                 dispatch_hidden: Optional[int] = None):
+                 dispatch_hidden: Optional[int] = None,
+                 unpack_into: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
         self.group = group
         # the exchange, called as all_to_all(output, input, group=group); replaceable, e.g. by
         # a local copy to time the same step without communication (examples/ep_decode.py)
@@ -196,7 +202,6 @@ class MoEDispatcher:
         self._comb_recv = torch.zeros(W * C + 1, H, dtype=dtype, **z)
         self._send_counts = torch.zeros(W, L, dtype=torch.int64, **z)
         self._recv_counts = torch.zeros(W, L, dtype=torch.int64, **z)
-        self.expert_x = torch.zeros(L, self.max_slots, DH, dtype=dispatch_dtype, **z)
         self.expert_counts = torch.zeros(L, dtype=torch.int32, **z)
         # constants
         self._experts = torch.arange(num_experts, dtype=torch.int64, **z)
@@ -209,8 +214,40 @@ class MoEDispatcher:
         self._kernels = ep_kernels.available(self.device)
         if self._kernels:
             self._zero_from = torch.zeros(L, dtype=torch.int32, **z)
+        if unpack_into is not None:
+            self._unpack_into = self._check_unpack_into(unpack_into)
+        self.unpacks_into = self._kernels and unpack_into is not None
+        if self.unpacks_into:
+            self.expert_x = None
+        else:
+            self.expert_x = torch.zeros(L, self.max_slots, DH, dtype=dispatch_dtype, **z)
 
     # ------------------------------------------------------------------ helpers
+
+    def _check_unpack_into(self, unpack_into):
+        """``(head, tail)`` checked against this dispatcher's geometry (ValueError)."""
+        L, S, RB = self.local_experts, self.max_slots, self.dispatch_row_bytes()
+        if not isinstance(unpack_into, tuple) or len(unpack_into) != 2 or \
+                not all(isinstance(t, torch.Tensor) for t in unpack_into):
+            raise ValueError("MoEDispatcher: unpack_into must be a (head, tail) pair of tensors")
+        head, tail = unpack_into
+        head_bytes = head.shape[-1] * head.element_size() if head.dim() == 3 else 0
+        words = (RB - head_bytes) // 4
+        if head.dim() != 3 or tuple(head.shape[:2]) != (L, S) or not 0 < head_bytes < RB or \
+                head_bytes % 4 or (RB - head_bytes) % 4 or not head.is_contiguous():
+            raise ValueError(f"MoEDispatcher: unpack_into's head must be a contiguous [{L}, {S}, "
+                             f"h] tensor of whole 4-byte words under {RB} bytes a row, got "
+                             f"{head.dtype}{tuple(head.shape)}")
+        if tuple(tail.shape) != (L, words, S) or tail.element_size() != 4 or \
+                not tail.is_contiguous():
+            raise ValueError(f"MoEDispatcher: unpack_into's tail must be a contiguous [{L}, "
+                             f"{words}, {S}] tensor of 4-byte elements, got "
+                             f"{tail.dtype}{tuple(tail.shape)}")
+        for t in (head, tail):
+            if t.device != self.device:
+                raise ValueError(f"MoEDispatcher: unpack_into is on {t.device}, the dispatcher "
+                                 f"on {self.device}")
+        return head, tail
 
     def message_bytes(self) -> int:
         """Bytes per peer of one padded combine all_to_all (and dispatch's, when it moves rows of
@@ -375,8 +412,9 @@ class MoEDispatcher:
         self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_rows,
                                recv_rows)
         back_index = torch.empty(W * C, dtype=torch.int64, device=dev)
-        ep_kernels.unpack(self._recv_counts, self._recv_x, self.expert_x, self.expert_counts,
-                          self._zero_from, back_index, C)
+        head, tail = self._unpack_into if self.unpacks_into else (self.expert_x, None)
+        ep_kernels.unpack(self._recv_counts, self._recv_x, head, self.expert_counts,
+                          self._zero_from, back_index, C, tail)
         handle = DispatchHandle(num_tokens=T, pair_slot=pair_slot, topk_weights=topk_weights,
                                 back_index=back_index, dropped=dropped, seq=self._seq,
                                 send_rows=send_rows, recv_rows=recv_rows)

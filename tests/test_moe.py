@@ -143,6 +143,15 @@ def _error_cases(rank, ws):
     expect("top_k_too_big", lambda: MoEDispatcher(None, E, Hd, M, E + 1, torch.float32, "cpu"),
            "top_k")
     expect("bad_hidden", lambda: MoEDispatcher(None, E, 0, M, K, torch.float32, "cpu"), "hidden")
+    S, rows = ws * M, dict(dispatch_dtype=torch.uint8, dispatch_hidden=24)
+    for label, into, fragment in (
+            ("unpack_into_pair", torch.zeros(2, S, 16, dtype=torch.uint8), "pair"),
+            ("unpack_into_head", (torch.zeros(2, S, 6, dtype=torch.uint8),
+                                  torch.zeros(2, 2, S, dtype=torch.int32)), "head"),
+            ("unpack_into_tail", (torch.zeros(2, S, 16, dtype=torch.uint8),
+                                  torch.zeros(2, S, 2, dtype=torch.int32)), "tail")):
+        expect(label, lambda: MoEDispatcher(None, E, Hd, M, K, torch.bfloat16, "cpu",
+                                            unpack_into=into, **rows), fragment)
     moe = MoEDispatcher(None, E, Hd, M, K, torch.bfloat16, "cpu")
     x = torch.zeros(3, Hd, dtype=torch.bfloat16)
     idx = torch.tensor([[0, 1], [1, 2], [E - 1, 0]])
@@ -337,7 +346,7 @@ def test_moe_value_errors(jobs, ws):
     per_rank = jobs(ws)
     bad = [f"rank {r} {label}: {v}" for r in range(ws)
            for label, v in per_rank[r]["errors"].items() if v != "ok"]
-    assert len(per_rank[0]["errors"]) >= 18
+    assert len(per_rank[0]["errors"]) >= 21
     assert not bad, "\n".join(bad)
 
 

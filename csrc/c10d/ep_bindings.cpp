@@ -37,20 +37,21 @@ void bindEpKernels(py::module_& m) {
       [](uintptr_t topk_idx, int index_bytes, int tokens, int topk, int experts, int ranks,
          int64_t slots, uintptr_t x, int64_t x_stride, uintptr_t send_x, int64_t row_bytes,
          uintptr_t send_counts, uintptr_t pair_slot, uintptr_t dropped, uintptr_t stream) {
-        ep::RouteArgs a{at<const void>(topk_idx),
-                        index_bytes,
-                        tokens,
-                        topk,
-                        experts,
-                        ranks,
-                        slots,
-                        at<const void>(x),
-                        x_stride,
-                        at<void>(send_x),
-                        row_bytes,
-                        at<int64_t>(send_counts),
-                        at<int64_t>(pair_slot),
-                        at<int64_t>(dropped)};
+        ep::RouteArgs a{};
+        a.topk_idx = at<const void>(topk_idx);
+        a.index_bytes = index_bytes;
+        a.tokens = tokens;
+        a.topk = topk;
+        a.experts = experts;
+        a.ranks = ranks;
+        a.slots = slots;
+        a.x = at<const void>(x);
+        a.x_stride = x_stride;
+        a.send_x = at<void>(send_x);
+        a.row_bytes = row_bytes;
+        a.send_counts = at<int64_t>(send_counts);
+        a.pair_slot = at<int64_t>(pair_slot);
+        a.dropped = at<int64_t>(dropped);
         check("route", ep::launchRoute(a, at<void>(stream)));
       },
       "Dispatch's routing and packing kernel (kernels/ep_args.hpp, RouteArgs); addresses as "
@@ -58,19 +59,30 @@ void bindEpKernels(py::module_& m) {
   m.def(
       "ep_unpack",
       [](uintptr_t recv_counts, int ranks, int local_experts, int64_t slots, int64_t max_slots,
-         uintptr_t recv_x, uintptr_t expert_x, int64_t row_bytes, uintptr_t expert_counts,
-         uintptr_t zero_from, uintptr_t back_index, uintptr_t stream) {
-        ep::UnpackArgs a{at<const int64_t>(recv_counts),
-                         ranks,
-                         local_experts,
-                         slots,
-                         max_slots,
-                         at<const void>(recv_x),
-                         at<void>(expert_x),
-                         row_bytes,
-                         at<int32_t>(expert_counts),
-                         at<int32_t>(zero_from),
-                         at<int64_t>(back_index)};
+         uintptr_t recv_x, uintptr_t expert_x, int64_t row_bytes, int64_t head_bytes,
+         uintptr_t tail_out, uintptr_t expert_counts, uintptr_t zero_from, uintptr_t back_index,
+         uintptr_t stream) {
+        const bool split = tail_out != 0;
+        if (head_bytes < 1 || head_bytes > row_bytes || (split != (head_bytes < row_bytes)) ||
+            (split && (head_bytes % 4 != 0 || row_bytes % 4 != 0)))
+          throw std::invalid_argument(
+              "resident ep unpack: head_bytes " + std::to_string(head_bytes) + " of rows of " +
+              std::to_string(row_bytes) +
+              " bytes: a split row needs tail_out and a head and tail of whole 4-byte words");
+        ep::UnpackArgs a{};
+        a.recv_counts = at<const int64_t>(recv_counts);
+        a.ranks = ranks;
+        a.local_experts = local_experts;
+        a.slots = slots;
+        a.max_slots = max_slots;
+        a.recv_x = at<const void>(recv_x);
+        a.expert_x = at<void>(expert_x);
+        a.row_bytes = row_bytes;
+        a.head_bytes = head_bytes;
+        a.tail_out = at<int32_t>(tail_out);
+        a.expert_counts = at<int32_t>(expert_counts);
+        a.zero_from = at<int32_t>(zero_from);
+        a.back_index = at<int64_t>(back_index);
         check("unpack", ep::launchUnpack(a, at<void>(stream)));
       },
       "Dispatch's receive-side kernel (UnpackArgs).");
@@ -78,13 +90,14 @@ void bindEpKernels(py::module_& m) {
       "ep_combine_pack",
       [](uintptr_t filled, int ranks, int64_t slots, uintptr_t back_index, uintptr_t expert_y,
          uintptr_t comb_send, int64_t row_bytes, uintptr_t stream) {
-        ep::CombinePackArgs a{at<const int64_t>(filled),
-                              ranks,
-                              slots,
-                              at<const int64_t>(back_index),
-                              at<const void>(expert_y),
-                              at<void>(comb_send),
-                              row_bytes};
+        ep::CombinePackArgs a{};
+        a.filled = at<const int64_t>(filled);
+        a.ranks = ranks;
+        a.slots = slots;
+        a.back_index = at<const int64_t>(back_index);
+        a.expert_y = at<const void>(expert_y);
+        a.comb_send = at<void>(comb_send);
+        a.row_bytes = row_bytes;
         check("combine pack", ep::launchCombinePack(a, at<void>(stream)));
       },
       "Combine's packing kernel (CombinePackArgs).");
@@ -92,16 +105,17 @@ void bindEpKernels(py::module_& m) {
       "ep_combine_reduce",
       [](uintptr_t comb_recv, uintptr_t pair_slot, uintptr_t weights, uintptr_t out, int tokens,
          int topk, int64_t hidden, int64_t no_slot, int in_dtype, int out_dtype, uintptr_t stream) {
-        ep::CombineReduceArgs a{at<const void>(comb_recv),
-                                at<const int64_t>(pair_slot),
-                                at<const float>(weights),
-                                at<void>(out),
-                                tokens,
-                                topk,
-                                hidden,
-                                no_slot,
-                                dtypeOf(in_dtype),
-                                dtypeOf(out_dtype)};
+        ep::CombineReduceArgs a{};
+        a.comb_recv = at<const void>(comb_recv);
+        a.pair_slot = at<const int64_t>(pair_slot);
+        a.weights = at<const float>(weights);
+        a.out = at<void>(out);
+        a.tokens = tokens;
+        a.topk = topk;
+        a.hidden = hidden;
+        a.no_slot = no_slot;
+        a.in_dtype = dtypeOf(in_dtype);
+        a.out_dtype = dtypeOf(out_dtype);
         check("combine reduce", ep::launchCombineReduce(a, at<void>(stream)));
       },
       "Combine's weighted float32 reduction kernel (CombineReduceArgs).");
