@@ -1,3 +1,4 @@
+// resident_pg._C's EP kernel entry points: plain ints and addresses in, one launch out.
 #include "c10d/ep_bindings.hpp"
 
 #include <cstdint>
@@ -11,9 +12,10 @@ namespace py = pybind11;
 namespace resident {
 namespace {
 
+// A tensor's address, as Python hands it over (Tensor.data_ptr()).
 template <typename T>
 T* at(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
+  return reinterpret_cast<T*>(address);  // NOLINT(performance-no-int-to-ptr)
 }
 
 void check(const char* kernel, const std::string& error) {
