@@ -1,7 +1,7 @@
 // EP dispatch/combine on the device (ep_args.hpp): the routing, packing and unpacking around
 // the exchanges of resident_pg.moe, each one kernel that reads and writes only the rows in use.
-// The torch formulation of the same steps writes every row of the [L, max_slots] expert buffer
-// per dispatch (hundreds of MB at hidden 7168 with 256 experts) and runs some thirty kernels.
+// The CPU path (torch ops in resident_pg/moe.py) writes every row of the [L, max_slots] expert
+// buffer per dispatch (hundreds of MB at hidden 7168 with 256 experts) in some thirty ops.
 //
 // Plain launches (no programmatic dependent launch): each kernel starts after the previous one
 // on the stream completes, and the next resident kernel's griddepcontrol.wait waits for it.

@@ -203,17 +203,17 @@ class MoEDispatcher:
         self._send_counts = torch.zeros(W, L, dtype=torch.int64, **z)
         self._recv_counts = torch.zeros(W, L, dtype=torch.int64, **z)
         self.expert_counts = torch.zeros(L, dtype=torch.int32, **z)
-        # constants
-        self._experts = torch.arange(num_experts, dtype=torch.int64, **z)
-        self._slot_grid = torch.arange(self.max_slots, dtype=torch.int64, **z).repeat(L, 1)
-        self._c_grid = torch.arange(C, dtype=torch.int64, **z).repeat(W, 1)
-        self._src_base = (torch.arange(W, dtype=torch.int64, **z) * C).unsqueeze(1)
         # CUDA: the steps around the exchanges are one kernel each (resident_pg.ep_kernels)
         # that touches only the rows in use; ``_zero_from[l]``: rows of expert_x[l] known zero
-        # from there on (the unpack kernel zeroes only what the previous dispatch filled)
+        # from there on (the unpack kernel zeroes only what the previous dispatch filled).
+        # Elsewhere torch ops, with these index constants.
         self._kernels = ep_kernels.available(self.device)
         if self._kernels:
             self._zero_from = torch.zeros(L, dtype=torch.int32, **z)
+        else:
+            self._experts = torch.arange(num_experts, dtype=torch.int64, **z)
+            self._slot_grid = torch.arange(self.max_slots, dtype=torch.int64, **z).repeat(L, 1)
+            self._c_grid = torch.arange(C, dtype=torch.int64, **z).repeat(W, 1)
         if unpack_into is not None:
             self._unpack_into = self._check_unpack_into(unpack_into)
         self.unpacks_into = self._kernels and unpack_into is not None
@@ -395,9 +395,10 @@ class MoEDispatcher:
 
     def _dispatch_kernels(self, x, topk_idx, topk_weights):
         """dispatch on CUDA: route + pack, the exchanges, unpack (resident_pg.ep_kernels)."""
-        W, L, C, K = self.world, self.local_experts, self.slots_per_rank, self.top_k
+        W, C, K = self.world, self.slots_per_rank, self.top_k
         T = x.shape[0]
         dev = self.device
+        stream = torch.cuda.current_stream(dev).cuda_stream
         if topk_idx.dtype not in (torch.int32, torch.int64):
             topk_idx = topk_idx.to(torch.int64)
         topk_idx = topk_idx.contiguous()
@@ -406,7 +407,7 @@ class MoEDispatcher:
         pair_slot = torch.empty(T * K, dtype=torch.int64, device=dev)
         dropped = torch.empty((), dtype=torch.int64, device=dev)
         ep_kernels.route(topk_idx, x, self._send_x, self._send_counts, pair_slot, dropped,
-                         self.num_experts, W, C)
+                         self.num_experts, W, C, stream)
         self.all_to_all(self._recv_counts, self._send_counts, group=self.group)
         send_rows, recv_rows = self._send_counts.sum(1), self._recv_counts.sum(1)
         self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_rows,
@@ -414,7 +415,7 @@ class MoEDispatcher:
         back_index = torch.empty(W * C, dtype=torch.int64, device=dev)
         head, tail = self._unpack_into if self.unpacks_into else (self.expert_x, None)
         ep_kernels.unpack(self._recv_counts, self._recv_x, head, self.expert_counts,
-                          self._zero_from, back_index, C, tail)
+                          self._zero_from, back_index, C, stream, tail)
         handle = DispatchHandle(num_tokens=T, pair_slot=pair_slot, topk_weights=topk_weights,
                                 back_index=back_index, dropped=dropped, seq=self._seq,
                                 send_rows=send_rows, recv_rows=recv_rows)
@@ -441,7 +442,7 @@ class MoEDispatcher:
             raise ValueError(f"combine: expert_y has dtype {expert_y.dtype}, expected {self.dtype}")
         if expert_y.device != self.device:
             raise ValueError(f"combine: expert_y is on {expert_y.device}, expected {self.device}")
-        T, K, W, C = handle.num_tokens, self.top_k, self.world, self.slots_per_rank
+        T, K = handle.num_tokens, self.top_k
         w = handle.topk_weights if topk_weights is None else topk_weights
         if tuple(w.shape) != (T, K) or not w.dtype.is_floating_point or w.device != self.device:
             raise ValueError(f"combine: topk_weights must be a floating [{T}, {K}] tensor on "
@@ -457,7 +458,12 @@ class MoEDispatcher:
         # back the way the rows came: what a peer sent is what it gets back
         self._exchange_payload(self._comb_recv, self._comb_send, self.hidden, handle.recv_rows,
                                handle.send_rows)
-        got = self._comb_recv.index_select(0, handle.pair_slot).view(T, K, self.hidden)
+        return self._reduce(handle, w, out)
+
+    def _reduce(self, handle, w, out):
+        """The weighted sum of each token's returned rows, in float32 (torch ops)."""
+        got = self._comb_recv.index_select(0, handle.pair_slot)
+        got = got.view(handle.num_tokens, self.top_k, self.hidden)
         acc = (got.float() * w.float().unsqueeze(-1)).sum(1)
         if out is None:
             return acc.to(self.dtype)
@@ -467,25 +473,21 @@ class MoEDispatcher:
     def _combine_kernels(self, expert_y, handle, w, out):
         """combine on CUDA: pack the filled slots, the exchange, the weighted reduction."""
         T, H, C = handle.num_tokens, self.hidden, self.slots_per_rank
+        stream = torch.cuda.current_stream(self.device).cuda_stream
         ep_kernels.combine_pack(handle.recv_rows, handle.back_index,
-                                expert_y.contiguous().view(-1, H), self._comb_send, C)
+                                expert_y.contiguous().view(-1, H), self._comb_send, C, stream)
         self._exchange_payload(self._comb_recv, self._comb_send, H, handle.recv_rows,
                                handle.send_rows)
-        no_slot = self.world * C
         out_dtype = self.dtype if out is None else out.dtype
         if self.dtype not in ep_kernels.REDUCE_DTYPES or \
                 out_dtype not in ep_kernels.REDUCE_DTYPES:
-            got = self._comb_recv.index_select(0, handle.pair_slot).view(T, self.top_k, H)
-            acc = (got.float() * w.float().unsqueeze(-1)).sum(1)
-            if out is None:
-                return acc.to(self.dtype)
-            out.copy_(acc)
-            return out
+            return self._reduce(handle, w, out)
         target = out if out is not None and out.is_contiguous() else \
             torch.empty(T, H, dtype=out_dtype, device=self.device)
         ep_kernels.combine_reduce(self._comb_recv, handle.pair_slot,
-                                  w.to(torch.float32).contiguous(), target, no_slot)
-        if out is not None and target is not out:
+                                  w.to(torch.float32).contiguous(), target, self.world * C,
+                                  stream)
+        if target is not out and out is not None:
             out.copy_(target)
             return out
         return target
