@@ -104,7 +104,7 @@ def _fp8_times(out, buf, x, idx, w, tokens, experts, iters, device, graph):
         buf8.low_latency_combine(y, idx, w, handle)
     out["ep8"] = _timed(ep8_step, iters, device, graph)
     _, _, handle, _, _ = buf8.low_latency_dispatch(x, idx, tokens, experts, use_fp8=True)
-    out["ep8_bytes_per_peer"] = handle.dispatch.send_rows.float().mean().item() * \
+    out["ep8_bytes_per_peer"] = handle.dispatch.send_counts.sum(1).float().mean().item() * \
         d8.dispatch_row_bytes()
 
 
@@ -127,7 +127,7 @@ def _case(rank, world, device, hidden, tokens, experts, top_k, iters, graph, fp8
     out["ep"] = _timed(ep_step, iters, device, graph)
     d = buf.dispatcher(top_k)
     recv_x, _, handle, _, _ = buf.low_latency_dispatch(x, idx, tokens, experts)
-    rows = handle.dispatch.send_rows.float().mean().item()
+    rows = handle.dispatch.send_counts.sum(1).float().mean().item()
     row_bytes = hidden * dtype.itemsize
     out["ep_bytes_per_peer"] = rows * row_bytes
     out["padded_bytes_per_peer"] = d.message_bytes()

@@ -52,8 +52,11 @@ struct UnpackArgs {
 
 // Combine, expert side: comb_send[slot] <- expert_y[back_index[slot]] for the filled slots.
 struct CombinePackArgs {
-  const int64_t* filled;  // [W] slots the dispatch filled per source (clamped to C)
+  // [W][per_source] the dispatch's counts per source: a source's filled slots are the sum of
+  // its entries (negative ones count as 0), clamped to C
+  const int64_t* filled;
   int32_t ranks;
+  int32_t per_source;
   int64_t slots;
   const int64_t* back_index;
   const void* expert_y;  // [L * max_slots] rows

@@ -21,7 +21,8 @@ constexpr int kEpThreads = 256;
 constexpr int kEpWarps = kEpThreads / 32;
 // Blocks a launch aims at: two per SM of the H200 (132 SMs); more only adds scheduling.
 constexpr int64_t kTargetBlocks = 264;
-constexpr int kMaxParts = 32;
+// Parts per item at most: enough for a pack of two sources to fill the GPU.
+constexpr int kMaxParts = 132;
 
 __device__ __forceinline__ int64_t nonNegative(int64_t v) {
   return v > 0 ? v : 0;
@@ -125,12 +126,20 @@ __global__ void __launch_bounds__(kEpThreads) unpackKernel(const UnpackArgs a) {
   // Read before the barriers below: thread 0 of part 0 moves it on at the end, and a warp
   // still to read it then would skip its share of the zeroing.
   const int64_t zero_to = part == 0 ? a.zero_from[l] : 0;
+  // slot0[s]: source s's rows for the experts below l, summed by the whole block at once
+  for (int s = threadIdx.x; s < a.ranks; s += blockDim.x) slot0[s] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < a.ranks * l; i += blockDim.x) {
+    const int s = i / l;
+    const int64_t v = a.recv_counts[static_cast<int64_t>(s) * L + (i - s * l)];
+    if (v > 0)
+      atomicAdd(reinterpret_cast<unsigned long long*>(&slot0[s]),
+                static_cast<unsigned long long>(v));
+  }
+  __syncthreads();
   for (int s = threadIdx.x; s < a.ranks; s += blockDim.x) {
-    const int64_t* rc = a.recv_counts + static_cast<int64_t>(s) * L;
-    int64_t first = 0;
-    for (int j = 0; j < l; ++j) first += nonNegative(rc[j]);
-    first = first < a.slots ? first : a.slots;
-    const int64_t n = nonNegative(rc[l]);
+    const int64_t first = slot0[s] < a.slots ? slot0[s] : a.slots;
+    const int64_t n = nonNegative(a.recv_counts[static_cast<int64_t>(s) * L + l]);
     rows[s] = n < a.slots - first ? n : a.slots - first;  // a bad count cannot leave the buffer
     slot0[s] = first;
   }
@@ -196,8 +205,15 @@ __global__ void __launch_bounds__(kEpThreads) unpackKernel(const UnpackArgs a) {
 // Block (s, part) packs the rows going back to source s: its filled slots, r % parts == part.
 template <typename V>
 __global__ void __launch_bounds__(kEpThreads) combinePackKernel(const CombinePackArgs a) {
+  __shared__ unsigned long long sum;
   const int s = blockIdx.x, part = blockIdx.y, parts = gridDim.y;
-  const int64_t n = nonNegative(a.filled[s]);
+  if (threadIdx.x == 0) sum = 0;
+  __syncthreads();
+  const int64_t* counts = a.filled + static_cast<int64_t>(s) * a.per_source;
+  for (int i = threadIdx.x; i < a.per_source; i += blockDim.x)
+    if (counts[i] > 0) atomicAdd(&sum, static_cast<unsigned long long>(counts[i]));
+  __syncthreads();
+  const int64_t n = static_cast<int64_t>(sum);
   const int64_t filled = n < a.slots ? n : a.slots;
   const int64_t mine = filled > part ? (filled - part + parts - 1) / parts : 0;
   const uint32_t units = static_cast<uint32_t>(a.row_bytes / sizeof(V));

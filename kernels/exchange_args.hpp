@@ -102,11 +102,14 @@ struct CollectiveArgs {
 // of the pair (send_rows[q] on p equals recv_rows[p] on q): their rounds follow from them.
 struct SplitsArgs {
   CollectiveArgs coll;
-  const void* send_rows;  // [nranks] rows to send to each peer (int32 or int64, device memory)
-  const void* recv_rows;  // [nranks] rows to receive from each peer (the same type)
+  // [nranks][per_peer] counts (int32 or int64, device memory): a peer's rows are the sum of its
+  // entries (per_peer 1: one count per peer; EP passes its per-(peer, expert) counts as they are)
+  const void* send_rows;  // rows to send to each peer
+  const void* recv_rows;  // rows to receive from each peer (the same type and shape)
   uint64_t row_bytes;
-  uint64_t max_rows;     // capacity per peer: counts are clamped to [0, max_rows]
+  uint64_t max_rows;     // capacity per peer: a peer's rows are clamped to [0, max_rows]
   uint32_t count_bytes;  // 4 (int32 counts) or 8 (int64)
+  uint32_t per_peer;     // counts per peer (>= 1)
   // Region::trigger_fence is set on the device for the op's largest first round to one peer:
   // fenced from this many bytes on (GpuCommunicator::fenceTriggers' threshold).
   uint32_t fence_from_bytes;

@@ -49,9 +49,9 @@ RESIDENT_HOST_DEVICE_INLINE uint32_t exchangedParts(uint64_t total, uint32_t r, 
 
 // The simple protocol (simple_device.cuh): does an op with `peer` whose first (largest) round's
 // larger direction carries `first_bytes` go simple in every round, or as LL lines in every
-// round? Per op, not per round: see simple_device.cuh. Direct pairs: above half a chunk with
-// RESIDENT_GPU_PROTOCOL=simple; proxied pairs: above the threshold of their rule (at most half a
-// chunk, so that an op's LL lines always fit below the simple payload).
+// round? Per op, not per round: see simple_device.cuh. Direct pairs: above 32 KiB with
+// RESIDENT_GPU_PROTOCOL=simple; proxied pairs: above the threshold of their rule (each at most
+// half a chunk, so that an op's LL lines always fit below the simple payload).
 RESIDENT_HOST_DEVICE_INLINE uint32_t pairRule(const Region& reg, int peer) {
   return static_cast<uint32_t>(((reg.proxy_rule >> peer) & 1ull) +
                                ((reg.network_rule >> peer) & 1ull));

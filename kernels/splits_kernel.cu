@@ -14,14 +14,28 @@ namespace {
 
 static_assert(sizeof(CollectiveArgs) % 8 == 0, "CollectiveArgs is copied in 8-byte words");
 
-// Row count `i` of a counts array, clamped to [0, max_rows] (a count past the capacity would
-// run off the buffers; both sides of a pair clamp the same value alike).
-__device__ __forceinline__ uint64_t rowsAt(const void* counts, uint32_t count_bytes, int i,
-                                           uint64_t max_rows) {
-  const int64_t v = count_bytes == 8 ? static_cast<const int64_t*>(counts)[i]
-                                     : static_cast<const int32_t*>(counts)[i];
-  if (v <= 0) return 0;
-  return static_cast<uint64_t>(v) < max_rows ? static_cast<uint64_t>(v) : max_rows;
+// Rows of each peer from the counts arrays, summed over the `per_peer` entries of each peer
+// (negative entries count as 0) by every thread of the block at once, then clamped to
+// [0, max_rows] (a count past the capacity would run off the buffers; both sides of a pair clamp
+// the same sum alike). `sums` ([2][kMaxRanks], shared) ends with the send and recv rows.
+__device__ __forceinline__ void sumRows(const SplitsArgs& s, int nranks, unsigned long long* sums) {
+  for (int i = threadIdx.x; i < 2 * kMaxRanks; i += blockDim.x) sums[i] = 0;
+  __syncthreads();
+  const int n = nranks * static_cast<int>(s.per_peer);
+  for (int i = threadIdx.x; i < 2 * n; i += blockDim.x) {
+    const bool send = i < n;
+    const void* counts = send ? s.send_rows : s.recv_rows;
+    const int j = send ? i : i - n;
+    const int64_t v = s.count_bytes == 8 ? static_cast<const int64_t*>(counts)[j]
+                                         : static_cast<const int32_t*>(counts)[j];
+    if (v > 0)
+      atomicAdd(&sums[(send ? 0 : kMaxRanks) + j / static_cast<int>(s.per_peer)],
+                static_cast<unsigned long long>(v));
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 2 * kMaxRanks; i += blockDim.x)
+    sums[i] = sums[i] < s.max_rows ? sums[i] : s.max_rows;
+  __syncthreads();
 }
 
 template <bool Simple>
@@ -37,14 +51,15 @@ __global__ void __launch_bounds__(kThreads) splitsKernel(const __grid_constant__
   // The counts are written by the stream's previous kernels (the counts exchange): wait for
   // them before reading. The round advance below needs the rounds they give.
   pdlWait();
-  __syncthreads();  // the copy of the args is complete
+  __syncthreads();                                    // the copy of the args is complete
+  __shared__ unsigned long long rows[2 * kMaxRanks];  // send, then recv rows per peer
+  sumRows(s, a.nranks, rows);
   const uint32_t chunk = a.reg.chunk;
   for (int p = threadIdx.x; p < a.nranks; p += blockDim.x) {
     PeerPlan& pp = a.peers[p];
-    const uint64_t send = rowsAt(s.send_rows, s.count_bytes, p, s.max_rows) * s.row_bytes;
+    const uint64_t send = rows[p] * s.row_bytes;
     // This rank's own rows: what it sends itself is what it receives from itself.
-    const uint64_t recv =
-        p == a.rank ? send : rowsAt(s.recv_rows, s.count_bytes, p, s.max_rows) * s.row_bytes;
+    const uint64_t recv = p == a.rank ? send : rows[kMaxRanks + p] * s.row_bytes;
     pp.send_bytes = send;
     pp.recv_bytes = recv;
     pp.rounds = static_cast<uint32_t>(roundsOfBytes(send > recv ? send : recv, chunk));

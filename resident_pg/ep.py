@@ -71,9 +71,10 @@ def all_to_all_device_splits(output: torch.Tensor, input: torch.Tensor,
     ``send_rows[p]`` rows of ``input[p]`` to peer ``p``, into the first ``recv_rows[q]`` rows of
     ``output[q]`` from peer ``q``.
 
-    ``send_rows`` / ``recv_rows``: 1-D int32 or int64 tensors of ``W`` entries (the same dtype),
-    on the buffers' device; entries are clamped to ``[0, max_rows]``.  Rows of ``output`` past
-    the counts keep their contents.  The counts of a pair must agree (``send_rows[q]`` on rank
+    ``send_rows`` / ``recv_rows``: contiguous int32 or int64 tensors of shape ``[W]``, or
+    ``[W, n]`` whose ``n`` entries per peer are summed (e.g. per-expert counts; negative entries
+    count as 0), the same dtype and shape, on the buffers' device; a peer's rows are clamped to
+    ``[0, max_rows]``.  Rows of ``output`` past the counts keep their contents.  The counts of a pair must agree (``send_rows[q]`` on rank
     ``p`` equals ``recv_rows[p]`` on rank ``q``; a rank's own entry is taken from
     ``send_rows``): on CUDA both sides derive their lockstep rounds from them, and a mismatch
     ends in the group's device-side timeout.  Typically ``recv_rows`` is the result of an

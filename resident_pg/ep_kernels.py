@@ -69,12 +69,15 @@ def unpack(recv_counts: torch.Tensor, recv_x: torch.Tensor, expert_x: torch.Tens
 
 def combine_pack(filled: torch.Tensor, back_index: torch.Tensor, expert_y: torch.Tensor,
                  comb_send: torch.Tensor, slots: int, stream: int) -> None:
-    """Combine, expert side: ``comb_send[slot] = expert_y[back_index[slot]]`` for the
-    ``filled [W]`` first slots of each source (``expert_y [L*S, H]`` contiguous)."""
+    """Combine, expert side: ``comb_send[slot] = expert_y[back_index[slot]]`` for the filled
+    first slots of each source: ``filled`` int64 ``[W]``, or ``[W, L]`` (the dispatch's counts
+    per source and expert, summed per source); ``expert_y [L*S, H]`` contiguous."""
     from resident_pg import _C
 
-    _C.ep_combine_pack(filled.data_ptr(), filled.shape[0], slots, back_index.data_ptr(),
-                       expert_y.data_ptr(), comb_send.data_ptr(), _row_bytes(comb_send), stream)
+    per_source = filled.shape[1] if filled.dim() == 2 else 1
+    _C.ep_combine_pack(filled.data_ptr(), filled.shape[0], per_source, slots,
+                       back_index.data_ptr(), expert_y.data_ptr(), comb_send.data_ptr(),
+                       _row_bytes(comb_send), stream)
 
 
 def combine_reduce(comb_recv: torch.Tensor, pair_slot: torch.Tensor, weights: torch.Tensor,

@@ -126,10 +126,10 @@ class DispatchHandle:
     back_index: torch.Tensor      # [W*C] row of expert_y (flattened) for each filled slot
     dropped: torch.Tensor         # [] int64: pairs of this rank that did not fit (slots_per_rank)
     seq: int                      # dispatch sequence number (diagnostics)
-    # [W] int64 slots filled per peer, sent and received (set with a payload_exchange, and
-    # always on CUDA, where combine packs only the filled slots)
-    send_rows: Optional[torch.Tensor] = None
-    recv_rows: Optional[torch.Tensor] = None
+    # [W, L] int64 slots filled per (peer, its local expert), sent and received: a peer's
+    # filled slots are the sum of its row (combine sends back only those)
+    send_counts: torch.Tensor
+    recv_counts: torch.Tensor
 
 
 class MoEDispatcher:
@@ -147,9 +147,10 @@ class MoEDispatcher:
         # a local copy to time the same step without communication (examples/ep_decode.py)
         self.all_to_all = all_to_all or dist.all_to_all_single
         # the payload exchange when only the filled slots should move, called as
-        # payload_exchange(output [W, C, H], input [W, C, H], send_rows [W], recv_rows [W]) with
-        # the slots filled per peer as device tensors (resident_pg.ep); None: all_to_all of the
-        # whole padded buffers
+        # payload_exchange(output [W, C, H], input [W, C, H], send_counts [W, L],
+        # recv_counts [W, L]) with the slots filled per (peer, expert) as device tensors, a
+        # peer's rows the sum of its row (resident_pg.ep); None: all_to_all of the whole padded
+        # buffers
         self.payload_exchange = payload_exchange
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -200,8 +201,6 @@ class MoEDispatcher:
         self._recv_x = torch.zeros(W * C + 1, DH, dtype=dispatch_dtype, **z)
         self._comb_send = torch.zeros(W * C, H, dtype=dtype, **z)
         self._comb_recv = torch.zeros(W * C + 1, H, dtype=dtype, **z)
-        self._send_counts = torch.zeros(W, L, dtype=torch.int64, **z)
-        self._recv_counts = torch.zeros(W, L, dtype=torch.int64, **z)
         self.expert_counts = torch.zeros(L, dtype=torch.int32, **z)
         # CUDA: the steps around the exchanges are one kernel each (resident_pg.ep_kernels)
         # that touches only the rows in use; ``_zero_from[l]``: rows of expert_x[l] known zero
@@ -334,22 +333,21 @@ class MoEDispatcher:
         dest = e_safe // L
         pair_slot = torch.where(placed, dest * C + pos, torch.full_like(pos, W * C))
         dropped = (valid & ~placed).sum()
-        torch.minimum(count, (C - start).clamp(min=0), out=self._send_counts)
+        # the counts of each dispatch are its own (its handle's, for combine)
+        send_counts = torch.minimum(count, (C - start).clamp(min=0))
 
         # --- payload: token rows into their slots (unplaced pairs go to the dump row W*C)
         tok = torch.arange(T * K, device=self.device) // K
         self._send_x.index_copy_(0, pair_slot, x.index_select(0, tok))
 
         # --- exchange: counts (fixed size), then payload (fixed size)
-        self.all_to_all(self._recv_counts, self._send_counts, group=self.group)
-        send_rows = recv_rows = None
-        if self.payload_exchange is not None:
-            send_rows, recv_rows = self._send_counts.sum(1), self._recv_counts.sum(1)
-        self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_rows,
-                               recv_rows)
+        recv_counts = torch.empty_like(send_counts)
+        self.all_to_all(recv_counts, send_counts, group=self.group)
+        self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_counts,
+                               recv_counts)
 
         # --- receiver side: pack each local expert's rows (source rank order, then slot order)
-        rc = self._recv_counts                                      # [W src, L]
+        rc = recv_counts                                            # [W src, L]
         r_incl = rc.cumsum(1)
         r_start = r_incl - rc                                       # slot start in src's block
         e_incl = rc.cumsum(0)                                       # over sources, per expert
@@ -376,7 +374,7 @@ class MoEDispatcher:
 
         handle = DispatchHandle(num_tokens=T, pair_slot=pair_slot, topk_weights=topk_weights,
                                 back_index=back_index.view(-1), dropped=dropped, seq=self._seq,
-                                send_rows=send_rows, recv_rows=recv_rows)
+                                send_counts=send_counts, recv_counts=recv_counts)
         return self.expert_x, self.expert_counts, handle
 
     def _on_device(self):
@@ -385,13 +383,14 @@ class MoEDispatcher:
             return contextlib.nullcontext()
         return torch.cuda.device(self.device)
 
-    def _exchange_payload(self, recv, send, rows_hidden, send_rows, recv_rows):
+    def _exchange_payload(self, recv, send, rows_hidden, send_counts, recv_counts):
         W, C = self.world, self.slots_per_rank
         if self.payload_exchange is None:
             self.all_to_all(recv[: W * C], send[: W * C], group=self.group)
         else:  # slots [0, rows) of each peer are filled (expert-major from slot 0)
             self.payload_exchange(recv[: W * C].view(W, C, rows_hidden),
-                                  send[: W * C].view(W, C, rows_hidden), send_rows, recv_rows)
+                                  send[: W * C].view(W, C, rows_hidden), send_counts,
+                                  recv_counts)
 
     def _dispatch_kernels(self, x, topk_idx, topk_weights):
         """dispatch on CUDA: route + pack, the exchanges, unpack (resident_pg.ep_kernels)."""
@@ -406,19 +405,20 @@ class MoEDispatcher:
             x = x.contiguous()
         pair_slot = torch.empty(T * K, dtype=torch.int64, device=dev)
         dropped = torch.empty((), dtype=torch.int64, device=dev)
-        ep_kernels.route(topk_idx, x, self._send_x, self._send_counts, pair_slot, dropped,
+        counts = torch.empty(2, W, self.local_experts, dtype=torch.int64, device=dev)
+        send_counts, recv_counts = counts[0], counts[1]
+        ep_kernels.route(topk_idx, x, self._send_x, send_counts, pair_slot, dropped,
                          self.num_experts, W, C, stream)
-        self.all_to_all(self._recv_counts, self._send_counts, group=self.group)
-        send_rows, recv_rows = self._send_counts.sum(1), self._recv_counts.sum(1)
-        self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_rows,
-                               recv_rows)
+        self.all_to_all(recv_counts, send_counts, group=self.group)
+        self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_counts,
+                               recv_counts)
         back_index = torch.empty(W * C, dtype=torch.int64, device=dev)
         head, tail = self._unpack_into if self.unpacks_into else (self.expert_x, None)
-        ep_kernels.unpack(self._recv_counts, self._recv_x, head, self.expert_counts,
+        ep_kernels.unpack(recv_counts, self._recv_x, head, self.expert_counts,
                           self._zero_from, back_index, C, stream, tail)
         handle = DispatchHandle(num_tokens=T, pair_slot=pair_slot, topk_weights=topk_weights,
                                 back_index=back_index, dropped=dropped, seq=self._seq,
-                                send_rows=send_rows, recv_rows=recv_rows)
+                                send_counts=send_counts, recv_counts=recv_counts)
         return self.expert_x, self.expert_counts, handle
 
     # ------------------------------------------------------------------ combine
@@ -456,8 +456,8 @@ class MoEDispatcher:
         flat_y = expert_y.reshape(-1, self.hidden)
         torch.index_select(flat_y, 0, handle.back_index, out=self._comb_send)
         # back the way the rows came: what a peer sent is what it gets back
-        self._exchange_payload(self._comb_recv, self._comb_send, self.hidden, handle.recv_rows,
-                               handle.send_rows)
+        self._exchange_payload(self._comb_recv, self._comb_send, self.hidden, handle.recv_counts,
+                               handle.send_counts)
         return self._reduce(handle, w, out)
 
     def _reduce(self, handle, w, out):
@@ -474,10 +474,10 @@ class MoEDispatcher:
         """combine on CUDA: pack the filled slots, the exchange, the weighted reduction."""
         T, H, C = handle.num_tokens, self.hidden, self.slots_per_rank
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        ep_kernels.combine_pack(handle.recv_rows, handle.back_index,
+        ep_kernels.combine_pack(handle.recv_counts, handle.back_index,
                                 expert_y.contiguous().view(-1, H), self._comb_send, C, stream)
-        self._exchange_payload(self._comb_recv, self._comb_send, H, handle.recv_rows,
-                               handle.send_rows)
+        self._exchange_payload(self._comb_recv, self._comb_send, H, handle.recv_counts,
+                               handle.send_counts)
         out_dtype = self.dtype if out is None else out.dtype
         if self.dtype not in ep_kernels.REDUCE_DTYPES or \
                 out_dtype not in ep_kernels.REDUCE_DTYPES:

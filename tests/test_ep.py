@@ -69,6 +69,22 @@ def split_counts(key, ws, cap):
     return c
 
 
+def split_parts(key, rows, n):
+    """Each entry of ``rows`` ([W]) as ``n`` entries that add up to it (the counts of
+    all_to_all_device_splits' [W, n] form), one of them negative (-1..-3: counts as 0) when
+    n > 2."""
+    rng = H.rng_for(key + "/parts", 0)
+    out = np.zeros((len(rows), n), dtype=np.int64)
+    for p, v in enumerate(rows):
+        cuts = np.sort(rng.integers(0, int(v) + 1, size=n - 1))
+        out[p] = np.diff(np.concatenate(([0], cuts, [int(v)])))
+        if n > 2:
+            j = int(rng.integers(0, n))
+            out[p, (j + 1) % n] += out[p, j]
+            out[p, j] = -int(rng.integers(1, 4))
+    return out
+
+
 def split_rows(key, src, ws, cap, row_elems):
     return H.rng_for(key + "/rows", src).standard_normal((ws, cap, row_elems))
 
@@ -170,8 +186,9 @@ def _dev(a, dtype, device):
 
 
 def _splits_case(rank, ws, device, key, cap, row_elems, dtype_name, count_dtype, exchange,
-                 group=None):
-    """One device-splits all_to_all, checked; returns problems."""
+                 group=None, per_peer=0):
+    """One device-splits all_to_all, checked; returns problems.  ``per_peer`` > 0: the counts
+    are [W, per_peer], each peer's entries adding up to its rows."""
     import torch
     import torch.distributed as dist
 
@@ -183,6 +200,8 @@ def _splits_case(rank, ws, device, key, cap, row_elems, dtype_name, count_dtype,
     send = _dev(to_dtype(split_rows(key, rank, ws, cap, row_elems), dtype_name), dtype, device)
     out = torch.full((ws, cap, row_elems), SENTINEL, dtype=dtype, device=device)
     send_rows = _dev(c[rank], cdt, device)
+    if per_peer:
+        send_rows = _dev(split_parts(f"{key}/{rank}", c[rank], per_peer), cdt, device)
     if exchange:  # as the EP layer does: the receiver learns its counts from the senders
         recv_rows = torch.empty_like(send_rows)
         dist.all_to_all_single(recv_rows, send_rows, group=group)
@@ -524,7 +543,16 @@ def _error_cases(rank, ws):
     expect("out_shape", lambda: a2a(torch.zeros(ws, 2, 4), buf3, rows, rows), "output has shape")
     expect("out_dtype", lambda: a2a(buf3.double(), buf3, rows, rows), "dtype")
     expect("rows_float", lambda: a2a(buf3.clone(), buf3, rows.float(), rows.float()), "int32")
-    expect("rows_len", lambda: a2a(buf3.clone(), buf3, rows[:-1], rows[:-1]), "entries")
+    expect("rows_len", lambda: a2a(buf3.clone(), buf3, rows[:-1], rows[:-1]),
+           "one count per rank")
+    expect("rows_3d", lambda: a2a(buf3.clone(), buf3, rows.view(ws, 1, 1), rows.view(ws, 1, 1)),
+           "[ws, n]".replace("ws", str(ws)))
+    none = torch.zeros(ws, 0, dtype=torch.int64)
+    expect("rows_no_parts", lambda: a2a(buf3.clone(), buf3, none, none), "summed")
+    parts2, parts3 = torch.zeros(ws, 2, dtype=torch.int64), torch.zeros(ws, 3, dtype=torch.int64)
+    expect("rows_shape_mix", lambda: a2a(buf3.clone(), buf3, parts2, parts3), "one shape")
+    expect("rows_strided", lambda: a2a(buf3.clone(), buf3, parts2.t().contiguous().t(), parts2),
+           "contiguous")
     expect("rows_mix", lambda: a2a(buf3.clone(), buf3, rows, rows.int()), "one dtype")
     expect("not_tensor", lambda: a2a(buf3.clone(), buf3, [0] * ws, rows), "tensor")
     gloo = dist.new_group(backend="gloo")
@@ -596,6 +624,13 @@ def _split_cases(rank, ws, device):
                 cid = f"splits[{label}-{cdt}-{'exchanged' if exchange else 'given'}]"
                 out[cid] = _catch(_splits_case, rank, ws, device, f"{cid}", cap, n, dt, cdt,
                                   exchange)
+    # counts per (peer, part), summed per peer, as EP passes its per-(peer, expert) counts
+    for label in ("small", "rounds"):
+        cap, n, dt = SPLIT_SHAPES[label]
+        for cdt in ("int32", "int64"):
+            cid = f"splits[{label}-{cdt}-per-part]"
+            out[cid] = _catch(_splits_case, rank, ws, device, cid, cap, n, dt, cdt, True,
+                              per_peer=5)
     return out
 
 
@@ -663,7 +698,7 @@ def _cpu(ws):
 def test_ep_cpu(ws):
     per_rank = _cpu(ws)
     cases = per_rank[0]["cases"]
-    assert len(cases) == 3 * 2 * 2 + 3 * 3 + 2 + 3 * 3 + 1
+    assert len(cases) == 3 * 2 * 2 + 4 + 3 * 3 + 2 + 3 * 3 + 1
     problems = [p for cid in cases for p in _problems(per_rank, cid)]
     assert not problems, "\n".join(problems[:20])
 

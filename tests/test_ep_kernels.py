@@ -54,3 +54,10 @@ def test_combine_reduce_refuses_unknown_dtype_codes(in_code, out_code):
 
     with pytest.raises(ValueError, match="dtype code"):
         _C.ep_combine_reduce(0, 0, 0, 0, 1, 1, 8, 2, in_code, out_code, 0)
+
+
+def test_combine_pack_refuses_sources_without_counts():
+    from resident_pg import _C
+
+    with pytest.raises(ValueError, match="per_source"):
+        _C.ep_combine_pack(0, 2, 0, 4, 0, 0, 0, 16, 0)

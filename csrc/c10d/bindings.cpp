@@ -42,7 +42,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("output"), py::arg("input"), py::arg("send_rows"), py::arg("recv_rows"),
            py::arg("async_op") = false, py::call_guard<py::gil_scoped_release>(),
            "all_to_all of [group size, max_rows, ...] buffers moving only send_rows[p] rows to "
-           "peer p and recv_rows[p] from it; on CUDA the counts are read by the kernel "
+           "peer p and recv_rows[p] from it (counts [group size], or [group size, n] summed per "
+           "peer); on CUDA the counts are read by the kernel "
            "(resident_pg.ep.all_to_all_device_splits).")
       .def("_set_handoff", &ProcessGroupResident::setHandoff, py::arg("backend"), py::arg("device"),
            py::arg("crossover_bytes"),

@@ -90,11 +90,13 @@ void bindEpKernels(py::module_& m) {
       "Dispatch's receive-side kernel (UnpackArgs).");
   m.def(
       "ep_combine_pack",
-      [](uintptr_t filled, int ranks, int64_t slots, uintptr_t back_index, uintptr_t expert_y,
-         uintptr_t comb_send, int64_t row_bytes, uintptr_t stream) {
+      [](uintptr_t filled, int ranks, int per_source, int64_t slots, uintptr_t back_index,
+         uintptr_t expert_y, uintptr_t comb_send, int64_t row_bytes, uintptr_t stream) {
+        if (per_source < 1) throw py::value_error("ep_combine_pack: per_source must be >= 1");
         ep::CombinePackArgs a{};
         a.filled = at<const int64_t>(filled);
         a.ranks = ranks;
+        a.per_source = per_source;
         a.slots = slots;
         a.back_index = at<const int64_t>(back_index);
         a.expert_y = at<const void>(expert_y);

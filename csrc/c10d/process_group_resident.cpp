@@ -859,15 +859,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allToAllDeviceSplits(
     RESIDENT_CHECK_VALUE(t->scalar_type() == at::kInt || t->scalar_type() == at::kLong,
                          "resident: ", op, ": ", what, " must be int32 or int64, got ",
                          t->scalar_type());
-    RESIDENT_CHECK_VALUE(t->dim() == 1 && t->size(0) == size_ && t->is_contiguous(),
-                         "resident: ", op, ": ", what, " must be a contiguous 1-D tensor of ",
-                         size_, " entries (one per rank), got sizes ", t->sizes());
+    RESIDENT_CHECK_VALUE((t->dim() == 1 || (t->dim() == 2 && t->size(1) >= 1)) &&
+                             t->size(0) == size_ && t->is_contiguous(),
+                         "resident: ", op, ": ", what, " must be a contiguous tensor of shape [",
+                         size_, "] (one count per rank) or [", size_,
+                         ", n] (n counts per rank, summed), got sizes ", t->sizes());
     RESIDENT_CHECK_VALUE(t->device() == input.device(), "resident: ", op, ": ", what, " is on ",
                          t->device(), " but the input is on ", input.device());
   }
   RESIDENT_CHECK_VALUE(send_rows.scalar_type() == recv_rows.scalar_type(), "resident: ", op,
                        ": send_rows is ", send_rows.scalar_type(), " but recv_rows is ",
                        recv_rows.scalar_type(), " (use one dtype for both)");
+  RESIDENT_CHECK_VALUE(send_rows.sizes() == recv_rows.sizes(), "resident: ", op,
+                       ": send_rows has shape ", send_rows.sizes(), " but recv_rows has ",
+                       recv_rows.sizes(), " (use one shape for both)");
+  const size_t per_peer = send_rows.dim() == 2 ? static_cast<size_t>(send_rows.size(1)) : 1;
   const size_t max_rows = static_cast<size_t>(input.size(1));
   const size_t row_bytes =
       max_rows == 0 ? 0 : nbytes(input) / (static_cast<size_t>(size_) * max_rows);
@@ -879,15 +885,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allToAllDeviceSplits(
     return cudaOp(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_device_splits", {output},
                   {input, send_rows, recv_rows}, async_op, [&](GpuCommunicator& g, void* s) {
                     g.allToAllDeviceSplits(in, out, max_rows, row_bytes, send_rows.data_ptr(),
-                                           recv_rows.data_ptr(), count_bytes, s);
+                                           recv_rows.data_ptr(), count_bytes,
+                                           static_cast<uint32_t>(per_peer), s);
                   });
   }
   // CPU: the counts are host memory, read now (in place, either dtype), as the kernel reads
   // them on the device.
   auto rowsOf = [&](const at::Tensor& t, int p) {
-    const int64_t v =
-        t.scalar_type() == at::kLong ? t.data_ptr<int64_t>()[p] : int64_t{t.data_ptr<int32_t>()[p]};
-    return v <= 0 ? size_t{0} : std::min(static_cast<size_t>(v), max_rows);
+    size_t rows = 0;
+    for (size_t i = static_cast<size_t>(p) * per_peer; i < (p + 1) * per_peer; ++i) {
+      const int64_t v = t.scalar_type() == at::kLong ? t.data_ptr<int64_t>()[i]
+                                                     : int64_t{t.data_ptr<int32_t>()[i]};
+      rows += v <= 0 ? size_t{0} : static_cast<size_t>(v);
+    }
+    return std::min(rows, max_rows);
   };
   c10::SmallVector<const void*, 16> ins;
   c10::SmallVector<void*, 16> outs;

@@ -21,7 +21,7 @@ enum class P2PStream : uint8_t {
 
 enum class GpuProtocol : uint8_t {
   kLl,      // LL lines for every op to a direct peer
-  kSimple,  // payload plus a flag per 2 KiB part above half a chunk (kernels/simple_device.cuh)
+  kSimple,  // payload plus a flag per 2 KiB part above 32 KiB per peer (kernels/simple_device.cuh)
 };
 
 // The values of the options in core/options.def that Config reads; the defaults, ranges and

@@ -166,13 +166,14 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   gpu::setRegionLayout(region_, lay);
   region_.timeout_ns = timeout_ms * 1000000ull;
   timeout_ns_.store(region_.timeout_ns, std::memory_order_relaxed);
-  // simplePair's thresholds: direct pairs above half a chunk with RESIDENT_GPU_PROTOCOL=simple;
-  // pairs proxied over shm above kProxySimpleAbove, over a network above kNetworkSimpleAbove,
-  // both capped at half a chunk (above that an op's LL lines would reach the slot's simple
-  // payload half, simple_device.cuh).
+  // simplePair's thresholds: direct pairs above kDirectSimpleAbove with
+  // RESIDENT_GPU_PROTOCOL=simple; pairs proxied over shm above kProxySimpleAbove, over a network
+  // above kNetworkSimpleAbove; each capped at half a chunk (above that an op's LL lines would
+  // reach the slot's simple payload half, simple_device.cuh).
   const Config& cfg = comm.config();
-  region_.simple_above[0] =
-      cfg.gpu_protocol == GpuProtocol::kSimple ? lay.chunk / 2 : gpu::kSimpleNever;
+  region_.simple_above[0] = cfg.gpu_protocol == GpuProtocol::kSimple
+                                ? std::min(kDirectSimpleAbove, lay.chunk / 2)
+                                : gpu::kSimpleNever;
   region_.simple_above[1] = std::min(kProxySimpleAbove, lay.chunk / 2);
   region_.simple_above[2] = std::min(kNetworkSimpleAbove, lay.chunk / 2);
   // Could any op be simple? Then the residency budget below is that of the heavier build.

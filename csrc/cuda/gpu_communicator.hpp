@@ -48,14 +48,15 @@ class GpuCommunicator : public ProxyHandler {
                 const size_t* out_bytes, void* stream);
   void broadcast(void* buf, size_t bytes, int root, void* stream);
   // all_to_all of capacity buffers: peer p's rows at send + p * max_rows * row_bytes and
-  // recv + p * max_rows * row_bytes; send_rows / recv_rows ([nranks] int32 or int64 by
-  // count_bytes, device memory) give the rows of each peer, read by the kernel when it runs
-  // (clamped to [0, max_rows]); rows past them are neither sent nor written. Grid and round
+  // recv + p * max_rows * row_bytes; send_rows / recv_rows ([nranks][per_peer] int32 or int64
+  // by count_bytes, device memory) give the rows of each peer as the sum of its per_peer counts,
+  // read by the kernel when it runs (clamped to [0, max_rows]); rows past them are neither sent
+  // nor written. Grid and round
   // budget come from the capacity; the rounds with each peer from the counts, which must
   // agree across each pair (send_rows[q] here == recv_rows[this rank] on q).
   void allToAllDeviceSplits(const void* send, void* recv, size_t max_rows, size_t row_bytes,
                             const void* send_rows, const void* recv_rows, uint32_t count_bytes,
-                            void* stream);
+                            uint32_t per_peer, void* stream);
   void send(const void* buf, size_t bytes, int peer, void* stream);
   void recv(void* buf, size_t bytes, int peer, void* stream);
 
@@ -138,6 +139,9 @@ class GpuCommunicator : public ProxyHandler {
   // Proxied ops whose first round to the peer carries more than this many bytes (capped at half
   // a chunk) go as payload + flags raised by the proxy; smaller ones as LL lines.
   static constexpr uint32_t kProxySimpleAbove = 32 * 1024;
+  // Direct pairs (RESIDENT_GPU_PROTOCOL=simple): the same 32 KiB, whatever the chunk (a larger
+  // chunk only makes the rounds of large ops fewer).
+  static constexpr uint32_t kDirectSimpleAbove = 32 * 1024;
   // The same over a network transport (tcp, ib), where every byte costs the proxy and the wire
   // (LL lines are twice the payload). tcp on the H200, 2 ranks, graphs: above 8 KiB 64 KiB
   // all_gather, reduce_scatter and all_to_all (32 KiB per peer) took 26-30 µs against 37-50

@@ -271,9 +271,11 @@ void GpuCommunicator::allToAll(const void* const* ins, const size_t* in_bytes, v
 void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t max_rows,
                                            size_t row_bytes, const void* send_rows,
                                            const void* recv_rows, uint32_t count_bytes,
-                                           void* stream) {
+                                           uint32_t per_peer, void* stream) {
   if (count_bytes != 4 && count_bytes != 8)
     throw InvalidArgument("resident: all_to_all_device_splits: counts must be int32 or int64");
+  if (per_peer == 0)
+    throw InvalidArgument("resident: all_to_all_device_splits: no counts per peer");
   const uint64_t cap = static_cast<uint64_t>(max_rows) * row_bytes;
   auto& a = begin(kAllToAllDeviceSplits);
   if (cap == 0) return;
@@ -307,6 +309,7 @@ void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t 
   s.row_bytes = row_bytes;
   s.max_rows = max_rows;
   s.count_bytes = count_bytes;
+  s.per_peer = per_peer;
   s.fence_from_bytes = static_cast<uint32_t>(kFenceFromBytes);
   checkCuda(gpu::launchSplits(s, blocks, static_cast<cudaStream_t>(stream)),
             "launching the device-splits all_to_all kernel");
