@@ -51,9 +51,9 @@ class GpuCommunicator : public ProxyHandler {
   // recv + p * max_rows * row_bytes; send_rows / recv_rows ([nranks][per_peer] int32 or int64
   // by count_bytes, device memory) give the rows of each peer as the sum of its per_peer counts,
   // read by the kernel when it runs (clamped to [0, max_rows]); rows past them are neither sent
-  // nor written. Grid and round
-  // budget come from the capacity; the rounds with each peer from the counts, which must
-  // agree across each pair (send_rows[q] here == recv_rows[this rank] on q).
+  // nor written. Grid and round budget come from the capacity; the rounds with each peer from
+  // the counts, which must agree across each pair (send_rows[q] here == recv_rows[this rank]
+  // on q).
   void allToAllDeviceSplits(const void* send, void* recv, size_t max_rows, size_t row_bytes,
                             const void* send_rows, const void* recv_rows, uint32_t count_bytes,
                             uint32_t per_peer, void* stream);
