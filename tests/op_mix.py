@@ -456,11 +456,14 @@ class _Gen:
 
     def _all_to_all_device_splits(self, s, gs):
         """Capacity ``n`` rows of ``cols`` elements per peer; ``splits[s][d]`` rows (at most
-        ``n``) go from group rank s to d."""
+        ``n``) go from group rank s to d, as one count per peer or (variant ``parts=k``) k counts
+        per peer that add up to it."""
         s.dtype = self.choice(MOVE_DTYPES)
         s.cols = int(self.rng.integers(1, 9))
         s.n = self.per_peer(s.dtype, gs) // s.cols
         s.splits = tuple(tuple(min(v, s.n) for v in row) for row in self._split_matrix(gs, s.n))
+        if self.coin(0.5):
+            s.variant = f"parts={int(self.rng.integers(2, 6))}"
 
     def _ep_shape(self, group: int) -> EpShape:
         """Half the time a Buffer already drawn on the group (reused by the ranks: other routings,

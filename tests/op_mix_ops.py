@@ -445,6 +445,21 @@ class AllToAll(MixOp):
             self.same(f"o{r}", self.ins[r][me], f"from group rank {r}")
 
 
+def _count_parts(rows, k, rng):
+    """Each entry of ``rows`` as ``k`` counts that add up to it, one of them negative (counts as
+    0) when k > 2: the [group size, k] form of all_to_all_device_splits' counts."""
+    out = []
+    for v in rows:
+        cuts = sorted(int(c) for c in rng.integers(0, v + 1, size=k - 1))
+        parts = [b - a for a, b in zip([0] + cuts, cuts + [v])]
+        if k > 2:
+            j = int(rng.integers(0, k))
+            parts[(j + 1) % k] += parts[j]
+            parts[j] = -1
+        out.append(parts)
+    return out
+
+
 class AllToAllDeviceSplits(MixOp):
     """resident_pg.ep.all_to_all_device_splits: [group size, n, cols] capacity buffers, the
     rows each peer gets given by count tensors; rows past the counts keep their contents."""
@@ -455,8 +470,13 @@ class AllToAllDeviceSplits(MixOp):
                     for r in range(gs)]
         self.put("x", self.ins[me])
         self.out("o", (gs, s.n, s.cols))
-        self.put("send_rows", torch.tensor([s.splits[me][d] for d in range(gs)]))
-        self.put("recv_rows", torch.tensor([s.splits[r][me] for r in range(gs)]))
+        send = [s.splits[me][d] for d in range(gs)]
+        recv = [s.splits[r][me] for r in range(gs)]
+        if s.variant.startswith("parts="):  # [gs, k] counts, each peer's row adding up to its rows
+            k = int(s.variant.split("=")[1])
+            send, recv = _count_parts(send, k, self.m.rng), _count_parts(recv, k, self.m.rng)
+        self.put("send_rows", torch.tensor(send))
+        self.put("recv_rows", torch.tensor(recv))
 
     def issue(self, a):
         from resident_pg.ep import all_to_all_device_splits

@@ -99,6 +99,7 @@ def test_plan_is_a_function_of_its_seed():
 def test_plans_cover_every_kind_dtype_op_and_group_shape(caps):
     expected = {k for k, v in op_mix.KINDS.items() if not v.needs or getattr(caps, v.needs)}
     reductions, moved, modes, shapes, waits = set(), set(), set(), set(), 0
+    split_counts = set()  # all_to_all_device_splits: one count per peer, or k per peer
     for ws in (2, 3, 4, 8):
         for seed in range(1, 9):
             plan = op_mix.make_plan(seed, ws, caps)
@@ -114,6 +115,8 @@ def test_plans_cover_every_kind_dtype_op_and_group_shape(caps):
                 modes.add(s.mode)
                 waits += s.mode == "batch"
                 for op in s.ops:
+                    if op.kind == "all_to_all_device_splits":
+                        split_counts.add(op.variant.split("=")[0] or "one")
                     if op.redop and op.dtype:
                         reductions.add((op.redop, op.dtype))
                     elif op.dtype:
@@ -127,6 +130,8 @@ def test_plans_cover_every_kind_dtype_op_and_group_shape(caps):
     assert moved == set(op_mix.MOVE_DTYPES)
     assert modes == {"sync", "async", "batch"} and waits > 50
     assert {1, 2, 3, 4, 8} <= shapes
+    if caps.resident_ops:
+        assert split_counts == {"one", "parts"}
 
 
 def test_plans_cover_the_ep_buffer_modes():
