@@ -74,10 +74,10 @@ def all_to_all_device_splits(output: torch.Tensor, input: torch.Tensor,
     ``send_rows`` / ``recv_rows``: contiguous int32 or int64 tensors of shape ``[W]``, or
     ``[W, n]`` whose ``n`` entries per peer are summed (e.g. per-expert counts; negative entries
     count as 0), the same dtype and shape, on the buffers' device; a peer's rows are clamped to
-    ``[0, max_rows]``.  Rows of ``output`` past the counts keep their contents.  The counts of a pair must agree (``send_rows[q]`` on rank
-    ``p`` equals ``recv_rows[p]`` on rank ``q``; a rank's own entry is taken from
-    ``send_rows``): on CUDA both sides derive their lockstep rounds from them, and a mismatch
-    ends in the group's device-side timeout.  Typically ``recv_rows`` is the result of an
+    ``[0, max_rows]``.  Rows of ``output`` past the counts keep their contents.  The counts of
+    a pair must agree (``send_rows[q]`` on rank ``p`` equals ``recv_rows[p]`` on rank ``q``; a
+    rank's own entry is taken from ``send_rows``): on CUDA both sides derive their lockstep
+    rounds from them, and a mismatch ends in the group's device-side timeout.  Typically ``recv_rows`` is the result of an
     ``all_to_all_single`` of ``send_rows``.
 
     Resident backend only (ValueError otherwise).  CUDA: one kernel on the current stream

@@ -70,12 +70,12 @@ def unpack(recv_counts: torch.Tensor, recv_x: torch.Tensor, expert_x: torch.Tens
 def combine_pack(filled: torch.Tensor, back_index: torch.Tensor, expert_y: torch.Tensor,
                  comb_send: torch.Tensor, slots: int, stream: int) -> None:
     """Combine, expert side: ``comb_send[slot] = expert_y[back_index[slot]]`` for the filled
-    first slots of each source: ``filled`` int64 ``[W]``, or ``[W, L]`` (the dispatch's counts
-    per source and expert, summed per source); ``expert_y [L*S, H]`` contiguous."""
+    first slots of each source: ``filled`` int64 ``[W, L]``, the dispatch's counts per source
+    and expert, summed per source; ``expert_y [L*S, H]`` contiguous."""
     from resident_pg import _C
 
-    per_source = filled.shape[1] if filled.dim() == 2 else 1
-    _C.ep_combine_pack(filled.data_ptr(), filled.shape[0], per_source, slots,
+    W, L = filled.shape
+    _C.ep_combine_pack(filled.data_ptr(), W, L, slots,
                        back_index.data_ptr(), expert_y.data_ptr(), comb_send.data_ptr(),
                        _row_bytes(comb_send), stream)
 

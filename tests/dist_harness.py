@@ -760,6 +760,7 @@ from reference_data import (  # noqa: E402,F401
     bits,
     compare_exact,
     compare_reduction,
+    count_parts,
     digest,
     is_float_name,
     itemsize,

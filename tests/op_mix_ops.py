@@ -21,6 +21,7 @@ import torch.distributed as dist
 from reference_data import (
     compare_exact,
     compare_reduction,
+    count_parts,
     digest,
     make_input,
     reference_reduce,
@@ -445,21 +446,6 @@ class AllToAll(MixOp):
             self.same(f"o{r}", self.ins[r][me], f"from group rank {r}")
 
 
-def _count_parts(rows, k, rng):
-    """Each entry of ``rows`` as ``k`` counts that add up to it, one of them negative (counts as
-    0) when k > 2: the [group size, k] form of all_to_all_device_splits' counts."""
-    out = []
-    for v in rows:
-        cuts = sorted(int(c) for c in rng.integers(0, v + 1, size=k - 1))
-        parts = [b - a for a, b in zip([0] + cuts, cuts + [v])]
-        if k > 2:
-            j = int(rng.integers(0, k))
-            parts[(j + 1) % k] += parts[j]
-            parts[j] = -1
-        out.append(parts)
-    return out
-
-
 class AllToAllDeviceSplits(MixOp):
     """resident_pg.ep.all_to_all_device_splits: [group size, n, cols] capacity buffers, the
     rows each peer gets given by count tensors; rows past the counts keep their contents."""
@@ -474,7 +460,7 @@ class AllToAllDeviceSplits(MixOp):
         recv = [s.splits[r][me] for r in range(gs)]
         if s.variant.startswith("parts="):  # [gs, k] counts, each peer's row adding up to its rows
             k = int(s.variant.split("=")[1])
-            send, recv = _count_parts(send, k, self.m.rng), _count_parts(recv, k, self.m.rng)
+            send, recv = count_parts(self.m.rng, send, k), count_parts(self.m.rng, recv, k)
         self.put("send_rows", torch.tensor(send))
         self.put("recv_rows", torch.tensor(recv))
 

@@ -22,6 +22,23 @@ def rng_for(key: str, rank: int):
     return np.random.default_rng([seed_of(key), rank])
 
 
+def count_parts(rng, rows, k: int):
+    """Each entry of ``rows`` as ``k`` counts that add up to it, one of them negative (-1..-3,
+    which counts as 0) when k > 2: the [W, k] form of all_to_all_device_splits' counts, as an
+    int64 numpy array [len(rows), k]."""
+    import numpy as np
+
+    out = np.zeros((len(rows), k), dtype=np.int64)
+    for p, v in enumerate(rows):
+        cuts = np.sort(rng.integers(0, int(v) + 1, size=k - 1))
+        out[p] = np.diff(np.concatenate(([0], cuts, [int(v)])))
+        if k > 2:
+            j = int(rng.integers(0, k))
+            out[p, (j + 1) % k] += out[p, j]
+            out[p, j] = -int(rng.integers(1, 4))
+    return out
+
+
 FLOAT_DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16")
 INT_DTYPE_NAMES = ("int32", "int64", "uint8")
 

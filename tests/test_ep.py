@@ -69,22 +69,6 @@ def split_counts(key, ws, cap):
     return c
 
 
-def split_parts(key, rows, n):
-    """Each entry of ``rows`` ([W]) as ``n`` entries that add up to it (the counts of
-    all_to_all_device_splits' [W, n] form), one of them negative (-1..-3: counts as 0) when
-    n > 2."""
-    rng = H.rng_for(key + "/parts", 0)
-    out = np.zeros((len(rows), n), dtype=np.int64)
-    for p, v in enumerate(rows):
-        cuts = np.sort(rng.integers(0, int(v) + 1, size=n - 1))
-        out[p] = np.diff(np.concatenate(([0], cuts, [int(v)])))
-        if n > 2:
-            j = int(rng.integers(0, n))
-            out[p, (j + 1) % n] += out[p, j]
-            out[p, j] = -int(rng.integers(1, 4))
-    return out
-
-
 def split_rows(key, src, ws, cap, row_elems):
     return H.rng_for(key + "/rows", src).standard_normal((ws, cap, row_elems))
 
@@ -201,7 +185,8 @@ def _splits_case(rank, ws, device, key, cap, row_elems, dtype_name, count_dtype,
     out = torch.full((ws, cap, row_elems), SENTINEL, dtype=dtype, device=device)
     send_rows = _dev(c[rank], cdt, device)
     if per_peer:
-        send_rows = _dev(split_parts(f"{key}/{rank}", c[rank], per_peer), cdt, device)
+        parts = H.count_parts(H.rng_for(f"{key}/parts", rank), c[rank], per_peer)
+        send_rows = _dev(parts, cdt, device)
     if exchange:  # as the EP layer does: the receiver learns its counts from the senders
         recv_rows = torch.empty_like(send_rows)
         dist.all_to_all_single(recv_rows, send_rows, group=group)

@@ -139,14 +139,14 @@ class GpuCommunicator : public ProxyHandler {
   // Proxied ops whose first round to the peer carries more than this many bytes (capped at half
   // a chunk) go as payload + flags raised by the proxy; smaller ones as LL lines.
   static constexpr uint32_t kProxySimpleAbove = 32 * 1024;
-  // Direct pairs (RESIDENT_GPU_PROTOCOL=simple): the same 32 KiB, whatever the chunk (a larger
-  // chunk only makes the rounds of large ops fewer).
-  static constexpr uint32_t kDirectSimpleAbove = 32 * 1024;
   // The same over a network transport (tcp, ib), where every byte costs the proxy and the wire
   // (LL lines are twice the payload). tcp on the H200, 2 ranks, graphs: above 8 KiB 64 KiB
   // all_gather, reduce_scatter and all_to_all (32 KiB per peer) took 26-30 µs against 37-50
   // as LL lines; above 2 KiB, 4 KiB ops lost 1-4 µs (docs/decisions.md).
   static constexpr uint32_t kNetworkSimpleAbove = 8 * 1024;
+  // Direct pairs (RESIDENT_GPU_PROTOCOL=simple): above 32 KiB too, whatever the chunk (a
+  // larger chunk only makes the rounds of large ops fewer).
+  static constexpr uint32_t kDirectSimpleAbove = 32 * 1024;
   // A p2p credit for a network peer waits up to kCreditHoldNs for a write to the same peer to
   // share its message (a recv followed by a send back, as in a ping-pong, sends one message
   // instead of two; tcp on the H200: 8 B send/recv 9.0 against 12.3 µs) — only while this rank
