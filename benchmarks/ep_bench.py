@@ -33,6 +33,7 @@ import os
 import queue as queue_module
 import socket
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -240,6 +241,12 @@ def main():
             # A rank that died ends the run now, not when its peers' waits time out.
             dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
             if dead:
+                # Its peers usually fail the same way a moment later: name them too.
+                deadline = time.monotonic() + 2.0
+                while time.monotonic() < deadline and any(p.exitcode is None for p in procs):
+                    time.sleep(0.05)
+                dead = [(i, p.exitcode) for i, p in enumerate(procs)
+                        if p.exitcode not in (None, 0)]
                 failure = ", ".join(f"rank {i} exited with code {c}" for i, c in dead)
             elif all_exited:  # a second empty wait after every rank exited: nothing is coming
                 failure = "the ranks exited before rank 0 reported the end of the run"
