@@ -6,6 +6,7 @@
 #include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/first_line.hpp"
+#include "core/host_cpus.hpp"
 #include "core/log.hpp"
 #include "core/peer_monitor.hpp"
 #include "core/process_state.hpp"
@@ -81,6 +82,17 @@ Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Co
   }
   for (int p = 0; p < nranks; ++p) assist_ = assist_ || proxied_[static_cast<size_t>(p)];
   if (assist_) engine_->setAssist(&Communicator::assistPass, this);
+  if (assist_) {
+    int local_ranks = 0;
+    for (int p = 0; p < nranks; ++p) local_ranks += sameHost(p) ? 1 : 0;
+    const int cpus = usableCpus();
+    idle_standby_ = 2 * local_ranks > cpus;
+    if (idle_standby_)
+      RLOG_INFO(
+          "%d ranks on this host, %d usable cpus: the proxy stands by while no op of this "
+          "group is in flight",
+          local_ranks, cpus);
+  }
   proxy_ = std::make_unique<Proxy>(*this, cfg);
   proxy_->start();
   for (int p = 0; p < nranks; ++p) {
@@ -417,7 +429,13 @@ bool Communicator::proxyPoll() {
 }
 
 bool Communicator::proxyStandby() const {
-  return assist_ && engine_->hasWaiters();
+  if (!assist_) return false;
+  if (engine_->hasWaiters()) return true;
+  // Where the host's ranks have fewer cores than callers and proxies, also while no op is in
+  // flight and no GPU path polls through this proxy: between blocking ops a pass could only take
+  // in a peer's next data early, and the core it runs on is one a caller needs.
+  return idle_standby_ && !engine_->hasActive() &&
+         extra_poller_.load(std::memory_order_acquire) == nullptr;
 }
 
 bool Communicator::assistPass(void* self) {

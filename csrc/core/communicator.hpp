@@ -164,6 +164,9 @@ class Communicator : public ProxyHandler {
   std::atomic_flag pass_lock_ = ATOMIC_FLAG_INIT;
   bool passes_closed_ = false;  // under pass_lock_: set by shutdown
   bool assist_ = false;         // some peer is proxied: waiting callers run passes
+  // The host's ranks, two threads each, outnumber its usable cpus: the proxy also stands by
+  // while no op is in flight (proxyStandby).
+  bool idle_standby_ = false;
   static bool assistPass(void* self);
   bool ib_local_ = false;              // this rank has an active RDMA port
   std::string ib_why_;                 // why this rank has no usable ib, for errors and logs
