@@ -198,6 +198,11 @@ def _rank(rank, world, port, env, args, queue):
         queue.put(("done", None))
 
 
+def _failed(procs):
+    """(rank, exit code) of each rank process that exited with an error."""
+    return [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=8)
@@ -239,14 +244,12 @@ def main():
             kind, r = queue.get(timeout=1.0)
         except queue_module.Empty:
             # A rank that died ends the run now, not when its peers' waits time out.
-            dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            if dead:
+            if _failed(procs):
                 # Its peers usually fail the same way a moment later: name them too.
                 deadline = time.monotonic() + 2.0
                 while time.monotonic() < deadline and any(p.exitcode is None for p in procs):
                     time.sleep(0.05)
-                dead = [(i, p.exitcode) for i, p in enumerate(procs)
-                        if p.exitcode not in (None, 0)]
+                dead = _failed(procs)
                 failure = ", ".join(f"rank {i} exited with code {c}" for i, c in dead)
             elif all_exited:  # a second empty wait after every rank exited: nothing is coming
                 failure = "the ranks exited before rank 0 reported the end of the run"

@@ -81,8 +81,8 @@ Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Co
     throw;
   }
   for (int p = 0; p < nranks; ++p) assist_ = assist_ || proxied_[static_cast<size_t>(p)];
-  if (assist_) engine_->setAssist(&Communicator::assistPass, this);
   if (assist_) {
+    engine_->setAssist(&Communicator::assistPass, this);
     int local_ranks = 0;
     for (int p = 0; p < nranks; ++p) local_ranks += sameHost(p) ? 1 : 0;
     const int cpus = usableCpus();
