@@ -16,6 +16,13 @@
 namespace resident {
 namespace ep {
 
+enum class Dtype : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// How dispatch's route kernel writes a placed row: its bytes as they are, or the FP8 row of an
+// activation row (resident_pg/ep_fp8.py's format: `hidden` float8_e4m3fn values, then one
+// scale per 128 channels, float32 or a UE8M0 byte), cast as DeepEP's low-latency dispatch does.
+enum class RowCast : int32_t { kCopy = 0, kFp8 = 1, kFp8Ue8m0 = 2 };
+
 // Dispatch, sender: where each (token, k) pair goes and the rows copied there.
 struct RouteArgs {
   const void* topk_idx;  // [tokens, topk], int32 or int64; -1 or out of range: not routed
@@ -29,6 +36,13 @@ struct RouteArgs {
   int64_t* send_counts;  // [W, L] out: pairs placed per (peer, local expert)
   int64_t* pair_slot;    // [tokens*topk] out: d*C + slot, or W*C for a pair not placed
   int64_t* dropped;      // [1] out: routed pairs that did not fit in C slots
+  // kCopy: rows of row_bytes copied. FP8: x holds `hidden` values of x_dtype per row (hidden a
+  // multiple of 128; row_bytes the FP8 row's), each placed row cast; round_scale: power-of-two
+  // scales (always with kFp8Ue8m0).
+  RowCast cast;
+  Dtype x_dtype;
+  int32_t round_scale;
+  int64_t hidden;
 };
 
 // Dispatch, receiver: expert_x[l, j] <- the j-th received row for local expert l (source rank
@@ -63,8 +77,6 @@ struct CombinePackArgs {
   void* comb_send;       // [W*C] rows
   int64_t row_bytes;
 };
-
-enum class Dtype : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 // Combine, token side: out[t] = sum_k weights[t, k] * comb_recv[pair_slot[t*K + k]] in float32,
 // rounded once; pairs whose slot is W*C (not placed) add nothing.

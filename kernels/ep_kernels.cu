@@ -7,9 +7,11 @@
 // on the stream completes, and the next resident kernel's griddepcontrol.wait waits for it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "ep_args.hpp"
 
@@ -35,11 +37,80 @@ __device__ __forceinline__ int32_t expertAt(const RouteArgs& a, int64_t p) {
   return v >= 0 && v < a.experts ? static_cast<int32_t>(v) : -1;
 }
 
+__device__ __forceinline__ float toFloat(float v) {
+  return v;
+}
+__device__ __forceinline__ float toFloat(__half v) {
+  return __half2float(v);
+}
+__device__ __forceinline__ float toFloat(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T>
+__device__ __forceinline__ T fromFloat(float v);
+template <>
+__device__ __forceinline__ float fromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half fromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// FP8 rows (RouteArgs::cast): one warp casts one group of 128 channels, 4 per lane.
+constexpr int kFp8Group = 128;
+constexpr float kFp8Max = 448.0f;
+constexpr float kFp8MaxInv = 1.0f / 448.0f;  // as DeepEP's; the reference's FP8_MAX_INV
+constexpr float kFp8AmaxFloor = 1e-4f;       // DeepEP's kFP8Margin
+
+// Lane `lane`'s 4 channels of group g of activation row `in` cast to e4m3 (the clamp to +-448
+// then round to nearest even of resident_pg.ep_fp8.quantize), stored at `out` (the FP8 row),
+// lane 0 also storing the group's scale after the row's `hidden` value bytes.
+template <typename X>
+__device__ __forceinline__ void castGroup(const RouteArgs& a, const X* in, unsigned char* out,
+                                          int g, int lane) {
+  const X* from = in + g * kFp8Group + lane * 4;
+  float v[4];
+  float amax = 0.f;
+  for (int i = 0; i < 4; ++i) {
+    v[i] = toFloat(from[i]);
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+  for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  amax = fmaxf(amax, kFp8AmaxFloor);
+  float scale, scale_inv;
+  if (a.round_scale) {  // 2^ceil(log2(amax / 448)) from the float's bits, as the reference
+    const uint32_t bits = __float_as_uint(amax * kFp8MaxInv);
+    const int e = static_cast<int>((bits >> 23) & 0xFFu) - 127 + ((bits & 0x7FFFFFu) != 0u);
+    scale_inv = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+    scale = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+  } else {
+    scale_inv = amax * kFp8MaxInv;
+    scale = __fdiv_rn(kFp8Max, amax);  // a true division, as the reference's
+  }
+  uint32_t packed = 0;
+  for (int i = 0; i < 4; ++i) {
+    const float q = fminf(fmaxf(__fmul_rn(v[i], scale), -kFp8Max), kFp8Max);
+    packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3)) << (8 * i);
+  }
+  *reinterpret_cast<uint32_t*>(out + g * kFp8Group + lane * 4) = packed;
+  if (lane != 0) return;
+  if (a.cast == RowCast::kFp8Ue8m0)
+    out[a.hidden + g] = static_cast<unsigned char>((__float_as_uint(scale_inv) >> 23) & 0xFFu);
+  else
+    reinterpret_cast<float*>(out + a.hidden)[g] = scale_inv;
+}
+
 // Block (e, part) serves expert e: pass 1 counts the pairs of e's peer routed to its earlier
 // experts (where e's slots start), pass 2 ranks e's pairs in token order, writes their slots
-// and copies the placed rows, entry i of each chunk by part i % parts. Block (0, 0) also
-// writes the slots of unrouted pairs and the dropped count.
-template <typename V>
+// and copies (X void) or casts (X the activation type, RouteArgs::cast) the placed rows, entry i
+// of each chunk by part i % parts. Block (0, 0) also writes the slots of unrouted pairs and the
+// dropped count.
+template <typename V, typename X>
 __global__ void __launch_bounds__(kEpThreads) routeKernel(const RouteArgs a) {
   extern __shared__ int32_t pairs_to[];  // [W] routed pairs per peer (block (0, 0) only)
   __shared__ int32_t warp_hits[kEpWarps];
@@ -90,13 +161,26 @@ __global__ void __launch_bounds__(kEpThreads) routeKernel(const RouteArgs a) {
     }
     __syncthreads();
     const int mine = chunk > part ? (chunk - part + parts - 1) / parts : 0;
-    for (uint32_t f = threadIdx.x; f < static_cast<uint32_t>(mine) * units; f += blockDim.x) {
-      const uint32_t row = f / units, u = f - row * units;
-      const int i = static_cast<int>(row) * parts + part;
-      const int64_t s = list_slot[i];
-      if (s >= 0)
-        dst[s * units + u] =
-            reinterpret_cast<const V*>(src + static_cast<int64_t>(list_token[i]) * a.x_stride)[u];
+    if constexpr (std::is_void_v<X>) {
+      for (uint32_t f = threadIdx.x; f < static_cast<uint32_t>(mine) * units; f += blockDim.x) {
+        const uint32_t row = f / units, u = f - row * units;
+        const int i = static_cast<int>(row) * parts + part;
+        const int64_t s = list_slot[i];
+        if (s >= 0)
+          dst[s * units + u] =
+              reinterpret_cast<const V*>(src + static_cast<int64_t>(list_token[i]) * a.x_stride)[u];
+      }
+    } else {
+      const int groups = static_cast<int>(a.hidden / kFp8Group);
+      for (int f = warp; f < mine * groups; f += kEpWarps) {  // warp-uniform
+        const int row = f / groups, g = f - row * groups;
+        const int i = row * parts + part;
+        const int64_t s = list_slot[i];
+        if (s >= 0)
+          castGroup(
+              a, reinterpret_cast<const X*>(src + static_cast<int64_t>(list_token[i]) * a.x_stride),
+              static_cast<unsigned char*>(a.send_x) + s * a.row_bytes, g, lane);
+      }
     }
     hits += chunk;
     __syncthreads();  // the lists are refilled by the next chunk
@@ -226,30 +310,6 @@ __global__ void __launch_bounds__(kEpThreads) combinePackKernel(const CombinePac
   }
 }
 
-__device__ __forceinline__ float toFloat(float v) {
-  return v;
-}
-__device__ __forceinline__ float toFloat(__half v) {
-  return __half2float(v);
-}
-__device__ __forceinline__ float toFloat(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <typename T>
-__device__ __forceinline__ T fromFloat(float v);
-template <>
-__device__ __forceinline__ float fromFloat<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half fromFloat<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
 // Block (t, part): token t's channels part*blockDim + ..., strided by parts*blockDim.
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kEpThreads) combineReduceKernel(const CombineReduceArgs a) {
@@ -330,8 +390,23 @@ std::string launchRoute(const RouteArgs& a, void* stream) {
   const dim3 grid(static_cast<unsigned>(a.experts),
                   static_cast<unsigned>(partsFor(a.experts, std::max(a.tokens, 1))));
   const size_t shared = sizeof(int32_t) * static_cast<size_t>(a.ranks);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (a.cast != RowCast::kCopy) {
+    switch (a.x_dtype) {
+      case Dtype::kFloat32:
+        routeKernel<uint8_t, float><<<grid, kEpThreads, shared, s>>>(a);
+        break;
+      case Dtype::kFloat16:
+        routeKernel<uint8_t, __half><<<grid, kEpThreads, shared, s>>>(a);
+        break;
+      case Dtype::kBFloat16:
+        routeKernel<uint8_t, __nv_bfloat16><<<grid, kEpThreads, shared, s>>>(a);
+        break;
+    }
+    return result(cudaGetLastError());
+  }
   return result(byUnit(unit, [&](auto u) {
-    routeKernel<decltype(u)><<<grid, kEpThreads, shared, static_cast<cudaStream_t>(stream)>>>(a);
+    routeKernel<decltype(u), void><<<grid, kEpThreads, shared, s>>>(a);
     return cudaGetLastError();
   }));
 }

@@ -15,8 +15,8 @@ Two pieces:
   a group whose backend for the tensors' device is not resident, the same API runs over
   ``all_to_all_single`` of the padded buffers.  ``use_fp8=True`` dispatches each token as
   float8_e4m3fn values with one float32 scale per 128 channels (DeepEP's low-latency format,
-  :mod:`resident_pg.ep_fp8`), moved as one byte row per (token, expert) pair; combine stays in
-  the activation dtype.
+  :mod:`resident_pg.ep_fp8`), moved as one byte row per (token, expert) pair (on CUDA the
+  routing kernel casts each row it places); combine stays in the activation dtype.
 
 ::
 
@@ -306,7 +306,11 @@ class Buffer:
                              "num_max_dispatch_tokens_per_rank",
                              self.num_max_dispatch_tokens_per_rank)
             fp8 = self._fp8_rows[(K, row_format)]
-            rows, recv_count, h = d.dispatch(fp8.pack(x, round_scale), topk_idx, weights)
+            if d.fuses_fp8:  # CUDA: the routing kernel casts the rows it places
+                rows, recv_count, h = d.dispatch(x, topk_idx, weights,
+                                                 fp8_cast=(round_scale, row_format == _FP8_UE8M0))
+            else:
+                rows, recv_count, h = d.dispatch(fp8.pack(x, round_scale), topk_idx, weights)
             recv_x = (fp8.x, fp8.scales) if d.unpacks_into else fp8.unpack(rows)
         if stats is not None:
             stats.add_(recv_count)

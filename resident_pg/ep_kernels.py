@@ -12,7 +12,7 @@ float32, float16 and bfloat16 payloads (:data:`REDUCE_DTYPES`).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -37,17 +37,25 @@ def _row_bytes(t: torch.Tensor) -> int:
 
 def route(topk_idx: torch.Tensor, x: torch.Tensor, send_x: torch.Tensor,
           send_counts: torch.Tensor, pair_slot: torch.Tensor, dropped: torch.Tensor,
-          experts: int, ranks: int, slots: int, stream: int) -> None:
+          experts: int, ranks: int, slots: int, stream: int,
+          fp8: Optional[Tuple[bool, bool]] = None) -> None:
     """Dispatch, sender side: ``topk_idx [T, K]`` (contiguous int32/int64), token rows ``x
     [T, R]`` (unit stride in the last dimension), ``send_x [>= W*C, R]``; writes
-    ``send_counts [W, L]``, ``pair_slot [T*K]`` and ``dropped []`` (int64)."""
+    ``send_counts [W, L]``, ``pair_slot [T*K]`` and ``dropped []`` (int64).  ``fp8``:
+    ``(round_scale, use_ue8m0)`` -- ``x [T, hidden]`` holds activations (a dtype of
+    :data:`REDUCE_DTYPES`) and each placed row is cast to the FP8 row of
+    :mod:`resident_pg.ep_fp8` (``send_x`` rows of ``row_bytes(hidden, use_ue8m0)``)."""
     from resident_pg import _C
 
     T, K = topk_idx.shape
+    cast, x_dtype, round_scale, hidden = 0, 0, False, 0
+    if fp8 is not None:
+        round_scale, use_ue8m0 = fp8
+        cast, x_dtype, hidden = (2 if use_ue8m0 else 1), REDUCE_DTYPES[x.dtype], x.shape[1]
     _C.ep_route(topk_idx.data_ptr(), topk_idx.element_size(), T, K, experts, ranks, slots,
                 x.data_ptr(), x.stride(0) * x.element_size(), send_x.data_ptr(),
                 _row_bytes(send_x), send_counts.data_ptr(), pair_slot.data_ptr(),
-                dropped.data_ptr(), stream)
+                dropped.data_ptr(), stream, cast, x_dtype, bool(round_scale), hidden)
 
 
 def unpack(recv_counts: torch.Tensor, recv_x: torch.Tensor, expert_x: torch.Tensor,

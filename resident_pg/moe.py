@@ -84,6 +84,8 @@ import torch
 import torch.distributed as dist
 
 from resident_pg import ep_kernels
+from resident_pg.ep_fp8 import check_fp8_options
+from resident_pg.ep_fp8 import row_bytes as fp8_row_bytes
 
 __all__ = ["MoEDispatcher", "DispatchHandle"]
 
@@ -266,9 +268,23 @@ class MoEDispatcher:
     def _capturing(self) -> bool:
         return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
-    def _validate(self, x, topk_idx, topk_weights):
-        check_token_rows("dispatch", x, self.dispatch_hidden, self.dispatch_dtype, self.device,
-                         "max_tokens_per_rank", self.max_tokens)
+    def _validate(self, x, topk_idx, topk_weights, fp8_cast=None):
+        if fp8_cast is None:
+            check_token_rows("dispatch", x, self.dispatch_hidden, self.dispatch_dtype,
+                             self.device, "max_tokens_per_rank", self.max_tokens)
+        else:
+            if not self._kernels:
+                raise ValueError("dispatch: fp8_cast needs the CUDA EP kernels (a CUDA "
+                                 "dispatcher); elsewhere pass FP8 rows (resident_pg.ep_fp8)")
+            round_scale, use_ue8m0 = fp8_cast
+            check_fp8_options("dispatch", self.hidden, self.dtype, round_scale, use_ue8m0)
+            want = fp8_row_bytes(self.hidden, use_ue8m0)
+            if self.dispatch_dtype != torch.uint8 or self.dispatch_hidden != want:
+                raise ValueError(f"dispatch: fp8_cast needs a dispatcher of uint8 rows of {want} "
+                                 f"bytes (dispatch_dtype, dispatch_hidden); this one moves "
+                                 f"{self.dispatch_dtype} rows of {self.dispatch_hidden}")
+            check_token_rows("dispatch", x, self.hidden, self.dtype, self.device,
+                             "max_tokens_per_rank", self.max_tokens)
         T = x.shape[0]
         for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
             if not isinstance(t, torch.Tensor):
@@ -304,21 +320,27 @@ class MoEDispatcher:
 
     # ------------------------------------------------------------------ dispatch
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor):
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                 fp8_cast: Optional[Tuple[bool, bool]] = None):
         """Send each token to its top-k experts.
 
         ``x`` [T, dispatch_hidden] (dispatch dtype; by default [T, H] of the payload dtype),
         ``topk_idx`` [T, K] (int; -1 = no expert), ``topk_weights`` [T, K] (float; used by
         ``combine``).  Returns ``(expert_x [L, max_slots, dispatch_hidden], expert_counts [L]
         int32, handle)``; both tensors are the dispatcher's static buffers.
+
+        ``fp8_cast`` = ``(round_scale, use_ue8m0)`` (CUDA kernels only, :attr:`fuses_fp8`): ``x``
+        is [T, H] of the payload dtype, and the routing kernel casts each row it places to the
+        FP8 row of :mod:`resident_pg.ep_fp8` (the dispatcher's rows must be those: uint8,
+        ``row_bytes(H, use_ue8m0)``), bit for bit as ``ep_fp8.quantize``.
         """
-        self._validate(x, topk_idx, topk_weights)
+        self._validate(x, topk_idx, topk_weights, fp8_cast)
         W, L, C, K = self.world, self.local_experts, self.slots_per_rank, self.top_k
         T = x.shape[0]
         self._seq += 1
         if self._kernels:
             with self._on_device():
-                return self._dispatch_kernels(x, topk_idx, topk_weights)
+                return self._dispatch_kernels(x, topk_idx, topk_weights, fp8_cast)
 
         # --- routing metadata of this rank's (token, k) pairs, all on the device
         e = topk_idx.reshape(-1).to(torch.int64)                    # [P], P = T*K
@@ -392,7 +414,12 @@ class MoEDispatcher:
                                   send[: W * C].view(W, C, rows_hidden), send_counts,
                                   recv_counts)
 
-    def _dispatch_kernels(self, x, topk_idx, topk_weights):
+    @property
+    def fuses_fp8(self) -> bool:
+        """Whether ``dispatch`` takes ``fp8_cast`` (the routing kernel casts rows to FP8)."""
+        return self._kernels
+
+    def _dispatch_kernels(self, x, topk_idx, topk_weights, fp8_cast=None):
         """dispatch on CUDA: route + pack, the exchanges, unpack (resident_pg.ep_kernels)."""
         W, C, K = self.world, self.slots_per_rank, self.top_k
         T = x.shape[0]
@@ -408,7 +435,7 @@ class MoEDispatcher:
         counts = torch.empty(2, W, self.local_experts, dtype=torch.int64, device=dev)
         send_counts, recv_counts = counts[0], counts[1]
         ep_kernels.route(topk_idx, x, self._send_x, send_counts, pair_slot, dropped,
-                         self.num_experts, W, C, stream)
+                         self.num_experts, W, C, stream, fp8_cast)
         self.all_to_all(recv_counts, send_counts, group=self.group)
         self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_counts,
                                recv_counts)

@@ -785,3 +785,47 @@ def test_fp8_rows_of_a_rank_without_tokens(hidden, use_ue8m0):
     rows = Fp8Rows(hidden, 4, 2, 8, use_ue8m0, "cpu").pack(
         torch.zeros(0, hidden, dtype=torch.bfloat16), round_scale=use_ue8m0)
     assert rows.dtype == torch.uint8 and tuple(rows.shape) == (0, row_bytes(hidden, use_ue8m0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("round_scale,use_ue8m0", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("dt", ("bfloat16", "float16", "float32"))
+def test_fp8_route_cast_matches_reference(dt, round_scale, use_ue8m0):
+    """The routing kernel's FP8 cast (ep_kernels.route with ``fp8``): every placed (token,
+    expert) row holds the token's fp8 codes and scales of the numpy cast, bitwise; one process,
+    2 peers' worth of slots (rows go to both halves of the send buffer)."""
+    import torch
+
+    from resident_pg import ep_kernels
+    from resident_pg.ep_fp8 import row_bytes
+
+    T, K, E, W, Hd = 24, 3, 8, 2, 1024
+    x = fp8_tokens(f"route/{dt}", 0, T, Hd, dt)  # float16: the smallest groups are subnormal
+    codes, scales = fp8_quantize(x, round_scale)
+    rng = np.random.default_rng(11)
+    idx = np.stack([rng.permutation(E)[:K] for _ in range(T)]).astype(np.int64)
+    idx[3] = -1                                   # a token routed nowhere
+    C, RB = T * K, row_bytes(Hd, use_ue8m0)
+    dev = torch.device("cuda", 0)
+    send_x = torch.zeros(W * C + 1, RB, dtype=torch.uint8, device=dev)
+    send_counts = torch.empty(W, E // W, dtype=torch.int64, device=dev)
+    pair_slot = torch.empty(T * K, dtype=torch.int64, device=dev)
+    dropped = torch.empty((), dtype=torch.int64, device=dev)
+    with torch.cuda.device(dev):
+        ep_kernels.route(torch.from_numpy(idx).to(dev), torch.from_numpy(x).to(H.tdtype(dt)).to(dev),
+                         send_x, send_counts, pair_slot, dropped, E, W, C,
+                         torch.cuda.current_stream(dev).cuda_stream, (round_scale, use_ue8m0))
+        torch.cuda.synchronize(dev)
+    rows, slots = send_x.cpu().numpy(), pair_slot.cpu().numpy()
+    tail = ((scales.view(np.uint32) >> 23) & 0xFF).astype(np.uint8) if use_ue8m0 \
+        else scales.view(np.uint8).reshape(T, -1)
+    placed = 0
+    for p in range(T * K):
+        t = p // K
+        if idx[t, p % K] < 0:
+            assert slots[p] == W * C
+            continue
+        placed += 1
+        assert np.array_equal(rows[slots[p], :Hd], codes[t]), f"fp8 codes of pair {p}"
+        assert np.array_equal(rows[slots[p], Hd:], tail[t]), f"scales of pair {p}"
+    assert placed == (T - 1) * K and int(dropped) == 0

@@ -61,3 +61,19 @@ def test_combine_pack_refuses_sources_without_counts():
 
     with pytest.raises(ValueError, match="per_source"):
         _C.ep_combine_pack(0, 2, 0, 4, 0, 0, 0, 16, 0)
+
+
+@pytest.mark.parametrize("cast,hidden,row_bytes,match", [
+    (3, 128, 132, "route cast 3"),          # no such cast
+    (1, 100, 104, "multiple of 128"),       # a group of channels cut short
+    (1, 256, 258, "rows of 264 bytes"),     # float32 scales: 4 bytes per group
+    (2, 256, 258, "multiple of 512"),       # UE8M0: scales read as int32s of 4 groups
+    (2, 512, 528, "rows of 516 bytes"),     # UE8M0: 1 byte per group
+])
+def test_route_refuses_bad_fp8_rows(cast, hidden, row_bytes, match):
+    from resident_pg import _C
+
+    # addresses of zero: the call must fail on its arguments before any launch
+    with pytest.raises(ValueError, match=match):
+        _C.ep_route(0, 8, 1, 1, 2, 2, 1, 0, hidden * 2, 0, row_bytes, 0, 0, 0, 0,
+                    cast=cast, x_dtype=2, round_scale=True, hidden=hidden)

@@ -29,6 +29,24 @@ ep::Dtype dtypeOf(int code) {
   return static_cast<ep::Dtype>(code);
 }
 
+// The route kernel's row cast, checked against the row geometry it writes.
+ep::RowCast castOf(int code, int64_t hidden, int64_t row_bytes) {
+  if (code == static_cast<int>(ep::RowCast::kCopy)) return ep::RowCast::kCopy;
+  if (code != static_cast<int>(ep::RowCast::kFp8) &&
+      code != static_cast<int>(ep::RowCast::kFp8Ue8m0))
+    throw std::invalid_argument("resident ep: route cast " + std::to_string(code) +
+                                " is not copy (0), fp8 (1) or fp8 with UE8M0 scales (2)");
+  const bool ue8m0 = code == static_cast<int>(ep::RowCast::kFp8Ue8m0);
+  const int64_t align = ue8m0 ? 512 : 128;  // UE8M0 scales are read as int32s of 4
+  const int64_t want = hidden + hidden / 128 * (ue8m0 ? 1 : 4);
+  if (hidden < align || hidden % align != 0 || row_bytes != want)
+    throw std::invalid_argument("resident ep: an FP8 route needs hidden a multiple of " +
+                                std::to_string(align) + " and rows of " + std::to_string(want) +
+                                " bytes; got hidden " + std::to_string(hidden) + ", rows of " +
+                                std::to_string(row_bytes));
+  return static_cast<ep::RowCast>(code);
+}
+
 }  // namespace
 
 void bindEpKernels(py::module_& m) {
@@ -38,8 +56,13 @@ void bindEpKernels(py::module_& m) {
       "ep_route",
       [](uintptr_t topk_idx, int index_bytes, int tokens, int topk, int experts, int ranks,
          int64_t slots, uintptr_t x, int64_t x_stride, uintptr_t send_x, int64_t row_bytes,
-         uintptr_t send_counts, uintptr_t pair_slot, uintptr_t dropped, uintptr_t stream) {
+         uintptr_t send_counts, uintptr_t pair_slot, uintptr_t dropped, uintptr_t stream, int cast,
+         int x_dtype, bool round_scale, int64_t hidden) {
         ep::RouteArgs a{};
+        a.cast = castOf(cast, hidden, row_bytes);
+        a.x_dtype = dtypeOf(x_dtype);
+        a.round_scale = round_scale || a.cast == ep::RowCast::kFp8Ue8m0 ? 1 : 0;
+        a.hidden = hidden;
         a.topk_idx = at<const void>(topk_idx);
         a.index_bytes = index_bytes;
         a.tokens = tokens;
@@ -57,7 +80,13 @@ void bindEpKernels(py::module_& m) {
         check("route", ep::launchRoute(a, at<void>(stream)));
       },
       "Dispatch's routing and packing kernel (kernels/ep_args.hpp, RouteArgs); addresses as "
-      "ints.");
+      "ints; cast 0 copies rows, 1 / 2 casts activations of x_dtype to FP8 rows (float32 / "
+      "UE8M0 scales).",
+      py::arg("topk_idx"), py::arg("index_bytes"), py::arg("tokens"), py::arg("topk"),
+      py::arg("experts"), py::arg("ranks"), py::arg("slots"), py::arg("x"), py::arg("x_stride"),
+      py::arg("send_x"), py::arg("row_bytes"), py::arg("send_counts"), py::arg("pair_slot"),
+      py::arg("dropped"), py::arg("stream"), py::arg("cast") = 0, py::arg("x_dtype") = 0,
+      py::arg("round_scale") = false, py::arg("hidden") = 0);
   m.def(
       "ep_unpack",
       [](uintptr_t recv_counts, int ranks, int local_experts, int64_t slots, int64_t max_slots,
