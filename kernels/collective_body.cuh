@@ -290,6 +290,10 @@ __device__ inline void loadRoundState(const CollectiveArgs& a, Shared& sh) {
   }
 }
 
+template <bool Simple>
+__device__ inline void runRounds(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t r_begin,
+                                 uint32_t j0, uint64_t pre, bool has_pre);
+
 // Runs this block's share of every round of collective `a`, whose
 // round state the caller loaded (loadRoundState); on return (block-uniform, after a barrier)
 // the block is done with the op. The caller advances DeviceState::coll_round (advanceRounds)
@@ -315,7 +319,18 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh) {
   }
   __syncthreads();
   Waiter w(a.reg, a.op_id);
-  for (uint32_t r = 0; r < a.rounds_max; ++r) {
+  runRounds<Simple>(a, sh, w, 0, j0, pre, has_pre);
+  __syncthreads();
+}
+
+// Rounds [r_begin, rounds_max) of collective `a` for this block's parts from j0 (the loop of
+// collectiveBody; splits_kernel.cu's counts-in-header exchange runs its round 0 itself).
+// Block-uniform; stops early once the op gave up (sh.stop).
+template <bool Simple>
+__device__ inline void runRounds(const CollectiveArgs& a, Shared& sh, Waiter& w, uint32_t r_begin,
+                                 uint32_t j0, uint64_t pre, bool has_pre) {
+  const uint32_t chunk = a.reg.chunk;
+  for (uint32_t r = r_begin; r < a.rounds_max; ++r) {
     // Partners of this round, and the parts of it this block handles.
     for (int p = 0; p < a.nranks; ++p) {
       const PeerPlan& pp = a.peers[p];
@@ -366,7 +381,6 @@ __device__ inline void collectiveBody(const CollectiveArgs& a, Shared& sh) {
     __syncthreads();
     if (sh.stop) break;
   }
-  __syncthreads();
 }
 
 // Called by one thread once every block of the op has loaded its round state: the next op

@@ -30,7 +30,10 @@ struct DeviceState {
   uint32_t coll_blocks_done;
   uint32_t send_blocks_done[kMaxRanks];
   uint32_t recv_blocks_done[kMaxRanks];
-  uint32_t failed;                     // a block gave up: the others stop polling
+  uint32_t failed;  // a block gave up: the others stop polling
+  // The device-splits all_to_all with counts in the header (splits_kernel.cu): the mark of the
+  // op whose peers' counts block 0 has put in recv_rows, for the kernel's other blocks.
+  uint32_t splits_header;
   unsigned long long fifo_head;        // trigger FIFO producer position
   unsigned long long fifo_tail_cache;  // last tail read from host memory
   unsigned char* remote[kMaxRanks];    // peer's GPU region mapped here (direct path) or null
@@ -113,6 +116,10 @@ struct SplitsArgs {
   // Region::trigger_fence is set on the device for the op's largest first round to one peer:
   // fenced from this many bytes on (GpuCommunicator::fenceTriggers' threshold).
   uint32_t fence_from_bytes;
+  // 0: recv_rows is given. Else the counts travel with the rows: each message to peer q starts
+  // with send_rows[q]'s entries, zero-padded to header_bytes (a multiple of 8, at most one part),
+  // and recv_rows is written from the peers' headers (splits_kernel.cu; LL lines only).
+  uint32_t header_bytes;
 };
 
 struct P2PArgs {

@@ -17,12 +17,15 @@ static_assert(sizeof(CollectiveArgs) % 8 == 0, "CollectiveArgs is copied in 8-by
 // Rows of each peer from the counts arrays, summed over the `per_peer` entries of each peer
 // (negative entries count as 0) by every thread of the block at once, then clamped to
 // [0, max_rows] (a count past the capacity would run off the buffers; both sides of a pair clamp
-// the same sum alike). `sums` ([2][kMaxRanks], shared) ends with the send and recv rows.
+// the same sum alike). `sums` ([2][kMaxRanks], shared) ends with the send and recv rows (the recv
+// rows zero with the counts in the header).
 __device__ __forceinline__ void sumRows(const SplitsArgs& s, int nranks, unsigned long long* sums) {
   for (int i = threadIdx.x; i < 2 * kMaxRanks; i += blockDim.x) sums[i] = 0;
   __syncthreads();
   const int n = nranks * static_cast<int>(s.per_peer);
-  for (int i = threadIdx.x; i < 2 * n; i += blockDim.x) {
+  // With the counts in the header, recv_rows is this op's output: its rows come from the peers.
+  const int entries = s.header_bytes ? n : 2 * n;
+  for (int i = threadIdx.x; i < entries; i += blockDim.x) {
     const bool send = i < n;
     const void* counts = send ? s.send_rows : s.recv_rows;
     const int j = send ? i : i - n;
@@ -35,6 +38,219 @@ __device__ __forceinline__ void sumRows(const SplitsArgs& s, int nranks, unsigne
   __syncthreads();
   for (int i = threadIdx.x; i < 2 * kMaxRanks; i += blockDim.x)
     sums[i] = sums[i] < s.max_rows ? sums[i] : s.max_rows;
+  __syncthreads();
+}
+
+// Counts in the header (SplitsArgs::header_bytes): each message to a peer is the peer's counts
+// (zero-padded to header_bytes), then its rows; the peer learns its recv rows from the header
+// instead of from an exchange before. LL lines only (a pair's protocol must be known before
+// its counts). Round 0 carries only payload lines (the header at least; no credit lines): every
+// block of the receiver polls the header lines of part 0, so the sender's next write to this
+// slot, two ops or rounds later, follows a round in which this rank's blocks were all done with
+// it (the kernel gives the next one way only when its blocks exit). Rounds 1.. follow the body's
+// rules (exchangedParts covers every part either side wrote in round 0).
+
+// The 8 bytes of message offset `o` (< header_bytes) to peer p: its counts, then zeros.
+__device__ __forceinline__ uint64_t headerWord(const SplitsArgs& s, int p, uint32_t o) {
+  const uint32_t counts = s.per_peer * s.count_bytes;
+  if (o >= counts) return 0;
+  const auto* from =
+      static_cast<const unsigned char*>(s.send_rows) + static_cast<uint64_t>(p) * counts + o;
+  return loadBytes(from, counts - o < 8u ? counts - o : 8u);
+}
+
+// Round 0 to peer p, this block's parts [j0, j1): the header words, then rows (pp.send is the
+// rows' address less header_bytes, so one offset serves both), as LL lines; proxied peers get
+// one trigger for the range (sendRound's rules).
+__device__ inline void sendHeaderRound(const CollectiveArgs& a, const SplitsArgs& s, Shared& sh,
+                                       Waiter& w, int p, uint32_t j0, uint32_t j1) {
+  const Region& reg = a.reg;
+  const PeerPlan& pp = a.peers[p];
+  const uint32_t sb = roundBytes(pp.send_bytes, 0, reg.chunk);
+  const uint32_t g = sh.base[p] + 1;
+  const uint32_t slot = (g - 1) & 1;
+  const uint64_t remote_off = collInOffset(reg, a.rank, slot);
+  const uint64_t local_off = outCollOffset(reg, p, slot);
+  unsigned char* base = sh.remote[p] ? sh.remote[p] + remote_off : reg.outbox + local_off;
+  const auto* src = static_cast<const unsigned char*>(pp.send);
+  const uint32_t t = threadIdx.x;
+  const bool whole_parts = sh.remote[p] == nullptr;
+  for (uint32_t j = j0; j < j1; ++j) {
+    if (t < (whole_parts && j + 1 < j1 ? kThreads : linesOf(sb, j))) {
+      const uint32_t nb = lineBytes(sb, j, t);
+      const uint32_t o = j * kPartPayload + t * 8;
+      uint64_t v = 0;
+      if (o < s.header_bytes)
+        v = headerWord(s, p, o);
+      else if (nb)
+        v = loadBytes(src + o, nb);
+      storeLine(base + (static_cast<uint64_t>(j) * kThreads + t) * 16, v, g);
+    }
+  }
+  if (sh.remote[p] == nullptr) {
+    pushFromThread0([&] {
+      const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
+      const uint64_t bytes =
+          (static_cast<uint64_t>(j1 - 1 - j0) * kThreads + linesOf(sb, j1 - 1)) * 16;
+      if (!pushTriggerAt(w, reserveTriggers(reg, 1), p, local_off + first, remote_off + first,
+                         bytes, TriggerKind::kLines, g))
+        sh.stop = 1;
+    });
+  }
+}
+
+// Round 0 from peer p, this block's parts [j0, j1): the rows (pp.recv is their address less
+// header_bytes; the header's counts are headerRows').
+__device__ inline void recvHeaderRound(const CollectiveArgs& a, const SplitsArgs& s, Shared& sh,
+                                       Waiter& w, int p, uint32_t j0, uint32_t j1) {
+  const PeerPlan& pp = a.peers[p];
+  const uint32_t rb = roundBytes(pp.recv_bytes, 0, a.reg.chunk);
+  const uint32_t g = sh.base[p] + 1;
+  const unsigned char* base = collSlotFrom(a.reg, p, g);
+  auto* dst = static_cast<unsigned char*>(pp.recv);
+  const uint32_t t = threadIdx.x;
+  for (uint32_t j = j0; j < j1; ++j) {
+    if (t >= payloadLines(rb, j)) continue;
+    uint64_t v;
+    if (!w.line(base + (static_cast<uint64_t>(j) * kThreads + t) * 16, g, v, p)) {
+      sh.stop = 1;
+      return;
+    }
+    const uint32_t o = j * kPartPayload + t * 8;
+    if (o >= s.header_bytes) storeBytes(dst + o, v, lineBytes(rb, j, t));
+  }
+}
+
+// The peers' recv rows, into rows[kMaxRanks + p] (clamped to max_rows); false when the op gives
+// up. Block 0 alone reads the headers (part 0 of round 0, which it receives itself), puts the
+// counts in recv_rows and then the op's mark in DeviceState::splits_header; the other blocks wait
+// for the mark and sum recv_rows. A block that read the header lines itself could still be at
+// it when the peer, two rounds on, writes the slot again (it does so once this rank's block 0
+// has passed round 1). Block-uniform.
+__device__ inline bool headerRows(const CollectiveArgs& a, const SplitsArgs& s, Shared& sh,
+                                  Waiter& w, unsigned long long* rows) {
+  const uint32_t lines = s.header_bytes / 8;
+  const uint32_t n = static_cast<uint32_t>(a.nranks);
+  const uint32_t counts = s.per_peer * s.count_bytes;
+  auto* recv_rows = static_cast<unsigned char*>(const_cast<void*>(s.recv_rows));
+  // Unique per op: the next op's first generation with a partner is past this one's.
+  const int ref = a.rank + 1 < a.nranks ? a.rank + 1 : 0;
+  const uint32_t mark = sh.base[ref] + 1;
+  auto* ready = reinterpret_cast<volatile uint32_t*>(&a.reg.state->splits_header);
+  bool ok = true;
+  if (blockIdx.x == 0) {
+    for (uint32_t i = threadIdx.x; ok && i < n * lines; i += blockDim.x) {
+      const int p = static_cast<int>(i / lines);
+      const uint32_t o = (i - static_cast<uint32_t>(p) * lines) * 8;
+      if (p == a.rank || o >= counts) continue;
+      const uint32_t g = sh.base[p] + 1;
+      uint64_t v;
+      ok = w.line(collSlotFrom(a.reg, p, g) + o * 2, g, v, p);  // line o / 8: 16 bytes each
+      if (ok)
+        storeBytes(recv_rows + static_cast<uint64_t>(p) * counts + o, v,
+                   counts - o < 8u ? counts - o : 8u);
+    }
+    if (!ok) sh.stop = 1;
+    __threadfence();  // the counts before the mark, for the other blocks
+    __syncthreads();
+    if (threadIdx.x == 0 && !sh.stop) *ready = mark;
+  } else {
+    if (threadIdx.x == 0 && !w.until([&] { return *ready == mark; }, ref)) sh.stop = 1;
+    __syncthreads();
+  }
+  if (sh.stop) return false;
+  // Sums as sumRows' (negative entries count as 0), from the counts block 0 wrote (L2 loads).
+  const uint32_t per = s.per_peer;
+  for (uint32_t i = threadIdx.x; i < n * per; i += blockDim.x) {
+    const int p = static_cast<int>(i / per);
+    if (p == a.rank) continue;
+    const int64_t v =
+        s.count_bytes == 8
+            ? static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(recv_rows) + i))
+            : __ldcg(reinterpret_cast<const int*>(recv_rows) + i);
+    if (v > 0) atomicAdd(&rows[kMaxRanks + p], static_cast<unsigned long long>(v));
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < a.nranks; p += blockDim.x)
+    rows[kMaxRanks + p] = rows[kMaxRanks + p] < s.max_rows ? rows[kMaxRanks + p] : s.max_rows;
+  __syncthreads();
+  return true;
+}
+
+// This rank's own rows and counts, copied by every block in turn (grid-stride).
+__device__ inline void copyOwn(const CollectiveArgs& a, const SplitsArgs& s, uint64_t bytes) {
+  const PeerPlan& me = a.peers[a.rank];
+  const auto* from = static_cast<const unsigned char*>(me.send) + s.header_bytes;
+  auto* to = static_cast<unsigned char*>(me.recv) + s.header_bytes;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x * 8;
+  for (uint64_t o = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8; o < bytes;
+       o += stride) {
+    const uint32_t nb = bytes - o < 8 ? static_cast<uint32_t>(bytes - o) : 8u;
+    storeBytes(to + o, loadBytes(from + o, nb), nb);
+  }
+  const uint32_t counts = s.per_peer * s.count_bytes;
+  if (blockIdx.x != 0) return;
+  const uint64_t off = static_cast<uint64_t>(a.rank) * counts;
+  for (uint32_t i = threadIdx.x; i < counts; i += blockDim.x)
+    static_cast<unsigned char*>(const_cast<void*>(s.recv_rows))[off + i] =
+        static_cast<const unsigned char*>(s.send_rows)[off + i];
+}
+
+// The counts-in-header exchange (see above), after the send rows are summed into rows[0..W).
+__device__ inline void headerExchange(CollectiveArgs& a, const SplitsArgs& s, Shared& sh,
+                                      unsigned long long* rows) {
+  const uint32_t chunk = a.reg.chunk;
+  const uint32_t j0 = blockIdx.x * a.parts_per_block;
+  for (int p = threadIdx.x; p < a.nranks; p += blockDim.x) {
+    PeerPlan& pp = a.peers[p];
+    // the rows' addresses less the header: message offset o is at send + o past the header
+    pp.send = static_cast<const unsigned char*>(pp.send) - s.header_bytes;
+    pp.recv = static_cast<unsigned char*>(pp.recv) - s.header_bytes;
+    pp.send_bytes = s.header_bytes + rows[p] * s.row_bytes;
+    pp.recv_bytes = 0;  // known from the header
+    pp.rounds = 0;
+  }
+  if (threadIdx.x == 0) {
+    uint64_t first_max = 0;
+    for (int p = 0; p < a.nranks; ++p) {
+      const uint64_t b = p == a.rank ? 0 : s.header_bytes + rows[p] * s.row_bytes;
+      first_max = b > first_max ? b : first_max;
+    }
+    first_max = first_max < chunk ? first_max : chunk;
+    a.reg.trigger_fence = first_max >= s.fence_from_bytes ? 1u : 0u;
+    sh.stop = 0;
+  }
+  __syncthreads();
+  Waiter w(a.reg, a.op_id);
+  for (int p = 0; p < a.nranks; ++p) {
+    if (p == a.rank) continue;
+    const uint32_t n = partsOf(roundBytes(a.peers[p].send_bytes, 0, chunk));
+    if (j0 < n) sendHeaderRound(a, s, sh, w, p, j0, min(n, j0 + a.parts_per_block));
+  }
+  copyOwn(a, s, rows[a.rank] * s.row_bytes);
+  if (!headerRows(a, s, sh, w, rows)) return;
+  for (int p = threadIdx.x; p < a.nranks; p += blockDim.x) {
+    PeerPlan& pp = a.peers[p];
+    if (p == a.rank) continue;  // copied above; no rounds
+    pp.recv_bytes = s.header_bytes + rows[kMaxRanks + p] * s.row_bytes;
+    const uint64_t larger = pp.send_bytes > pp.recv_bytes ? pp.send_bytes : pp.recv_bytes;
+    pp.rounds = static_cast<uint32_t>(roundsOfBytes(larger, chunk));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t rounds_max = 0;
+    for (int p = 0; p < a.nranks; ++p)
+      rounds_max = a.peers[p].rounds > rounds_max ? a.peers[p].rounds : rounds_max;
+    a.rounds_max = rounds_max;
+  }
+  advanceOnceLoaded(a, sh);  // begins with a barrier: the plan above is visible
+  for (int p = 0; p < a.nranks && !sh.stop; ++p) {
+    if (p == a.rank) continue;
+    const uint32_t n = partsOf(roundBytes(a.peers[p].recv_bytes, 0, chunk));
+    if (j0 < n) recvHeaderRound(a, s, sh, w, p, j0, min(n, j0 + a.parts_per_block));
+  }
+  __syncthreads();
+  if (!sh.stop) runRounds<false>(a, sh, w, 1, j0, 0, false);
   __syncthreads();
 }
 
@@ -53,7 +269,11 @@ __global__ void __launch_bounds__(kThreads) splitsKernel(const __grid_constant__
   pdlWait();
   __syncthreads();                                    // the copy of the args is complete
   __shared__ unsigned long long rows[2 * kMaxRanks];  // send, then recv rows per peer
-  sumRows(s, a.nranks, rows);
+  sumRows(s, a.nranks, rows);  // header_bytes: the recv rows come from the headers
+  if (!Simple && s.header_bytes) {
+    headerExchange(a, s, sh, rows);
+    return;
+  }
   const uint32_t chunk = a.reg.chunk;
   for (int p = threadIdx.x; p < a.nranks; p += blockDim.x) {
     PeerPlan& pp = a.peers[p];

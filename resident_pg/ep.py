@@ -9,9 +9,11 @@ Two pieces:
   ordered, no host synchronisation); on CPU they are read at the call.  Resident backend only.
 * :class:`Buffer` -- ``low_latency_dispatch`` / ``low_latency_combine`` with DeepEP's argument
   names and return tuples.  Built on :class:`resident_pg.moe.MoEDispatcher` (routing metadata,
-  expert-major layout, float32 weighted combine): the per-(peer, local expert) counts go first in
-  a small fixed-size ``all_to_all_single``, then the payload moves through
-  :func:`all_to_all_device_splits` (only the filled slots of each peer), in both directions.  On
+  expert-major layout, float32 weighted combine): the payload moves through
+  :func:`all_to_all_device_splits` (only the filled slots of each peer), in both directions;
+  dispatch's per-(peer, local expert) counts go ahead of the rows in the same exchange on CUDA
+  where a peer's capacity is at most :data:`COUNTS_WITH_ROWS_MAX_BYTES`, else first, in a small
+  fixed-size ``all_to_all_single``.  On
   a group whose backend for the tensors' device is not resident, the same API runs over
   ``all_to_all_single`` of the padded buffers.  ``use_fp8=True`` dispatches each token as
   float8_e4m3fn values with one float32 scale per 128 channels (DeepEP's low-latency format,
@@ -39,10 +41,16 @@ import torch.distributed as dist
 from resident_pg.ep_fp8 import Fp8Rows, check_fp8_options, row_bytes
 from resident_pg.moe import DispatchHandle, MoEDispatcher, check_token_rows, resolve_device
 
-__all__ = ["Buffer", "EventOverlap", "LowLatencyHandle", "all_to_all_device_splits",
-           "resident_backend"]
+__all__ = ["COUNTS_WITH_ROWS_MAX_BYTES", "Buffer", "EventOverlap", "LowLatencyHandle",
+           "all_to_all_device_splits", "resident_backend"]
 
 _TRANSPORTS = ("auto", "splits", "padded")
+# A peer's dispatch capacity up to which its counts travel with its rows (docs/ep.md): the
+# counts-in-header exchange moves LL lines only, twice the bytes of the payload-and-flags
+# protocol of larger messages; measured faster at 112 KiB (one token of hidden 7168, top-8),
+# slower over the proxy and tcp at 1.75 MiB (16 tokens), 2 ranks on one H200
+# (docs/performance.md).
+COUNTS_WITH_ROWS_MAX_BYTES = 128 * 1024
 # what a dispatch moves per (token, expert) pair: the activation rows, or FP8 rows whose scales
 # are float32 or UE8M0 bytes
 _ACTIVATIONS, _FP8, _FP8_UE8M0 = "activations", "fp8", "fp8_ue8m0"
@@ -66,7 +74,7 @@ def resident_backend(group=None, device="cpu"):
 
 def all_to_all_device_splits(output: torch.Tensor, input: torch.Tensor,
                              send_rows: torch.Tensor, recv_rows: torch.Tensor, group=None,
-                             async_op: bool = False):
+                             async_op: bool = False, counts_out: bool = False):
     """all_to_all of ``input`` / ``output`` (equal shapes ``[W, max_rows, ...]``) moving only
     ``send_rows[p]`` rows of ``input[p]`` to peer ``p``, into the first ``recv_rows[q]`` rows of
     ``output[q]`` from peer ``q``.
@@ -84,6 +92,12 @@ def all_to_all_device_splits(output: torch.Tensor, input: torch.Tensor,
     (``async_op``: the group's side stream, as the other collectives), capturable in a CUDA
     graph; each replay reads the counts tensors afresh.  Returns a Work when ``async_op``,
     else None.
+
+    ``counts_out=True``: ``recv_rows`` is written instead of read -- ``recv_rows[q]`` becomes
+    peer ``q``'s ``send_rows`` entry for this rank.  On CUDA each message carries its counts
+    ahead of its rows, so the op is one exchange where counts, then rows, take two (at most 2 KiB
+    of counts per peer; the rows go as LL lines); on CPU an ``all_to_all_single`` of the counts
+    runs first.
     """
     for name, t in (("output", output), ("input", input), ("send_rows", send_rows),
                     ("recv_rows", recv_rows)):
@@ -95,7 +109,11 @@ def all_to_all_device_splits(output: torch.Tensor, input: torch.Tensor,
         raise ValueError(f"all_to_all_device_splits needs the resident backend for "
                          f"{input.device.type} tensors on this group (it is a resident-only "
                          "op); use resident_pg.ep.Buffer, which falls back to all_to_all_single")
-    work = backend.all_to_all_device_splits(output, input, send_rows, recv_rows, async_op)
+    if counts_out and input.device.type != "cuda":
+        dist.all_to_all_single(recv_rows, send_rows, group=group)
+        counts_out = False
+    work = backend.all_to_all_device_splits(output, input, send_rows, recv_rows, async_op,
+                                            counts_out)
     if async_op:
         return work
     work.wait()  # CPU: done on return; CUDA: already ordered on the current stream
@@ -197,6 +215,23 @@ class Buffer:
         self._resident.all_to_all_device_splits(output, input, send_rows, recv_rows,
                                                 False).wait()
 
+    def _exchange_with_counts(self, output, input, send_rows, recv_rows):
+        # dispatch on CUDA: the counts travel ahead of the rows (counts_out)
+        self._resident.all_to_all_device_splits(output, input, send_rows, recv_rows, False,
+                                                True).wait()
+
+    def _counts_with_rows(self, num_topk: int, row_format: str) -> bool:
+        """Whether CUDA dispatch sends each peer its counts ahead of its rows (one exchange;
+        ``all_to_all_device_splits(counts_out=True)``) rather than in an exchange of their own
+        first: where a peer's capacity (the dispatcher's slots per peer times the row) is at most
+        :data:`COUNTS_WITH_ROWS_MAX_BYTES`.  The same on every rank (the Buffer's geometry)."""
+        if self.device.type != "cuda":
+            return False
+        slots = self.num_max_dispatch_tokens_per_rank * min(num_topk, self.num_local_experts)
+        row = row_bytes(self.hidden, row_format == _FP8_UE8M0) if row_format != _ACTIVATIONS \
+            else self.hidden * self.dtype.itemsize
+        return slots * row <= COUNTS_WITH_ROWS_MAX_BYTES
+
     @staticmethod
     def _row_format(use_fp8: bool, use_ue8m0: bool) -> str:
         if not use_fp8:
@@ -218,9 +253,12 @@ class Buffer:
                 rows = dict(dispatch_dtype=torch.uint8,
                             dispatch_hidden=row_bytes(self.hidden, row_format == _FP8_UE8M0),
                             unpack_into=fp8.unpack_into)
+            splits = self.transport == "splits"
             d = MoEDispatcher(self.group, self.num_experts, self.hidden, M, num_topk,
                               self.dtype, self.device, check=self.check,
-                              payload_exchange=self._exchange if self.transport == "splits"
+                              payload_exchange=self._exchange if splits else None,
+                              exchange_with_counts=self._exchange_with_counts
+                              if splits and self._counts_with_rows(num_topk, row_format)
                               else None, **rows)
             self._dispatchers[key] = d
             if num_topk not in self._unit_weights:

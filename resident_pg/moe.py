@@ -140,7 +140,7 @@ class MoEDispatcher:
     def __init__(self, group, num_experts: int, hidden: int, max_tokens_per_rank: int,
                  top_k: int, dtype: torch.dtype = torch.bfloat16, device=None, *,
                  slots_per_rank: Optional[int] = None, check: Optional[bool] = None,
-                 all_to_all=None, payload_exchange=None,
+                 all_to_all=None, payload_exchange=None, exchange_with_counts=None,
                  dispatch_dtype: Optional[torch.dtype] = None,
                  dispatch_hidden: Optional[int] = None,
                  unpack_into: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
@@ -154,6 +154,11 @@ class MoEDispatcher:
         # peer's rows the sum of its row (resident_pg.ep); None: all_to_all of the whole padded
         # buffers
         self.payload_exchange = payload_exchange
+        # dispatch's counts and payload in one exchange (CUDA kernels only), called as
+        # exchange_with_counts(output, input, send_counts, recv_counts) like payload_exchange but
+        # writing recv_counts from the peers' counts (resident_pg.ep: they travel ahead of the
+        # rows); None: the counts go first, in an all_to_all of their own
+        self.exchange_with_counts = exchange_with_counts
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         for name, v in (("num_experts", num_experts), ("hidden", hidden),
@@ -436,9 +441,15 @@ class MoEDispatcher:
         send_counts, recv_counts = counts[0], counts[1]
         ep_kernels.route(topk_idx, x, self._send_x, send_counts, pair_slot, dropped,
                          self.num_experts, W, C, stream, fp8_cast)
-        self.all_to_all(recv_counts, send_counts, group=self.group)
-        self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_counts,
-                               recv_counts)
+        if self.exchange_with_counts is not None:
+            DH = self.dispatch_hidden
+            self.exchange_with_counts(self._recv_x[: W * C].view(W, C, DH),
+                                      self._send_x[: W * C].view(W, C, DH), send_counts,
+                                      recv_counts)
+        else:
+            self.all_to_all(recv_counts, send_counts, group=self.group)
+            self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_counts,
+                                   recv_counts)
         back_index = torch.empty(W * C, dtype=torch.int64, device=dev)
         head, tail = self._unpack_into if self.unpacks_into else (self.expert_x, None)
         ep_kernels.unpack(recv_counts, self._recv_x, head, self.expert_counts,

@@ -457,13 +457,17 @@ class _Gen:
     def _all_to_all_device_splits(self, s, gs):
         """Capacity ``n`` rows of ``cols`` elements per peer; ``splits[s][d]`` rows (at most
         ``n``) go from group rank s to d, as one count per peer or (variant ``parts=k``) k counts
-        per peer that add up to it."""
+        per peer that add up to it; variant ``out``: recv_rows is written (``counts_out``)."""
         s.dtype = self.choice(MOVE_DTYPES)
         s.cols = int(self.rng.integers(1, 9))
         s.n = self.per_peer(s.dtype, gs) // s.cols
         s.splits = tuple(tuple(min(v, s.n) for v in row) for row in self._split_matrix(gs, s.n))
         if self.coin(0.5):
             s.variant = f"parts={int(self.rng.integers(2, 6))}"
+        # recv_rows written from the peers' counts (counts_out) for even widths: a draw the
+        # stream has already made, so that the mix's other ops stay as they were
+        if s.cols % 2 == 0:
+            s.variant = ",".join(v for v in (s.variant, "out") if v)
 
     def _ep_shape(self, group: int) -> EpShape:
         """Half the time a Buffer already drawn on the group (reused by the ranks: other routings,

@@ -15,6 +15,8 @@ member of the group must have bitwise alike.
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 import torch.distributed as dist
 
@@ -458,21 +460,43 @@ class AllToAllDeviceSplits(MixOp):
         self.out("o", (gs, s.n, s.cols))
         send = [s.splits[me][d] for d in range(gs)]
         recv = [s.splits[r][me] for r in range(gs)]
-        if s.variant.startswith("parts="):  # [gs, k] counts, each peer's row adding up to its rows
-            k = int(s.variant.split("=")[1])
+        flags = s.variant.split(",")
+        k = next((int(f.split("=")[1]) for f in flags if f.startswith("parts=")), 0)
+        self.counts_out = "out" in flags
+        if self.counts_out:  # recv_rows is written: each pair's parts drawn from the pair's key
+            send = self._pair_counts(k, [(me, d) for d in range(gs)])
+            self.recv_counts = self._pair_counts(k, [(r, me) for r in range(gs)])
+            self.put("send_rows", send)
+            self.out("recv_rows", tuple(send.shape), "int64")
+            return
+        if k:  # [gs, k] counts, each peer's row adding up to its rows
             send, recv = count_parts(self.m.rng, send, k), count_parts(self.m.rng, recv, k)
         self.put("send_rows", torch.tensor(send))
         self.put("recv_rows", torch.tensor(recv))
+
+    def _pair_counts(self, k, pairs):
+        """The counts group rank src sends dst ([gs], or [gs, k] parts), the same on both ranks."""
+        import numpy as np
+
+        rows = []
+        for src, dst in pairs:
+            v = self.spec.splits[src][dst]
+            key = zlib.crc32(f"{self.m.key}/counts/{self.m.glob(src)}/{self.m.glob(dst)}".encode())
+            rows.append(count_parts(np.random.default_rng(key), [v], k)[0] if k else v)
+        return torch.tensor(np.array(rows, dtype=np.int64))
 
     def issue(self, a):
         from resident_pg.ep import all_to_all_device_splits
 
         return _works(all_to_all_device_splits(self.buf["o"], self.buf["x"],
                                                self.buf["send_rows"], self.buf["recv_rows"],
-                                               group=self.pg, async_op=a))
+                                               group=self.pg, async_op=a,
+                                               counts_out=self.counts_out))
 
     def verify(self):
         s, me = self.spec, self.m.me
+        if self.counts_out:
+            self.same("recv_rows", self.recv_counts, "recv_rows from the peers' counts")
         got = self.host(self.buf["o"])
         for r in range(self.m.size):
             rows = s.splits[r][me]

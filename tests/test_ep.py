@@ -79,6 +79,9 @@ EP_SCENARIOS = {
     "random_bf16": ("bfloat16", 4, 40, 6, 3, [[6, 3, 0, 5], [2, 6, 6, 1]], "random"),
     "masked_f32": ("float32", 3, 24, 5, 4, [[5, 1, 4]], "masked"),
     "hot_f32": ("float32", 2, 16, 5, 2, [[5]], "hot"),
+    # 8 KiB rows, 32 slots per peer: a capacity past resident_pg.ep's counts-with-rows bound,
+    # so that CUDA dispatch exchanges the counts first (the other scenarios send them with rows)
+    "wide_bf16": ("bfloat16", 4, 4096, 8, 4, [[8, 3]], "random"),
 }
 
 
@@ -169,10 +172,12 @@ def _dev(a, dtype, device):
     return torch.as_tensor(np.ascontiguousarray(a)).to(dtype=dtype, device=device)
 
 
-def _splits_case(rank, ws, device, key, cap, row_elems, dtype_name, count_dtype, exchange,
+def _splits_case(rank, ws, device, key, cap, row_elems, dtype_name, count_dtype, counts,
                  group=None, per_peer=0):
-    """One device-splits all_to_all, checked; returns problems.  ``per_peer`` > 0: the counts
-    are [W, per_peer], each peer's entries adding up to its rows."""
+    """One device-splits all_to_all, checked; returns problems.  ``counts``: how the receiver
+    has its recv_rows -- ``given`` (computed here), ``exchanged`` (an all_to_all_single of the
+    send counts first) or ``with_rows`` (``counts_out``: written by the op itself, checked).
+    ``per_peer`` > 0: the counts are [W, per_peer], each peer's entries adding up to its rows."""
     import torch
     import torch.distributed as dist
 
@@ -184,16 +189,27 @@ def _splits_case(rank, ws, device, key, cap, row_elems, dtype_name, count_dtype,
     send = _dev(to_dtype(split_rows(key, rank, ws, cap, row_elems), dtype_name), dtype, device)
     out = torch.full((ws, cap, row_elems), SENTINEL, dtype=dtype, device=device)
     send_rows = _dev(c[rank], cdt, device)
+    def parts_of(src):
+        return H.count_parts(H.rng_for(f"{key}/parts", src), c[src], per_peer)
+
     if per_peer:
-        parts = H.count_parts(H.rng_for(f"{key}/parts", rank), c[rank], per_peer)
-        send_rows = _dev(parts, cdt, device)
-    if exchange:  # as the EP layer does: the receiver learns its counts from the senders
+        send_rows = _dev(parts_of(rank), cdt, device)
+    if counts == "exchanged":  # the receiver learns its counts from the senders first
         recv_rows = torch.empty_like(send_rows)
         dist.all_to_all_single(recv_rows, send_rows, group=group)
+    elif counts == "with_rows":
+        recv_rows = torch.full_like(send_rows, -9)
     else:
         recv_rows = _dev(c[:, rank], cdt, device)
-    all_to_all_device_splits(out, send, send_rows, recv_rows, group=group)
-    return _check_splits(out, c, key, rank, ws, cap, row_elems, dtype_name, key)
+    all_to_all_device_splits(out, send, send_rows, recv_rows, group=group,
+                             counts_out=counts == "with_rows")
+    errs = _check_splits(out, c, key, rank, ws, cap, row_elems, dtype_name, key)
+    if counts == "with_rows":  # the peers' counts for this rank, as each sent them
+        want = np.stack([parts_of(src)[rank] for src in range(ws)]) if per_peer else c[:, rank]
+        if not np.array_equal(recv_rows.cpu().numpy(), want):
+            errs.append(f"{key}: recv_rows {recv_rows.cpu().tolist()} but the peers sent "
+                        f"{want.tolist()}")
+    return errs
 
 
 def _check_splits(out, c, key, rank, ws, cap, row_elems, dtype_name, label):
@@ -512,7 +528,7 @@ def _error_cases(rank, ws):
     import torch
     import torch.distributed as dist
 
-    from resident_pg.ep import Buffer, all_to_all_device_splits
+    from resident_pg.ep import Buffer, all_to_all_device_splits, resident_backend
 
     res = {}
 
@@ -540,6 +556,9 @@ def _error_cases(rank, ws):
            "contiguous")
     expect("rows_mix", lambda: a2a(buf3.clone(), buf3, rows, rows.int()), "one dtype")
     expect("not_tensor", lambda: a2a(buf3.clone(), buf3, [0] * ws, rows), "tensor")
+    backend = resident_backend(None, "cpu")
+    expect("counts_out_cpu", lambda: backend.all_to_all_device_splits(
+        buf3.clone(), buf3, rows, rows.clone(), False, True), "counts_out needs CUDA")
     gloo = dist.new_group(backend="gloo")
     expect("gloo", lambda: a2a(buf3.clone(), buf3, rows, rows, group=gloo), "resident")
     expect("transport", lambda: Buffer(None, 4, 8, 2 * ws, transport="fast"), "transport")
@@ -605,17 +624,18 @@ def _split_cases(rank, ws, device):
     out = {}
     for label, (cap, n, dt) in SPLIT_SHAPES.items():
         for cdt in ("int32", "int64"):
-            for exchange in (False, True):
-                cid = f"splits[{label}-{cdt}-{'exchanged' if exchange else 'given'}]"
+            for counts in ("given", "exchanged", "with_rows"):
+                cid = f"splits[{label}-{cdt}-{counts}]"
                 out[cid] = _catch(_splits_case, rank, ws, device, f"{cid}", cap, n, dt, cdt,
-                                  exchange)
+                                  counts)
     # counts per (peer, part), summed per peer, as EP passes its per-(peer, expert) counts
     for label in ("small", "rounds"):
         cap, n, dt = SPLIT_SHAPES[label]
         for cdt in ("int32", "int64"):
-            cid = f"splits[{label}-{cdt}-per-part]"
-            out[cid] = _catch(_splits_case, rank, ws, device, cid, cap, n, dt, cdt, True,
-                              per_peer=5)
+            for counts in ("exchanged", "with_rows"):
+                cid = f"splits[{label}-{cdt}-per-part-{counts}]"
+                out[cid] = _catch(_splits_case, rank, ws, device, cid, cap, n, dt, cdt, counts,
+                                  per_peer=5)
     return out
 
 
@@ -683,7 +703,7 @@ def _cpu(ws):
 def test_ep_cpu(ws):
     per_rank = _cpu(ws)
     cases = per_rank[0]["cases"]
-    assert len(cases) == 3 * 2 * 2 + 4 + 3 * 3 + 2 + 3 * 3 + 1
+    assert len(cases) == 3 * 2 * 3 + 2 * 2 * 2 + 4 * 3 + 2 + 3 * 3 + 1
     problems = [p for cid in cases for p in _problems(per_rank, cid)]
     assert not problems, "\n".join(problems[:20])
 

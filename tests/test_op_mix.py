@@ -99,7 +99,8 @@ def test_plan_is_a_function_of_its_seed():
 def test_plans_cover_every_kind_dtype_op_and_group_shape(caps):
     expected = {k for k, v in op_mix.KINDS.items() if not v.needs or getattr(caps, v.needs)}
     reductions, moved, modes, shapes, waits = set(), set(), set(), set(), 0
-    split_counts = set()  # all_to_all_device_splits: one count per peer, or k per peer
+    # all_to_all_device_splits: one count per peer, or k per peer; recv_rows given or written
+    split_counts = set()
     for ws in (2, 3, 4, 8):
         for seed in range(1, 9):
             plan = op_mix.make_plan(seed, ws, caps)
@@ -116,7 +117,9 @@ def test_plans_cover_every_kind_dtype_op_and_group_shape(caps):
                 waits += s.mode == "batch"
                 for op in s.ops:
                     if op.kind == "all_to_all_device_splits":
-                        split_counts.add(op.variant.split("=")[0] or "one")
+                        flags = op.variant.split(",")
+                        split_counts.add("parts" if flags[0].startswith("parts=") else "one")
+                        split_counts.add("counts_out" if "out" in flags else "counts_in")
                     if op.redop and op.dtype:
                         reductions.add((op.redop, op.dtype))
                     elif op.dtype:
@@ -131,7 +134,7 @@ def test_plans_cover_every_kind_dtype_op_and_group_shape(caps):
     assert modes == {"sync", "async", "batch"} and waits > 50
     assert {1, 2, 3, 4, 8} <= shapes
     if caps.resident_ops:
-        assert split_counts == {"one", "parts"}
+        assert split_counts == {"one", "parts", "counts_in", "counts_out"}
 
 
 def test_plans_cover_the_ep_buffer_modes():

@@ -77,11 +77,13 @@ class ProcessGroupResident : public c10d::Backend {
   // dtypes) moving only send_rows[p] rows to peer p and recv_rows[p] rows from it (1-D int32 or
   // int64 tensors of `size` entries on the tensors' device, clamped to [0, max_rows]). On CUDA
   // the kernel reads the counts when it runs (graph-capturable, no host sync); on CPU they are
-  // read at the call. Rows past the counts keep their contents. Resident only
+  // read at the call. Rows past the counts keep their contents. counts_out (CUDA): recv_rows is
+  // written, from counts that travel ahead of each peer's rows. Resident only
   // (resident_pg/ep.py).
   c10::intrusive_ptr<c10d::Work> allToAllDeviceSplits(at::Tensor& output, at::Tensor& input,
                                                       const at::Tensor& send_rows,
-                                                      const at::Tensor& recv_rows, bool async_op);
+                                                      const at::Tensor& recv_rows, bool async_op,
+                                                      bool counts_out);
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;

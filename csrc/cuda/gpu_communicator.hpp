@@ -53,10 +53,11 @@ class GpuCommunicator : public ProxyHandler {
   // read by the kernel when it runs (clamped to [0, max_rows]); rows past them are neither sent
   // nor written. Grid and round budget come from the capacity; the rounds with each peer from
   // the counts, which must agree across each pair (send_rows[q] here == recv_rows[this rank]
-  // on q).
+  // on q). counts_out: recv_rows is written instead, each message carrying its counts ahead
+  // of its rows (one exchange where counts, then rows, would take two).
   void allToAllDeviceSplits(const void* send, void* recv, size_t max_rows, size_t row_bytes,
                             const void* send_rows, const void* recv_rows, uint32_t count_bytes,
-                            uint32_t per_peer, void* stream);
+                            uint32_t per_peer, bool counts_out, void* stream);
   void send(const void* buf, size_t bytes, int peer, void* stream);
   void recv(void* buf, size_t bytes, int peer, void* stream);
 

@@ -271,27 +271,35 @@ void GpuCommunicator::allToAll(const void* const* ins, const size_t* in_bytes, v
 void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t max_rows,
                                            size_t row_bytes, const void* send_rows,
                                            const void* recv_rows, uint32_t count_bytes,
-                                           uint32_t per_peer, void* stream) {
+                                           uint32_t per_peer, bool counts_out, void* stream) {
   if (count_bytes != 4 && count_bytes != 8)
     throw InvalidArgument("resident: all_to_all_device_splits: counts must be int32 or int64");
   if (per_peer == 0)
     throw InvalidArgument("resident: all_to_all_device_splits: no counts per peer");
+  // The header of a message with its counts: within the first part of a round.
+  const uint64_t header = counts_out ? (uint64_t{per_peer} * count_bytes + 7) / 8 * 8 : 0;
+  if (header > gpu::kPartPayload)
+    throw InvalidArgument(
+        "resident: all_to_all_device_splits: with the counts in the message, "
+        "at most " +
+        std::to_string(gpu::kPartPayload) + " bytes of counts per peer (" +
+        std::to_string(per_peer) + " of " + std::to_string(count_bytes) + " bytes given)");
   const uint64_t cap = static_cast<uint64_t>(max_rows) * row_bytes;
   auto& a = begin(kAllToAllDeviceSplits);
-  if (cap == 0) return;
+  if (cap == 0 && header == 0) return;
   // The capacity plan: the pointers stay, the kernel puts the counts' bytes and rounds in.
   for (int p = 0; p < nranks_; ++p)
-    partner(p, static_cast<const unsigned char*>(send) + p * cap, cap,
-            static_cast<unsigned char*>(recv) + p * cap, cap);
-  const uint64_t first = cap < region_.chunk ? cap : region_.chunk;
+    partner(p, static_cast<const unsigned char*>(send) + p * cap, header + cap,
+            static_cast<unsigned char*>(recv) + p * cap, header + cap);
+  const uint64_t first = header + cap < region_.chunk ? header + cap : region_.chunk;
   // The simple build when any pair could go simple at some count (simplePair grows with the
-  // bytes, so the capacity decides); it runs LL pairs as well.
+  // bytes, so the capacity decides); it runs LL pairs as well. Counts in the header: LL only.
   bool any_simple = false;
-  for (int p = 0; p < nranks_; ++p)
+  for (int p = 0; p < nranks_ && header == 0; ++p)
     any_simple |= p != rank_ && gpu::simplePair(a.reg, p, static_cast<uint32_t>(first));
   a.common_send = nullptr;
   a.common_send_bytes = 0;
-  a.rounds_max = roundsFor(cap);
+  a.rounds_max = roundsFor(header + cap);
   a.reg.simple = any_simple ? 1u : 0u;
   a.reg.trigger_fence = fenceTriggers(first);  // replaced on the device from the counts
   const uint32_t want = blocksFor(first);
@@ -311,6 +319,7 @@ void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t 
   s.count_bytes = count_bytes;
   s.per_peer = per_peer;
   s.fence_from_bytes = static_cast<uint32_t>(kFenceFromBytes);
+  s.header_bytes = static_cast<uint32_t>(header);
   checkCuda(gpu::launchSplits(s, blocks, static_cast<cudaStream_t>(stream)),
             "launching the device-splits all_to_all kernel");
 }
