@@ -152,6 +152,18 @@ __device__ inline void reduceDispatch(const CollectiveArgs& a, Shared& sh, Waite
   withAcc(a.dtype, [&](auto acc) { reduceRound<Simple, decltype(acc)>(a, sh, w, r, j0, j1); });
 }
 
+// The trigger of a block's LL lines of parts [j0, j1) of a round carrying `sb` bytes to peer
+// p at FIFO position `pos`: one range, every part whole but the last (sendRound). Thread 0.
+__device__ __forceinline__ bool pushLinesTrigger(Waiter& w, unsigned long long pos, int p,
+                                                 uint64_t local_off, uint64_t remote_off,
+                                                 uint32_t sb, uint32_t j0, uint32_t j1,
+                                                 uint32_t g) {
+  const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
+  const uint64_t bytes = (static_cast<uint64_t>(j1 - 1 - j0) * kThreads + linesOf(sb, j1 - 1)) * 16;
+  return pushTriggerAt(w, pos, p, local_off + first, remote_off + first, bytes, TriggerKind::kLines,
+                       g);
+}
+
 // Writes this block's parts of round r to partner p; on the proxy path also hands the range
 // to the proxy. Block-uniform control flow (it contains a barrier).
 // `pre`: this thread's payload word of (round 0, part j0) when `has_pre` (loaded at start).
@@ -211,14 +223,9 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   }
   if (sh.remote[p] == nullptr) {
     pushFromThread0([&] {
-      const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
-      const uint64_t bytes =
-          (static_cast<uint64_t>(j1 - 1 - j0) * kThreads + linesOf(sb, j1 - 1)) * 16;
       // Round 0 uses the positions reserved at the start of the op (reserveRoundZero).
       const unsigned long long pos = r == 0 ? sh.fifo_pos++ : reserveTriggers(reg, 1);
-      if (!pushTriggerAt(w, pos, p, local_off + first, remote_off + first, bytes,
-                         TriggerKind::kLines, g))
-        sh.stop = 1;
+      if (!pushLinesTrigger(w, pos, p, local_off, remote_off, sb, j0, j1, g)) sh.stop = 1;
     });
   }
 }

@@ -89,11 +89,7 @@ __device__ inline void sendHeaderRound(const CollectiveArgs& a, const SplitsArgs
   }
   if (sh.remote[p] == nullptr) {
     pushFromThread0([&] {
-      const uint64_t first = static_cast<uint64_t>(j0) * kThreads * 16;
-      const uint64_t bytes =
-          (static_cast<uint64_t>(j1 - 1 - j0) * kThreads + linesOf(sb, j1 - 1)) * 16;
-      if (!pushTriggerAt(w, reserveTriggers(reg, 1), p, local_off + first, remote_off + first,
-                         bytes, TriggerKind::kLines, g))
+      if (!pushLinesTrigger(w, reserveTriggers(reg, 1), p, local_off, remote_off, sb, j0, j1, g))
         sh.stop = 1;
     });
   }
