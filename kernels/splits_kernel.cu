@@ -44,11 +44,11 @@ __device__ __forceinline__ void sumRows(const SplitsArgs& s, int nranks, unsigne
 // Counts in the header (SplitsArgs::header_bytes): each message to a peer is the peer's counts
 // (zero-padded to header_bytes), then its rows; the peer learns its recv rows from the header
 // instead of from an exchange before. LL lines only (a pair's protocol must be known before
-// its counts). Round 0 carries only payload lines (the header at least; no credit lines): every
-// block of the receiver polls the header lines of part 0, so the sender's next write to this
-// slot, two ops or rounds later, follows a round in which this rank's blocks were all done with
-// it (the kernel gives the next one way only when its blocks exit). Rounds 1.. follow the body's
-// rules (exchangedParts covers every part either side wrote in round 0).
+// its counts). Round 0 carries only payload lines (the header at least; no credit lines); block
+// 0 of the receiver reads the headers and hands the counts to the other blocks (headerRows).
+// Rounds 1.. follow the body's rules (exchangedParts covers every part either side wrote in
+// round 0), and the next op reuses a slot only after this kernel's blocks have exited (it does
+// not let the next kernel launch early).
 
 // The 8 bytes of message offset `o` (< header_bytes) to peer p: its counts, then zeros.
 __device__ __forceinline__ uint64_t headerWord(const SplitsArgs& s, int p, uint32_t o) {

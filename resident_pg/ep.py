@@ -210,27 +210,21 @@ class Buffer:
                 f"{self.num_max_dispatch_tokens_per_rank}, dtype={self.dtype}, "
                 f"transport={self.transport!r}, device={self.device})")
 
-    def _exchange(self, output, input, send_rows, recv_rows):
+    def _exchange(self, output, input, send_rows, recv_rows, counts_out=False):
         # all_to_all_device_splits on the Buffer's own tensors, without its per-call lookup
-        self._resident.all_to_all_device_splits(output, input, send_rows, recv_rows,
-                                                False).wait()
-
-    def _exchange_with_counts(self, output, input, send_rows, recv_rows):
-        # dispatch on CUDA: the counts travel ahead of the rows (counts_out)
         self._resident.all_to_all_device_splits(output, input, send_rows, recv_rows, False,
-                                                True).wait()
+                                                counts_out).wait()
 
-    def _counts_with_rows(self, num_topk: int, row_format: str) -> bool:
+    def _exchange_counts_with_rows(self, output, input, send_rows, recv_rows):
+        self._exchange(output, input, send_rows, recv_rows, counts_out=True)
+
+    def _counts_with_rows(self, d: MoEDispatcher) -> bool:
         """Whether CUDA dispatch sends each peer its counts ahead of its rows (one exchange;
         ``all_to_all_device_splits(counts_out=True)``) rather than in an exchange of their own
-        first: where a peer's capacity (the dispatcher's slots per peer times the row) is at most
+        first: where a peer's capacity (``d``'s slots per peer times its row) is at most
         :data:`COUNTS_WITH_ROWS_MAX_BYTES`.  The same on every rank (the Buffer's geometry)."""
-        if self.device.type != "cuda":
-            return False
-        slots = self.num_max_dispatch_tokens_per_rank * min(num_topk, self.num_local_experts)
-        row = row_bytes(self.hidden, row_format == _FP8_UE8M0) if row_format != _ACTIVATIONS \
-            else self.hidden * self.dtype.itemsize
-        return slots * row <= COUNTS_WITH_ROWS_MAX_BYTES
+        return self.device.type == "cuda" and \
+            d.slots_per_rank * d.dispatch_row_bytes() <= COUNTS_WITH_ROWS_MAX_BYTES
 
     @staticmethod
     def _row_format(use_fp8: bool, use_ue8m0: bool) -> str:
@@ -256,10 +250,9 @@ class Buffer:
             splits = self.transport == "splits"
             d = MoEDispatcher(self.group, self.num_experts, self.hidden, M, num_topk,
                               self.dtype, self.device, check=self.check,
-                              payload_exchange=self._exchange if splits else None,
-                              exchange_with_counts=self._exchange_with_counts
-                              if splits and self._counts_with_rows(num_topk, row_format)
-                              else None, **rows)
+                              payload_exchange=self._exchange if splits else None, **rows)
+            if splits and self._counts_with_rows(d):
+                d.exchange_with_counts = self._exchange_counts_with_rows
             self._dispatchers[key] = d
             if num_topk not in self._unit_weights:
                 self._unit_weights[num_topk] = torch.ones(M, num_topk, dtype=torch.float32,

@@ -410,14 +410,17 @@ class MoEDispatcher:
             return contextlib.nullcontext()
         return torch.cuda.device(self.device)
 
-    def _exchange_payload(self, recv, send, rows_hidden, send_counts, recv_counts):
+    def _exchange_payload(self, recv, send, rows_hidden, send_counts, recv_counts,
+                          exchange=None):
+        """``exchange`` (default: payload_exchange) moves the filled slots; exchange_with_counts
+        also writes recv_counts."""
         W, C = self.world, self.slots_per_rank
-        if self.payload_exchange is None:
+        exchange = exchange or self.payload_exchange
+        if exchange is None:
             self.all_to_all(recv[: W * C], send[: W * C], group=self.group)
         else:  # slots [0, rows) of each peer are filled (expert-major from slot 0)
-            self.payload_exchange(recv[: W * C].view(W, C, rows_hidden),
-                                  send[: W * C].view(W, C, rows_hidden), send_counts,
-                                  recv_counts)
+            exchange(recv[: W * C].view(W, C, rows_hidden), send[: W * C].view(W, C, rows_hidden),
+                     send_counts, recv_counts)
 
     @property
     def fuses_fp8(self) -> bool:
@@ -441,15 +444,10 @@ class MoEDispatcher:
         send_counts, recv_counts = counts[0], counts[1]
         ep_kernels.route(topk_idx, x, self._send_x, send_counts, pair_slot, dropped,
                          self.num_experts, W, C, stream, fp8_cast)
-        if self.exchange_with_counts is not None:
-            DH = self.dispatch_hidden
-            self.exchange_with_counts(self._recv_x[: W * C].view(W, C, DH),
-                                      self._send_x[: W * C].view(W, C, DH), send_counts,
-                                      recv_counts)
-        else:
+        if self.exchange_with_counts is None:
             self.all_to_all(recv_counts, send_counts, group=self.group)
-            self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_counts,
-                                   recv_counts)
+        self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_counts,
+                               recv_counts, self.exchange_with_counts)
         back_index = torch.empty(W * C, dtype=torch.int64, device=dev)
         head, tail = self._unpack_into if self.unpacks_into else (self.expert_x, None)
         ep_kernels.unpack(recv_counts, self._recv_x, head, self.expert_counts,

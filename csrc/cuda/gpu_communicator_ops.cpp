@@ -279,11 +279,10 @@ void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t 
   // The header of a message with its counts: within the first part of a round.
   const uint64_t header = counts_out ? (uint64_t{per_peer} * count_bytes + 7) / 8 * 8 : 0;
   if (header > gpu::kPartPayload)
-    throw InvalidArgument(
-        "resident: all_to_all_device_splits: with the counts in the message, "
-        "at most " +
-        std::to_string(gpu::kPartPayload) + " bytes of counts per peer (" +
-        std::to_string(per_peer) + " of " + std::to_string(count_bytes) + " bytes given)");
+    throw InvalidArgument("resident: all_to_all_device_splits: counts_out takes at most " +
+                          std::to_string(gpu::kPartPayload) + " bytes of counts per peer (" +
+                          std::to_string(per_peer) + " of " + std::to_string(count_bytes) +
+                          " bytes given)");
   const uint64_t cap = static_cast<uint64_t>(max_rows) * row_bytes;
   auto& a = begin(kAllToAllDeviceSplits);
   if (cap == 0 && header == 0) return;
