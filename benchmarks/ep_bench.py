@@ -1,7 +1,8 @@
 """EP decode dispatch + combine, three ways side by side in one run, per decode shape:
 
-* ``ep``: resident_pg.ep.Buffer (counts all_to_all_single, then the resident all_to_all with
-  counts read on the device, which moves only the routed (token, expert) rows, both ways);
+* ``ep``: resident_pg.ep.Buffer (the resident all_to_all with counts read on the device, which
+  moves only the routed (token, expert) rows, both ways; dispatch's counts travel ahead of its
+  rows up to ``--counts-with-rows-max-bytes`` of capacity per peer, else in an exchange first);
 * ``moe``: resident_pg.moe.MoEDispatcher (counts, then all_to_all_single of the padded
   buffers of ``C = tokens * min(top_k, experts/rank)`` slots per peer, both ways);
 * ``a2a``: two plain all_to_all_single of the padded payload buffer (the data movement of
@@ -160,7 +161,10 @@ def _case(rank, world, device, hidden, tokens, experts, top_k, iters, graph, fp8
 
 def _rank(rank, world, port, env, args, queue):
     os.environ.update(env)
-    import resident_pg  # noqa: F401
+    import resident_pg.ep
+
+    if args.counts_with_rows_max_bytes is not None:  # where dispatch's counts ride with its rows
+        resident_pg.ep.COUNTS_WITH_ROWS_MAX_BYTES = args.counts_with_rows_max_bytes
 
     device = args.device
     if device == "cuda":
@@ -217,6 +221,10 @@ def main():
     p.add_argument("--eager", action="store_true", help="time eager calls, not graph replays")
     p.add_argument("--fp8", action="store_true",
                    help="also time FP8 dispatch (ep8 step, d16 / d8 dispatch alone)")
+    p.add_argument("--counts-with-rows-max-bytes", type=int, default=None,
+                   help="CUDA: the largest capacity per peer at which dispatch sends its counts "
+                        "with its rows (default: resident_pg.ep.COUNTS_WITH_ROWS_MAX_BYTES); 0: "
+                        "always first, in an exchange of their own")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args()
     for e in args.experts:

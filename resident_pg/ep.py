@@ -47,9 +47,9 @@ __all__ = ["COUNTS_WITH_ROWS_MAX_BYTES", "Buffer", "EventOverlap", "LowLatencyHa
 _TRANSPORTS = ("auto", "splits", "padded")
 # A peer's dispatch capacity up to which its counts travel with its rows (docs/ep.md): the
 # counts-in-header exchange moves LL lines only, twice the bytes of the payload-and-flags
-# protocol of larger messages; measured faster at 112 KiB (one token of hidden 7168, top-8),
-# slower over the proxy and tcp at 1.75 MiB (16 tokens), 2 ranks on one H200
-# (docs/performance.md).
+# protocol of larger messages; 2 ranks on one H200 it was as fast or 3-4% faster at 112 KiB
+# (one token of hidden 7168, top-8) and 13-38% slower over the proxy from 224 KiB
+# (docs/decisions.md).
 COUNTS_WITH_ROWS_MAX_BYTES = 128 * 1024
 # what a dispatch moves per (token, expert) pair: the activation rows, or FP8 rows whose scales
 # are float32 or UE8M0 bytes

@@ -679,7 +679,37 @@ def gpu_job(rank, ws):
     res.update(_fp8_cases(rank, ws, "cuda"))
     for name in EP_FP8_SCENARIOS:
         res[f"graph[ep-{name}]"] = _catch(_ep_fp8_graph_case, rank, ws, "cuda", name, 4)
+    res.update(_counts_bound_cases(rank, ws))
     return {"cases": res}
+
+
+def _counts_bound_cases(rank, ws):
+    """counts_out on CUDA carries at most 2 KiB of counts per peer (one part's payload): 512
+    int32 counts per peer go with the rows and are checked; 513 are refused with a ValueError
+    before the op starts on any rank, and the group works on after it."""
+    import torch
+
+    from resident_pg.ep import all_to_all_device_splits
+
+    out = {}
+    cap, n, dt = SPLIT_SHAPES["small"]
+    out["splits[counts-2KiB-with_rows]"] = _catch(_splits_case, rank, ws, "cuda", "bound512",
+                                                   cap, n, dt, "int32", "with_rows",
+                                                   per_peer=512)
+
+    def refused():
+        errs = {}
+        send = torch.zeros(ws, cap, n, device="cuda")
+        rows = torch.zeros(ws, 513, dtype=torch.int32, device="cuda")
+        H.expect_error(errs, "refused", lambda: all_to_all_device_splits(
+            send.clone(), send, rows, rows.clone(), counts_out=True),
+            "counts_out takes at most 2048 bytes of counts per peer")
+        problems = [f"513 int32 counts per peer: {v}" for v in errs.values() if v != "ok"]
+        return problems + _splits_case(rank, ws, "cuda", "bound-after", cap, n, dt, "int32",
+                                       "with_rows", per_peer=5)
+
+    out["splits[counts-over-2KiB-refused]"] = _catch(refused)
+    return out
 
 
 # ---------------------------------------------------------------- parent side

@@ -7,7 +7,7 @@
 # stage bench-tcp: CUDA tensors over tcp beside the proxy path over shm, then CPU tensors over tcp beside shm and gloo, 2 ranks ($OUT/bench_tcp_{cuda,cpu}.json, ~3 min; RESIDENT_TCP_SIZES, RESIDENT_TCP_BACKENDS).
 # stage bench-pytest: pytest benchmarks/ on CUDA tensors, 2 ranks (RESIDENT_PYTEST_BENCH_WS), ratios to this call's floors, gated against benchmarks/baselines/h200-mps.json ($OUT/bench_pytest.json in pytest-benchmark's format, $OUT/bench_pytest.log; bounded by RESIDENT_BENCH_LIMIT_S, default 420 s).
 # stage bench-small: 2 ranks, graph mode, 8 B / 64 B / 4 KiB, both paths ($OUT/bench_small.json, ~20 s).
-# stage bench-ep: benchmarks/ep_bench.py (resident_pg.ep.Buffer beside the padded MoEDispatcher and bare all_to_alls), CUDA graphs, at RESIDENT_EP_RANKS (default 8) ranks on each of RESIDENT_EP_PATHS (default "direct proxy proxy+tcp"), hidden 2048 and 7168, 1/16/128 tokens, 64/256 experts ($OUT/ep_bench.log, $OUT/ep_bench_<path>.json; ~1.5 min per path).
+# stage bench-ep: benchmarks/ep_bench.py (resident_pg.ep.Buffer beside the padded MoEDispatcher and bare all_to_alls), CUDA graphs, at RESIDENT_EP_RANKS (default 8) ranks on each of RESIDENT_EP_PATHS (default "direct proxy proxy+tcp"), hidden 2048 and 7168, 1/16/128 tokens, 64/256 experts, or the benchmark's arguments in RESIDENT_EP_ARGS (e.g. "--hidden 7168 --tokens 1,16 --experts 256 --fp8") ($OUT/ep_bench.log, $OUT/ep_bench_<ranks>r_<path>.json; ~1.5 min per path).
 # stage interference: a bf16 decode GEMM alone and next to all_reduces per mode (RESIDENT_INTERFERENCE_MODES, _WS default "2", _LIMIT_S) ($OUT/interference_ws<N>.json, ~1 min per world size).
 
 if has overhead; then
@@ -101,9 +101,10 @@ fi
 if has bench-ep; then
   for path in ${RESIDENT_EP_PATHS:-direct proxy proxy+tcp}; do
     step "EP dispatch + combine, ${RESIDENT_EP_RANKS:-8} ranks, path $path"
+    # shellcheck disable=SC2086  # RESIDENT_EP_ARGS: several words
     timeout 180 python3 benchmarks/ep_bench.py --ranks "${RESIDENT_EP_RANKS:-8}" --path "$path" \
-      --hidden 2048,7168 --tokens 1,16,128 --experts 64,256 \
-      --json "$OUT/ep_bench_${path/+/_}.json" >> "$OUT/ep_bench.log" 2>&1 || status=1
+      ${RESIDENT_EP_ARGS:---hidden 2048,7168 --tokens 1,16,128 --experts 64,256} \
+      --json "$OUT/ep_bench_${RESIDENT_EP_RANKS:-8}r_${path/+/_}.json" >> "$OUT/ep_bench.log" 2>&1 || status=1
     tail -n 14 "$OUT/ep_bench.log"
   done
 fi
