@@ -362,6 +362,20 @@ cudaError_t byUnit(int bytes, F&& f) {
   }
 }
 
+// Calls f with a value of the element type of `dtype` (float, __half or __nv_bfloat16).
+template <typename F>
+cudaError_t byDtype(Dtype dtype, F&& f) {
+  switch (dtype) {
+    case Dtype::kFloat32:
+      return f(float{});
+    case Dtype::kFloat16:
+      return f(__half{});
+    case Dtype::kBFloat16:
+      return f(__nv_bfloat16{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 // Parts per item so that items * parts reaches about kTargetBlocks, but no more parts than
 // there is work per item.
 int partsFor(int64_t items, int64_t most) {
@@ -392,18 +406,10 @@ std::string launchRoute(const RouteArgs& a, void* stream) {
   const size_t shared = sizeof(int32_t) * static_cast<size_t>(a.ranks);
   const auto s = static_cast<cudaStream_t>(stream);
   if (a.cast != RowCast::kCopy) {
-    switch (a.x_dtype) {
-      case Dtype::kFloat32:
-        routeKernel<uint8_t, float><<<grid, kEpThreads, shared, s>>>(a);
-        break;
-      case Dtype::kFloat16:
-        routeKernel<uint8_t, __half><<<grid, kEpThreads, shared, s>>>(a);
-        break;
-      case Dtype::kBFloat16:
-        routeKernel<uint8_t, __nv_bfloat16><<<grid, kEpThreads, shared, s>>>(a);
-        break;
-    }
-    return result(cudaGetLastError());
+    return result(byDtype(a.x_dtype, [&](auto x) {
+      routeKernel<uint8_t, decltype(x)><<<grid, kEpThreads, shared, s>>>(a);
+      return cudaGetLastError();
+    }));
   }
   return result(byUnit(unit, [&](auto u) {
     routeKernel<decltype(u), void><<<grid, kEpThreads, shared, s>>>(a);
@@ -437,27 +443,6 @@ std::string launchCombinePack(const CombinePackArgs& a, void* stream) {
   }));
 }
 
-namespace {
-
-template <typename In>
-cudaError_t launchReduceFrom(const CombineReduceArgs& a, dim3 grid, size_t shared,
-                             cudaStream_t stream) {
-  switch (a.out_dtype) {
-    case Dtype::kFloat32:
-      combineReduceKernel<In, float><<<grid, kEpThreads, shared, stream>>>(a);
-      break;
-    case Dtype::kFloat16:
-      combineReduceKernel<In, __half><<<grid, kEpThreads, shared, stream>>>(a);
-      break;
-    case Dtype::kBFloat16:
-      combineReduceKernel<In, __nv_bfloat16><<<grid, kEpThreads, shared, stream>>>(a);
-      break;
-  }
-  return cudaGetLastError();
-}
-
-}  // namespace
-
 std::string launchCombineReduce(const CombineReduceArgs& a, void* stream) {
   if (a.tokens <= 0 || a.hidden <= 0) return std::string();
   const int64_t columns = (a.hidden + kEpThreads - 1) / kEpThreads;
@@ -465,15 +450,12 @@ std::string launchCombineReduce(const CombineReduceArgs& a, void* stream) {
                   static_cast<unsigned>(partsFor(a.tokens, columns)));
   const size_t shared = (sizeof(int64_t) + sizeof(float)) * static_cast<size_t>(a.topk);
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (a.in_dtype) {
-    case Dtype::kFloat32:
-      return result(launchReduceFrom<float>(a, grid, shared, s));
-    case Dtype::kFloat16:
-      return result(launchReduceFrom<__half>(a, grid, shared, s));
-    case Dtype::kBFloat16:
-      return result(launchReduceFrom<__nv_bfloat16>(a, grid, shared, s));
-  }
-  return "combine reduce: unknown dtype";
+  return result(byDtype(a.in_dtype, [&](auto in) {
+    return byDtype(a.out_dtype, [&](auto out) {
+      combineReduceKernel<decltype(in), decltype(out)><<<grid, kEpThreads, shared, s>>>(a);
+      return cudaGetLastError();
+    });
+  }));
 }
 
 }  // namespace ep
