@@ -275,6 +275,10 @@ def test_cpu_tcp_target_limit_depends_on_the_host(docs):
     assert [r["name"] for r in small] == [name]
     assert small[0]["verdict"] == "PASS" and "<= 2.5x" in small[0]["line"], small[0]["line"]
     assert "2.20x" in small[0]["line"]
+    # the same op over shm in the run, against the same floor: what the layers above take alone
+    assert small[0]["shm_ratio"] == pytest.approx(0.1 / tcp_floor(8))
+    assert f"over shm in this run: 0.10 µs = {0.1 / tcp_floor(8):.2f}x" in small[0]["line"], \
+        small[0]["line"]
     big = bc.evaluate_targets(rows, f, [8], device="cpu", cpu_count=16)
     assert big[0]["verdict"] == "MISS" and "<= 2x" in big[0]["line"], big[0]["line"]
     # a CUDA tcp row is not a CPU cell

@@ -420,6 +420,18 @@ def evaluate_targets(rows: List[dict], floors: Optional[Dict[str, Any]],
                 "no_result": len(bad) + missing, "wrong": len(wrong),
                 "worst_ratio": worst[0] if worst else None,
                 "ratios": {f"{r['op']} {r['size_bytes']}": x for x, r in ratios}}
+        if device == "cpu" and t["transport"] == "tcp":
+            # The same op over shm in this run, held to the same floor: how much of the budget
+            # the layers above the transport (torch's wrapper, the backend's op) take alone.
+            shm = [r for r in rows if r.get("world_size") == t["world_size"]
+                   and r.get("mode") == t["mode"] and row_transport(r) == "shm"
+                   and r.get("device", "cuda") == "cpu" and r.get("op") in t["ops"]
+                   and r.get("size_bytes") == sizes[0] and "median_us" in r]
+            if shm:
+                fastest = min(r["median_us"] for r in shm)
+                ratio = fastest / floor_for(floors, sizes[0], kind)[0]
+                res["shm_ratio"] = ratio
+                parts.append(f"over shm in this run: {_fmt_us(fastest)} µs = {ratio:.2f}x")
         if all(v == "PASS" for v in verdicts):
             overall = "PASS"
         elif all(v == "N/A" for v in verdicts):
