@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -476,8 +477,6 @@ class AllToAllDeviceSplits(MixOp):
 
     def _pair_counts(self, k, pairs):
         """The counts group rank src sends dst ([gs], or [gs, k] parts), the same on both ranks."""
-        import numpy as np
-
         rows = []
         for src, dst in pairs:
             v = self.spec.splits[src][dst]
