@@ -164,12 +164,22 @@ __device__ __forceinline__ bool pushLinesTrigger(Waiter& w, unsigned long long p
                        g);
 }
 
+// Words a message starts with in place of its payload's: none for the collectives; the
+// device-splits all_to_all's counts header (splits_kernel.cu) in its round 0. `covers(o)`: the
+// message's word at byte offset o is one of them; `word(p, o)`: that word of the message to p.
+struct NoLeadingWords {
+  __device__ static constexpr bool covers(uint64_t) { return false; }
+  __device__ static uint64_t word(int, uint64_t) { return 0; }
+};
+
 // Writes this block's parts of round r to partner p; on the proxy path also hands the range
 // to the proxy. Block-uniform control flow (it contains a barrier).
 // `pre`: this thread's payload word of (round 0, part j0) when `has_pre` (loaded at start).
-template <bool Simple>
+// `lead`: the leading words of the message (round 0, LL lines only).
+template <bool Simple, class Lead = NoLeadingWords>
 __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w, int p, uint32_t r,
-                                 uint32_t j0, uint32_t j1, uint64_t pre, bool has_pre) {
+                                 uint32_t j0, uint32_t j1, uint64_t pre, bool has_pre,
+                                 const Lead& lead = Lead{}) {
   const Region& reg = a.reg;
   const PeerPlan& pp = a.peers[p];
   const uint32_t sb = roundBytes(pp.send_bytes, r, reg.chunk);
@@ -213,11 +223,14 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   for (uint32_t j = j0; j < j1; ++j) {
     if (t < (whole_parts && j + 1 < j1 ? kThreads : linesOf(sb, j))) {
       const uint32_t nb = lineBytes(sb, j, t);
+      const uint64_t o = static_cast<uint64_t>(j) * kPartPayload + t * 8;
       uint64_t v = 0;
       if (has_pre && r == 0 && j == j0)
         v = pre;
+      else if (lead.covers(o))
+        v = lead.word(p, o);
       else if (nb)
-        v = loadBytes(src + static_cast<uint64_t>(j) * kPartPayload + t * 8, nb);
+        v = loadBytes(src + o, nb);
       storeLine(base + (static_cast<uint64_t>(j) * kThreads + t) * 16, v, g);
     }
   }
@@ -230,9 +243,11 @@ __device__ inline void sendRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
   }
 }
 
-// Waits for partner p's lines of this block's parts of round r and copies their payload.
+// Waits for partner p's lines of this block's parts of round r and copies their payload
+// (`lead`'s words, read by the caller, stay in the slot).
+template <class Lead = NoLeadingWords>
 __device__ inline void recvRound(const CollectiveArgs& a, Shared& sh, Waiter& w, int p, uint32_t r,
-                                 uint32_t j0, uint32_t j1) {
+                                 uint32_t j0, uint32_t j1, const Lead& lead = Lead{}) {
   const Region& reg = a.reg;
   const PeerPlan& pp = a.peers[p];
   const uint32_t rb = roundBytes(pp.recv_bytes, r, reg.chunk);
@@ -248,7 +263,8 @@ __device__ inline void recvRound(const CollectiveArgs& a, Shared& sh, Waiter& w,
       return;
     }
     const uint32_t nb = lineBytes(rb, j, t);
-    if (nb) storeBytes(dst + static_cast<uint64_t>(j) * kPartPayload + t * 8, v, nb);
+    const uint64_t o = static_cast<uint64_t>(j) * kPartPayload + t * 8;
+    if (nb && !lead.covers(o)) storeBytes(dst + o, v, nb);
   }
 }
 

@@ -14,31 +14,51 @@ namespace {
 
 static_assert(sizeof(CollectiveArgs) % 8 == 0, "CollectiveArgs is copied in 8-byte words");
 
-// Rows of each peer from the counts arrays, summed over the `per_peer` entries of each peer
-// (negative entries count as 0) by every thread of the block at once, then clamped to
-// [0, max_rows] (a count past the capacity would run off the buffers; both sides of a pair clamp
-// the same sum alike). `sums` ([2][kMaxRanks], shared) ends with the send and recv rows (the recv
-// rows zero with the counts in the header).
+// Entry i of an int32 or int64 counts array; `fresh`: written by another block of this kernel
+// (loaded from L2).
+__device__ __forceinline__ int64_t countAt(const void* counts, uint32_t count_bytes, uint32_t i,
+                                           bool fresh) {
+  if (count_bytes == 8) {
+    const auto* c = static_cast<const long long*>(counts) + i;
+    return fresh ? __ldcg(c) : *c;
+  }
+  const auto* c = static_cast<const int*>(counts) + i;
+  return fresh ? __ldcg(c) : *c;
+}
+
+// Adds entry i of a counts array to its peer's sum (entries i / per_peer; negative entries count
+// as 0).
+__device__ __forceinline__ void addCount(unsigned long long* sums, const SplitsArgs& s,
+                                         const void* counts, uint32_t i, bool fresh) {
+  const int64_t v = countAt(counts, s.count_bytes, i, fresh);
+  if (v > 0) atomicAdd(&sums[i / s.per_peer], static_cast<unsigned long long>(v));
+}
+
+// Clamps n sums to [0, max_rows] (a count past the capacity would run off the buffers; both
+// sides of a pair clamp the same sum alike). Ends with a barrier.
+__device__ __forceinline__ void clampRows(unsigned long long* sums, int n, uint64_t max_rows) {
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    sums[i] = sums[i] < max_rows ? sums[i] : max_rows;
+  __syncthreads();
+}
+
+// Rows of each peer from the counts arrays, summed over the `per_peer` entries of each peer by
+// every thread of the block at once, then clamped. `sums` ([2][kMaxRanks], shared) ends with the
+// send and recv rows (the recv rows zero with the counts in the header).
 __device__ __forceinline__ void sumRows(const SplitsArgs& s, int nranks, unsigned long long* sums) {
   for (int i = threadIdx.x; i < 2 * kMaxRanks; i += blockDim.x) sums[i] = 0;
   __syncthreads();
-  const int n = nranks * static_cast<int>(s.per_peer);
+  const uint32_t n = static_cast<uint32_t>(nranks) * s.per_peer;
   // With the counts in the header, recv_rows is this op's output: its rows come from the peers.
-  const int entries = s.header_bytes ? n : 2 * n;
-  for (int i = threadIdx.x; i < entries; i += blockDim.x) {
-    const bool send = i < n;
-    const void* counts = send ? s.send_rows : s.recv_rows;
-    const int j = send ? i : i - n;
-    const int64_t v = s.count_bytes == 8 ? static_cast<const int64_t*>(counts)[j]
-                                         : static_cast<const int32_t*>(counts)[j];
-    if (v > 0)
-      atomicAdd(&sums[(send ? 0 : kMaxRanks) + j / static_cast<int>(s.per_peer)],
-                static_cast<unsigned long long>(v));
+  const uint32_t entries = s.header_bytes ? n : 2 * n;
+  for (uint32_t i = threadIdx.x; i < entries; i += blockDim.x) {
+    if (i < n)
+      addCount(sums, s, s.send_rows, i, false);
+    else
+      addCount(sums + kMaxRanks, s, s.recv_rows, i - n, false);
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < 2 * kMaxRanks; i += blockDim.x)
-    sums[i] = sums[i] < s.max_rows ? sums[i] : s.max_rows;
-  __syncthreads();
+  clampRows(sums, 2 * kMaxRanks, s.max_rows);
 }
 
 // Counts in the header (SplitsArgs::header_bytes): each message to a peer is the peer's counts
@@ -50,72 +70,19 @@ __device__ __forceinline__ void sumRows(const SplitsArgs& s, int nranks, unsigne
 // round 0), and the next op reuses a slot only after this kernel's blocks have exited (it does
 // not let the next kernel launch early).
 
-// The 8 bytes of message offset `o` (< header_bytes) to peer p: its counts, then zeros.
-__device__ __forceinline__ uint64_t headerWord(const SplitsArgs& s, int p, uint32_t o) {
-  const uint32_t counts = s.per_peer * s.count_bytes;
-  if (o >= counts) return 0;
-  const auto* from =
-      static_cast<const unsigned char*>(s.send_rows) + static_cast<uint64_t>(p) * counts + o;
-  return loadBytes(from, counts - o < 8u ? counts - o : 8u);
-}
-
-// Round 0 to peer p, this block's parts [j0, j1): the header words, then rows (pp.send is the
-// rows' address less header_bytes, so one offset serves both), as LL lines; proxied peers get
-// one trigger for the range (sendRound's rules).
-__device__ inline void sendHeaderRound(const CollectiveArgs& a, const SplitsArgs& s, Shared& sh,
-                                       Waiter& w, int p, uint32_t j0, uint32_t j1) {
-  const Region& reg = a.reg;
-  const PeerPlan& pp = a.peers[p];
-  const uint32_t sb = roundBytes(pp.send_bytes, 0, reg.chunk);
-  const uint32_t g = sh.base[p] + 1;
-  const uint32_t slot = (g - 1) & 1;
-  const uint64_t remote_off = collInOffset(reg, a.rank, slot);
-  const uint64_t local_off = outCollOffset(reg, p, slot);
-  unsigned char* base = sh.remote[p] ? sh.remote[p] + remote_off : reg.outbox + local_off;
-  const auto* src = static_cast<const unsigned char*>(pp.send);
-  const uint32_t t = threadIdx.x;
-  const bool whole_parts = sh.remote[p] == nullptr;
-  for (uint32_t j = j0; j < j1; ++j) {
-    if (t < (whole_parts && j + 1 < j1 ? kThreads : linesOf(sb, j))) {
-      const uint32_t nb = lineBytes(sb, j, t);
-      const uint32_t o = j * kPartPayload + t * 8;
-      uint64_t v = 0;
-      if (o < s.header_bytes)
-        v = headerWord(s, p, o);
-      else if (nb)
-        v = loadBytes(src + o, nb);
-      storeLine(base + (static_cast<uint64_t>(j) * kThreads + t) * 16, v, g);
-    }
+// The counts header as the leading words of each message (collective_body.cuh): the 8 bytes
+// at message offset o (< header_bytes) to peer p are its counts, then zeros.
+struct CountsHeader {
+  const SplitsArgs& s;
+  __device__ bool covers(uint64_t o) const { return o < s.header_bytes; }
+  __device__ uint64_t word(int p, uint64_t o) const {
+    const uint32_t counts = s.per_peer * s.count_bytes;
+    if (o >= counts) return 0;
+    const auto* from =
+        static_cast<const unsigned char*>(s.send_rows) + static_cast<uint64_t>(p) * counts + o;
+    return loadBytes(from, counts - o < 8u ? static_cast<uint32_t>(counts - o) : 8u);
   }
-  if (sh.remote[p] == nullptr) {
-    pushFromThread0([&] {
-      if (!pushLinesTrigger(w, reserveTriggers(reg, 1), p, local_off, remote_off, sb, j0, j1, g))
-        sh.stop = 1;
-    });
-  }
-}
-
-// Round 0 from peer p, this block's parts [j0, j1): the rows (pp.recv is their address less
-// header_bytes; the header's counts are headerRows').
-__device__ inline void recvHeaderRound(const CollectiveArgs& a, const SplitsArgs& s, Shared& sh,
-                                       Waiter& w, int p, uint32_t j0, uint32_t j1) {
-  const PeerPlan& pp = a.peers[p];
-  const uint32_t rb = roundBytes(pp.recv_bytes, 0, a.reg.chunk);
-  const uint32_t g = sh.base[p] + 1;
-  const unsigned char* base = collSlotFrom(a.reg, p, g);
-  auto* dst = static_cast<unsigned char*>(pp.recv);
-  const uint32_t t = threadIdx.x;
-  for (uint32_t j = j0; j < j1; ++j) {
-    if (t >= payloadLines(rb, j)) continue;
-    uint64_t v;
-    if (!w.line(base + (static_cast<uint64_t>(j) * kThreads + t) * 16, g, v, p)) {
-      sh.stop = 1;
-      return;
-    }
-    const uint32_t o = j * kPartPayload + t * 8;
-    if (o >= s.header_bytes) storeBytes(dst + o, v, lineBytes(rb, j, t));
-  }
-}
+};
 
 // The peers' recv rows, into rows[kMaxRanks + p] (clamped to max_rows); false when the op gives
 // up. Block 0 alone reads the headers (part 0 of round 0, which it receives itself), puts the
@@ -155,21 +122,11 @@ __device__ inline bool headerRows(const CollectiveArgs& a, const SplitsArgs& s, 
     __syncthreads();
   }
   if (sh.stop) return false;
-  // Sums as sumRows' (negative entries count as 0), from the counts block 0 wrote (L2 loads).
-  const uint32_t per = s.per_peer;
-  for (uint32_t i = threadIdx.x; i < n * per; i += blockDim.x) {
-    const int p = static_cast<int>(i / per);
-    if (p == a.rank) continue;
-    const int64_t v =
-        s.count_bytes == 8
-            ? static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(recv_rows) + i))
-            : __ldcg(reinterpret_cast<const int*>(recv_rows) + i);
-    if (v > 0) atomicAdd(&rows[kMaxRanks + p], static_cast<unsigned long long>(v));
-  }
-  __syncthreads();
-  for (int p = threadIdx.x; p < a.nranks; p += blockDim.x)
-    rows[kMaxRanks + p] = rows[kMaxRanks + p] < s.max_rows ? rows[kMaxRanks + p] : s.max_rows;
-  __syncthreads();
+  // Summed as sumRows does, from the counts block 0 wrote.
+  for (uint32_t i = threadIdx.x; i < n * s.per_peer; i += blockDim.x)
+    if (i / s.per_peer != static_cast<uint32_t>(a.rank))
+      addCount(rows + kMaxRanks, s, recv_rows, i, true);
+  clampRows(rows + kMaxRanks, a.nranks, s.max_rows);
   return true;
 }
 
@@ -214,14 +171,27 @@ __device__ inline void headerExchange(CollectiveArgs& a, const SplitsArgs& s, Sh
     }
     first_max = first_max < chunk ? first_max : chunk;
     a.reg.trigger_fence = first_max >= s.fence_from_bytes ? 1u : 0u;
+    // The FIFO positions of this block's round-0 triggers, one per proxied peer it writes to
+    // (as reserveRoundZero's): sendRound takes them in order.
+    uint32_t triggers = 0;
+    for (int p = 0; p < a.nranks; ++p) {
+      const uint64_t b = s.header_bytes + rows[p] * s.row_bytes;
+      if (p != a.rank && sh.remote[p] == nullptr && j0 < partsOf(roundBytes(b, 0, chunk)))
+        ++triggers;
+    }
+    sh.fifo_pos = triggers ? reserveTriggers(a.reg, triggers) : 0ull;
     sh.stop = 0;
   }
   __syncthreads();
   Waiter w(a.reg, a.op_id);
+  const CountsHeader header{s};
+  // Round 0: the header words, then rows (pp.send is the rows' address less header_bytes, so
+  // one offset serves both), as LL lines.
   for (int p = 0; p < a.nranks; ++p) {
     if (p == a.rank) continue;
     const uint32_t n = partsOf(roundBytes(a.peers[p].send_bytes, 0, chunk));
-    if (j0 < n) sendHeaderRound(a, s, sh, w, p, j0, min(n, j0 + a.parts_per_block));
+    if (j0 < n)
+      sendRound<false>(a, sh, w, p, 0, j0, min(n, j0 + a.parts_per_block), 0, false, header);
   }
   copyOwn(a, s, rows[a.rank] * s.row_bytes);
   if (!headerRows(a, s, sh, w, rows)) return;
@@ -243,7 +213,7 @@ __device__ inline void headerExchange(CollectiveArgs& a, const SplitsArgs& s, Sh
   for (int p = 0; p < a.nranks && !sh.stop; ++p) {
     if (p == a.rank) continue;
     const uint32_t n = partsOf(roundBytes(a.peers[p].recv_bytes, 0, chunk));
-    if (j0 < n) recvHeaderRound(a, s, sh, w, p, j0, min(n, j0 + a.parts_per_block));
+    if (j0 < n) recvRound(a, sh, w, p, 0, j0, min(n, j0 + a.parts_per_block), header);
   }
   __syncthreads();
   if (!sh.stop) runRounds<false>(a, sh, w, 1, j0, 0, false);
