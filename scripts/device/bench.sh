@@ -1,6 +1,6 @@
 # Sourced by scripts/device_run.sh: the latency benchmarks (python -m resident_pg.bench), CUDA
 # rows with ratios to this call's floors (measured first when no floors stage ran).
-# stage overhead: benchmarks/overhead.py, where an 8 B all_reduce's time goes, CPU tensors, then CUDA tensors beside a bare torch kernel launch with the eager-op target ($OUT/overhead.json, $OUT/overhead_cuda.json).
+# stage overhead: benchmarks/overhead.py, where an 8 B all_reduce's time goes, CPU tensors, then CUDA tensors beside a bare torch kernel launch with the eager-op target, 4 fresh process pairs ($OUT/overhead.json, $OUT/overhead_cuda.json).
 # stage bench: the CPU ladder ($OUT/bench.json, ~1.5 min on the H200 host), then the CUDA ladder as bench-cuda.
 # stage bench-cuda: the CUDA ladder: direct and proxy path, eager and graph, 2/4/8 ranks on the one GPU under MPS ($OUT/bench_cuda.json and latency_cuda.png, ~2-3 min, no new group after 4 min).
 # stage bench-quick: bench, short (~1 min in all).
@@ -14,7 +14,7 @@ if has overhead; then
   step "overhead"
   python3 benchmarks/overhead.py --json "$OUT/overhead.json" > "$OUT/overhead.log" 2>&1 || status=1
   tail -5 "$OUT/overhead.log"
-  python3 benchmarks/overhead.py --device cuda --backends resident --iters 4000 \
+  python3 benchmarks/overhead.py --device cuda --backends resident --iters 4000 --spawns 4 \
     --json "$OUT/overhead_cuda.json" > "$OUT/overhead_cuda.log" 2>&1 || status=1
   tail -7 "$OUT/overhead_cuda.log"
 fi
