@@ -5,7 +5,9 @@ backend, 2 ranks, 8 bytes, side by side in one run. Medians of batches, µs per 
 With `--device cuda` (rank r on GPU r % device_count; several ranks on one GPU need MPS): the
 host's time per eager op, as batches of 200 back-to-back calls then one synchronize, beside a
 bare torch kernel (`t.add_(1)`) timed the same way in the same processes, and the target line
-(an eager all_reduce at most 1.5x a bare kernel launch).
+(an eager all_reduce at most 1.5x a bare kernel launch); for resident also the call the vLLM
+plugin makes (`resident_pg.vllm_plugin.direct_all_reduce`: the backend's own all_reduce with
+asyncOp off, no Work to wait on).
 
     python benchmarks/overhead.py [--backends resident,gloo] [--device cpu|cuda] [--iters 5000]
                                   [--spawns N] [--json PATH]
@@ -30,6 +32,7 @@ import torch.multiprocessing as mp
 
 BARE = "bare torch kernel t.add_(1)"
 BATCH = 200  # CUDA: calls issued back to back before one synchronize
+DIRECT = "vllm_plugin.direct_all_reduce (asyncOp off)"
 
 
 def _rank(rank, world, port, backend, iters, device, queue):
@@ -53,6 +56,11 @@ def _rank(rank, world, port, backend, iters, device, queue):
         # wait costs the host.
         calls = {BARE: lambda: t.add_(1), **calls,
                  "Backend.allreduce() (no wait)": lambda: be.allreduce([t])}
+        if backend == "resident":
+            # What the vLLM plugin calls: the backend's own all_reduce with asyncOp off.
+            from resident_pg.vllm_plugin import direct_all_reduce
+
+            calls[DIRECT] = direct_all_reduce(pg, device)[0]
     batch = BATCH if cuda else max(1, iters // 9)
     out = {}
     for name, fn in calls.items():
@@ -145,6 +153,9 @@ def main():
             verdict = "PASS" if ratio <= 1.5 else "MISS"
             print(f"TARGET cuda eager all_reduce 8 B host time <= 1.5x a bare kernel launch: {verdict}"
                   f"  ({r['dist.all_reduce']:.2f} µs = {ratio:.2f}x {r[BARE]:.2f} µs)")
+            if DIRECT in r:
+                print(f"the vLLM plugin's all_reduce: {r[DIRECT]:.2f} µs = "
+                      f"{r[DIRECT] / r[BARE]:.2f}x the bare kernel")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": results, "spawns": spawns, "device": args.device, "torch": torch.__version__, "host": socket.gethostname(),

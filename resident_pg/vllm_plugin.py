@@ -16,7 +16,10 @@ When enabled it checks that vLLM's classes still have the names and signatures i
   group is warmed up at once (its first op installs channels and registers memory, long before
   any CUDA graph capture) and handed to the coordinator's ``CudaCommunicator``;
 * ``CudaCommunicator.all_reduce``: a contiguous input of at most ``RESIDENT_VLLM_MAX_BYTES``
-  goes to the resident group, anything else keeps vLLM's own order;
+  goes to the resident group, anything else keeps vLLM's own order. A CUDA input goes to the
+  group's backend object itself (:func:`direct_all_reduce`), which is where ``dist.all_reduce``
+  ends: torch's Python wrapper and op dispatch above it cost an eager op more host time than
+  its launch (docs/performance.md); inside a CUDA graph both record the same kernel;
 * ``CudaCommunicator.destroy`` destroys the resident group too; ``suspend`` / ``resume``
   (sleep mode) keep it (captured graphs reference its memory, which is pinned host memory and a
   few device words) and ``resume`` checks it with one all-reduce.
@@ -263,11 +266,16 @@ def patch(coordinator_cls, communicator_cls, *, max_bytes: int = DEFAULT_MAX_BYT
         group = self.__dict__.get("resident_group")
         if group is not None and routes_to_resident(self, input_, max_bytes):
             out = input_.clone()  # vLLM's all_reduce is out of place
-            dist.all_reduce(out, group=group)  # one kernel on the current stream: capturable
+            direct = self.__dict__.get("resident_direct")
+            if direct is not None and out.numel() * out.element_size() < direct[1]:
+                direct[0](out)
+            else:
+                dist.all_reduce(out, group=group)  # one kernel on the current stream: capturable
             return out
         return orig["all_reduce"](self, input_)
 
     def destroy(self):
+        self.__dict__.pop("resident_direct", None)
         group = self.__dict__.pop("resident_group", None)
         if group is not None:
             dist.destroy_process_group(group)
@@ -293,6 +301,42 @@ def patch(coordinator_cls, communicator_cls, *, max_bytes: int = DEFAULT_MAX_BYT
     communicator_cls.suspend = suspend
     communicator_cls.resume = resume
     setattr(coordinator_cls, _PATCHED, True)
+
+
+def direct_limit(handoff: dict) -> float:
+    """Messages below this many bytes stay resident (the group's hand-off, ``Backend.handoff()``,
+    takes all-reduces from its crossover to another backend, whose Work must be waited on)."""
+    if not handoff.get("on"):
+        return float("inf")
+    return handoff["crossover_bytes"]["all_reduce"] or float("inf")
+
+
+def direct_all_reduce(group, device):
+    """``(call, limit)``: ``call(t)`` sums ``t`` in place over ``group`` through its resident
+    backend's own ``allreduce`` with ``asyncOp`` off — one kernel on the current stream, ordered
+    there like any kernel, so its Work needs no ``wait()`` — for messages below ``limit`` bytes;
+    None where that does not hold (CPU tensors, whose ops complete on the host; a torch whose
+    ``AllreduceOptions`` has no ``asyncOp``; a group whose backend is not resident)."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    opts = dist.AllreduceOptions()
+    if not hasattr(opts, "asyncOp"):
+        return None
+    backend = group._get_backend(device)
+    if not hasattr(backend, "handoff"):
+        return None
+    opts.reduceOp = dist.ReduceOp.SUM
+    opts.asyncOp = False
+    allreduce = backend.allreduce
+
+    def call(t):
+        allreduce([t], opts)
+
+    return call, direct_limit(backend.handoff())
 
 
 def _warm_up(comm, group) -> None:
@@ -336,6 +380,7 @@ def _attach(coordinator, group_ranks, communicator_cls, route, timeout) -> None:
     if group is not None:
         _warm_up(comm, group)
         comm.resident_group = group
+        comm.resident_direct = direct_all_reduce(group, getattr(comm, "device", None) or "cpu")
         comm.resident_suspended = False
     if coordinator.rank_in_group == 0:
         reasons = sorted({votes[r][2] for r in group_ranks[mine]})

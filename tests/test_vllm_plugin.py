@@ -10,6 +10,11 @@ rank builds the TP coordinators of ``group_ranks = [[0, 2], [1]]`` and a PP one;
 * one above ``max_bytes`` and a non-contiguous one take vLLM's own path (also checked);
 * the PP coordinator gets no resident group; patching twice changes nothing;
 * ``destroy`` destroys the resident group.
+
+With ``-m gpu`` (2 ranks on the GPU) the same TP communicator on CUDA tensors: small
+all-reduces go to the resident backend's own call (``direct_all_reduce``, not
+``dist.all_reduce``), eagerly and inside a CUDA graph replayed with fresh inputs, int64 results
+bitwise and float32 within rounding of a float64 reference.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ class FakeCommunicator:
 class FakeCoordinator:
     """vLLM's GroupCoordinator constructor (the arguments the plugin binds by name)."""
 
+    comm_device = "cpu"  # the device of the communicators it makes
+
     def __init__(self, group_ranks, local_rank, torch_distributed_backend,
                  use_device_communicator, use_message_queue_broadcaster=False, group_name=None):
         import torch
@@ -74,7 +81,7 @@ class FakeCoordinator:
             if dist.get_rank() in ranks:
                 self.device_group, self.cpu_group = g, cpu
                 self.rank_in_group = ranks.index(dist.get_rank())
-        self.device_communicator = (FakeCommunicator(torch.device("cpu"), self.device_group)
+        self.device_communicator = (FakeCommunicator(torch.device(self.comm_device), self.device_group)
                                     if use_device_communicator else None)
 
 
@@ -132,6 +139,115 @@ def test_plugin_routes_decode_size_all_reduces_to_resident():
         assert r["problems"] == [], (rank, r["problems"])
         assert r["resident_backend"] == "resident", (rank, r)
         assert r["pp_has_resident"] is False, (rank, r)
+
+
+def test_direct_limit_follows_the_handoff():
+    off = {"on": False, "crossover_bytes": {"all_reduce": 4096}}
+    assert vllm_plugin.direct_limit(off) == float("inf")
+    on = {"on": True, "crossover_bytes": {"all_reduce": 4096}}
+    assert vllm_plugin.direct_limit(on) == 4096
+    on0 = {"on": True, "crossover_bytes": {"all_reduce": 0}}  # not handed off
+    assert vllm_plugin.direct_limit(on0) == float("inf")
+
+
+def _direct_cpu_job(rank, ws):
+    import torch.distributed as dist
+
+    H.init_pg("resident")
+    call = vllm_plugin.direct_all_reduce(dist.group.WORLD, "cpu")
+    dist.destroy_process_group()
+    return call is None
+
+
+def test_direct_all_reduce_is_cuda_only():
+    """CPU ops complete on the host: their Work must be waited on, so no direct call."""
+    assert H.run_ranks(_direct_cpu_job, 2, init=False, timeout_s=60) == [True, True]
+
+
+def _plugin_cuda_job(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    H.init_pg("gloo")
+    vllm_plugin.platform_name = lambda: "cuda"
+    vllm_plugin.group_spans_hosts = lambda cpu_group: False
+    vllm_plugin.patch(FakeCoordinator, FakeCommunicator, max_bytes=MAX_BYTES)
+    FakeCoordinator.comm_device = "cuda"
+    comm = FakeCoordinator([list(range(ws))], rank, "gloo", True, group_name="tp").device_communicator
+    problems = []
+    if comm.__dict__.get("resident_direct") is None:
+        problems.append("no direct call on a CUDA communicator")
+    wrapped = dist.all_reduce
+    calls = [0]
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return wrapped(*args, **kwargs)
+
+    dist.all_reduce = counting
+
+    def inputs(key, dtype, n):
+        """Every rank's input (each rank draws all of them, from the same seeds)."""
+        gens = [H.rng_for(f"vllm-cuda/{key}", r) for r in range(ws)]
+        if dtype == "int64":
+            return [g.integers(-2**40, 2**40, n, dtype=np.int64) for g in gens]
+        return [g.standard_normal(n).astype(np.float32) for g in gens]
+
+    def check(key, got, per):
+        if got.dtype == np.int64:
+            ok = np.array_equal(got, np.sum(per, axis=0))
+        else:
+            want = np.sum([a.astype(np.float64) for a in per], axis=0)
+            ok = np.allclose(got, want, rtol=1e-6, atol=1e-5)
+        if not ok:
+            problems.append(f"{key}: wrong sum")
+
+    try:
+        for dtype, n in (("int64", 1), ("int64", MAX_BYTES // 8), ("float32", 3), ("float32", MAX_BYTES // 4)):
+            key = f"eager-{dtype}-{n}"
+            per = inputs(key, dtype, n)
+            x = torch.from_numpy(per[rank]).cuda()
+            got = comm.all_reduce(x).cpu().numpy()
+            check(key, got, per)
+            if not np.array_equal(x.cpu().numpy(), per[rank]):
+                problems.append(f"{key}: the input was modified")
+        x = torch.zeros(MAX_BYTES // 8, dtype=torch.int64, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                comm.all_reduce(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = comm.all_reduce(x)
+        for i in range(3):
+            key = f"graph-{i}"
+            per = inputs(key, "int64", x.numel())
+            x.copy_(torch.from_numpy(per[rank]))
+            graph.replay()
+            torch.cuda.synchronize()
+            check(key, y.cpu().numpy(), per)
+    finally:
+        dist.all_reduce = wrapped
+    if calls[0]:
+        problems.append(f"{calls[0]} all-reduces went through dist.all_reduce")
+    comm.destroy()
+    dist.barrier()
+    dist.destroy_process_group()
+    return problems
+
+
+@pytest.mark.gpu
+def test_plugin_cuda_all_reduces_use_the_direct_call():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    per_rank = H.run_ranks(_plugin_cuda_job, 2, init=False, timeout_s=180)
+    for rank, problems in enumerate(per_rank):
+        assert problems == [], (rank, problems)
 
 
 class _Path:
