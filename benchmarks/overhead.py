@@ -60,7 +60,7 @@ def _rank(rank, world, port, backend, iters, device, queue):
             # What the vLLM plugin calls: the backend's own all_reduce with asyncOp off.
             from resident_pg.vllm_plugin import direct_all_reduce
 
-            direct = direct_all_reduce(pg, device)[0]
+            direct = direct_all_reduce(pg, device)
             calls[DIRECT] = lambda: direct(t)
     batch = BATCH if cuda else max(1, iters // 9)
     out = {}

@@ -260,15 +260,15 @@ def patch(coordinator_cls, communicator_cls, *, max_bytes: int = DEFAULT_MAX_BYT
         orig_init(self, *args, **kwargs)
         if bound.arguments.get("group_name") == "tp":
             group_ranks = [list(r) for r in bound.arguments["group_ranks"]]
-            _attach(self, group_ranks, communicator_cls, route, timeout)
+            _attach(self, group_ranks, communicator_cls, route, timeout, max_bytes)
 
     def all_reduce(self, input_):
         group = self.__dict__.get("resident_group")
         if group is not None and routes_to_resident(self, input_, max_bytes):
             out = input_.clone()  # vLLM's all_reduce is out of place
             direct = self.__dict__.get("resident_direct")
-            if direct is not None and out.numel() * out.element_size() < direct[1]:
-                direct[0](out)
+            if direct is not None:
+                direct(out)
             else:
                 dist.all_reduce(out, group=group)  # one kernel on the current stream: capturable
             return out
@@ -311,12 +311,13 @@ def direct_limit(handoff: dict) -> float:
     return handoff["crossover_bytes"]["all_reduce"] or float("inf")
 
 
-def direct_all_reduce(group, device):
-    """``(call, limit)``: ``call(t)`` sums ``t`` in place over ``group`` through its resident
-    backend's own ``allreduce`` with ``asyncOp`` off — one kernel on the current stream, ordered
-    there like any kernel, so its Work needs no ``wait()`` — for messages below ``limit`` bytes;
-    None where that does not hold (CPU tensors, whose ops complete on the host; a torch whose
-    ``AllreduceOptions`` has no ``asyncOp``; a group whose backend is not resident)."""
+def direct_all_reduce(group, device, max_bytes=float("inf")):
+    """``call(t)``: sums ``t`` in place over ``group`` through its resident backend's own
+    ``allreduce`` with ``asyncOp`` off — one kernel on the current stream, ordered there like any
+    kernel, so its Work needs no ``wait()`` — for messages of at most ``max_bytes``; None where
+    that does not hold (CPU tensors, whose ops complete on the host; a torch whose
+    ``AllreduceOptions`` has no ``asyncOp``; a group whose backend is not resident; a hand-off
+    that takes some of those messages), so that the caller decides once, not per op."""
     import torch
     import torch.distributed as dist
 
@@ -329,6 +330,8 @@ def direct_all_reduce(group, device):
     backend = group._get_backend(device)
     if not hasattr(backend, "handoff"):
         return None
+    if max_bytes >= direct_limit(backend.handoff()):
+        return None
     opts.reduceOp = dist.ReduceOp.SUM
     opts.asyncOp = False
     allreduce = backend.allreduce
@@ -336,7 +339,7 @@ def direct_all_reduce(group, device):
     def call(t):
         allreduce([t], opts)
 
-    return call, direct_limit(backend.handoff())
+    return call
 
 
 def _warm_up(comm, group) -> None:
@@ -347,7 +350,7 @@ def _warm_up(comm, group) -> None:
     dist.all_reduce(torch.zeros(1, device=device), group=group)
 
 
-def _attach(coordinator, group_ranks, communicator_cls, route, timeout) -> None:
+def _attach(coordinator, group_ranks, communicator_cls, route, timeout, max_bytes) -> None:
     """Decides for this rank's TP group, agrees with every rank, and creates the groups."""
     import torch.distributed as dist
 
@@ -380,7 +383,8 @@ def _attach(coordinator, group_ranks, communicator_cls, route, timeout) -> None:
     if group is not None:
         _warm_up(comm, group)
         comm.resident_group = group
-        comm.resident_direct = direct_all_reduce(group, getattr(comm, "device", None) or "cpu")
+        comm.resident_direct = direct_all_reduce(group, getattr(comm, "device", None) or "cpu",
+                                                 max_bytes)
         comm.resident_suspended = False
     if coordinator.rank_in_group == 0:
         reasons = sorted({votes[r][2] for r in group_ranks[mine]})
