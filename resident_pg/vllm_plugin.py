@@ -330,7 +330,8 @@ def direct_all_reduce(group, device, max_bytes=float("inf")):
     backend = group._get_backend(device)
     if not hasattr(backend, "handoff"):
         return None
-    if max_bytes >= direct_limit(backend.handoff()):
+    limit = direct_limit(backend.handoff())
+    if limit != float("inf") and max_bytes >= limit:
         return None
     opts.reduceOp = dist.ReduceOp.SUM
     opts.asyncOp = False

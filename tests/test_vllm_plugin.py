@@ -150,6 +150,46 @@ def test_direct_limit_follows_the_handoff():
     assert vllm_plugin.direct_limit(on0) == float("inf")
 
 
+class _FakeBackend:
+    def __init__(self, handoff):
+        self._handoff = handoff
+        self.calls = []
+
+    def handoff(self):
+        return self._handoff
+
+    def allreduce(self, tensors, opts):
+        self.calls.append((tensors, opts.reduceOp, opts.asyncOp))
+
+
+class _FakeGroup:
+    def __init__(self, backend):
+        self.backend = backend
+
+    def _get_backend(self, device):
+        return self.backend
+
+
+@pytest.mark.parametrize("handoff,max_bytes,direct", [
+    ({"on": False, "crossover_bytes": {"all_reduce": 0}}, float("inf"), True),
+    ({"on": False, "crossover_bytes": {"all_reduce": 0}}, 256, True),
+    ({"on": True, "crossover_bytes": {"all_reduce": 4096}}, 256, True),
+    ({"on": True, "crossover_bytes": {"all_reduce": 256}}, 256, False),
+    ({"on": True, "crossover_bytes": {"all_reduce": 100}}, float("inf"), False),
+])
+def test_direct_call_is_decided_once_per_group(handoff, max_bytes, direct):
+    """No direct call where the hand-off would take some of the routed messages; the call is the
+    backend's allreduce, SUM with asyncOp off (the device is only named: no GPU needed)."""
+    import torch.distributed as dist
+
+    backend = _FakeBackend(handoff)
+    call = vllm_plugin.direct_all_reduce(_FakeGroup(backend), "cuda", max_bytes)
+    assert (call is not None) is direct
+    if call is not None:
+        call("t")
+        assert backend.calls == [(["t"], dist.ReduceOp.SUM, False)]
+
+
 def _direct_cpu_job(rank, ws):
     import torch.distributed as dist
 
