@@ -3,6 +3,7 @@
 // CUDA); see README.md for what each row means and how to run it.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/io_uring.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -14,6 +15,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -49,9 +51,9 @@ namespace {
 
 constexpr size_t kSizes[] = {8, 1 << 10, 8 << 10, 64 << 10, 256 << 10};
 constexpr int kNumSizes = 5;
-enum Recv : int { kSpin = 0, kEpoll = 1 };
-constexpr int kNumRecv = 2;
-const char* kRecvName[] = {"spin_recv", "epoll_recv"};
+enum Recv : int { kSpin = 0, kEpoll = 1, kUring = 2, kUringSqpoll = 3 };
+constexpr int kNumRecv = 4;
+const char* kRecvName[] = {"spin_recv", "epoll_recv", "uring", "uring_sqpoll"};
 const char* kNames[] = {"tcp_loopback", "tcp_netns"};
 
 constexpr uint64_t kMs = 1000000ull;
@@ -74,10 +76,11 @@ uint64_t NowNs() {
   return uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec);
 }
 
-enum Err : int32_t { kOk = 0, kTimeout, kPeerClosed, kMismatch, kSysError, kNotRun };
+enum Err : int32_t { kOk = 0, kTimeout, kPeerClosed, kMismatch, kSysError, kNotRun, kNoUring };
 const char* ErrName(int e) {
-  const char* n[] = {"ok", "timeout", "peer_closed", "mismatch", "sys_error", "not_run"};
-  return e >= 0 && e <= kNotRun ? n[e] : "?";
+  const char* n[] = {"ok",        "timeout", "peer_closed", "mismatch",
+                     "sys_error", "not_run", "no_uring"};
+  return e >= 0 && e <= kNoUring ? n[e] : "?";
 }
 
 // What one end reports about one (receive method, size) block: kNotRun until it starts it.
@@ -129,21 +132,145 @@ uint64_t Word0(const uint8_t* p) {
   return w;
 }
 
-// The busy-polled socket of one end. Every wait spins on a non-blocking call and stops at its
-// deadline, checked every 256 spins.
+int UsableCpus() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+// An io_uring of a few entries, driven by raw system calls (no liburing). Without SQPOLL each
+// submission is an io_uring_enter and a receive that finds no data completes from the socket's
+// wake-up (task work run when this thread next enters the kernel: the wake-up interrupts its
+// spin); with SQPOLL a kernel thread polls the submission queue, so no system call is made at
+// all. Completions are busy-polled in the completion queue.
+class Ring {
+ public:
+  Ring() = default;
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+  ~Ring() { Close(); }
+
+  // "" or why no ring could be made (io_uring refused by the kernel or a sandbox).
+  std::string Open(bool sqpoll) {
+    Close();
+    io_uring_params p{};
+    if (sqpoll) {
+      p.flags = IORING_SETUP_SQPOLL;
+      p.sq_thread_idle = 2000;  // ms the kernel thread keeps polling an idle queue
+    }
+    fd_ = int(syscall(__NR_io_uring_setup, 8, &p));
+    if (fd_ < 0) return std::string("io_uring_setup: ") + strerror(errno);
+    sqpoll_ = sqpoll;
+    sq_len_ = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+    cq_len_ = p.cq_off.cqes + p.cq_entries * sizeof(io_uring_cqe);
+    sqe_len_ = p.sq_entries * sizeof(io_uring_sqe);
+    const bool one_map = (p.features & IORING_FEAT_SINGLE_MMAP) != 0;
+    if (one_map) sq_len_ = cq_len_ = std::max(sq_len_, cq_len_);
+    sq_ = Map(sq_len_, IORING_OFF_SQ_RING);
+    cq_ = one_map ? sq_ : Map(cq_len_, IORING_OFF_CQ_RING);
+    auto* sqes = static_cast<io_uring_sqe*>(Map(sqe_len_, IORING_OFF_SQES));
+    if (sq_ == nullptr || cq_ == nullptr || sqes == nullptr) {
+      const std::string why = std::string("io_uring mmap: ") + strerror(errno);
+      if (sqes != nullptr) munmap(sqes, sqe_len_);
+      Close();
+      return why;
+    }
+    sqes_ = sqes;
+    auto at = [](void* base, uint32_t off) {
+      return reinterpret_cast<unsigned*>(static_cast<char*>(base) + off);
+    };
+    sq_tail_ = at(sq_, p.sq_off.tail), sq_mask_ = *at(sq_, p.sq_off.ring_mask);
+    sq_flags_ = at(sq_, p.sq_off.flags), sq_array_ = at(sq_, p.sq_off.array);
+    cq_head_ = at(cq_, p.cq_off.head), cq_tail_ = at(cq_, p.cq_off.tail);
+    cq_mask_ = *at(cq_, p.cq_off.ring_mask);
+    cqes_ = reinterpret_cast<io_uring_cqe*>(static_cast<char*>(cq_) + p.cq_off.cqes);
+    return "";
+  }
+  void Close() {
+    if (sqes_ != nullptr) munmap(sqes_, sqe_len_), sqes_ = nullptr;
+    if (cq_ != nullptr && cq_ != sq_) munmap(cq_, cq_len_);
+    if (sq_ != nullptr) munmap(sq_, sq_len_);
+    sq_ = cq_ = nullptr;
+    if (fd_ >= 0) close(fd_), fd_ = -1;  // cancels what is still queued
+  }
+  bool open() const { return fd_ >= 0; }
+
+  // Queues one send or receive (IORING_OP_SEND / IORING_OP_RECV) and submits it; false with
+  // errno when the submission failed.
+  bool Push(uint8_t op, int fd, void* addr, uint32_t len, uint32_t msg_flags, uint64_t tag) {
+    const unsigned tail = *sq_tail_;  // this thread is the queue's only producer
+    const unsigned idx = tail & sq_mask_;
+    io_uring_sqe* e = &sqes_[idx];
+    memset(e, 0, sizeof(*e));
+    e->opcode = op, e->fd = fd, e->addr = uint64_t(uintptr_t(addr)), e->len = len;
+    e->msg_flags = msg_flags, e->user_data = tag;
+    sq_array_[idx] = idx;
+    __atomic_store_n(sq_tail_, tail + 1, __ATOMIC_RELEASE);
+    if (sqpoll_) {
+      // The kernel thread sets NEED_WAKEUP before it sleeps; the fence orders the tail's store
+      // before this load (io_uring(7)).
+      __atomic_thread_fence(__ATOMIC_SEQ_CST);
+      if ((__atomic_load_n(sq_flags_, __ATOMIC_RELAXED) & IORING_SQ_NEED_WAKEUP) == 0) return true;
+      return syscall(__NR_io_uring_enter, fd_, 0, 0, IORING_ENTER_SQ_WAKEUP, nullptr, 0) >= 0;
+    }
+    return syscall(__NR_io_uring_enter, fd_, 1, 0, 0, nullptr, 0) == 1;
+  }
+  // Takes the oldest completion, if any.
+  bool Reap(io_uring_cqe* out) {
+    const unsigned head = *cq_head_;  // this thread is the queue's only consumer
+    if (head == __atomic_load_n(cq_tail_, __ATOMIC_ACQUIRE)) return false;
+    *out = cqes_[head & cq_mask_];
+    __atomic_store_n(cq_head_, head + 1, __ATOMIC_RELEASE);
+    return true;
+  }
+
+ private:
+  void* Map(size_t len, off_t off) const {
+    void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, off);
+    return m == MAP_FAILED ? nullptr : m;
+  }
+  int fd_ = -1;
+  bool sqpoll_ = false;
+  size_t sq_len_ = 0, cq_len_ = 0, sqe_len_ = 0;
+  void *sq_ = nullptr, *cq_ = nullptr;
+  io_uring_sqe* sqes_ = nullptr;
+  unsigned *sq_tail_ = nullptr, *sq_flags_ = nullptr, *sq_array_ = nullptr;
+  unsigned *cq_head_ = nullptr, *cq_tail_ = nullptr;
+  unsigned sq_mask_ = 0, cq_mask_ = 0;
+  io_uring_cqe* cqes_ = nullptr;
+};
+
+// The busy-polled socket of one end. Every wait spins (on a non-blocking call, or on the ring's
+// completion queue) and stops at its deadline, checked every 256 spins.
 class Conn {
  public:
   explicit Conn(int fd) : fd_(fd) {}
   ~Conn() {
     if (ep_ >= 0) close(ep_);
+    ring_.Close();
     close(fd_);
   }
   // Method kEpoll receives as the library's proxy does: epoll_wait with timeout 0, then recv
   // until the socket is drained. The epoll set exists only while that method runs, so that the
-  // spin method's receive path carries no epoll callback.
+  // spin method's receive path carries no epoll callback. The io_uring methods make their ring
+  // here and make the socket blocking: io_uring hands a non-blocking socket's EAGAIN back instead
+  // of waiting for the data (the other methods pass MSG_DONTWAIT on each call).
   int32_t Use(int recv, std::string* why) {
+    if (int32_t e = Flush(why)) return e;
     if (ep_ >= 0) close(ep_), ep_ = -1;
+    ring_.Close();
     recv_ = recv;
+    const int fl = fcntl(fd_, F_GETFL);
+    fcntl(fd_, F_SETFL, recv >= kUring ? fl & ~O_NONBLOCK : fl | O_NONBLOCK);
+    if (recv == kUringSqpoll && UsableCpus() < 4) {
+      // Two spinning ends and two polling kernel threads on fewer CPUs share time slices:
+      // milliseconds per message, which would measure the scheduler, not the method.
+      *why = "uring_sqpoll needs 4 usable CPUs, this process has " + std::to_string(UsableCpus());
+      return kNoUring;
+    }
+    if (recv >= kUring) {
+      *why = ring_.Open(recv == kUringSqpoll);
+      return why->empty() ? kOk : kNoUring;
+    }
     if (recv != kEpoll) return kOk;
     ep_ = epoll_create1(EPOLL_CLOEXEC);
     epoll_event ev{};
@@ -154,7 +281,15 @@ class Conn {
     }
     return kOk;
   }
+  // Waits for a send still in the ring (its buffer must outlive it).
+  int32_t Flush(std::string* why) { return Drain(nullptr, 0, why); }
+  // Through the ring a send is only queued: its completion is reaped by the next Recv (the
+  // peer answers only once it has every byte, so the buffer is not reused before that).
   int32_t Send(const uint8_t* p, size_t n, std::string* why) {
+    if (recv_ >= kUring) {
+      send_p_ = p, send_left_ = n;
+      return PushSend() ? kOk : Fail(kSysError, "io_uring_enter (send)", why);
+    }
     const uint64_t end = NowNs() + kWaitNs;
     for (uint32_t spins = 0; n > 0; ++spins) {
       const ssize_t k = send(fd_, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -169,6 +304,12 @@ class Conn {
     return kOk;
   }
   int32_t Recv(uint8_t* p, size_t n, std::string* why) {
+    if (recv_ >= kUring) {
+      if (!ring_.Push(IORING_OP_RECV, fd_, p, uint32_t(n), 0, kRecvTag)) {
+        return Fail(kSysError, "io_uring_enter (recv)", why);
+      }
+      return Drain(p, n, why);
+    }
     const uint64_t end = NowNs() + kWaitNs;
     epoll_event evs[4];
     for (uint32_t spins = 0; n > 0; ++spins) {
@@ -191,13 +332,51 @@ class Conn {
   }
 
  private:
+  static constexpr uint64_t kSendTag = 1, kRecvTag = 2;
   static int32_t Fail(int32_t err, const char* what, std::string* why, bool with_errno = true) {
     *why = std::string(what) + (err == kTimeout ? ": no progress for 10 s"
                                 : with_errno    ? std::string(": ") + strerror(errno)
                                                 : "");
     return err;
   }
+  bool PushSend() {
+    return ring_.Push(IORING_OP_SEND, fd_, const_cast<uint8_t*>(send_p_), uint32_t(send_left_),
+                      MSG_NOSIGNAL, kSendTag);
+  }
+  // Spins on the ring's completions until the queued send (if any) and the receive of n bytes
+  // into p (if n) are done; a partial transfer is queued again for its rest.
+  int32_t Drain(uint8_t* p, size_t n, std::string* why) {
+    const uint64_t end = NowNs() + kWaitNs;
+    io_uring_cqe c;
+    for (uint32_t spins = 0; n > 0 || send_left_ > 0; ++spins) {
+      if (ring_.Reap(&c)) {
+        const bool is_send = c.user_data == kSendTag;
+        if (c.res < 0 || (c.res == 0 && !is_send)) {
+          errno = -c.res;
+          const int32_t err =
+              c.res == 0 || errno == EPIPE || errno == ECONNRESET ? kPeerClosed : kSysError;
+          return Fail(err, is_send ? "io_uring send" : "io_uring recv: connection closed", why,
+                      c.res != 0);
+        }
+        if (is_send) {
+          send_p_ += c.res, send_left_ -= size_t(c.res);
+          if (send_left_ > 0 && !PushSend()) return Fail(kSysError, "io_uring_enter (send)", why);
+        } else {
+          p += c.res, n -= size_t(c.res);
+          if (n > 0 && !ring_.Push(IORING_OP_RECV, fd_, p, uint32_t(n), 0, kRecvTag)) {
+            return Fail(kSysError, "io_uring_enter (recv)", why);
+          }
+        }
+      } else if ((spins & 255) == 255 && NowNs() > end) {
+        return Fail(kTimeout, n > 0 ? "io_uring recv" : "io_uring send", why);
+      }
+    }
+    return kOk;
+  }
   int fd_, ep_ = -1, recv_ = kSpin;
+  Ring ring_;
+  const uint8_t* send_p_ = nullptr;
+  size_t send_left_ = 0;
 };
 
 void TuneSocket(int fd) {
@@ -259,7 +438,11 @@ int ServerMain(Shared* sh, const char* ip) {
       me->err = kOk;
       const std::vector<uint8_t> want = Payload(n, v);
       std::vector<uint8_t> buf(n);
-      if (int32_t e = c.Use(v, &why)) return SetMsg(me, e, why), 1;
+      if (int32_t e = c.Use(v, &why)) {
+        SetMsg(me, e, why);
+        if (e == kNoUring) continue;  // both ends skip the block: the same kernel refused them
+        return 1;
+      }
       for (uint64_t seq = 0;; ++seq) {
         if (int32_t e = c.Recv(buf.data(), n, &why)) return SetMsg(me, e, why), 1;
         const uint64_t w = Word0(buf.data()) ^ Word0(want.data());
@@ -274,6 +457,7 @@ int ServerMain(Shared* sh, const char* ip) {
         if (int32_t e = c.Send(buf.data(), n, &why)) return SetMsg(me, e, why), 1;
         if (last) break;
       }
+      if (int32_t e = c.Flush(&why)) return SetMsg(me, e, why), 1;  // before buf goes
     }
   }
   return 0;
@@ -311,7 +495,11 @@ int ClientMain(Shared* sh, const Opts& o, const char* ip) {
       const std::vector<uint8_t> base = Payload(n, v);
       std::vector<uint8_t> msg = base, echo(n);
       b->client.err = kOk;
-      if (int32_t e = c.Use(v, &why)) return SetMsg(&b->client, e, why), 1;
+      if (int32_t e = c.Use(v, &why)) {
+        SetMsg(&b->client, e, why);
+        if (e == kNoUring) continue;
+        return 1;
+      }
       const uint64_t total = uint64_t(o.warmup + o.iters), start = NowNs();
       for (uint64_t seq = 0;; ++seq) {
         const bool last = seq + 1 == total || NowNs() - start > kBudgetNs;
@@ -515,13 +703,16 @@ void RunPlacement(const char* name, bool netns, const Opts& o, std::vector<Resul
       const double* smp = sh->samples + (size_t(v) * kNumSizes + size_t(s)) * size_t(o.iters);
       r = Summarize(r, std::vector<double>(smp, smp + b.timed));
       r.ok = b.client.err == kOk && b.server.err == kOk && b.timed >= kMinSamples;
+      r.skipped = b.client.err == kNoUring || b.server.err == kNoUring;
       r.note = "round_trips=" + std::to_string(b.round_trips) + " client=" + ErrName(b.client.err) +
                " server=" + ErrName(b.server.err);
       if (b.truncated) r.note += " budget_truncated";
       for (const Side* side : {&b.client, &b.server}) {
         if (side->err != kOk && side->msg[0]) r.note += std::string(" (") + side->msg + ")";
       }
-      if (!r.ok) r.note += setup + ends;
+      if (r.skipped)
+        r.note = std::string("not run: ") + (b.client.msg[0] ? b.client.msg : b.server.msg);
+      if (!r.ok && !r.skipped) r.note += setup + ends;
       out.push_back(r);
     }
   }
