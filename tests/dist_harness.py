@@ -86,8 +86,9 @@ class RankOutcome:
     destroy_status: str = "not-run"  # "ok", "error", "not-run", "hung", "skipped" (destroy=False)
     destroy_message: Optional[str] = None
     kill_requested: bool = False
-    # the rank's Python stacks when the job timed out (it was asked for them before the kill)
-    stack_at_timeout: Optional[str] = None
+    # the Python stacks of a rank that had not reported when the parent killed it (at the job's
+    # timeout, or after another rank's error): it was asked for them before the kill
+    stack_at_kill: Optional[str] = None
     # seconds from the parent's start of the job to when the parent saw the rank's pipe close
     # (after its teardown) and saw the process exit by itself (None: it did not, or not seen)
     closed_at_s: Optional[float] = None
@@ -108,9 +109,9 @@ class RankOutcome:
                 head += "\n" + _indent(self.traceback)
         elif self.status in ("died", "killed", "timeout"):
             head += f" (exitcode {self.exitcode})"
-            if self.stack_at_timeout:
-                lines = self.stack_at_timeout.splitlines()
-                head += "\n  its stacks at the timeout (last 40 lines):\n" + _indent("\n".join(lines[-40:]))
+            if self.stack_at_kill:
+                lines = self.stack_at_kill.splitlines()
+                head += "\n  its stacks when killed (last 40 lines):\n" + _indent("\n".join(lines[-40:]))
         if self.destroy_status not in ("ok", "not-run"):
             head += f"\n  destroy_process_group: {self.destroy_status} {self.destroy_message or ''}"
         return head
@@ -638,8 +639,8 @@ def _run(
             o = outcomes[r]
             note_exit(r)  # exited by itself before this point
             if p.is_alive():
-                if o.status == "pending" and timed_out:
-                    o.stack_at_timeout = _collect_stack(p)
+                if o.status == "pending":  # where it was: hung, or still at work
+                    o.stack_at_kill = _collect_stack(p)
                 _kill(p)
                 if o.status == "pending":
                     o.status = "timeout" if timed_out else "killed"

@@ -117,7 +117,15 @@ def run_modes(rank, ws, job: dict, hooks: Hooks) -> dict:
             _restore_env(saved)
         # Every rank leaves the mode before any starts the next, also after an error that
         # some ranks saw only at the group timeout: a failure stays in its mode's items.
-        _store_barrier(f"opmix/done/{mode_id}", rank, ws, 3 * job["timeout_s"] + 60)
+        try:
+            _store_barrier(f"opmix/done/{mode_id}", rank, ws, 3 * job["timeout_s"] + 60)
+        except Exception as e:  # noqa: BLE001  (a rank that never left the mode)
+            # What this rank saw of the mode, which is otherwise lost with its result.
+            seen = [f"seed {k.split('/', 1)[1]}: {v.get('fatal') or (v.get('problems') or [])[:3]}"
+                    for k, v in out.items() if k.startswith(f"{mode_id}/") and isinstance(v, dict)
+                    and (v.get("fatal") or v.get("problems"))]
+            raise RuntimeError(f"mode {mode_id}: a rank did not leave the mode ({e}); on rank "
+                               f"{rank}: " + ("; ".join(seen) or "no failure")) from e
     return out
 
 
