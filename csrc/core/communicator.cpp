@@ -419,10 +419,14 @@ bool Communicator::proxyPoll() {
   // is then unusable, and its ops fail with the reason instead of the process terminating.
   try {
     if (!passes_closed_) moved = proxyPass();
-  } catch (const CommError& e) {
+  } catch (const std::exception& e) {
+    // CommError, or anything else a pass throws: thrown on, it would leave pass_lock_ set and
+    // no pass would run again.
     if (!transport_failed_) RLOG_ERROR("%s", e.what());
     transport_failed_ = true;  // the transport stays failed: stop polling it
-    engine_->poison(e.what());
+    engine_->poison(dynamic_cast<const CommError*>(&e) != nullptr
+                        ? std::string(e.what())
+                        : std::string("resident: internal error in a proxy pass: ") + e.what());
   }
   pass_lock_.clear(std::memory_order_release);
   return moved;

@@ -13,6 +13,8 @@ namespace resident {
 namespace {
 
 constexpr uint64_t kLivenessPeriodNs = 2ull * 1000 * 1000;
+// How long past an op's deadline a waiter gives the progress passes to fail it (Engine::wait).
+constexpr uint64_t kStuckGraceNs = 5ull * 1000 * 1000 * 1000;
 constexpr int kTriggerTypeShift = 40;
 constexpr int kTriggerRingShift = 32;
 
@@ -215,6 +217,7 @@ void Engine::wait(OpHandle h, uint64_t timeout_ns) {
   Op& op = *h.op;
   Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
   const uint64_t deadline = timeout_ns ? nowNs() + timeout_ns : 0;
+  uint64_t locked_ns = nowNs();  // when this thread last ran a progress pass
   struct WaiterCount {
     std::atomic<int>& n;
     explicit WaiterCount(std::atomic<int>& c) : n(c) { n.fetch_add(1); }
@@ -227,15 +230,38 @@ void Engine::wait(OpHandle h, uint64_t timeout_ns) {
       if (op.error_kind == ErrorKind::kTimeout) throw TimeoutError(op.error);
       throw CommError(op.error);
     }
-    bool moved = tryProgress();
-    if (assist_ != nullptr && assist_(assist_ctx_)) moved |= tryProgress();
+    if (st == OpState::kFree) {  // the handle's op was released: nothing would ever finish it
+      throw CommError("resident: wait() on an operation that was already released (rank " +
+                      std::to_string(rank_) + "); please report this");
+    }
+    bool ran = false;
+    bool moved = tryProgress(&ran);
+    if (assist_ != nullptr && assist_(assist_ctx_)) moved |= tryProgress(&ran);
     if (moved)
       backoff.reset();
     else
       backoff.pause();
-    if (deadline != 0 && nowNs() > deadline) {
+    if (moved && deadline == 0) continue;  // the clock is read only while an op is stuck
+    const uint64_t now = nowNs();
+    if (ran) locked_ns = now;
+    if (deadline != 0 && now > deadline) {
       throw TimeoutError("resident: wait() timed out after " +
                          std::to_string(timeout_ns / 1000000) + " ms on " + op.describe());
+    }
+    // A progress pass fails an op stuck past its deadline (checkDeadline). One still in flight
+    // well past it means no pass could: say so rather than wait on (the group's timeout holds
+    // for wait() without one too).
+    if (!moved && now > op.deadline_ns + kStuckGraceNs &&
+        op.state.load(std::memory_order_acquire) == OpState::kActive) {
+      throw TimeoutError(
+          "resident: " + op.describe() + " on rank " + std::to_string(rank_) + " is still in " +
+          "flight " + std::to_string((now - op.deadline_ns) / 1000000) +
+          " ms past the group's timeout, and no progress pass failed it: this thread " +
+          (now - locked_ns > kStuckGraceNs
+               ? "could not take the group's engine for the last " +
+                     std::to_string((now - locked_ns) / 1000000) + " ms (held by another thread)"
+               : "ran progress passes") +
+          "; please report this with RESIDENT_DEBUG=INFO output");
     }
   }
 }
@@ -267,8 +293,9 @@ void Engine::setCompletionCallback(OpHandle h, void (*fn)(void*), void* ctx) {
   }
 }
 
-bool Engine::tryProgress() {
+bool Engine::tryProgress(bool* ran) {
   if (!tryLock()) return false;
+  if (ran != nullptr) *ran = true;
   const bool moved = progressLocked();
   unlock();
   runCallbacks();
@@ -354,6 +381,12 @@ bool Engine::progressLocked() {
     const ErrorKind kind =
         dynamic_cast<const TimeoutError*>(&e) != nullptr ? ErrorKind::kTimeout : ErrorKind::kComm;
     failAllLocked(e.what(), kind);
+    return true;
+  } catch (const std::exception& e) {
+    // Anything else (an allocation that failed) as well: thrown on, it would leave the engine
+    // locked, and every waiter would spin without ever reaching its deadline check.
+    failAllLocked(std::string("resident: internal error while moving operations: ") + e.what(),
+                  ErrorKind::kComm);
     return true;
   }
   // Drop finished ops, keeping submission order.

@@ -62,8 +62,9 @@ class Engine {
   // Called once (from the engine's driver) when the op finishes; used for futures.
   void setCompletionCallback(OpHandle h, void (*fn)(void*), void* ctx);
 
-  // One progress pass if nobody else is driving; returns true if anything moved.
-  bool tryProgress();
+  // One progress pass if nobody else is driving; returns true if anything moved. `ran`: set
+  // when this call did run the pass.
+  bool tryProgress(bool* ran = nullptr);
   bool hasActive() const { return active_count_.load(std::memory_order_acquire) > 0; }
   bool hasWaiters() const { return waiters_.load(std::memory_order_acquire) > 0; }
   // The proxy side of a trigger.

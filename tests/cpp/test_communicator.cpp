@@ -263,6 +263,65 @@ int main() {
     peer.join();
     CHECK(err.find("rank 1") != std::string::npos);
   }
+  // A waiter that cannot run a progress pass (another thread holds the engine: here a begun op
+  // never committed) still gives up past the group's timeout, saying so, instead of spinning.
+  {
+    MemoryStore store;
+    std::string err;
+    std::thread peer([&] {
+      Communicator comm(store, 1, 2, cfg, 300);
+      std::this_thread::sleep_for(std::chrono::milliseconds(7000));
+    });
+    {
+      Communicator comm(store, 0, 2, cfg, 300);
+      float x = 1, y = 0;
+      auto h = comm.allReduce(&x, &y, 1, DType::kFloat32, RedOp::kSum);
+      std::mutex mu;
+      std::condition_variable cv;
+      bool held = false, done = false;
+      std::thread holder([&] {
+        Op* op = comm.engine().begin();  // returns with the engine locked
+        {
+          std::unique_lock<std::mutex> g(mu);
+          held = true;
+          cv.notify_all();
+          cv.wait(g, [&] { return done; });
+        }
+        comm.engine().abandon(op);  // unlocks
+      });
+      {
+        std::unique_lock<std::mutex> g(mu);
+        cv.wait(g, [&] { return held; });
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        comm.engine().wait(h);
+      } catch (const TimeoutError& e) {
+        err = e.what();
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      {
+        std::lock_guard<std::mutex> g(mu);
+        done = true;
+        cv.notify_all();
+      }
+      holder.join();
+      CHECK(s < 6.5);
+    }
+    peer.join();
+    CHECK(err.find("past the group's timeout") != std::string::npos);
+    CHECK(err.find("could not take the group's engine") != std::string::npos);
+  }
+  // A handle whose op was released is an error, not a wait without end.
+  {
+    MemoryStore store;
+    Communicator comm(store, 0, 1, cfg, 300);
+    float x = 1, y = 0;
+    auto h = comm.allReduce(&x, &y, 1, DType::kFloat32, RedOp::kSum);
+    comm.engine().wait(h);
+    comm.engine().release(h);
+    CHECK_THROWS(comm.engine().wait(h));
+  }
   CHECK_THROWS(Config::fromEnvironment({{"path", "sideways"}}));
   std::puts("test_communicator: ok");
   return 0;
