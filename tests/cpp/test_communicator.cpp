@@ -203,6 +203,23 @@ void testAnySourceAndMonitoredBarrier(const Config& cfg, int n) {
   });
 }
 
+// Rank 0 of a group of 2 whose rank 1 joins and then only sleeps for `silent_ms`; `body` gets
+// rank 0's communicator and a 1-float all_reduce it started (the group's timeout: 300 ms).
+void withSilentPeer(const Config& cfg, int silent_ms,
+                    const std::function<void(Communicator&, OpHandle)>& body) {
+  MemoryStore store;
+  std::thread peer([&] {
+    Communicator comm(store, 1, 2, cfg, 300);
+    std::this_thread::sleep_for(std::chrono::milliseconds(silent_ms));
+  });
+  {
+    Communicator comm(store, 0, 2, cfg, 300);
+    float x = 1, y = 0;
+    body(comm, comm.allReduce(&x, &y, 1, DType::kFloat32, RedOp::kSum));
+  }
+  peer.join();
+}
+
 int main() {
   Config cfg = Config::fromEnvironment();
   cfg.slot_bytes = 16384;  // small slots: exercise chunking and ring wrap-around
@@ -243,39 +260,22 @@ int main() {
 
   // A peer that never calls: the op times out naming it.
   {
-    MemoryStore store;
     std::string err;
-    std::thread peer([&] {
-      Communicator comm(store, 1, 2, cfg, 300);
-      std::this_thread::sleep_for(std::chrono::milliseconds(800));
-    });
-    {
-      Communicator comm(store, 0, 2, cfg, 300);
-      float x = 1, y = 0;
-      auto h = comm.allReduce(&x, &y, 1, DType::kFloat32, RedOp::kSum);
+    withSilentPeer(cfg, 800, [&](Communicator& comm, OpHandle h) {
       try {
         comm.engine().wait(h);
       } catch (const TimeoutError& e) {
         err = e.what();
       }
       CHECK_THROWS(comm.barrier());  // the group is unusable after the timeout
-    }
-    peer.join();
+    });
     CHECK(err.find("rank 1") != std::string::npos);
   }
   // A waiter that cannot run a progress pass (another thread holds the engine: here a begun op
   // never committed) still gives up past the group's timeout, saying so, instead of spinning.
   {
-    MemoryStore store;
     std::string err;
-    std::thread peer([&] {
-      Communicator comm(store, 1, 2, cfg, 300);
-      std::this_thread::sleep_for(std::chrono::milliseconds(7000));
-    });
-    {
-      Communicator comm(store, 0, 2, cfg, 300);
-      float x = 1, y = 0;
-      auto h = comm.allReduce(&x, &y, 1, DType::kFloat32, RedOp::kSum);
+    withSilentPeer(cfg, 7000, [&](Communicator& comm, OpHandle h) {
       std::mutex mu;
       std::condition_variable cv;
       bool held = false, done = false;
@@ -307,8 +307,7 @@ int main() {
       }
       holder.join();
       CHECK(s < 6.5);
-    }
-    peer.join();
+    });
     CHECK(err.find("past the group's timeout") != std::string::npos);
     CHECK(err.find("could not take the group's engine") != std::string::npos);
   }
