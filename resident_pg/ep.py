@@ -116,7 +116,10 @@ def all_to_all_device_splits(output: torch.Tensor, input: torch.Tensor,
                                             counts_out)
     if async_op:
         return work
-    work.wait()  # CPU: done on return; CUDA: already ordered on the current stream
+    # A synchronous call returns no Work (done on return on the CPU; ordered on the current
+    # stream on CUDA), as torch's synchronous collectives expect of a backend.
+    if work is not None:
+        work.wait()
     return None
 
 
@@ -212,8 +215,10 @@ class Buffer:
 
     def _exchange(self, output, input, send_rows, recv_rows, counts_out=False):
         # all_to_all_device_splits on the Buffer's own tensors, without its per-call lookup
-        self._resident.all_to_all_device_splits(output, input, send_rows, recv_rows, False,
-                                                counts_out).wait()
+        work = self._resident.all_to_all_device_splits(output, input, send_rows, recv_rows,
+                                                       False, counts_out)
+        if work is not None:  # none from a synchronous call (see all_to_all_device_splits)
+            work.wait()
 
     def _exchange_counts_with_rows(self, output, input, send_rows, recv_rows):
         self._exchange(output, input, send_rows, recv_rows, counts_out=True)

@@ -1,7 +1,8 @@
 """The c10d::Backend methods beyond the common collectives, on CPU tensors (docs/ops.md):
 all_gather_coalesced, gather_single, recv from any source (the sender comes back), and
-monitored_barrier (passing, and naming the ranks that did not arrive); plus the clear error of a
-method resident does not serve.
+monitored_barrier (passing, and naming the ranks that did not arrive); what a call with asyncOp
+off returns (no Work: synchronous_calls.py); plus the clear error of a method resident does not
+serve.
 
 All cases of one world size run in one spawned job (dist_harness.JobCache). Every rank
 regenerates every other rank's input from a seed, so results are checked bitwise against the
@@ -333,6 +334,13 @@ def _sparse(rank, ws):
             return [f"the error does not name the backend and the op: {str(e)[:300]!r}"], {}
         return [], {}
     return ["all_reduce of a sparse tensor did not raise"], {}
+
+
+@case("synchronous_calls[no-work-result-in-place]", identical=False)
+def _synchronous_calls(rank, ws):
+    from synchronous_calls import synchronous_call_problems
+
+    return synchronous_call_problems(rank, ws, lambda t: t, lambda t: t, lambda: None), {}
 
 
 def methods_job(rank, ws, ids):

@@ -1,6 +1,7 @@
 """The c10d::Backend methods beyond the common collectives on CUDA tensors (docs/ops.md):
 all_gather_coalesced and gather_single run on the device, checked bitwise against the inputs;
-a recv from any source into a CUDA tensor raises ValueError naming the reason. 2 ranks, both
+a recv from any source into a CUDA tensor raises ValueError naming the reason; a call with asyncOp
+off returns no Work, its result ordered on the current stream (synchronous_calls.py). 2 ranks, both
 paths. In the dry run (RESIDENT_GPU_TESTS_DEVICE=cpu, see cuda_harness.py) the same bodies run
 on CPU tensors, where the any-source recv is served."""
 
@@ -18,7 +19,7 @@ from dist_harness import compare_exact, make_input
 pytestmark = C.module_marks()
 
 WS = 2
-ITEMS = ("all_gather_coalesced", "gather_single", "recv_any_source")
+ITEMS = ("all_gather_coalesced", "gather_single", "recv_any_source", "synchronous_calls")
 
 
 def _all_gather_coalesced(rank, ws):
@@ -85,10 +86,23 @@ def _recv_any_source(rank, ws):
     return errs
 
 
+def _synchronous_calls(rank, ws):
+    from synchronous_calls import synchronous_call_problems
+
+    def sync():
+        if C.ON_GPU:
+            import torch
+
+            torch.cuda.synchronize()
+
+    return synchronous_call_problems(rank, ws, dev, host, sync)
+
+
 def methods_job(rank, ws):
     C.setup_rank(rank, ws)
     out = {}
-    for item, fn in zip(ITEMS, (_all_gather_coalesced, _gather_single, _recv_any_source)):
+    for item, fn in zip(ITEMS, (_all_gather_coalesced, _gather_single, _recv_any_source,
+                                  _synchronous_calls)):
         try:
             out[item] = fn(rank, ws)
         except Exception as e:  # noqa: BLE001

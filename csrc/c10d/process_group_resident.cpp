@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "c10d/store_bootstrap.hpp"
+#include "c10d/synchronous_call.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -283,14 +284,19 @@ c10::intrusive_ptr<WorkResident> ProcessGroupResident::makeWork(
                                            std::move(keep_alive));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupResident::submit(c10::intrusive_ptr<WorkResident> work) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::submit(c10::intrusive_ptr<WorkResident> work,
+                                                            bool async_op) {
   // Drop works whose ops finished; keep the new one until its ops have.
   inflight_.erase(
       std::remove_if(inflight_.begin(), inflight_.end(),
                      [](const c10::intrusive_ptr<WorkResident>& w) { return w->isCompleted(); }),
       inflight_.end());
-  inflight_.push_back(work);
   if (!c10d::isP2POp(work->retrieveOpType())) ++seq_;
+  if (synchronousCall(async_op)) {
+    work->wait();  // done (or failed, thrown from here) on return, as torch's caller expects
+    return {};
+  }
+  inflight_.push_back(work);
   return work;
 }
 
@@ -313,7 +319,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce(std::vector<at::T
     work->addOp(comm_->allReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op));
     return 0;
   });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce_coalesced(
@@ -343,7 +349,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce_coalesced(
     }
     return 0;
   });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::broadcast(std::vector<at::Tensor>& tensors,
@@ -363,7 +369,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::broadcast(std::vector<at::T
     work->addOp(comm_->broadcast(t.data_ptr(), nbytes(t), static_cast<int>(opts.rootRank)));
     return 0;
   });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce(std::vector<at::Tensor>& tensors,
@@ -384,7 +390,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce(std::vector<at::Tens
                               static_cast<int>(opts.rootRank)));
     return 0;
   });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather(
@@ -413,7 +419,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather(
     work->addOp(comm_->allGather(in.data_ptr(), outs.data(), nbytes(in)));
     return 0;
   });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 void ProcessGroupResident::checkAllGatherBase(const at::Tensor& output, const at::Tensor& input) {
@@ -467,7 +473,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_allgather_base(
   auto work =
       makeWork(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor", {output}, {input});
   addAllGatherBase(*work, output, input);
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_into_tensor_coalesced(
@@ -482,7 +488,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_into_tensor_coale
   auto work = makeWork(c10d::OpType::COALESCED, "resident:all_gather_into_tensor_coalesced",
                        outputs, inputs);
   for (const auto i : c10::irange(inputs.size())) addAllGatherBase(*work, outputs[i], inputs[i]);
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 // outputs[r][i] receives rank r's inputs[i]; each input is gathered as its own op (dtypes and
@@ -530,7 +536,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_coalesced(
       work->addOp(comm_->allGather(inputs[i].data_ptr(), outs[i].data(), nbytes(inputs[i])));
     return 0;
   });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 // The root's output holds every rank's input one after another (torch's gather_single).
@@ -561,7 +567,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::gather_into_tensor(
     work->addOp(comm_->gather(input.data_ptr(), outs.data(), nbytes(input), root));
     return 0;
   });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::gather(
@@ -598,7 +604,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::gather(
     work->addOp(comm_->gather(in.data_ptr(), outs.data(), nbytes(in), root));
     return 0;
   });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::scatter(
@@ -632,7 +638,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::scatter(
     work->addOp(comm_->scatter(ins.data(), out.data_ptr(), nbytes(out), root));
     return 0;
   });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 void ProcessGroupResident::checkReduceScatterBase(const at::Tensor& output,
@@ -688,7 +694,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_reduce_scatter_base(
   auto work = makeWork(c10d::OpType::_REDUCE_SCATTER_BASE, "resident:reduce_scatter_tensor",
                        {output}, {input});
   addReduceScatterBase(*work, output, input, opts.reduceOp);
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter_tensor_coalesced(
@@ -704,7 +710,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter_tensor_coale
                        inputs);
   for (const auto i : c10::irange(inputs.size()))
     addReduceScatterBase(*work, outputs[i], inputs[i], opts.reduceOp);
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter(
@@ -735,7 +741,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter(
     work->addOp(comm_->reduceScatterV(ins.data(), out.data_ptr(), out.numel(), dt, rop));
     return 0;
   });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
@@ -798,19 +804,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
                   });
   }
   return submitAllToAll(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_single", {output},
-                        {input}, ins.data(), in_bytes.data(), outs.data(), out_bytes.data());
+                        {input}, ins.data(), in_bytes.data(), outs.data(), out_bytes.data(),
+                        opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::submitAllToAll(
     c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
     std::vector<at::Tensor> inputs, const void* const* ins, const size_t* in_bytes,
-    void* const* outs, const size_t* out_bytes) {
+    void* const* outs, const size_t* out_bytes, bool async_op) {
   auto work = makeWork(type, title, std::move(outputs), std::move(inputs));
   translateErrors([&] {
     work->addOp(comm_->allToAll(ins, in_bytes, outs, out_bytes));
     return 0;
   });
-  return submit(work);
+  return submit(work, async_op);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(std::vector<at::Tensor>& outputs,
@@ -839,7 +846,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(std::vector<at::Te
                   });
   }
   return submitAllToAll(c10d::OpType::ALLTOALL, "resident:all_to_all", outputs, inputs, ins.data(),
-                        in_bytes.data(), outs.data(), out_bytes.data());
+                        in_bytes.data(), outs.data(), out_bytes.data(), opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allToAllDeviceSplits(
@@ -914,7 +921,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allToAllDeviceSplits(
     out_bytes.push_back(rowsOf(p == rank_ ? send_rows : recv_rows, p) * row_bytes);
   }
   return submitAllToAll(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_device_splits", {output},
-                        {input}, ins.data(), in_bytes.data(), outs.data(), out_bytes.data());
+                        {input}, ins.data(), in_bytes.data(), outs.data(), out_bytes.data(),
+                        async_op);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor>& tensors, int dst,
@@ -932,7 +940,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor
     work->addOp(comm_->send(t.data_ptr(), nbytes(t), dst, static_cast<uint64_t>(tag)));
     return 0;
   });
-  return submit(work);
+  return submit(work, true);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recv(std::vector<at::Tensor>& tensors, int src,
@@ -950,7 +958,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recv(std::vector<at::Tensor
     work->addOp(comm_->recv(t.data_ptr(), nbytes(t), src, static_cast<uint64_t>(tag)));
     return 0;
   });
-  return submit(work);
+  return submit(work, true);
 }
 
 // The engine matches the oldest message with this tag from whichever peer; the Work's
@@ -969,18 +977,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recvAnysource(std::vector<a
     work->addOp(comm_->recvAnySource(t.data_ptr(), nbytes(t), static_cast<uint64_t>(tag)));
     return 0;
   });
-  return submit(work);
+  return submit(work, true);
 }
 
 // A barrier is a host-level synchronisation (torch hands non-NCCL backends a CPU tensor):
 // it always takes the CPU path, also in groups that move CUDA tensors.
-c10::intrusive_ptr<c10d::Work> ProcessGroupResident::barrier(const c10d::BarrierOptions& /*opts*/) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::barrier(const c10d::BarrierOptions& opts) {
   auto work = makeWork(c10d::OpType::BARRIER, "resident:barrier", {}, {});
   translateErrors([&] {
     work->addOp(comm_->barrier());
     return 0;
   });
-  return submit(work);
+  return submit(work, opts.asyncOp);
 }
 
 // Host-side like barrier(); blocking, as torch's monitored_barrier is.

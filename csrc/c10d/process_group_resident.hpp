@@ -120,13 +120,16 @@ class ProcessGroupResident : public c10d::Backend {
   c10::intrusive_ptr<WorkResident> makeWork(c10d::OpType type, const char* title,
                                             std::vector<at::Tensor> outputs,
                                             std::vector<at::Tensor> keep_alive);
-  c10::intrusive_ptr<c10d::Work> submit(c10::intrusive_ptr<WorkResident> work);
+  // The Work of a CPU op; with async_op off (torch's synchronous calls) the op is waited for
+  // here and no Work is returned: torch then skips its wait() (synchronous_call.hpp).
+  c10::intrusive_ptr<c10d::Work> submit(c10::intrusive_ptr<WorkResident> work, bool async_op);
   // A CPU all_to_all of per-peer regions (Communicator::allToAll) as a submitted Work.
   c10::intrusive_ptr<c10d::Work> submitAllToAll(c10d::OpType type, const char* title,
                                                 std::vector<at::Tensor> outputs,
                                                 std::vector<at::Tensor> inputs,
                                                 const void* const* ins, const size_t* in_bytes,
-                                                void* const* outs, const size_t* out_bytes);
+                                                void* const* outs, const size_t* out_bytes,
+                                                bool async_op);
   void checkAllGatherBase(const at::Tensor& output, const at::Tensor& input);
   void checkReduceScatterBase(const at::Tensor& output, const at::Tensor& input);
   c10::intrusive_ptr<c10d::Work> allGatherBaseCuda(c10d::OpType type, const char* title,

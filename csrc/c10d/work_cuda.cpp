@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "c10d/synchronous_call.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/pending_flusher.hpp"
@@ -511,6 +512,7 @@ c10::intrusive_ptr<c10d::Work> CudaPath::collective(
     // In a graph: the kernel becomes a node on the capturing stream; nothing else.
     launch(*gpu_, current);
     record.end();
+    if (synchronousCall(async_op)) return {};
     return c10::make_intrusive<WorkCuda>(gpu_, streams_, rank_, type, OpRecord(), outputs, device,
                                          nullptr);
   }
@@ -544,6 +546,7 @@ c10::intrusive_ptr<c10d::Work> CudaPath::collective(
         c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), used);
   }
   record.end();
+  if (synchronousCall(async_op)) return {};  // on the caller's stream: nothing to wait for
   return c10::make_intrusive<WorkCuda>(gpu_, streams_, rank_, type, OpRecord(), outputs, device,
                                        end);
 }
