@@ -314,7 +314,7 @@ def direct_limit(handoff: dict) -> float:
 def direct_all_reduce(group, device, max_bytes=float("inf")):
     """``call(t)``: sums ``t`` in place over ``group`` through its resident backend's own
     ``allreduce`` with ``asyncOp`` off — one kernel on the current stream, ordered there like any
-    kernel, so its Work needs no ``wait()`` — for messages of at most ``max_bytes``; None where
+    kernel; the call returns no Work — for messages of at most ``max_bytes``; None where
     that does not hold (CPU tensors, whose ops complete on the host; a torch whose
     ``AllreduceOptions`` has no ``asyncOp``; a group whose backend is not resident; a hand-off
     that takes some of those messages), so that the caller decides once, not per op."""
