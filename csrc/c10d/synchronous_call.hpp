@@ -5,7 +5,8 @@
 // before the call returns. That spares the caller the Work's Python object and the wait()
 // binding with its GIL release and retake. Inside torch's
 // allow_inflight_collective_as_graph_input context torch registers the Work with the tensors,
-// so there one is returned.
+// so there one is returned. Reading that setting takes torch's registry lock (uncontended), as
+// torch's own ProcessGroup dispatch does for every op; an asyncOp call skips it.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

@@ -217,7 +217,7 @@ void Engine::wait(OpHandle h, uint64_t timeout_ns) {
   Op& op = *h.op;
   Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
   const uint64_t deadline = timeout_ns ? nowNs() + timeout_ns : 0;
-  uint64_t locked_ns = 0;  // when this thread last ran a progress pass (read once stuck)
+  uint64_t locked_ns = 0;  // first clock read since this thread last ran a progress pass
   struct WaiterCount {
     std::atomic<int>& n;
     explicit WaiterCount(std::atomic<int>& c) : n(c) { n.fetch_add(1); }
@@ -241,9 +241,10 @@ void Engine::wait(OpHandle h, uint64_t timeout_ns) {
       backoff.reset();
     else
       backoff.pause();
+    if (ran) locked_ns = 0;  // this thread had the engine: "since" restarts at the next read
     if (moved && deadline == 0) continue;  // the clock is read only while an op is stuck
     const uint64_t now = nowNs();
-    if (ran || locked_ns == 0) locked_ns = now;
+    if (locked_ns == 0) locked_ns = now;
     if (deadline != 0 && now > deadline) {
       throw TimeoutError("resident: wait() timed out after " +
                          std::to_string(timeout_ns / 1000000) + " ms on " + op.describe());
