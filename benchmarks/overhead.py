@@ -33,6 +33,8 @@ import torch.multiprocessing as mp
 BARE = "bare torch kernel t.add_(1)"
 BATCH = 200  # CUDA: calls issued back to back before one synchronize
 DIRECT = "vllm_plugin.direct_all_reduce (asyncOp off)"
+BARE_INFERENCE = "t.add_(1) under torch.inference_mode"
+INFERENCE = "dist.all_reduce under torch.inference_mode"
 
 
 def _rank(rank, world, port, backend, iters, device, queue):
@@ -55,7 +57,12 @@ def _rank(rank, world, port, backend, iters, device, queue):
         # Without wait(): stream-ordered, so the op runs all the same; the row shows what the
         # wait costs the host.
         calls = {BARE: lambda: t.add_(1), **calls,
-                 "Backend.allreduce() (no wait)": lambda: be.allreduce([t])}
+                 "Backend.allreduce() (no wait)": lambda: be.allreduce([t]),
+                 # Under torch.inference_mode (vLLM's model runs in it) the dispatcher skips
+                 # the autograd keys: the c10d op's boxed autograd fallback and add_'s autograd
+                 # kernel.
+                 BARE_INFERENCE: lambda: t.add_(1),
+                 INFERENCE: lambda: dist.all_reduce(t)}
         if backend == "resident":
             # What the vLLM plugin calls: the backend's own all_reduce with asyncOp off.
             from resident_pg.vllm_plugin import direct_all_reduce
@@ -65,25 +72,32 @@ def _rank(rank, world, port, backend, iters, device, queue):
     batch = BATCH if cuda else max(1, iters // 9)
     out = {}
     for name, fn in calls.items():
-        for _ in range(iters // 5):
+        # (the whole timing of a row runs in the mode: entering it per call would cost more)
+        with torch.inference_mode(name in (BARE_INFERENCE, INFERENCE)):
+            out[name] = _time_calls(fn, iters, batch, cuda, t)
+    queue.put((rank, out))
+    dist.destroy_process_group()
+
+
+def _time_calls(fn, iters, batch, cuda, t):
+    """Median µs per call over batches of `batch` calls (CUDA: then one synchronize)."""
+    for _ in range(iters // 5):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    samples = []
+    for _ in range(9 if not cuda else max(9, iters // BATCH)):
+        dist.barrier()
+        if cuda:
+            torch.cuda.synchronize()
+            t.zero_()
+        start = time.perf_counter()
+        for _ in range(batch):
             fn()
         if cuda:
             torch.cuda.synchronize()
-        samples = []
-        for _ in range(9 if not cuda else max(9, iters // BATCH)):
-            dist.barrier()
-            if cuda:
-                torch.cuda.synchronize()
-                t.zero_()
-            start = time.perf_counter()
-            for _ in range(batch):
-                fn()
-            if cuda:
-                torch.cuda.synchronize()
-            samples.append((time.perf_counter() - start) / batch * 1e6)
-        out[name] = statistics.median(samples)
-    queue.put((rank, out))
-    dist.destroy_process_group()
+        samples.append((time.perf_counter() - start) / batch * 1e6)
+    return statistics.median(samples)
 
 
 def _collect(queue, procs, backend):
@@ -154,6 +168,10 @@ def main():
             verdict = "PASS" if ratio <= 1.5 else "MISS"
             print(f"TARGET cuda eager all_reduce 8 B host time <= 1.5x a bare kernel launch: {verdict}"
                   f"  ({r['dist.all_reduce']:.2f} µs = {ratio:.2f}x {r[BARE]:.2f} µs)")
+            if INFERENCE in r:
+                print(f"under torch.inference_mode: dist.all_reduce {r[INFERENCE]:.2f} µs = "
+                      f"{r[INFERENCE] / r[BARE_INFERENCE]:.2f}x t.add_(1) there "
+                      f"({r[BARE_INFERENCE]:.2f} µs)")
             if DIRECT in r:
                 print(f"the vLLM plugin's all_reduce: {r[DIRECT]:.2f} µs = "
                       f"{r[DIRECT] / r[BARE]:.2f}x the bare kernel")

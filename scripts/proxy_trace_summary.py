@@ -48,7 +48,7 @@ def load(path):
 
 
 # Events counted per op but not part of its stages, and the op's field that counts them.
-COUNTED = {"credit": "credits", "sent": "sends", "received": "recvs"}
+COUNTED = {"credit": "credits", "sent": "sends", "received": "recvs", "readable": "readables"}
 
 
 def segment(events, gap_ns, per_op):
@@ -63,7 +63,7 @@ def segment(events, gap_ns, per_op):
             opens = pops % per_op == 0 if per_op else (last is None or e[0] - last > gap_ns)
             if opens or cur is None:
                 cur = {"first_pop": e[0], "last_pop": e[0], "end": e[0], "pops": 0, "posted": 0,
-                       "credits": 0, "sends": 0, "recvs": 0}
+                       "credits": 0, "sends": 0, "recvs": 0, "readables": 0}
                 ops.append(cur)
             cur["pops"] += 1
             cur["last_pop"] = e[0]

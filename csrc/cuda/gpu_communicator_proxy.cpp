@@ -232,6 +232,15 @@ bool GpuCommunicator::proxyPoll() {
                                                     : TraceEvent::kPopLines,
                      static_cast<int>(r.peer), r.bytes);
     if (r.peer < gpu::kMaxRanks) written_peers |= 1ull << r.peer;
+    if (r.kind == TriggerKind::kCopy && r.peer < gpu::kMaxRanks &&
+        ((region_.network_rule >> r.peer) & 1) != 0) {
+      // tcp's sendmsg copies this payload from the outbox with this core, and the GPU wrote
+      // it: not in the core's caches. Fetched as each part's trigger is popped, it is there by
+      // the time the op's last part is (docs/decisions.md, the tcp data path; an ib NIC reads
+      // it itself, and the fetch costs it only these instructions).
+      const unsigned char* src = outbox_host_ + r.local_offset;
+      for (uint64_t off = 0; off < r.bytes; off += 64) __builtin_prefetch(src + off);
+    }
     if (r.kind == TriggerKind::kFlag) {  // raised after the next post (flush)
       for (uint64_t off = 0; off + 16 <= r.bytes; off += kSimpleFlagStride) {
         if (nflags == 64) flush();

@@ -26,6 +26,7 @@ enum class TraceEvent : uint8_t {
   kCredit,    // a send/recv credit forwarded
   kSent,      // tcp: one sendmsg to the peer returned (bytes: what it took)
   kReceived,  // tcp: one recv from the peer returned (bytes: what it read)
+  kReadable,  // tcp: epoll_wait found the peer's socket readable (bytes: 0)
 };
 
 class ProxyTrace {
@@ -43,8 +44,8 @@ class ProxyTrace {
   // One line per event: time (ns), event name, peer, bytes; a header line says what was
   // dropped. False when the file cannot be written.
   bool writeTsv(const std::string& path) const {
-    static const char* const kNames[] = {"pop_lines", "pop_copy", "pop_flag", "posted",
-                                         "flags",     "credit",   "sent",     "received"};
+    static const char* const kNames[] = {"pop_lines", "pop_copy", "pop_flag", "posted",  "flags",
+                                         "credit",    "sent",     "received", "readable"};
     // stdio, not iostreams (see localHostKey): an ofstream here crashed both ranks with
     // SIGSEGV on the GPU machine (torch 2.11), the file left empty.
     FILE* f = std::fopen(path.c_str(), "w");

@@ -243,10 +243,12 @@ void TcpTransport::poll() {
   epoll_event evs[16];
   const int n = epoll_wait(epoll_.get(), evs, 16, 0);
   for (int i = 0; i < n; ++i) {
-    if (evs[i].data.u64 == kListenerTag)
+    if (evs[i].data.u64 == kListenerTag) {
       acceptNew(nowNs() + opts_.handshake_timeout_ns);
-    else
+    } else {
+      if (trace_) trace_->record(TraceEvent::kReadable, static_cast<int>(evs[i].data.u64), 0);
       receiveFrom(static_cast<int>(evs[i].data.u64));
+    }
   }
   for (size_t k = 0; k < pending_.size();) {
     if (servicePending(pending_[k], false))
