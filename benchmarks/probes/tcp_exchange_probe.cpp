@@ -10,8 +10,9 @@
 // (exit status 1 on a wrong one). CPU only: g++ -O2 -std=c++17 -o /tmp/tcp_exchange_probe
 // benchmarks/probes/tcp_exchange_probe.cpp
 //
-//   usage: tcp_exchange_probe [ITERS] [CPU_A CPU_B]   (default 20000; the last two CPUs, where
-//          the library pins the proxies of two ranks)
+//   usage: tcp_exchange_probe [ITERS] [CPU_A CPU_B] [--corrupt]   (default 20000; the last two
+//          CPUs, where the library pins the proxies of two ranks; --corrupt: the second rank
+//          sends one wrong number, which the first must notice: its test)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -77,31 +78,37 @@ struct Variant {
 
 struct Shared {  // between the two processes (mapped before the fork)
   volatile int failed;
-  volatile uint64_t ready[2];
 };
 
 // One side's exchanges: send `bytes` numbered `i`, take in the peer's, check its number.
 // Returns the wall time of the timed exchanges (ns), 0 on a wrong message.
 uint64_t exchanges(int send_fd, int recv_fd, size_t bytes, const Variant& v, bool second,
-                   int warmup, int iters) {
+                   int warmup, int iters, bool corrupt) {
   std::vector<unsigned char> out(bytes), in(bytes);
   uint64_t start = 0;
   for (int i = 0; i < warmup + iters; ++i) {
     if (i == warmup) start = nowNs();
     if (second && v.stagger_us > 0) spinNs(static_cast<uint64_t>(v.stagger_us * 1000));
     const auto tag = static_cast<uint64_t>(i) + 1;
-    std::memcpy(out.data(), &tag, std::min(bytes, sizeof(tag)));
+    const uint64_t sent_tag = corrupt && second && i == warmup + 5 ? tag + 1 : tag;
+    std::memcpy(out.data(), &sent_tag, std::min(bytes, sizeof(sent_tag)));
     size_t sent = 0, got = 0;
     while (sent < bytes || got < bytes) {
       if (sent < bytes) {
         const ssize_t k = send(send_fd, out.data() + sent, bytes - sent, MSG_DONTWAIT);
-        if (k > 0) sent += static_cast<size_t>(k);
-        else if (k < 0 && errno != EAGAIN && errno != EINTR) die("send");
+        if (k > 0) {
+          sent += static_cast<size_t>(k);
+        } else if (k < 0 && errno != EAGAIN && errno != EINTR) {
+          die("send");
+        }
       }
       if (got < bytes) {
         const ssize_t k = recv(recv_fd, in.data() + got, bytes - got, MSG_DONTWAIT);
-        if (k > 0) got += static_cast<size_t>(k);
-        else if (k == 0 || (errno != EAGAIN && errno != EINTR)) die("recv");
+        if (k > 0) {
+          got += static_cast<size_t>(k);
+        } else if (k == 0 || (errno != EAGAIN && errno != EINTR)) {
+          die("recv");
+        }
       }
     }
     uint64_t seen = 0;
@@ -122,10 +129,18 @@ void pin(int cpu) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int iters = argc > 1 ? std::max(100, std::atoi(argv[1])) : 20000;
+  std::vector<const char*> args;
+  bool corrupt = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--corrupt") == 0)
+      corrupt = true;
+    else
+      args.push_back(argv[i]);
+  }
+  const int iters = !args.empty() ? std::max(100, std::atoi(args[0])) : 20000;
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  const int cpu_a = argc > 3 ? std::atoi(argv[2]) : static_cast<int>(std::max(0L, cpus - 1));
-  const int cpu_b = argc > 3 ? std::atoi(argv[3]) : static_cast<int>(std::max(0L, cpus - 2));
+  const int cpu_a = args.size() > 2 ? std::atoi(args[1]) : static_cast<int>(std::max(0L, cpus - 1));
+  const int cpu_b = args.size() > 2 ? std::atoi(args[2]) : static_cast<int>(std::max(0L, cpus - 2));
   // The GPU stage from the proxy trace of the library's all_reduce on the H200 (read of the
   // peer's data -> the next op's trigger): ~3 us at 8 B, ~6.7 us at 64 KiB.
   struct Case {
@@ -133,8 +148,8 @@ int main(int argc, char** argv) {
     double stage_us;
   };
   const Case cases[] = {{8, 3.0}, {65536, 6.7}};
-  auto* sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
-                                       MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* sh = static_cast<Shared*>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   if (sh == MAP_FAILED) die("mmap");
   int status = 0;
   for (const Case& c : cases) {
@@ -157,19 +172,32 @@ int main(int argc, char** argv) {
         sh->failed = 0;
         const pid_t child = fork();
         if (child < 0) die("fork");
+        // Each process keeps only its own ends, so that one side's close ends the other's reads.
         if (child == 0) {
+          for (int fd : {a1, b2})
+            if (fd >= 0) close(fd);
           pin(cpu_b);
-          if (exchanges(b_send, b1, c.bytes, v, true, iters / 10, iters) == 0) sh->failed = 1;
+          if (exchanges(b_send, b1, c.bytes, v, true, iters / 10, iters, corrupt) == 0)
+            sh->failed = 1;
           _exit(0);
         }
+        for (int fd : {b1, a2})
+          if (fd >= 0) close(fd);
         pin(cpu_a);
-        const uint64_t ns = exchanges(a1, a_recv, c.bytes, v, false, iters / 10, iters);
+        const uint64_t ns = exchanges(a1, a_recv, c.bytes, v, false, iters / 10, iters, corrupt);
+        // Closed first: after a wrong message the peer, still exchanging, sees the connection
+        // end instead of waiting for this side's next message.
+        for (int fd : {a1, b2})
+          if (fd >= 0) close(fd);
         int child_status = 0;
         waitpid(child, &child_status, 0);
-        if (ns == 0 || sh->failed) status = 1;
+        if (ns == 0) {
+          std::printf("{\"error\": \"%s, %zu bytes: a message with a wrong number\"}\n", v.name,
+                      c.bytes);
+          return 1;
+        }
+        if (sh->failed) status = 1;
         periods.push_back(static_cast<double>(ns) / 1000.0 / iters);
-        for (int fd : {a1, b1, a2, b2})
-          if (fd >= 0) close(fd);
       }
       std::sort(periods.begin(), periods.end());
       std::printf(

@@ -1,0 +1,50 @@
+"""benchmarks/probes/tcp_exchange_probe.cpp: built with g++ (-Werror), run briefly. It prints one
+JSON line per variant and message size, each exchange's message checked by its number on the far
+side: every line ok, a positive period, and the stage stand-in where the variant has one; a
+wrong number (--corrupt) fails it at once, saying so. CPU only, no torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SRC = os.path.join(REPO, "benchmarks", "probes", "tcp_exchange_probe.cpp")
+VARIANTS = ["exchange", "exchange+stage", "exchange+stage, out of phase",
+            "exchange+stage, socket per direction"]
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        pytest.skip(f"no C++ compiler ({cxx})")
+    exe = str(tmp_path_factory.mktemp("tcp_exchange_probe") / "tcp_exchange_probe")
+    subprocess.run([cxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-o", exe, SRC],
+                   check=True, timeout=300)
+    return exe
+
+
+def test_probe_runs_and_checks_its_messages(program):
+    proc = subprocess.run([program, "200"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert [(r["bytes"], r["variant"]) for r in rows] == [
+        (b, v) for b in (8, 65536) for v in VARIANTS]
+    for r in rows:
+        assert r["ok"] is True and r["iters"] == 200, r
+        assert 0 < r["min_us"] <= r["period_us"] <= r["max_us"], r
+        assert (r["stage_us"] > 0) == (r["variant"] != "exchange"), r
+        # the spun stage is part of every exchange's period
+        assert r["period_us"] >= r["stage_us"], r
+
+
+def test_a_wrong_message_fails_the_probe(program):
+    proc = subprocess.run([program, "200", "--corrupt"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert '"error": "exchange, 8 bytes: a message with a wrong number"' in proc.stdout, proc.stdout
