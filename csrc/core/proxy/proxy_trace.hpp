@@ -1,9 +1,10 @@
 // An opt-in timeline of the proxy's CUDA work (RESIDENT_GPU_PROXY_TRACE): when each trigger was
 // popped, when each merged write was posted and when each pass's flags were raised (and, over
-// tcp, when each sendmsg and recv returned: a file of its own), on this host's monotonic clock, so
-// that two ranks' files line up. It answers where a proxied op's time goes between the GPUs' stages
-// and the proxy's (scripts/proxy_trace_summary.py). The table is allocated once when tracing is on;
-// recording never allocates, and events past its end are counted, not kept.
+// tcp, when each sendmsg and recv returned and when a peer's socket was found readable: a file of
+// its own), on this host's monotonic clock, so that two ranks' files line up. It answers where a
+// proxied op's time goes between the GPUs' stages and the proxy's (scripts/proxy_trace_summary.py).
+// The table is allocated once when tracing is on; recording never allocates, and events past its
+// end are counted, not kept.
 #pragma once
 
 #include <atomic>

@@ -38,8 +38,9 @@ struct TcpOptions {
   size_t out_buffer_bytes = size_t{1} << 20;       // per peer, allocated once
   uint64_t stall_timeout_ns = 30000000000ull;      // a peer that takes no data this long fails
   uint64_t handshake_timeout_ns = 10000000000ull;  // unauthenticated connections are dropped
-  // RESIDENT_GPU_PROXY_TRACE: a path prefix; each sendmsg and recv of the data path is recorded
-  // and written to <prefix>.rank<r>.<n>.tcp.tsv at shutdown. Empty: off.
+  // RESIDENT_GPU_PROXY_TRACE: a path prefix; each sendmsg and recv of the data path, and each
+  // time epoll_wait found a peer's socket readable, is recorded and written to
+  // <prefix>.rank<r>.<n>.tcp.tsv at shutdown. Empty: off.
   std::string trace_prefix;
 };
 
