@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 
 import pytest
+from cxx_build import build_cxx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(REPO, "benchmarks", "probes", "tcp_exchange_probe.cpp")
@@ -20,13 +20,7 @@ VARIANTS = ["exchange", "exchange+stage", "exchange+stage, out of phase",
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory):
-    cxx = os.environ.get("CXX", "g++")
-    if shutil.which(cxx) is None:
-        pytest.skip(f"no C++ compiler ({cxx})")
-    exe = str(tmp_path_factory.mktemp("tcp_exchange_probe") / "tcp_exchange_probe")
-    subprocess.run([cxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-o", exe, SRC],
-                   check=True, timeout=300)
-    return exe
+    return build_cxx(tmp_path_factory, SRC, "tcp_exchange_probe")
 
 
 def test_probe_runs_and_checks_its_messages(program):

@@ -16,6 +16,7 @@ import tempfile
 import time
 
 import pytest
+from cxx_build import build_cxx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(REPO, "benchmarks", "floors", "tcp_floor.cpp")
@@ -27,13 +28,7 @@ NETNS = ["resident_floor_a", "resident_floor_b"]
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory):
-    cxx = os.environ.get("CXX", "g++")
-    if shutil.which(cxx) is None:
-        pytest.skip(f"no C++ compiler ({cxx})")
-    exe = str(tmp_path_factory.mktemp("tcp_floor") / "tcp_floor")
-    subprocess.run([cxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-o", exe, SRC],
-                   check=True, timeout=300)
-    return exe
+    return build_cxx(tmp_path_factory, SRC, "tcp_floor")
 
 
 def _run(program, tmp_path, *args, timeout=240, **kw):
