@@ -12,6 +12,7 @@
 #include "core/log.hpp"
 #include "core/proxy/trigger_encoding.hpp"
 #include "core/proxy/write_batch.hpp"
+#include "core/transport/streaming_copy.hpp"
 #include "cuda/cuda_guards.hpp"
 #include "cuda/gpu_communicator.hpp"
 
@@ -231,15 +232,14 @@ bool GpuCommunicator::proxyPoll() {
                      : r.kind == TriggerKind::kCopy ? TraceEvent::kPopCopy
                                                     : TraceEvent::kPopLines,
                      static_cast<int>(r.peer), r.bytes);
-    if (r.peer < gpu::kMaxRanks) written_peers |= 1ull << r.peer;
-    if (r.kind == TriggerKind::kCopy && r.peer < gpu::kMaxRanks &&
-        ((region_.network_rule >> r.peer) & 1) != 0) {
+    const uint64_t peer_bit = r.peer < gpu::kMaxRanks ? 1ull << r.peer : 0;
+    written_peers |= peer_bit;
+    if (r.kind == TriggerKind::kCopy && (region_.network_rule & peer_bit) != 0) {
       // tcp's sendmsg copies this payload from the outbox with this core, and the GPU wrote
       // it: not in the core's caches. Fetched as each part's trigger is popped, it is there by
       // the time the op's last part is (docs/decisions.md, the tcp data path; an ib NIC reads
       // it itself, and the fetch costs it only these instructions).
-      const unsigned char* src = outbox_host_ + r.local_offset;
-      for (uint64_t off = 0; off < r.bytes; off += 64) __builtin_prefetch(src + off);
+      prefetchStart(outbox_host_ + r.local_offset, r.bytes, r.bytes);
     }
     if (r.kind == TriggerKind::kFlag) {  // raised after the next post (flush)
       for (uint64_t off = 0; off + 16 <= r.bytes; off += kSimpleFlagStride) {
@@ -249,8 +249,7 @@ bool GpuCommunicator::proxyPoll() {
       continue;
     }
     bool arrived = true;
-    if (r.kind == TriggerKind::kLines && r.peer < gpu::kMaxRanks &&
-        ((fused_peers_ >> r.peer) & 1) != 0) {
+    if (r.kind == TriggerKind::kLines && (fused_peers_ & peer_bit) != 0) {
       // The lines checked and copied in one pass, now. Marked
       // unflushed first: a flush inside the call (before a wait) fences what it copied so far.
       unflushed_lines = true;
