@@ -15,6 +15,6 @@ def build_cxx(tmp_path_factory, src, name):
     if shutil.which(cxx) is None:
         pytest.skip(f"no C++ compiler ({cxx})")
     exe = str(tmp_path_factory.mktemp(name) / name)
-    subprocess.run([cxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-o", exe, src],
+    subprocess.run([cxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", exe, src],
                    check=True, timeout=300)
     return exe
