@@ -13,7 +13,10 @@ which is wrong when the ranks run out of phase by more than an op's proxy stage.
                 long the proxy took to pop and check them)
   gpu stage     the peer proxy's end of op k -> this rank's first trigger of op k+1: the
                 peer data's read by this GPU, its reduction, the kernel's end, the next
-                kernel's start, its stores and the trigger's trip to the proxy
+                kernel's start, its stores and the trigger's trip to the proxy (over shm;
+                over tcp it also holds the network: the peer's end is before its send)
+  read to trigger  over tcp: this rank's last `received` of op k (the peer's data read into
+                the inbox) -> its first trigger of op k+1: the GPU stage of a tcp op
   period        first trigger of op k -> of op k+1
 Medians over the back-to-back ops (period under --max-period-us). Two ranks only.
 Credits (send/recv: the proxy forwards one when this rank's receive has consumed a slot) are
@@ -144,7 +147,9 @@ def main():
     for r in (0, 1):
         mine, peer = aligned[r], aligned[1 - r]
         peer_ends = sorted(o["end"] for o in ops[1 - r])
-        rows = {"period": [], "proxy_stage": [], "trigger_spread": [], "gpu_stage": []}
+        rows = {"period": [], "proxy_stage": [], "trigger_spread": [], "gpu_stage": [],
+                "read_to_trigger": []}
+        received = sorted(e[0] for e in ranks[r] if e[1] == "received")
         pops, posts, credits = [], [], []
         for k in range(n - 1):
             period = mine[k + 1]["first_pop"] - mine[k]["first_pop"]
@@ -159,6 +164,9 @@ def main():
                 i = bisect.bisect_left(peer_ends, mine[k + 1]["first_pop"]) - 1
                 if i >= 0:
                     rows["gpu_stage"].append(mine[k + 1]["first_pop"] - peer_ends[i])
+            j = bisect.bisect_left(received, mine[k + 1]["first_pop"]) - 1
+            if j >= 0 and received[j] > mine[k]["first_pop"]:
+                rows["read_to_trigger"].append(mine[k + 1]["first_pop"] - received[j])
             pops.append(mine[k]["pops"])
             posts.append(mine[k]["posted"])
             credits.append(mine[k]["credits"])

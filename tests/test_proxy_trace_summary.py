@@ -3,7 +3,9 @@ op, a rank pops its triggers (random spacing), posts after a copy time, and its 
 trigger comes a known GPU time after the peer proxy's end of the op; rank 1 runs a random
 offset behind. The medians it reports must be the ones built in; a lone rank is an error.
 Optionally each rank forwards a credit between its ops (as a send/recv ping-pong does, long
-after its own posts): it must be counted, not taken into the op's stages."""
+after its own posts): it must be counted, not taken into the op's stages; and optionally each
+rank has a tcp timeline whose last read of an op's data comes a known time before its next op:
+the read-to-trigger stage."""
 
 import json
 import os
@@ -15,8 +17,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "proxy_trace_summary.py")
 
 
-def write_timelines(prefix, rng, ops, per_op, spread_ns, copy_ns, gpu_ns, credit=False):
+def write_timelines(prefix, rng, ops, per_op, spread_ns, copy_ns, gpu_ns, credit=False,
+                    read_ns=0):
+    """read_ns: each rank also has a tcp timeline (<prefix>.rank<r>.0.tcp.tsv) whose last
+    `received` of an op comes read_ns before the rank's next op starts."""
     events = {0: [], 1: []}
+    tcp = {0: [], 1: []}
     offset = rng.randrange(0, 3000)
     start = {0: 1_000_000, 1: 1_000_000 + offset}
     for _ in range(ops):
@@ -36,11 +42,19 @@ def write_timelines(prefix, rng, ops, per_op, spread_ns, copy_ns, gpu_ns, credit
                 events[r].append((t + gpu_ns // 2, "credit", 1 - r, 8))
         # A rank's next op starts gpu_ns after the peer proxy delivered this one.
         start = {0: end[1] + gpu_ns, 1: end[0] + gpu_ns}
+        if read_ns:
+            for r in (0, 1):
+                tcp[r].append((start[r] - read_ns - 700, "received", 1 - r, 4096))
+                tcp[r].append((start[r] - read_ns, "received", 1 - r, 61464))
     for r in (0, 1):
-        with open(f"{prefix}.rank{r}.0.tsv", "w") as f:
-            f.write("# t_ns\tevent\tpeer\tbytes\t(dropped 0)\n")
-            for t, ev, peer, nbytes in events[r]:
-                f.write(f"{t}\t{ev}\t{peer}\t{nbytes}\n")
+        for name, evs in ((f"{prefix}.rank{r}.0.tsv", events[r]),
+                          (f"{prefix}.rank{r}.0.tcp.tsv", tcp[r])):
+            if not evs:
+                continue
+            with open(name, "w") as f:
+                f.write("# t_ns\tevent\tpeer\tbytes\t(dropped 0)\n")
+                for t, ev, peer, nbytes in evs:
+                    f.write(f"{t}\t{ev}\t{peer}\t{nbytes}\n")
     return offset
 
 
@@ -53,8 +67,9 @@ def test_summary_recovers_the_stages(tmp_path):
         spread = rng.randrange(200, 4000)
         copy = rng.randrange(500, 6000)
         gpu = rng.randrange(2000, 20000)
+        read = rng.randrange(500, gpu - 800) if case >= 2 else 0  # a tcp timeline too
         prefix = str(tmp_path / f"cell{per_op}_{spread}_{case}")
-        offset = write_timelines(prefix, rng, 200, per_op, spread, copy, gpu, credit)
+        offset = write_timelines(prefix, rng, 200, per_op, spread, copy, gpu, credit, read)
         out = subprocess.run([sys.executable, SCRIPT, prefix, "--triggers-per-op", str(per_op)],
                              capture_output=True, text=True, timeout=60, check=True)
         report = json.loads(out.stdout)
@@ -66,6 +81,11 @@ def test_summary_recovers_the_stages(tmp_path):
             assert abs(m["trigger_spread"] - spread_q / 1000) < 0.002, (r, m)
             assert abs(m["proxy_stage"] - (spread_q + copy + 100) / 1000) < 0.002, (r, m)
             assert abs(m["gpu_stage"] - gpu / 1000) < 0.002, (r, m)
+            if read:  # the last read of op k's data -> the first trigger of op k+1
+                assert abs(m["read_to_trigger"] - read / 1000) < 0.002, (r, m)
+                assert report["ranks"][r]["median_pops_per_op"] == per_op
+            else:
+                assert m["read_to_trigger"] is None, (r, m)
             # The ranks' offset persists and flips sign every op (each rank's op k+1 starts from
             # the other's op k): periods alternate around the mean by the offset.
             assert abs(m["period"] - (spread_q + copy + 100 + gpu) / 1000) <= offset / 1000 + 0.004
