@@ -9,6 +9,7 @@
 #pragma once
 
 #include "fifo_device.cuh"
+#include "kernel_stamps.cuh"
 #include "launch_device.cuh"
 #include "ll_device.cuh"
 #include "reduce_device.cuh"
@@ -43,6 +44,11 @@ struct Shared {
   unsigned long long fifo_pos;  // next of the trigger positions reserved for round 0
   int stop;
 };
+
+// A point of the op's timeline (kernel_stamps.cuh), once the round state is in `sh`.
+__device__ __forceinline__ void stamp(const CollectiveArgs& a, const Shared& sh, StampPoint point) {
+  stampAt(a.reg, sh.base[(a.rank + 1) % a.nranks], point);
+}
 
 // Slot of generation g of peer q's rounds in this rank's region (g = sh.base[q] + r + 1 for
 // round r of an op): where q writes them, and where the region's owner reads them.
@@ -115,6 +121,7 @@ __device__ inline void reduceRound(const CollectiveArgs& a, Shared& sh, Waiter& 
     any_simple |= q != a.rank && simplePair(reg, q, first);
   if (any_simple && !waitSimpleFlags(a, sh, w, r, first, j0, min(j1, xparts))) return;
   if (!waitCredits(a, sh, w, r, first, max(j0, nparts), min(j1, xparts))) return;
+  if (r == 0) stamp(a, sh, kStampFlags);
   for (uint32_t j = j0; j < min(j1, nparts); ++j) {
     const uint32_t nb = lineBytes(bytes, j, t);
     if (nb == 0) continue;
@@ -362,6 +369,7 @@ __device__ inline void runRounds(const CollectiveArgs& a, Shared& sh, Waiter& w,
       if (j0 < n)
         sendRound<Simple>(a, sh, w, p, r, j0, min(n, j0 + a.parts_per_block), pre, has_pre);
     }
+    if (r == 0) stamp(a, sh, kStampSent);
     const PeerPlan& self = a.peers[a.rank];
     if (a.mode == static_cast<uint8_t>(Mode::kReduce)) {
       reduceDispatch<Simple>(a, sh, w, r, j0, j0 + a.parts_per_block);
@@ -401,6 +409,7 @@ __device__ inline void runRounds(const CollectiveArgs& a, Shared& sh, Waiter& w,
         }
       }
     }
+    if (r == 0) stamp(a, sh, kStampReceived);
     __syncthreads();
     if (sh.stop) break;
   }

@@ -17,7 +17,9 @@ __global__ void __launch_bounds__(kThreads)
     collectiveKernel(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
   enterCollective(a, sh);
+  stamp(a, sh, kStampWaited);
   collectiveBody<Simple>(a, sh);
+  stamp(a, sh, kStampExit);
 }
 
 }  // namespace

@@ -76,6 +76,22 @@ struct Region {
   uint32_t simple_above[3];
   uint64_t proxy_rule;
   uint64_t network_rule;
+  // RESIDENT_GPU_PROXY_TRACE: the general collective kernel's timeline (kernel_stamps.cuh),
+  // kStampOps x 2 blocks x kStampsPerBlock stamps in device memory; null: not recorded.
+  unsigned long long* stamps;
+};
+
+// The general kernel's timeline: per op (its round number with the next rank, modulo
+// kStampOps) and for thread 0 of its first and last block, %globaltimer (ns) at each
+// StampPoint; zero where the op did not pass it.
+constexpr uint32_t kStampOps = 4096;
+constexpr uint32_t kStampsPerBlock = 5;
+enum StampPoint : uint32_t {
+  kStampWaited = 0,    // the previous kernel is done (griddepcontrol.wait returned)
+  kStampSent = 1,      // round 0 written (direct) or stored and handed to the proxy
+  kStampFlags = 2,     // reduce mode: round 0's flags or lines from every partner seen
+  kStampReceived = 3,  // round 0 received (and reduced) into the output
+  kStampExit = 4,      // the block is done with the op
 };
 
 constexpr uint32_t kSimpleNever = 0xffffffffu;

@@ -23,6 +23,13 @@ Credits (send/recv: the proxy forwards one when this rank's receive has consumed
 counted per op but are not part of its stages: they follow the peer's op, up to a round trip
 later, and would otherwise stretch the proxy stage of a ping-pong's op to its whole period.
 
+Where the general collective kernel recorded its own timeline (<prefix>.rank<r>.<n>.gpu.tsv,
+`%globaltimer` of thread 0 of each op's first and last block: kernel_stamps.cuh), the report's
+"gpu" part gives per rank and block the medians of its phases: send (the previous kernel done ->
+round 0 stored and handed to the proxy or the peer), wait (-> every partner's flags or lines
+seen; reduce mode), reduce (-> received and reduced into the output), exit (-> the block done)
+and boundary (the block done -> the next op's kernel done waiting for it, ops in time order).
+
 The report's "timeline" puts both ranks' events (tcp's `sent` and `received` included) on rank
 0's ops: per event, its median time after the op's first trigger on rank 0 (ops opened by a gap
 as above, the later three quarters of the run): each rank's first and last trigger popped and
@@ -78,6 +85,35 @@ def segment(events, gap_ns, per_op):
     return ops
 
 
+GPU_POINTS = ("waited", "sent", "flags", "received", "exit")
+GPU_PHASES = {"send": ("waited", "sent"), "wait": ("sent", "flags"),
+              "reduce": ("flags", "received"), "exit": ("received", "exit")}
+
+
+def gpu_phases(path):
+    """Per block (first, last): median µs of each GPU_PHASES phase and of the boundary."""
+    rows = {0: [], 1: []}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#"):
+                continue
+            fields = [int(x) for x in line.split("\t")]
+            rows[fields[1]].append(dict(zip(GPU_POINTS, fields[2:])))
+    out = {}
+    for block, ops in rows.items():
+        ops.sort(key=lambda o: o["waited"])
+        phases = {k: [] for k in list(GPU_PHASES) + ["boundary"]}
+        for i, o in enumerate(ops):
+            for name, (a, b) in GPU_PHASES.items():
+                if o[a] and o[b] and o[b] >= o[a]:
+                    phases[name].append(o[b] - o[a])
+            if i + 1 < len(ops) and o["exit"] and ops[i + 1]["waited"] >= o["exit"]:
+                phases["boundary"].append(ops[i + 1]["waited"] - o["exit"])
+        out["first" if block == 0 else "last"] = {
+            "ops": len(ops), "median_us": {k: med(v) for k, v in phases.items()}}
+    return out
+
+
 def med(xs):
     return round(statistics.median(xs) / 1000.0, 3) if xs else None
 
@@ -130,7 +166,9 @@ def main():
     ap.add_argument("--max-period-us", type=float, default=200.0)
     ap.add_argument("--json")
     args = ap.parse_args()
-    files = sorted(glob.glob(args.prefix + ".rank*.tsv"))
+    found = sorted(glob.glob(args.prefix + ".rank*.tsv"))
+    files = [f for f in found if not f.endswith(".gpu.tsv")]
+    gpu_files = [f for f in found if f.endswith(".gpu.tsv")]
     ranks = {}
     for path in files:
         r = int(path[len(args.prefix) + 5:].split(".")[0])
@@ -176,6 +214,9 @@ def main():
             "median_pops_per_op": statistics.median(pops) if pops else None,
             "median_posts_per_op": statistics.median(posts) if posts else None,
             "median_credits_per_op": statistics.median(credits) if credits else None}
+    if gpu_files:
+        report["gpu"] = {int(p[len(args.prefix) + 5:].split(".")[0]): gpu_phases(p)
+                         for p in gpu_files}
     report["timeline"] = timeline(ranks, args.gap_ns)
     print(json.dumps(report, indent=1))
     if args.json:

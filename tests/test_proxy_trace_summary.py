@@ -121,3 +121,44 @@ def test_summary_needs_both_ranks(tmp_path):
     out = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "ranks 0 and 1" in out.stderr
+
+
+def test_summary_reads_the_kernel_timeline(tmp_path):
+    # Beside the proxy timelines, each rank's general-kernel stamps (.gpu.tsv): ops whose phases
+    # are known, listed out of time order (the buffer is indexed by round number modulo its
+    # size); the report's "gpu" part must give them back, and the file must not be taken for a
+    # proxy timeline.
+    rng = random.Random(20261203)
+    prefix = str(tmp_path / "cell")
+    write_timelines(prefix, rng, 50, 8, 1000, 2000, 5000)
+    phases = {"send": 4900, "wait": 33000, "reduce": 4700, "exit": 600, "boundary": 1500}
+    for r in (0, 1):
+        rows = []
+        t = 10_000_000 + r * 333
+        for op in range(100):
+            for block in (0, 1):
+                waited = t + block * 20
+                sent = waited + phases["send"]
+                flags = sent + phases["wait"]
+                received = flags + phases["reduce"]
+                end = received + phases["exit"]
+                rows.append((op, block, waited, sent, flags, received, end))
+            # each block of the next op passes its wait `boundary` after its own block's end
+            t = end - 20 + phases["boundary"]
+        rng.shuffle(rows)
+        with open(f"{prefix}.rank{r}.0.gpu.tsv", "w") as f:
+            f.write("# op\tblock\twaited\tsent\tflags\treceived\texit\n")
+            for row in rows:
+                f.write("\t".join(str(x) for x in row) + "\n")
+    out = subprocess.run([sys.executable, SCRIPT, prefix, "--triggers-per-op", "8"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    report = json.loads(out.stdout)
+    assert not any(f.endswith(".gpu.tsv") for f in report["files"]), report["files"]
+    assert report["ranks"]["0"]["median_pops_per_op"] == 8
+    for r in ("0", "1"):
+        for block in ("first", "last"):
+            g = report["gpu"][r][block]
+            assert g["ops"] == 100, g
+            for name in ("send", "wait", "reduce", "exit"):
+                assert abs(g["median_us"][name] - phases[name] / 1000) < 0.002, (r, block, g)
+            assert abs(g["median_us"]["boundary"] - phases["boundary"] / 1000) < 0.002, g

@@ -119,7 +119,7 @@ uint64_t exchanges(int send_fd, int recv_fd, size_t bytes, const Variant& v, boo
     });
   }
   uint64_t start = 0;
-  uint64_t wrong = 0;
+  bool wrong = false;
   for (int i = 0; i < warmup + iters; ++i) {
     if (i == warmup) start = nowNs();
     if (second && v.stagger_us > 0) spinNs(static_cast<uint64_t>(v.stagger_us * 1000));
@@ -154,7 +154,7 @@ uint64_t exchanges(int send_fd, int recv_fd, size_t bytes, const Variant& v, boo
     uint64_t seen = 0;
     std::memcpy(&seen, in.data(), std::min(bytes, sizeof(seen)));
     if (seen != tag) {
-      wrong = 1;
+      wrong = true;
       break;
     }
     if (v.stage_us > 0) spinNs(static_cast<uint64_t>(v.stage_us * 1000));

@@ -8,6 +8,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -151,8 +152,14 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
       RLOG_DEBUG("rank %d: proxy outbox %s", rank_,
                  sent_in_place ? "registered with the transport (sent in place)"
                                : "copied by the transport");
-      if (!comm.config().gpu_proxy_trace.empty())
+      if (!comm.config().gpu_proxy_trace.empty()) {
         trace_ = std::make_unique<ProxyTrace>(size_t{1} << 21);  // 48 MiB: opt-in only
+        const size_t stamp_bytes =
+            sizeof(unsigned long long) * gpu::kStampOps * 2 * gpu::kStampsPerBlock;
+        checkCuda(cudaMalloc(reinterpret_cast<void**>(&stamps_), stamp_bytes),
+                  "cudaMalloc of the kernel timeline (RESIDENT_GPU_PROXY_TRACE)");
+        checkCuda(cudaMemset(stamps_, 0, stamp_bytes), "cudaMemset of the kernel timeline");
+      }
     }
     checkCuda(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(gpu::DeviceState)),
               "cudaMalloc of the device state");
@@ -163,6 +170,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
     throw;
   }
   region_.state = state_;
+  region_.stamps = stamps_;
   gpu::setRegionLayout(region_, lay);
   region_.timeout_ns = timeout_ms * 1000000ull;
   timeout_ns_.store(region_.timeout_ns, std::memory_order_relaxed);
@@ -267,6 +275,7 @@ void GpuCommunicator::shutdown() {
     // the memory they write goes away.
     DeviceGuard guard(device_);
     cudaDeviceSynchronize();
+    if (stamps_ != nullptr) writeKernelStamps();
   }
   for (void* base : registered_) cudaHostUnregister(base);
   registered_.clear();
@@ -274,12 +283,41 @@ void GpuCommunicator::shutdown() {
   outbox_host_ = nullptr;
   if (state_ != nullptr) cudaFree(state_);
   state_ = nullptr;
+  if (stamps_ != nullptr) cudaFree(stamps_);
+  stamps_ = nullptr;
 }
 
 void GpuCommunicator::writeTrace() {
   static std::atomic<int> serial{0};
-  trace_->save(comm_.config().gpu_proxy_trace, rank_, serial, ".tsv");
+  trace_serial_ = trace_->save(comm_.config().gpu_proxy_trace, rank_, serial, ".tsv");
   trace_.reset();
+}
+
+void GpuCommunicator::writeKernelStamps() {
+  // <prefix>.rank<r>.<n>.gpu.tsv beside the proxy's <n>.tsv: per op and block (0: first, 1:
+  // last) the StampPoints' times, ops in the buffer's order (their round numbers modulo
+  // kStampOps; an op no kernel stamped is left out).
+  std::vector<unsigned long long> t(size_t{gpu::kStampOps} * 2 * gpu::kStampsPerBlock);
+  if (trace_serial_ < 0 ||
+      cudaMemcpy(t.data(), stamps_, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost) != cudaSuccess)
+    return;
+  const std::string path = comm_.config().gpu_proxy_trace + ".rank" + std::to_string(rank_) + "." +
+                           std::to_string(trace_serial_) + ".gpu.tsv";
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    RLOG_WARN("rank %d: could not write the kernel timeline to %s", rank_, path.c_str());
+    return;
+  }
+  std::fprintf(f, "# op\tblock\twaited\tsent\tflags\treceived\texit (ns, %%globaltimer)\n");
+  for (size_t row = 0; row < t.size() / gpu::kStampsPerBlock; ++row) {
+    const unsigned long long* s = &t[row * gpu::kStampsPerBlock];
+    if (s[gpu::kStampWaited] == 0) continue;
+    std::fprintf(f, "%zu\t%zu", row / 2, row % 2);
+    for (uint32_t k = gpu::kStampWaited; k <= gpu::kStampExit; ++k) std::fprintf(f, "\t%llu", s[k]);
+    std::fprintf(f, "\n");
+  }
+  std::fclose(f);
+  RLOG_INFO("rank %d: kernel timeline written to %s", rank_, path.c_str());
 }
 
 void GpuCommunicator::abortKernels() {

@@ -119,7 +119,8 @@ class GpuCommunicator : public ProxyHandler {
   // Region::trigger_fence for an op whose largest round to one peer has this many bytes.
   uint32_t fenceTriggers(uint64_t first_round_bytes) const;
   uint32_t blocksFor(uint64_t first_round_bytes) const;
-  void writeTrace();  // RESIDENT_GPU_PROXY_TRACE, at shutdown
+  void writeTrace();         // RESIDENT_GPU_PROXY_TRACE, at shutdown
+  void writeKernelStamps();  // the same, once the kernels are done
   // RESIDENT_DEBUG=trace: per collective launch, each partner's expected rounds (host_rounds_).
   void logRounds(const gpu::CollectiveArgs& a);
   static const char* opName(uint32_t id);  // an OpId's name, as errors and logs say it
@@ -181,8 +182,11 @@ class GpuCommunicator : public ProxyHandler {
   // Collective rounds launched eagerly with each peer while tracing, as the host counts them
   // (logRounds; logDeviceRounds reads them on the proxy thread).
   std::unique_ptr<std::atomic<uint64_t>[]> host_rounds_;
-  // RESIDENT_GPU_PROXY_TRACE: the proxy's timeline, written at shutdown (null: off).
+  // RESIDENT_GPU_PROXY_TRACE: the proxy's timeline, written at shutdown (null: off), and the
+  // general kernel's (Region::stamps, device memory), written beside it with its number.
   std::unique_ptr<ProxyTrace> trace_;
+  unsigned long long* stamps_ = nullptr;
+  int trace_serial_ = -1;
   bool shut_down_ = false;
   std::string final_error_;  // deviceError() when shut down (the segments are gone then)
 };

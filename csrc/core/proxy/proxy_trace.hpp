@@ -65,14 +65,17 @@ class ProxyTrace {
   // Writes <prefix>.rank<r>.<n><suffix> and logs where (or that it could not). n counts the
   // files written through `serial`, so that several groups of one process get files of their
   // own.
-  void save(const std::string& prefix, int rank, std::atomic<int>& serial,
-            const char* suffix) const {
+  // Returns the file's number (`serial`'s value, which it advances).
+  int save(const std::string& prefix, int rank, std::atomic<int>& serial,
+           const char* suffix) const {
+    const int n = serial++;
     const std::string path =
-        prefix + ".rank" + std::to_string(rank) + "." + std::to_string(serial++) + suffix;
+        prefix + ".rank" + std::to_string(rank) + "." + std::to_string(n) + suffix;
     if (writeTsv(path))
       RLOG_INFO("rank %d: trace written to %s", rank, path.c_str());
     else
       RLOG_WARN("rank %d: could not write the trace to %s", rank, path.c_str());
+    return n;
   }
 
  private:
