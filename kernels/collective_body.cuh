@@ -47,7 +47,8 @@ struct Shared {
 
 // A point of the op's timeline (kernel_stamps.cuh), once the round state is in `sh`.
 __device__ __forceinline__ void stamp(const CollectiveArgs& a, const Shared& sh, StampPoint point) {
-  stampAt(a.reg, sh.base[(a.rank + 1) % a.nranks], point);
+  stampAt(
+      a.reg, [&] { return sh.base[(a.rank + 1) % a.nranks]; }, point);
 }
 
 // Slot of generation g of peer q's rounds in this rank's region (g = sh.base[q] + r + 1 for

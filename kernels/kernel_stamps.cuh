@@ -13,12 +13,14 @@
 namespace resident {
 namespace gpu {
 
-// `op`: the op's round number with the next rank (the same in every block of the op).
-__device__ __forceinline__ void stampAt(const Region& reg, uint32_t op, StampPoint point) {
+// `op()`: the op's round number with the next rank (the same in every block of the op), asked
+// for only when the timeline is on.
+template <typename Op>
+__device__ __forceinline__ void stampAt(const Region& reg, Op&& op, StampPoint point) {
   if (reg.stamps == nullptr || threadIdx.x != 0) return;
   const uint32_t which = blockIdx.x == 0 ? 0u : (blockIdx.x + 1 == gridDim.x ? 1u : 2u);
   if (which > 1) return;
-  reg.stamps[((op % kStampOps) * 2 + which) * kStampsPerBlock + point] = globalTimerNs();
+  reg.stamps[((op() % kStampOps) * 2 + which) * kStampsPerBlock + point] = globalTimerNs();
 }
 
 }  // namespace gpu

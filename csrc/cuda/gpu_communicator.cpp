@@ -301,23 +301,19 @@ void GpuCommunicator::writeKernelStamps() {
   if (trace_serial_ < 0 ||
       cudaMemcpy(t.data(), stamps_, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost) != cudaSuccess)
     return;
-  const std::string path = comm_.config().gpu_proxy_trace + ".rank" + std::to_string(rank_) + "." +
-                           std::to_string(trace_serial_) + ".gpu.tsv";
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) {
-    RLOG_WARN("rank %d: could not write the kernel timeline to %s", rank_, path.c_str());
-    return;
-  }
-  std::fprintf(f, "# op\tblock\twaited\tsent\tflags\treceived\texit (ns, %%globaltimer)\n");
-  for (size_t row = 0; row < t.size() / gpu::kStampsPerBlock; ++row) {
-    const unsigned long long* s = &t[row * gpu::kStampsPerBlock];
-    if (s[gpu::kStampWaited] == 0) continue;
-    std::fprintf(f, "%zu\t%zu", row / 2, row % 2);
-    for (uint32_t k = gpu::kStampWaited; k <= gpu::kStampExit; ++k) std::fprintf(f, "\t%llu", s[k]);
-    std::fprintf(f, "\n");
-  }
-  std::fclose(f);
-  RLOG_INFO("rank %d: kernel timeline written to %s", rank_, path.c_str());
+  const std::string path =
+      traceFilePath(comm_.config().gpu_proxy_trace, rank_, trace_serial_, ".gpu.tsv");
+  writeTraceFile(rank_, path, [&](FILE* f) {
+    std::fprintf(f, "# op\tblock\twaited\tsent\tflags\treceived\texit (ns, %%globaltimer)\n");
+    for (size_t row = 0; row < t.size() / gpu::kStampsPerBlock; ++row) {
+      const unsigned long long* s = &t[row * gpu::kStampsPerBlock];
+      if (s[gpu::kStampWaited] == 0) continue;
+      std::fprintf(f, "%zu\t%zu", row / 2, row % 2);
+      for (uint32_t k = gpu::kStampWaited; k <= gpu::kStampExit; ++k)
+        std::fprintf(f, "\t%llu", s[k]);
+      std::fprintf(f, "\n");
+    }
+  });
 }
 
 void GpuCommunicator::abortKernels() {

@@ -30,6 +30,29 @@ enum class TraceEvent : uint8_t {
   kReadable,  // tcp: epoll_wait found the peer's socket readable (bytes: 0)
 };
 
+// A trace's file name: <prefix>.rank<r>.<n><suffix>.
+inline std::string traceFilePath(const std::string& prefix, int rank, int n, const char* suffix) {
+  return prefix + ".rank" + std::to_string(rank) + "." + std::to_string(n) + suffix;
+}
+
+// Writes `path` with `write(FILE*)` and logs (as rank `rank`) where it went, or that it could
+// not; false then. stdio, not iostreams (see localHostKey): an ofstream here crashed both ranks
+// with SIGSEGV on the GPU machine (torch 2.11), the file left empty.
+template <typename Write>
+bool writeTraceFile(int rank, const std::string& path, Write&& write) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  bool ok = f != nullptr;
+  if (ok) {
+    write(f);
+    ok = std::fclose(f) == 0;
+  }
+  if (ok)
+    RLOG_INFO("rank %d: trace written to %s", rank, path.c_str());
+  else
+    RLOG_WARN("rank %d: could not write the trace to %s", rank, path.c_str());
+  return ok;
+}
+
 class ProxyTrace {
  public:
   explicit ProxyTrace(size_t capacity) : events_(capacity) {}
@@ -44,37 +67,27 @@ class ProxyTrace {
 
   // One line per event: time (ns), event name, peer, bytes; a header line says what was
   // dropped. False when the file cannot be written.
-  bool writeTsv(const std::string& path) const {
+  bool writeTsv(const std::string& path, int rank = -1) const {
     static const char* const kNames[] = {"pop_lines", "pop_copy", "pop_flag", "posted",  "flags",
                                          "credit",    "sent",     "received", "readable"};
-    // stdio, not iostreams (see localHostKey): an ofstream here crashed both ranks with
-    // SIGSEGV on the GPU machine (torch 2.11), the file left empty.
-    FILE* f = std::fopen(path.c_str(), "w");
-    if (f == nullptr) return false;
-    std::fprintf(f, "# t_ns\tevent\tpeer\tbytes\t(dropped %llu)\n",
-                 static_cast<unsigned long long>(dropped_));
-    for (size_t i = 0; i < used_; ++i) {
-      const Entry& e = events_[i];
-      std::fprintf(f, "%llu\t%s\t%d\t%llu\n", static_cast<unsigned long long>(e.t_ns),
-                   kNames[static_cast<int>(e.what)], e.peer,
-                   static_cast<unsigned long long>(e.bytes));
-    }
-    return std::fclose(f) == 0;
+    return writeTraceFile(rank, path, [&](FILE* f) {
+      std::fprintf(f, "# t_ns\tevent\tpeer\tbytes\t(dropped %llu)\n",
+                   static_cast<unsigned long long>(dropped_));
+      for (size_t i = 0; i < used_; ++i) {
+        const Entry& e = events_[i];
+        std::fprintf(f, "%llu\t%s\t%d\t%llu\n", static_cast<unsigned long long>(e.t_ns),
+                     kNames[static_cast<int>(e.what)], e.peer,
+                     static_cast<unsigned long long>(e.bytes));
+      }
+    });
   }
 
-  // Writes <prefix>.rank<r>.<n><suffix> and logs where (or that it could not). n counts the
-  // files written through `serial`, so that several groups of one process get files of their
-  // own.
-  // Returns the file's number (`serial`'s value, which it advances).
+  // Writes traceFilePath(prefix, rank, n, suffix), n counting the files written through
+  // `serial`, so that several groups of one process get files of their own. Returns n.
   int save(const std::string& prefix, int rank, std::atomic<int>& serial,
            const char* suffix) const {
     const int n = serial++;
-    const std::string path =
-        prefix + ".rank" + std::to_string(rank) + "." + std::to_string(n) + suffix;
-    if (writeTsv(path))
-      RLOG_INFO("rank %d: trace written to %s", rank, path.c_str());
-    else
-      RLOG_WARN("rank %d: could not write the trace to %s", rank, path.c_str());
+    writeTsv(traceFilePath(prefix, rank, n, suffix), rank);
     return n;
   }
 
