@@ -23,7 +23,10 @@ fmt_us = common.fmt_us
 # aggregation and output
 # --------------------------------------------------------------------------
 
-TAG_KEYS = ("device", "mode", "variant", "path", "path_configured", "pg_options", "env_options")
+# The tags ladder.py puts on every row of a group (what it ran on); a row combined over rounds
+# keeps them all, so that its floor and targets follow its transport as a one-round row's do.
+TAG_KEYS = ("device", "mode", "variant", "path", "path_configured", "transport",
+            "transport_configured", "pg_options", "env_options")
 
 
 def aggregate(group: Any, tags: Optional[Dict[str, Any]] = None) -> List[dict]:
