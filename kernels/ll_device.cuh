@@ -96,7 +96,9 @@ __device__ __forceinline__ void storeBytes(unsigned char* p, uint64_t v, uint32_
 constexpr uint32_t kWaitLine = 1, kWaitWord = 2, kWaitFlag = 3, kWaitFifo = 4, kWaitCredit = 5;
 
 // Waiting with a deadline. A block that gives up records why (the first one wins) in the
-// host-visible error word and raises `failed` so the other blocks stop polling.
+// host-visible error word and raises `failed` so the other blocks stop polling. A poll is one
+// load at a time: several in flight to a word of host memory saw it later (H200,
+// benchmarks/probes/poll_stagger_probe.cu, docs/decisions.md).
 struct Waiter {
   const Region& reg;
   uint64_t deadline;

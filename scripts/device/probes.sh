@@ -1,6 +1,7 @@
 # Sourced by scripts/device_run.sh: the standalone measurement probes of benchmarks/probes
 # (README.md there: what each measures and which document cites it), and the proxy's timeline.
 # stage poll-probe: ll_poll_probe.cu: LL lines through mapped host memory per poll mode and block count, the credit wait, a late sender (RESIDENT_POLL_PROBE_SECTIONS: sweep,credit,abort) ($OUT/poll_probe.jsonl, ~10 s).
+# stage poll-stagger-probe: poll_stagger_probe.cu: a GPU thread's poll of mapped host memory with one load or several staggered loads in flight, as a ping-pong with a CPU thread ($OUT/poll_stagger_probe.jsonl, ~5 s).
 # stage ar8-probe: ar8_probe.cu: the 2-rank 8 B all_reduce in a replayed graph, the library's kernel beside the least kernel of the design ($OUT/ar8_probe.jsonl, ~10 s).
 # stage ar64k-probe: ar64k_probe.cu: the 2-rank 64 KiB LL all_reduce, least kernels ordering stores and polls differently, with each variant's SASS ($OUT/ar64k_probe.jsonl, ~10 s).
 # stage proxy8-probe: proxy8_probe.cu: the 2-rank 8 B all_reduce over the proxy path, the least proxy path beside the library's kernel ($OUT/proxy8_probe.jsonl, ~10 s).
@@ -33,6 +34,11 @@ if has poll-probe; then
     | tee "$OUT/poll_probe_host.txt"
   run_probe poll_probe "-O2 $PROBES/ll_poll_probe.cu" "${RESIDENT_POLL_PROBE_ITERS:-50}" \
     "${RESIDENT_POLL_PROBE_ALLOCS:-shared}" "${RESIDENT_POLL_PROBE_SECTIONS:-sweep,credit,abort}"
+fi
+
+if has poll-stagger-probe; then
+  step "poll stagger probe"
+  run_probe poll_stagger_probe "-O2 $PROBES/poll_stagger_probe.cu" "${RESIDENT_POLL_STAGGER_ITERS:-20000}"
 fi
 
 if has ar8-probe; then
