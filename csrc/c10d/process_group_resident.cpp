@@ -182,6 +182,7 @@ ProcessGroupResident::ProcessGroupResident(const c10::intrusive_ptr<c10d::Store>
     comm_ = std::make_shared<Communicator>(bootstrap, rank, size, cfg,
                                            static_cast<uint64_t>(timeout.count()), global_ranks);
     inflight_.reserve(cfg.max_inflight);
+    comm_->engine().setReclaim(&ProcessGroupResident::reclaimFinished, this);
     timeout_ms_ = static_cast<uint64_t>(timeout.count());
     cuda_ = std::make_unique<CudaPath>(*comm_, rank, timeout_ms_);
     return 0;
@@ -261,7 +262,8 @@ void ProcessGroupResident::abort() {
 
 void ProcessGroupResident::shutdown() {
   if (!comm_) return;
-  cuda_->shutdown();  // before the segments it registered go away
+  comm_->engine().setReclaim(nullptr, nullptr);  // the communicator may outlive this object
+  cuda_->shutdown();                             // before the segments it registered go away
   comm_->shutdown();  // fails what is in flight, stops the proxy, unmaps segments
   for (const auto& work : inflight_) work->endRecord();  // aborted: their profiler events end
   inflight_.clear();
@@ -284,13 +286,20 @@ c10::intrusive_ptr<WorkResident> ProcessGroupResident::makeWork(
                                            std::move(keep_alive));
 }
 
+void ProcessGroupResident::dropFinished() {
+  inflight_.erase(std::remove_if(inflight_.begin(), inflight_.end(),
+                                 [](const c10::intrusive_ptr<WorkResident>& w) {
+                                   if (!w->completedNow()) return false;
+                                   w->releaseOps();
+                                   return true;
+                                 }),
+                  inflight_.end());
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::submit(c10::intrusive_ptr<WorkResident> work,
                                                             bool async_op) {
   // Drop works whose ops finished; keep the new one until its ops have.
-  inflight_.erase(
-      std::remove_if(inflight_.begin(), inflight_.end(),
-                     [](const c10::intrusive_ptr<WorkResident>& w) { return w->isCompleted(); }),
-      inflight_.end());
+  dropFinished();
   if (!c10d::isP2POp(work->retrieveOpType())) ++seq_;
   if (synchronousCall(async_op)) {
     work->wait();  // done (or failed, thrown from here) on return, as torch's caller expects

@@ -123,6 +123,13 @@ class ProcessGroupResident : public c10d::Backend {
   // The Work of a CPU op; with async_op off (torch's synchronous calls) the op is waited for
   // here and no Work is returned: torch then skips its wait() (synchronous_call.hpp).
   c10::intrusive_ptr<c10d::Work> submit(c10::intrusive_ptr<WorkResident> work, bool async_op);
+  // Drops the works whose ops finished from inflight_ and gives their ops back to the pool
+  // (a work the caller still holds keeps its outcome). Also the engine's reclaim hook, run
+  // while a new op waits for a free one.
+  void dropFinished();
+  static void reclaimFinished(void* self) {
+    static_cast<ProcessGroupResident*>(self)->dropFinished();
+  }
   // A CPU all_to_all of per-peer regions (Communicator::allToAll) as a submitted Work.
   c10::intrusive_ptr<c10d::Work> submitAllToAll(c10d::OpType type, const char* title,
                                                 std::vector<at::Tensor> outputs,

@@ -23,6 +23,12 @@ WorkResident::WorkResident(std::shared_ptr<Communicator> comm, int rank, c10d::O
                                                    : outputs_)) {}
 
 WorkResident::~WorkResident() {
+  if (!released_.exchange(true))
+    for (const OpHandle& h : ops_) comm_->engine().release(h);
+}
+
+void WorkResident::releaseOps() {
+  if (!finished_.load(std::memory_order_acquire) || released_.exchange(true)) return;
   for (const OpHandle& h : ops_) comm_->engine().release(h);
 }
 
@@ -39,6 +45,9 @@ bool WorkResident::collect() {
       error_ = op.error;
     }
   }
+  const c10d::OpType type = retrieveOpType();
+  if ((type == c10d::OpType::RECV || type == c10d::OpType::RECVANYSOURCE) && ops_.size() == 1)
+    source_ = Communicator::sourceOf(ops_[0]);
   finished_.store(true, std::memory_order_release);
   return true;
 }
@@ -47,6 +56,13 @@ bool WorkResident::isCompleted() {
   if (!collect()) return false;
   record_.end();
   return true;
+}
+
+bool WorkResident::completedNow() {
+  if (!finished_.load(std::memory_order_acquire))
+    for (const OpHandle& h : ops_)
+      if (!Engine::finished(h)) return false;
+  return isCompleted();  // every op finished: collects without a pass
 }
 
 bool WorkResident::isSuccess() const {
@@ -75,10 +91,15 @@ int WorkResident::sourceRank() const {
                     "resident: the sender of a recv is known once the recv completed "
                     "successfully; call wait() first");
   }
-  return Communicator::sourceOf(ops_[0]);
+  return source_;
 }
 
 bool WorkResident::wait(std::chrono::milliseconds timeout) {
+  if (finished_.load(std::memory_order_acquire)) {  // its ops may be back in the pool
+    record_.end();
+    if (failed_) rethrow();
+    return true;
+  }
   Engine& engine = comm_->engine();
   const uint64_t timeout_ns =
       timeout == kNoTimeout ? 0 : static_cast<uint64_t>(timeout.count()) * 1000000ull;
@@ -114,8 +135,11 @@ void WorkResident::onOpDone(void* self) {
 c10::intrusive_ptr<c10::ivalue::Future> WorkResident::getFuture() {
   if (future_) return future_;
   future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-  if (ops_.empty()) {
-    future_->markCompleted(c10::IValue(outputs_));
+  if (ops_.empty() || finished_.load(std::memory_order_acquire)) {  // ops maybe back in the pool
+    if (failed_)
+      future_->setError(exception());
+    else
+      future_->markCompleted(c10::IValue(outputs_));
     return future_;
   }
   // One pending count per op, plus one held while registering so that a callback firing

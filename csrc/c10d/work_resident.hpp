@@ -25,10 +25,15 @@ class WorkResident : public c10d::Work {
   ~WorkResident() override;
 
   void addOp(OpHandle h) { ops_.push_back(h); }
+  // Once the work has completed (isCompleted() returned true): gives its ops back to the pool,
+  // keeping their outcome, so that finished works a caller still holds do not fill the pool.
+  void releaseOps();
   // Ends the op's profiler event now (the group aborts, its ops failed).
   void endRecord() { record_.end(); }
 
   bool isCompleted() override;
+  // isCompleted() without a progress pass: a cheap check for many works at once.
+  bool completedNow();
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   std::vector<at::Tensor> result() override { return outputs_; }
@@ -49,8 +54,10 @@ class WorkResident : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_alive_;
   std::atomic<bool> finished_{false};
+  std::atomic<bool> released_{false};  // the ops went back to the pool (releaseOps)
   bool failed_ = false;
   std::string error_;
+  int source_ = -1;  // a recv's sender, taken when it finished
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> future_pending_{0};
   OpRecord record_;

@@ -122,18 +122,38 @@ Op* Engine::begin() {
   }
   const uint64_t deadline = nowNs() + timeout_ns_;
   Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
+  // While it waits for a free op this thread drives progress as wait() does, and counts as a
+  // waiter (the proxy then stands by rather than contend for the core).
+  struct WaiterCount {
+    std::atomic<int>& n;
+    bool on = false;
+    ~WaiterCount() {
+      if (on) n.fetch_sub(1);
+    }
+  } waiting{waiters_};
   while (free_.empty()) {
+    if (!waiting.on) {
+      waiters_.fetch_add(1);
+      waiting.on = true;
+    }
     // All ops in flight: drive them until one finishes and its handle is released.
-    progressLocked();
+    bool moved = progressLocked();
     if (!free_.empty()) break;
     unlock();
     runCallbacks();
+    // Finished ops whose owners have not released them yet (works nobody waited on): let the
+    // owner release them now rather than at its next op, which is this one.
+    if (reclaim_ != nullptr) reclaim_(reclaim_ctx_);
+    if (assist_ != nullptr && assist_(assist_ctx_)) moved = true;
     if (nowNs() > deadline) {
       throw TimeoutError("resident: " + std::to_string(cfg_.max_inflight) +
                          " operations are in flight and none completed within the timeout "
                          "(raise RESIDENT_MAX_INFLIGHT or wait on earlier async work)");
     }
-    backoff.pause();
+    if (moved)
+      backoff.reset();
+    else
+      backoff.pause();
     lock();
     if (poisoned()) {
       unlock();
@@ -196,11 +216,11 @@ OpHandle Engine::commit(Op* op) {
   op->start_ns = nowNs();
   op->deadline_ns = op->start_ns + timeout_ns_;
   op->last_liveness_check_ns = op->start_ns;
-  op->generation++;
+  op->generation.fetch_add(1, std::memory_order_relaxed);
   op->state.store(OpState::kActive, std::memory_order_release);
   active_.push_back(op);
   active_count_.fetch_add(1, std::memory_order_release);
-  const OpHandle h{op, op->generation};
+  const OpHandle h{op, op->generation.load(std::memory_order_relaxed)};
   RLOG_TRACE("start %s", op->describe().c_str());
   progressLocked();  // post what can go out now: the peers may already be waiting
   unlock();
@@ -209,8 +229,9 @@ OpHandle Engine::commit(Op* op) {
 }
 
 bool Engine::test(OpHandle h) {
+  if (superseded(h)) return true;
   if (h.op->state.load(std::memory_order_acquire) == OpState::kActive) tryProgress();
-  return h.op->state.load(std::memory_order_acquire) != OpState::kActive;
+  return superseded(h) || h.op->state.load(std::memory_order_acquire) != OpState::kActive;
 }
 
 void Engine::wait(OpHandle h, uint64_t timeout_ns) {
@@ -225,7 +246,9 @@ void Engine::wait(OpHandle h, uint64_t timeout_ns) {
   } waiting(waiters_);
   for (;;) {
     const OpState st = op.state.load(std::memory_order_acquire);
-    if (st == OpState::kDone) return;
+    // Released by its owner once it had taken the result (WorkResident::releaseOps), and
+    // the slot started another op since: this one finished.
+    if (st == OpState::kDone || superseded(h)) return;
     if (st == OpState::kFailed) {
       if (op.error_kind == ErrorKind::kTimeout) throw TimeoutError(op.error);
       throw CommError(op.error);
@@ -270,7 +293,7 @@ void Engine::wait(OpHandle h, uint64_t timeout_ns) {
 void Engine::release(OpHandle h) {
   lock();
   Op* op = h.op;
-  if (op->generation == h.generation && op->state.load() != OpState::kFree) {
+  if (op->generation.load() == h.generation && op->state.load() != OpState::kFree) {
     if (op->state.load() == OpState::kActive) {
       op->released = true;  // returned to the pool when it finishes
     } else {

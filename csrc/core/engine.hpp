@@ -55,6 +55,14 @@ class Engine {
 
   // Non-blocking; true if the op finished (successfully or not).
   bool test(OpHandle h);
+  // No longer in flight (finished, or superseded); no progress pass.
+  static bool finished(OpHandle h) {
+    return superseded(h) || h.op->state.load(std::memory_order_acquire) != OpState::kActive;
+  }
+  // The handle's op was released and its slot has started another op since.
+  static bool superseded(OpHandle h) {
+    return h.op->generation.load(std::memory_order_acquire) != h.generation;
+  }
   // Drives progress until the op finishes; throws its error. timeout_ns 0: op's deadline.
   void wait(OpHandle h, uint64_t timeout_ns = 0);
   // The op's storage may be reused once it finished.
@@ -72,6 +80,12 @@ class Engine {
   // A pass of the proxy's work (the trigger FIFO, the network transports) that wait() runs
   // itself between its progress passes, so that a blocking op needs no hand-off to the proxy
   // thread; returns true if it moved anything. Set once, before the first op.
+  // Called by begin() while every op of the pool is taken: the owner of the handles releases
+  // those of finished ops (the c10d adapter's works). Set once, before the first op.
+  void setReclaim(void (*fn)(void*), void* ctx) {
+    reclaim_ = fn;
+    reclaim_ctx_ = ctx;
+  }
   void setAssist(bool (*fn)(void*), void* ctx) {
     assist_ = fn;
     assist_ctx_ = ctx;
@@ -167,6 +181,8 @@ class Engine {
   uint64_t coll_seq_ = 0;
   bool (*assist_)(void*) = nullptr;
   void* assist_ctx_ = nullptr;
+  void (*reclaim_)(void*) = nullptr;
+  void* reclaim_ctx_ = nullptr;
   std::atomic<bool> poisoned_{false};
   mutable std::mutex poison_mu_;
   std::string poison_reason_;  // set once, under poison_mu_, before poisoned_

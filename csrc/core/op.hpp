@@ -82,7 +82,9 @@ struct Op {
   uint64_t start_ns = 0;
   uint64_t deadline_ns = 0;
   uint64_t last_liveness_check_ns = 0;
-  uint32_t generation = 0;
+  // Bumped each time the slot starts an op; a handle of an earlier one no longer matches (a
+  // waiter may read it while another thread restarts the slot).
+  std::atomic<uint32_t> generation{0};
   bool released = false;
   bool bound = false;  // recv: a message has been matched to it
   // recv from any source: `peer` is -1 and the buffer waits here until a message binds the
