@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "ll_device.cuh"
 #include "probe_util.hpp"
 
 namespace {
@@ -34,42 +35,37 @@ constexpr int kMaxInFlight = 8;
 constexpr int kLineWords = 8;  // 64-byte lines of uint64 words
 constexpr uint64_t kStop = ~0ull;
 
-__device__ __forceinline__ uint64_t loadVolatile(const volatile uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
 __device__ __forceinline__ void spinCycles(long long cycles) {
   const long long t0 = clock64();
   while (clock64() - t0 < cycles) {
   }
 }
 
-// Waits until the word (or one of its copies) reaches `want`, with k loads in flight.
+// Waits until the word (or one of its copies) reaches `want`, with k loads in flight (the
+// kernels' volatile load, kernels/ll_device.cuh).
 // Returns the value seen.
 template <int K>
-__device__ uint64_t pollStaggered(const volatile uint64_t* words, bool copies, uint64_t want,
+__device__ uint64_t pollStaggered(const uint64_t* words, bool copies, uint64_t want,
                                   long long gap_cycles) {
   uint64_t v[K];
 #pragma unroll
   for (int i = 0; i < K; ++i) {
-    v[i] = loadVolatile(words + (copies ? i * kLineWords : 0));
+    v[i] = resident::gpu::loadVolatile64(words + (copies ? i * kLineWords : 0));
     if (i + 1 < K) spinCycles(gap_cycles);
   }
   for (;;) {
 #pragma unroll
     for (int i = 0; i < K; ++i) {
       if (v[i] >= want) return v[i];
-      v[i] = loadVolatile(words + (copies ? i * kLineWords : 0));
+      v[i] = resident::gpu::loadVolatile64(words + (copies ? i * kLineWords : 0));
     }
   }
 }
 
 // The GPU half: for round 1.. until the CPU posts kStop, waits for the round number and answers
 // it. k in flight (1: serial), copies: k copies of the word.
-__global__ void responder(const volatile uint64_t* ask, volatile uint64_t* answer, int k,
-                          bool copies, long long gap_cycles) {
+__global__ void responder(const uint64_t* ask, uint64_t* answer, int k, bool copies,
+                          long long gap_cycles) {
   if (threadIdx.x != 0) return;
   for (uint64_t round = 1;; ++round) {
     uint64_t seen;
@@ -88,7 +84,7 @@ __global__ void responder(const volatile uint64_t* ask, volatile uint64_t* answe
         break;
     }
     if (seen == kStop) return;
-    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(answer), "l"(seen) : "memory");
+    resident::gpu::storeVolatile64(answer, seen);
   }
 }
 
@@ -104,8 +100,7 @@ Result run(uint64_t* ask_h, const uint64_t* ask_d, volatile uint64_t* answer_h, 
   for (int i = 0; i < kMaxInFlight * kLineWords; ++i) ask_h[i] = 0;
   *answer_h = 0;
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  responder<<<1, 32>>>(reinterpret_cast<const volatile uint64_t*>(ask_d), answer_d, k, copies,
-                       gap_cycles);
+  responder<<<1, 32>>>(ask_d, answer_d, k, copies, gap_cycles);
   check(cudaGetLastError(), "launch");
   Result r;
   const double give_up = probe::nowUs() + 60e6;

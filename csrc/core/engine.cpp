@@ -18,6 +18,25 @@ constexpr uint64_t kStuckGraceNs = 5ull * 1000 * 1000 * 1000;
 constexpr int kTriggerTypeShift = 40;
 constexpr int kTriggerRingShift = 32;
 
+// A thread inside wait() or begin(), driving progress itself: counted from add() to its end
+// (Engine::hasWaiters; the proxy stands by meanwhile).
+class WaiterCount {
+ public:
+  explicit WaiterCount(std::atomic<int>& n) : n_(n) {}
+  ~WaiterCount() {
+    if (on_) n_.fetch_sub(1);
+  }
+  void add() {
+    if (on_) return;
+    n_.fetch_add(1);
+    on_ = true;
+  }
+
+ private:
+  std::atomic<int>& n_;
+  bool on_ = false;
+};
+
 uint64_t triggerWord(TriggerType type, Ring ring, int peer) {
   return (static_cast<uint64_t>(type) << kTriggerTypeShift) |
          (static_cast<uint64_t>(ring) << kTriggerRingShift) | static_cast<uint32_t>(peer);
@@ -124,18 +143,9 @@ Op* Engine::begin() {
   Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
   // While it waits for a free op this thread drives progress as wait() does, and counts as a
   // waiter (the proxy then stands by rather than contend for the core).
-  struct WaiterCount {
-    std::atomic<int>& n;
-    bool on = false;
-    ~WaiterCount() {
-      if (on) n.fetch_sub(1);
-    }
-  } waiting{waiters_};
+  WaiterCount waiting(waiters_);
   while (free_.empty()) {
-    if (!waiting.on) {
-      waiters_.fetch_add(1);
-      waiting.on = true;
-    }
+    waiting.add();
     // All ops in flight: drive them until one finishes and its handle is released.
     bool moved = progressLocked();
     if (!free_.empty()) break;
@@ -216,11 +226,13 @@ OpHandle Engine::commit(Op* op) {
   op->start_ns = nowNs();
   op->deadline_ns = op->start_ns + timeout_ns_;
   op->last_liveness_check_ns = op->start_ns;
-  op->generation.fetch_add(1, std::memory_order_relaxed);
+  // Written under the engine lock only: a store, no read-modify-write.
+  const uint32_t generation = op->generation.load(std::memory_order_relaxed) + 1;
+  op->generation.store(generation, std::memory_order_release);
   op->state.store(OpState::kActive, std::memory_order_release);
   active_.push_back(op);
   active_count_.fetch_add(1, std::memory_order_release);
-  const OpHandle h{op, op->generation.load(std::memory_order_relaxed)};
+  const OpHandle h{op, generation};
   RLOG_TRACE("start %s", op->describe().c_str());
   progressLocked();  // post what can go out now: the peers may already be waiting
   unlock();
@@ -229,9 +241,9 @@ OpHandle Engine::commit(Op* op) {
 }
 
 bool Engine::test(OpHandle h) {
-  if (superseded(h)) return true;
-  if (h.op->state.load(std::memory_order_acquire) == OpState::kActive) tryProgress();
-  return superseded(h) || h.op->state.load(std::memory_order_acquire) != OpState::kActive;
+  if (finished(h)) return true;
+  tryProgress();
+  return finished(h);
 }
 
 void Engine::wait(OpHandle h, uint64_t timeout_ns) {
@@ -239,11 +251,8 @@ void Engine::wait(OpHandle h, uint64_t timeout_ns) {
   Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
   const uint64_t deadline = timeout_ns ? nowNs() + timeout_ns : 0;
   uint64_t locked_ns = 0;  // first clock read since this thread last ran a progress pass
-  struct WaiterCount {
-    std::atomic<int>& n;
-    explicit WaiterCount(std::atomic<int>& c) : n(c) { n.fetch_add(1); }
-    ~WaiterCount() { n.fetch_sub(1); }
-  } waiting(waiters_);
+  WaiterCount waiting(waiters_);
+  waiting.add();
   for (;;) {
     const OpState st = op.state.load(std::memory_order_acquire);
     // Released by its owner once it had taken the result (WorkResident::releaseOps), and

@@ -80,15 +80,15 @@ class Engine {
   // A pass of the proxy's work (the trigger FIFO, the network transports) that wait() runs
   // itself between its progress passes, so that a blocking op needs no hand-off to the proxy
   // thread; returns true if it moved anything. Set once, before the first op.
+  void setAssist(bool (*fn)(void*), void* ctx) {
+    assist_ = fn;
+    assist_ctx_ = ctx;
+  }
   // Called by begin() while every op of the pool is taken: the owner of the handles releases
   // those of finished ops (the c10d adapter's works). Set once, before the first op.
   void setReclaim(void (*fn)(void*), void* ctx) {
     reclaim_ = fn;
     reclaim_ctx_ = ctx;
-  }
-  void setAssist(bool (*fn)(void*), void* ctx) {
-    assist_ = fn;
-    assist_ctx_ = ctx;
   }
 
   // Fails every active op and refuses new ones.
