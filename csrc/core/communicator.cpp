@@ -437,8 +437,11 @@ bool Communicator::proxyStandby() const {
   if (engine_->hasWaiters()) return true;
   // Where the host's ranks have fewer cores than callers and proxies, also while no op is in
   // flight and no GPU path polls through this proxy: between blocking ops a pass could only take
-  // in a peer's next data early, and the core it runs on is one a caller needs.
-  return idle_standby_ && !engine_->hasActive() &&
+  // in a peer's next data early, and the core it runs on is one a caller needs. Not while
+  // triggers wait: the last op's final pass (run by this thread, or by a caller's test or last
+  // wait) may have queued credits for its peers, which a peer's next send can be waiting for
+  // while this rank waits on that peer in another group.
+  return idle_standby_ && !engine_->hasActive() && !fifo_->pending() &&
          extra_poller_.load(std::memory_order_acquire) == nullptr;
 }
 

@@ -57,6 +57,14 @@ class TriggerFifo {
     return true;
   }
 
+  // Any thread, the consumer's included: whether a trigger waits for the consumer, read from
+  // the published tail (a hint: a concurrent pop may take it meanwhile).
+  bool pending() const {
+    const uint64_t tail = tail_.load(std::memory_order_acquire);
+    const Slot& s = slots_[tail & mask_];
+    return (s.snd.load(std::memory_order_acquire) & kLapBit) == lapBit(tail);
+  }
+
   // True when no trigger is ready for the consumer.
   bool empty() const {
     const Slot& s = slots_[tail_local_ & mask_];
