@@ -110,6 +110,10 @@ bool Engine::tryLock() {
 
 void Engine::unlock() {
   lock_.clear(std::memory_order_release);
+  // runCallbacks on another thread leaves the callbacks it finds the engine taken for to the
+  // holder: every holder runs them once it lets go (a future whose op finished on the proxy
+  // thread while the caller registered its callbacks would otherwise never complete).
+  if (has_callbacks_.load(std::memory_order_acquire)) runCallbacks();
 }
 
 void Engine::runCallbacks() {
@@ -120,13 +124,13 @@ void Engine::runCallbacks() {
   if (!has_callbacks_.load(std::memory_order_acquire)) return;  // the usual case: one load
   for (;;) {
     int n = 0;
-    if (!tryLock()) return;  // whoever holds the engine will run them
+    if (!tryLock()) return;  // whoever holds the engine runs them as it lets go (unlock)
     while (!callbacks_.empty() && n < kBatch) {
       batch[n++] = callbacks_.back();
       callbacks_.pop_back();
     }
     if (callbacks_.empty()) has_callbacks_.store(false, std::memory_order_release);
-    unlock();
+    lock_.clear(std::memory_order_release);  // not unlock(): this loop runs what is left
     if (n == 0) return;
     for (int i = 0; i < n; ++i) batch[i].first(batch[i].second);
   }

@@ -1,6 +1,7 @@
 // Communicator end to end with ranks as threads of one process (the shm transport maps the
 // same segments several times): every op on random data against references, chunked sizes,
 // p2p tags out of order, the proxy path, the tcp transport, mismatch detection and timeouts.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -220,6 +221,47 @@ void withSilentPeer(const Config& cfg, int silent_ms,
   peer.join();
 }
 
+// A completion callback runs however its op finishes. Here the proxy thread finishes every op
+// (the callers do not wait in the engine; they watch a counter the callbacks bump) while another
+// thread keeps taking the engine (setCompletionCallback on a finished op). The proxy's
+// runCallbacks then often finds the engine taken and leaves the callbacks to its holder, which
+// must run them as it lets go: otherwise they wait for a progress pass that never comes (no op
+// is in flight), and a work's future never completes.
+void testCallbacksOfOpsTheProxyFinishes(const Config& cfg, int rounds) {
+  runRanks(2, cfg, 20000, [&](Communicator& c) {
+    Engine& e = c.engine();
+    float one = 1, two = 0;
+    const OpHandle finished = c.allReduce(&one, &two, 1, DType::kFloat32, RedOp::kSum);
+    e.wait(finished);  // stays finished and unreleased: what the other thread registers on
+    std::atomic<bool> stop{false};
+    std::thread holder([&] {
+      while (!stop.load(std::memory_order_relaxed))
+        e.setCompletionCallback(
+            finished, [](void*) {}, nullptr);
+    });
+    std::atomic<int> fired{0};
+    for (int i = 0; i < rounds; ++i) {
+      float x = static_cast<float>(i + c.rank()), y = 0;
+      const OpHandle h = c.allReduce(&x, &y, 1, DType::kFloat32, RedOp::kSum);
+      e.setCompletionCallback(
+          h, [](void* n) { static_cast<std::atomic<int>*>(n)->fetch_add(1); }, &fired);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (fired.load() != i + 1 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+      if (fired.load() != i + 1) {
+        std::fprintf(stderr, "rank %d: the callback of op %d did not run within 5 s\n", c.rank(),
+                     i);
+        CHECK(false);
+      }
+      CHECK(y == static_cast<float>(2 * i + 1));
+      e.release(h);
+    }
+    stop.store(true);
+    holder.join();
+    e.release(finished);
+  });
+}
+
 int main() {
   Config cfg = Config::fromEnvironment();
   cfg.slot_bytes = 16384;  // small slots: exercise chunking and ring wrap-around
@@ -236,6 +278,9 @@ int main() {
   testAnySourceAndMonitoredBarrier(cfg, 3);
   testAnySourceAndMonitoredBarrier(proxied, 2);
   std::puts("test_communicator: any-source recv and monitored barrier ok");
+  testCallbacksOfOpsTheProxyFinishes(proxied, 4000);
+  testCallbacksOfOpsTheProxyFinishes(tcp, 300);
+  std::puts("test_communicator: callbacks of ops the proxy finishes ok");
 
   // Mismatched sizes: both ranks raise a mismatch error, nobody hangs.
   std::vector<std::string> errors(2);
