@@ -320,7 +320,9 @@ void Engine::release(OpHandle h) {
 void Engine::setCompletionCallback(OpHandle h, void (*fn)(void*), void* ctx) {
   lock();
   Op* op = h.op;
-  if (op->state.load() == OpState::kActive) {
+  // A handle whose slot was released and started another op since finished: its callback is
+  // due now, not at the end of the slot's new op.
+  if (op->state.load() == OpState::kActive && op->generation.load() == h.generation) {
     op->on_done = fn;
     op->on_done_ctx = ctx;
     unlock();

@@ -366,6 +366,27 @@ int main() {
     comm.engine().release(h);
     CHECK_THROWS(comm.engine().wait(h));
   }
+  // A callback set on the handle of a released op whose slot started another op since runs at
+  // once: that op finished; the slot's new one (here waiting for rank 1) does not take it.
+  runRanks(2, cfg, 20000, [&](Communicator& c) {
+    Engine& e = c.engine();
+    float x = 1, y = 0;
+    const OpHandle first = c.allReduce(&x, &y, 1, DType::kFloat32, RedOp::kSum);
+    e.wait(first);
+    e.release(first);
+    if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const OpHandle second = c.allReduce(&x, &y, 1, DType::kFloat32, RedOp::kSum);
+    if (c.rank() == 0) {
+      CHECK(second.op == first.op);  // the slot of the released op, taken again
+      std::atomic<int> fired{0};
+      e.setCompletionCallback(
+          first, [](void* n) { static_cast<std::atomic<int>*>(n)->fetch_add(1); }, &fired);
+      CHECK(fired.load() == 1);
+      CHECK(!e.test(second));  // rank 1 has not joined it yet
+    }
+    e.wait(second);
+    e.release(second);
+  });
   CHECK_THROWS(Config::fromEnvironment({{"path", "sideways"}}));
   std::puts("test_communicator: ok");
   return 0;
