@@ -3,7 +3,7 @@ the group is in flight, but not while triggers wait for it: the credits of a rec
 finished in a pass nobody followed (the proxy's own pass, or a caller's is_completed()) must
 still reach the sender. Otherwise a sender whose next message needs those credits blocks, and a
 receiver that meanwhile waits on that sender in another group never lets it go: a deadlock
-until the group's timeout (seen in the CPU op mixes at 3 ranks in proxy mode, 2 cores).
+until the group's timeout (the CPU op mixes with subgroups reach it in proxy mode).
 
 Each rank is restricted to at most two CPUs, so that the proxy stands by on any host (two
 ranks, two threads each, outnumber the cores), with 2 slots of 64 bytes per ring so that one
@@ -11,6 +11,7 @@ message uses every credit. CPU tensors, proxy path and tcp, random integer data 
 """
 
 import os
+import time
 
 import pytest
 import torch
@@ -48,7 +49,6 @@ def _job(rank, ws, how):
             while not work.is_completed():
                 pass
         else:  # the proxy thread finishes it while the caller is elsewhere
-            import time
             deadline = time.monotonic() + TIMEOUT_S
             while not work.is_completed() and time.monotonic() < deadline:
                 time.sleep(0.01)

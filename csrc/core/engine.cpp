@@ -110,9 +110,9 @@ bool Engine::tryLock() {
 
 void Engine::unlock() {
   lock_.clear(std::memory_order_release);
-  // runCallbacks on another thread leaves the callbacks it finds the engine taken for to the
-  // holder: every holder runs them once it lets go (a future whose op finished on the proxy
-  // thread while the caller registered its callbacks would otherwise never complete).
+  // The callbacks of the ops a holder finished, and those runCallbacks on another thread found
+  // the engine taken for: every holder runs them as it lets go (a future whose op finished on
+  // the proxy thread while the caller registered its callbacks would otherwise never complete).
   if (has_callbacks_.load(std::memory_order_acquire)) runCallbacks();
 }
 
@@ -154,7 +154,6 @@ Op* Engine::begin() {
     bool moved = progressLocked();
     if (!free_.empty()) break;
     unlock();
-    runCallbacks();
     // Finished ops whose owners have not released them yet (works nobody waited on): let the
     // owner release them now rather than at its next op, which is this one.
     if (reclaim_ != nullptr) reclaim_(reclaim_ctx_);
@@ -240,7 +239,6 @@ OpHandle Engine::commit(Op* op) {
   RLOG_TRACE("start %s", op->describe().c_str());
   progressLocked();  // post what can go out now: the peers may already be waiting
   unlock();
-  runCallbacks();
   return h;
 }
 
@@ -337,7 +335,6 @@ bool Engine::tryProgress(bool* ran) {
   if (ran != nullptr) *ran = true;
   const bool moved = progressLocked();
   unlock();
-  runCallbacks();
   return moved;
 }
 
@@ -363,7 +360,6 @@ void Engine::poison(const std::string& reason) {
   lock();
   failAllLocked(reason, ErrorKind::kComm);
   unlock();
-  runCallbacks();
 }
 
 void Engine::markPeerLost(int peer, const std::string& why, bool failed) {

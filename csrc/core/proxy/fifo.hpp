@@ -65,12 +65,6 @@ class TriggerFifo {
     return (s.snd.load(std::memory_order_acquire) & kLapBit) == lapBit(tail);
   }
 
-  // True when no trigger is ready for the consumer.
-  bool empty() const {
-    const Slot& s = slots_[tail_local_ & mask_];
-    return (s.snd.load(std::memory_order_acquire) & kLapBit) != lapBit(tail_local_);
-  }
-
  private:
   uint64_t lapBit(uint64_t pos) const { return triggerLapBit(pos, mask_ + 1ull); }
 
