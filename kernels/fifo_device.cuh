@@ -58,7 +58,8 @@ __device__ __forceinline__ unsigned long long loadTailCache(const Region& reg) {
 }
 
 // A write request's two words without their lap bits (see core/proxy/trigger_encoding.hpp for the
-// kinds). kLines: the range holds LL lines carrying `value`; unless the op fences its triggers
+// kinds). `value`: the round generation of kLines and kFlag, which the trigger carries as their
+// flag (flagOf). kLines: the range holds LL lines of that round; unless the op fences its triggers
 // (Region::trigger_fence) the trigger goes out as one unfenced 16-byte store and the proxy
 // reads the lines' flags before posting them (a system-scope release would first wait for the
 // lines to reach host memory). kFlag carries no bytes and needs no fence either. kCopy (and
@@ -76,7 +77,8 @@ __device__ __forceinline__ TriggerWords triggerWords(const Region& reg, int peer
   if (kind == TriggerKind::kLines && reg.trigger_fence != 0) kind = TriggerKind::kCopy;
   const bool copy = kind == TriggerKind::kCopy;
   return {encodeWriteFst(local_off, remote_off),
-          encodeWriteSnd(static_cast<uint32_t>(peer), bytes, kind, copy ? 0u : value), copy};
+          encodeWriteSnd(static_cast<uint32_t>(peer), bytes, kind, copy ? 0u : flagOf(value)),
+          copy};
 }
 
 // Pushes `t` at position `pos`. `tail_seen`: DeviceState::fifo_tail_cache as the caller loaded

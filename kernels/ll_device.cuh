@@ -16,20 +16,32 @@ __device__ __forceinline__ uint64_t globalTimerNs() {
   return t;
 }
 
-__device__ __forceinline__ void storeLine(unsigned char* p, uint64_t data, uint32_t flag) {
+// The flag that marks what a round of generation g wrote (LL lines, the simple protocol's flags,
+// the proxy's checks of both): g, but 1 for generation 0. Round numbers are 32-bit and wrap, so
+// every 2^32 rounds with a peer a round has generation 0, and memory no round has written yet
+// (zero) must not read as its lines. Generation 1 uses the other slot of the channel.
+__device__ __forceinline__ uint32_t flagOf(uint32_t g) {
+  return g != 0 ? g : 1u;
+}
+
+// A line of round generation g (flagOf(g) in both flag words).
+__device__ __forceinline__ void storeLine(unsigned char* p, uint64_t data, uint32_t g) {
+  const uint32_t flag = flagOf(g);
   asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p),
                "r"(static_cast<uint32_t>(data)), "r"(flag), "r"(static_cast<uint32_t>(data >> 32)),
                "r"(flag)
                : "memory");
 }
 
-__device__ __forceinline__ bool loadLine(const unsigned char* p, uint32_t flag, uint64_t& data) {
+// Whether the line at p is one of round generation g; its data then.
+__device__ __forceinline__ bool loadLine(const unsigned char* p, uint32_t g, uint64_t& data) {
   uint32_t d0, f0, d1, f1;
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
                : "l"(p)
                : "memory");
   data = static_cast<uint64_t>(d0) | (static_cast<uint64_t>(d1) << 32);
+  const uint32_t flag = flagOf(g);
   return f0 == flag && f1 == flag;
 }
 

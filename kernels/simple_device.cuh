@@ -70,7 +70,7 @@ __device__ __forceinline__ uint64_t simpleFlagWordOffset(uint32_t j) {
   return static_cast<uint64_t>(j) * kSimpleFlagStride + 8;
 }
 __device__ __forceinline__ uint64_t simpleFlagWord(uint32_t g) {
-  return static_cast<uint64_t>(g) << 32;
+  return static_cast<uint64_t>(flagOf(g)) << 32;
 }
 
 // Triggers a block pushes for a proxied simple round whose parts carry `payload` bytes: the

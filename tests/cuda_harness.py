@@ -327,12 +327,16 @@ PATH_KNOBS = {
     # every peer over the tcp transport, even on one host (the cross-host path; every peer is
     # then proxied, so it goes with the proxy path: RESIDENT_PATH=direct refuses to form)
     "tcp": {"RESIDENT_TRANSPORT": "tcp"},
+    # every channel starts at the last round number before the 32-bit wrap: the job's first round
+    # with each peer has generation 0 over memory no round has written, and every later op runs
+    # past the wrap (a long-running group gets there after 2^32 rounds with a peer)
+    "wrap": {"RESIDENT_GPU_FIRST_ROUND": str(2**32 - 1)},
 }
 # Knobs that choose the transport rather than a setting of the CUDA path: a path with only
 # these runs a suite's whole matrix, not the reduced one of the variants.
 TRANSPORT_KNOBS = ("tcp",)
 # 2-rank jobs over the reduced dtypes that cover the knobs' other settings.
-PATH_VARIANTS = ("proxy+blocks1", "direct+ll")
+PATH_VARIANTS = ("proxy+blocks1", "direct+ll", "direct+wrap", "proxy+wrap")
 # More ranks for the settings whose device code differs with the number of partners.
 WIDE_VARIANTS = ((4, "direct+ll"), (8, "direct+ll"))
 

@@ -58,8 +58,8 @@ FLOAT_OPS = ("SUM", "AVG", "MIN", "MAX", "PRODUCT")
 INT_OPS = FLOAT_OPS + ("BAND", "BOR", "BXOR")
 ALL_KEYS = [(ws, p) for ws in (2, 4, 8) for p in C.PATHS]
 JOB_KEYS = [k for k in ALL_KEYS if k[0] in C.WORLD_SIZES]
-# The knobs' non-default settings (prefetch, fenced triggers, one block per op, the simple
-# protocol): 2 ranks (the simple protocol also 4), the reduced dtypes.
+# The knobs' non-default settings (one block per op, LL lines for every direct op, round
+# numbers that wrap): 2 ranks (LL lines also 4 and 8), the reduced dtypes.
 VARIANT_KEYS = [(2, v) for v in C.PATH_VARIANTS if 2 in C.WORLD_SIZES]
 VARIANT_KEYS += [(ws, v) for ws, v in C.WIDE_VARIANTS if ws in C.WORLD_SIZES]
 

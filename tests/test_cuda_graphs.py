@@ -35,7 +35,9 @@ pytestmark = C.module_marks()
 K_REPLAYS = 5
 # 8 ranks on the proxy path: a captured multi-round all_reduce followed by an all_to_all once
 # stalled there (docs/decisions.md, "When a kernel lets the next one launch").
-JOB_KEYS = [k for k in ((2, "direct"), (2, "proxy"), (4, "direct"), (8, "proxy"))
+# Round numbers that wrap (cuda_harness.PATH_KNOBS) at 2 ranks: replays run past the wrap.
+JOB_KEYS = [k for k in ((2, "direct"), (2, "proxy"), (4, "direct"), (8, "proxy"),
+                        (2, "direct+wrap"), (2, "proxy+wrap"))
             if k[0] in C.WORLD_SIZES]
 ITEMS = ("warmup_on_side_stream", "capture", "graph1_mixed_ops_replays",
          "graph2_async_wait_inside_capture_replays", "graph3_multi_slot_replays",

@@ -1,6 +1,6 @@
 """Seeded random op mixes on CUDA tensors (tests/op_mix.py with the CUDA plans): 2, 4 and 8
 ranks (8 marked slow), every mode a user can turn on (op_mix.MODE_AXES: the default,
-RESIDENT_PATH=proxy, RESIDENT_TRANSPORT=tcp).
+RESIDENT_PATH=proxy, RESIDENT_TRANSPORT=tcp), each also with round numbers that wrap mid-sequence.
 
 The sequences, their data and their checks are the CPU test's (op_mix_run.run_modes, run by
 test_op_mix.py on CPU tensors); what differs is the device and the graph phase: the plan's
@@ -30,7 +30,13 @@ from op_mix_run import Hooks, OpMixJobs, run_modes
 pytestmark = C.module_marks()
 
 SEEDS = op_mix.seeds_from_env(default=(1, 2))
-MODE_IDS = [m for m, _env in op_mix.modes()]
+# Each mode also with round numbers that wrap two dozen rounds into the sequence (the CUDA path's
+# RESIDENT_GPU_FIRST_ROUND; cuda_harness.PATH_KNOBS["wrap"] starts at the wrap itself): the wrap
+# then meets slots that earlier ops of the mix left in every state.
+WRAP_FIRST_ROUND = str(2**32 - 24)
+MODES = op_mix.modes() + [(f"{m}-wrap", {**env, "RESIDENT_GPU_FIRST_ROUND": WRAP_FIRST_ROUND})
+                          for m, env in op_mix.modes()]
+MODE_IDS = [m for m, _env in MODES]
 GROUP_TIMEOUT_S = 30
 
 
@@ -84,7 +90,7 @@ def cuda_op_mix_job(rank, ws, job):
 JOBS = OpMixJobs(cuda_op_mix_job, "test_cuda_op_mix", "tests/test_cuda_op_mix.py", C.DEVICE,
                  caps="cuda", per_mode=True, group_timeout_s=GROUP_TIMEOUT_S,
                  timeout_s=lambda runs: (120 + 90 * runs) * C.TIME_SCALE,
-                 spawn_env=lambda env: env)
+                 spawn_env=lambda env: env, modes=MODES)
 
 
 def _params():

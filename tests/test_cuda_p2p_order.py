@@ -57,8 +57,10 @@ from dist_harness import compare_exact, compare_reduction, digest, make_input, r
 
 pytestmark = C.module_marks()
 
-# Plus each path with send/recv launched at once on their own streams (RESIDENT_GPU_P2P_STREAM=own).
+# Plus each path with send/recv launched at once on their own streams (RESIDENT_GPU_P2P_STREAM=own),
+# and, at 2 ranks, with round numbers that wrap (cuda_harness.PATH_KNOBS).
 ALL_KEYS = [(ws, p) for ws in (2, 4) for p in C.PATHS + ("direct+own", "proxy+own")]
+ALL_KEYS += [(2, "direct+wrap"), (2, "proxy+wrap")]
 JOB_KEYS = [k for k in ALL_KEYS if k[0] in C.WORLD_SIZES]
 SIZES = ("8B", "4KiB", "large")  # 8 B, 4 KiB, 1 MiB + 3 elements
 POLL_DEADLINE_S = 60.0

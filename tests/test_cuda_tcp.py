@@ -47,12 +47,13 @@ pytestmark = C.module_marks()
 
 WS = C.WORLD_SIZES
 TCP = "proxy+tcp"
-# A knob that changes what crosses tcp (cuda_harness.PATH_KNOBS): one trigger over several parts
-# (one block per op).
-VARIANTS = [(2, "proxy+blocks1+tcp")]
+# Knobs that change what crosses tcp (cuda_harness.PATH_KNOBS): one trigger over several parts
+# (one block per op); round numbers, and so the flags the proxy checks, that wrap.
+VARIANTS = [(2, "proxy+blocks1+tcp"), (2, "proxy+wrap+tcp")]
 COLL_KEYS = [(ws, TCP) for ws in WS] + [k for k in VARIANTS if k[0] in WS]
-P2P_KEYS = [(ws, p) for ws in WS for p in (TCP, "proxy+own+tcp") if ws <= 4 or p == TCP]
-GRAPH_KEYS = [(ws, TCP) for ws in WS]
+WRAP = [(2, "proxy+wrap+tcp")] if 2 in WS else []
+P2P_KEYS = [(ws, p) for ws in WS for p in (TCP, "proxy+own+tcp") if ws <= 4 or p == TCP] + WRAP
+GRAPH_KEYS = [(ws, TCP) for ws in WS] + WRAP
 NETNS_LAYOUTS = {2: [0, 1], 4: [0, 0, 1, 1]}  # rank -> namespace index
 NETNS_KEYS = [(ws, "auto") for ws in NETNS_LAYOUTS if ws in WS]
 SUB_GRAPH_REPLAYS = 3

@@ -44,6 +44,7 @@ struct Config {
   uint64_t gpu_proxy_spin_us;
   P2PStream gpu_p2p_stream;
   GpuProtocol gpu_protocol;
+  uint32_t gpu_first_round;
   std::string gpu_proxy_trace;  // a path prefix, opened when the group is destroyed
   uint64_t handoff_bytes;       // read by resident_pg/_backend.py, which sets up the hand-off
   // Not an option: set by the adapter when this process can use CUDA, so that the segment

@@ -161,6 +161,7 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
         checkCuda(cudaMemset(stamps_, 0, stamp_bytes), "cudaMemset of the kernel timeline");
       }
     }
+    startRoundsAt(comm.config().gpu_first_round, host_state);
     checkCuda(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(gpu::DeviceState)),
               "cudaMalloc of the device state");
     writeDeviceState(state_, host_state);
@@ -224,6 +225,27 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   }
   RLOG_INFO("rank %d: CUDA path on device %d installed (%s)", rank_, device,
             any_proxied_ ? "proxy peers present" : "direct");
+}
+
+void GpuCommunicator::startRoundsAt(uint32_t first, gpu::DeviceState& state) {
+  if (first == 0) return;  // zeroed memory already says so
+  // Every channel's round number, and what the send side knows of the receiver's credits: the
+  // receiver has consumed every round up to `first` (p2p_kernel.cu's waitCredit), in the
+  // device's cache, in this rank's credit words that peers write and, proxied, in the outbox
+  // words the proxy forwards and in its record of what it sent.
+  const GpuLayout& lay = comm_.gpuLayout();
+  unsigned char* region = comm_.segmentBase() + comm_.gpuRegionOffset();
+  for (int p = 0; p < nranks_; ++p) {
+    state.coll_round[p] = state.p2p_send_round[p] = state.p2p_recv_round[p] = first;
+    auto* credit_in = reinterpret_cast<uint64_t*>(region + lay.creditIn(p));
+    for (uint32_t slot = 0; slot < GpuLayout::kP2PSlots; ++slot) {
+      state.p2p_credit[p][slot] = first;
+      credit_in[slot] = first;
+      if (outbox_host_ == nullptr) continue;
+      reinterpret_cast<uint64_t*>(outbox_host_ + lay.outCredit(p))[slot] = first;
+      credit_sent_[static_cast<size_t>(p)][slot] = first;
+    }
+  }
 }
 
 GpuCommunicator::~GpuCommunicator() {

@@ -95,6 +95,9 @@ class GpuCommunicator : public ProxyHandler {
   void checkUsable() const;
   uint32_t roundsFor(size_t bytes) const;
   void pinProxyNearDevice();
+  // RESIDENT_GPU_FIRST_ROUND: every channel starts at round `first` (into `state`, before it is
+  // copied to the device).
+  void startRoundsAt(uint32_t first, gpu::DeviceState& state);
   // Proxy side of a checked trigger (the kernel did not fence the lines before it): the bytes
   // of the range's leading lines that carry `flag`, without waiting.
   uint64_t linesLanded(const unsigned char* lines, uint64_t bytes, uint32_t flag) const {
