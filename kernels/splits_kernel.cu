@@ -98,7 +98,7 @@ __device__ inline bool headerRows(const CollectiveArgs& a, const SplitsArgs& s, 
   auto* recv_rows = static_cast<unsigned char*>(const_cast<void*>(s.recv_rows));
   // Unique per op: the next op's first generation with a partner is past this one's.
   const int ref = a.rank + 1 < a.nranks ? a.rank + 1 : 0;
-  const uint32_t mark = flagOf(sh.base[ref] + 1);  // never 0, the state's initial value
+  const uint32_t mark = sh.base[ref] + 1;
   auto* ready = reinterpret_cast<volatile uint32_t*>(&a.reg.state->splits_header);
   bool ok = true;
   if (blockIdx.x == 0) {

@@ -27,7 +27,8 @@ CPU (in CI; 2 and 4 ranks, the resident backend on CPU tensors):
 
 GPU (``gpu`` marker; skipped without CUDA): the same cases on CUDA tensors plus graph replays
 with fresh counts / routings (activation and FP8 dispatch), per world size
-(RESIDENT_GPU_TESTS_WS, default 2,4,8) and path (direct, proxy, proxy+tcp)::
+(RESIDENT_GPU_TESTS_WS, default 2,4,8) and path (direct, proxy, proxy+tcp; at 2 ranks each also
+with round numbers that wrap)::
 
     python -m pytest -q tests/test_ep.py -m gpu
 """
@@ -765,10 +766,15 @@ def test_ep_references_see_the_edges():
 _GPU_JOBS = {}
 
 
+# Plus, at 2 ranks, every path with round numbers that wrap at the job's first op
+# (cuda_harness.PATH_KNOBS["wrap"]): the counts-with-rows exchange's header mark among them.
+GPU_KEYS = [(ws, p) for ws in C.WORLD_SIZES for p in GPU_PATHS]
+GPU_KEYS += [(2, p) for p in ("direct+wrap", "proxy+wrap", "proxy+wrap+tcp") if 2 in C.WORLD_SIZES]
+
+
 @pytest.mark.gpu
 @pytest.mark.resident_only
-@pytest.mark.parametrize("path", GPU_PATHS)
-@pytest.mark.parametrize("ws", C.WORLD_SIZES)
+@pytest.mark.parametrize("ws,path", GPU_KEYS, ids=[f"{p}-{ws}" for ws, p in GPU_KEYS])
 def test_ep_gpu(ws, path):
     if C.DRY_RUN:
         pytest.skip("CUDA graphs and device splits need a GPU")
