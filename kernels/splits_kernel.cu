@@ -64,11 +64,12 @@ __device__ __forceinline__ void sumRows(const SplitsArgs& s, int nranks, unsigne
 // Counts in the header (SplitsArgs::header_bytes): each message to a peer is the peer's counts
 // (zero-padded to header_bytes), then its rows; the peer learns its recv rows from the header
 // instead of from an exchange before. LL lines only (a pair's protocol must be known before
-// its counts). Round 0 carries only payload lines (the header at least; no credit lines); block
-// 0 of the receiver reads the headers and hands the counts to the other blocks (headerRows).
-// Rounds 1.. follow the body's rules (exchangedParts covers every part either side wrote in
-// round 0), and the next op reuses a slot only after this kernel's blocks have exited (it does
-// not let the next kernel launch early).
+// its counts), in rounds of half a chunk (the host halves the op's Region::chunk), so that they
+// never reach a slot's simple payload half. Round 0 carries only payload lines (the header at
+// least; no credit lines); block 0 of the receiver reads the headers and hands the counts to the
+// other blocks (headerRows). Rounds 1.. follow the body's rules (exchangedParts covers every part
+// either side wrote in round 0), and the next op reuses a slot only after this kernel's blocks have
+// exited (it does not let the next kernel launch early).
 
 // The counts header as the leading words of each message (collective_body.cuh): the 8 bytes
 // at message offset o (< header_bytes) to peer p are its counts, then zeros.

@@ -276,11 +276,13 @@ void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t 
     throw InvalidArgument("resident: all_to_all_device_splits: counts must be int32 or int64");
   if (per_peer == 0)
     throw InvalidArgument("resident: all_to_all_device_splits: no counts per peer");
-  // The header of a message with its counts: within the first part of a round.
+  // The header of a message with its counts: within the first part of a round (of half a
+  // chunk, below).
   const uint64_t header = counts_out ? (uint64_t{per_peer} * count_bytes + 7) / 8 * 8 : 0;
-  if (header > gpu::kPartPayload)
+  const uint64_t header_max = std::min<uint64_t>(gpu::kPartPayload, region_.chunk / 2);
+  if (header > header_max)
     throw InvalidArgument("resident: all_to_all_device_splits: counts_out takes at most " +
-                          std::to_string(gpu::kPartPayload) + " bytes of counts per peer (" +
+                          std::to_string(header_max) + " bytes of counts per peer (" +
                           std::to_string(per_peer) + " of " + std::to_string(count_bytes) +
                           " bytes given)");
   const uint64_t cap = static_cast<uint64_t>(max_rows) * row_bytes;
@@ -290,15 +292,23 @@ void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t 
   for (int p = 0; p < nranks_; ++p)
     partner(p, static_cast<const unsigned char*>(send) + p * cap, header + cap,
             static_cast<unsigned char*>(recv) + p * cap, header + cap);
-  const uint64_t first = header + cap < region_.chunk ? header + cap : region_.chunk;
+  // Counts in the header: LL lines only (a pair's protocol is known only with its counts), in
+  // rounds of half a chunk, so that the lines stay in the half of a slot that holds only lines
+  // and flags: the other half keeps the payload of the pair's last simple op, whose bytes could
+  // read as lines of this round (kernels/simple_device.cuh).
+  if (header != 0) a.reg.chunk = region_.chunk / 2;
+  const uint32_t chunk = a.reg.chunk;
+  const uint64_t first = header + cap < chunk ? header + cap : chunk;
   // The simple build when any pair could go simple at some count (simplePair grows with the
-  // bytes, so the capacity decides); it runs LL pairs as well. Counts in the header: LL only.
+  // bytes, so the capacity decides); it runs LL pairs as well.
   bool any_simple = false;
   for (int p = 0; p < nranks_ && header == 0; ++p)
     any_simple |= p != rank_ && gpu::simplePair(a.reg, p, static_cast<uint32_t>(first));
   a.common_send = nullptr;
   a.common_send_bytes = 0;
-  a.rounds_max = roundsFor(header + cap);
+  const uint64_t rounds = gpu::roundsOfBytes(header + cap, chunk);
+  if (rounds > 0xffffffffull) throw InvalidArgument("resident: message too large");
+  a.rounds_max = static_cast<uint32_t>(rounds);
   a.reg.simple = any_simple ? 1u : 0u;
   a.reg.trigger_fence = fenceTriggers(first);  // replaced on the device from the counts
   const uint32_t want = blocksFor(first);

@@ -47,7 +47,7 @@ struct GpuWriteRequest {
   uint32_t peer;
   uint64_t local_offset, remote_offset, bytes;
   TriggerKind kind;
-  uint32_t value;  // lines: their flag; flag: the generation
+  uint32_t value;  // lines: their flag; flag: the flag to raise (kernels/ll_device.cuh, flagOf)
 };
 
 RESIDENT_HOST_DEVICE inline uint64_t encodeWriteFst(uint64_t local_offset, uint64_t remote_offset) {
