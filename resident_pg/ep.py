@@ -12,8 +12,8 @@ Two pieces:
   expert-major layout, float32 weighted combine): the payload moves through
   :func:`all_to_all_device_splits` (only the filled slots of each peer), in both directions;
   dispatch's per-(peer, local expert) counts go ahead of the rows in the same exchange on CUDA
-  where a peer's capacity is at most :data:`COUNTS_WITH_ROWS_MAX_BYTES`, else first, in a small
-  fixed-size ``all_to_all_single``.  On
+  where every peer is on the direct path and a peer's capacity is at most
+  :data:`COUNTS_WITH_ROWS_MAX_BYTES`, else first, in a small fixed-size ``all_to_all_single``.  On
   a group whose backend for the tensors' device is not resident, the same API runs over
   ``all_to_all_single`` of the padded buffers.  ``use_fp8=True`` dispatches each token as
   float8_e4m3fn values with one float32 scale per 128 channels (DeepEP's low-latency format,
@@ -45,11 +45,12 @@ __all__ = ["COUNTS_WITH_ROWS_MAX_BYTES", "Buffer", "EventOverlap", "LowLatencyHa
            "all_to_all_device_splits", "resident_backend"]
 
 _TRANSPORTS = ("auto", "splits", "padded")
-# A peer's dispatch capacity up to which its counts travel with its rows (docs/ep.md): the
-# counts-in-header exchange moves LL lines only, twice the bytes of the payload-and-flags
-# protocol of larger messages; 2 ranks on one H200 it was as fast or 3-4% faster at 112 KiB
-# (one token of hidden 7168, top-8) and 13-38% slower over the proxy from 224 KiB
-# (docs/decisions.md).
+# A peer's dispatch capacity up to which its counts travel with its rows (docs/ep.md), on a
+# group whose peers are all on the direct path: the counts-in-header exchange moves LL lines
+# only, in rounds of half a chunk, twice the bytes of the payload-and-flags protocol of larger
+# messages. 2 ranks on one H200 at 112 KiB (one token of hidden 7168, top-8) it was as fast or
+# faster than the counts first on the direct path, as fast or slower through the proxy over
+# shm, slower over tcp; from 224 KiB slower through the proxy (docs/decisions.md).
 COUNTS_WITH_ROWS_MAX_BYTES = 128 * 1024
 # what a dispatch moves per (token, expert) pair: the activation rows, or FP8 rows whose scales
 # are float32 or UE8M0 bytes
@@ -193,6 +194,12 @@ class Buffer:
         self.check = check
         # looked up once: the splits exchange calls it directly, twice per dispatch + combine
         self._resident = resident_backend(group, self.device)
+        # Every peer on the direct path? The same answer on every rank: a group that spans
+        # hosts gives each rank a proxied peer on another host, and RESIDENT_PATH=proxy (which
+        # the ranks must agree on) proxies every pair.
+        self._all_direct = self._resident is not None and all(
+            self._resident.path_for(p) == "direct"
+            for p in range(self.num_ranks) if p != self.rank)
         if transport == "auto":
             transport = "splits" if self._resident is not None else "padded"
         elif transport == "splits" and self._resident is None:
@@ -226,9 +233,10 @@ class Buffer:
     def _counts_with_rows(self, d: MoEDispatcher) -> bool:
         """Whether CUDA dispatch sends each peer its counts ahead of its rows (one exchange;
         ``all_to_all_device_splits(counts_out=True)``) rather than in an exchange of their own
-        first: where a peer's capacity (``d``'s slots per peer times its row) is at most
-        :data:`COUNTS_WITH_ROWS_MAX_BYTES`.  The same on every rank (the Buffer's geometry)."""
-        return self.device.type == "cuda" and \
+        first: where every peer is on the direct path and a peer's capacity (``d``'s slots per
+        peer times its row) is at most :data:`COUNTS_WITH_ROWS_MAX_BYTES`.  The same on every
+        rank (the group's paths and the Buffer's geometry)."""
+        return self.device.type == "cuda" and self._all_direct and \
             d.slots_per_rank * d.dispatch_row_bytes() <= COUNTS_WITH_ROWS_MAX_BYTES
 
     @staticmethod
