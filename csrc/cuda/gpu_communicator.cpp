@@ -229,12 +229,13 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
 
 void GpuCommunicator::startRoundsAt(uint32_t first, gpu::DeviceState& state) {
   if (first == 0) return;  // zeroed memory already says so
+  // The device-splits header mark (an op's first round with its reference peer + 1): one that
+  // the first op's cannot equal.
+  state.splits_header = first;
   // Every channel's round number, and what the send side knows of the receiver's credits: the
   // receiver has consumed every round up to `first` (p2p_kernel.cu's waitCredit), in the
   // device's cache, in this rank's credit words that peers write and, proxied, in the outbox
   // words the proxy forwards and in its record of what it sent.
-  // The device-splits header mark of the op before the first (a mark is its first round + 1).
-  state.splits_header = first;
   const GpuLayout& lay = comm_.gpuLayout();
   unsigned char* region = comm_.segmentBase() + comm_.gpuRegionOffset();
   for (int p = 0; p < nranks_; ++p) {
