@@ -424,6 +424,42 @@ def test_persistent_mode_options_fail_group_creation():
     assert out["sum"] == list(range(6))
 
 
+def _rounds_agreement_job(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    def attempt(opts):
+        try:
+            dist.new_group([0, 1], backend="resident", pg_options=opts)
+            return "no error"
+        except Exception as e:  # noqa: BLE001
+            return f"{type(e).__name__}: {e}"
+
+    out = {"chunk": attempt({"gpu_chunk_bytes": "131072"} if rank == 0 else None),
+           "first": attempt({"gpu_first_round": "7"} if rank == 1 else None)}
+    g = dist.new_group([0, 1], backend="resident",
+                       pg_options={"gpu_chunk_bytes": "131072", "gpu_first_round": "7"})
+    t = torch.arange(4, dtype=torch.int64) * (rank + 3)
+    dist.all_reduce(t, group=g)
+    out["sum"] = t.tolist()
+    return out
+
+
+@pytest.mark.resident_only
+def test_gpu_rounds_must_agree():
+    """Both ranks of a pair cut a CUDA message into rounds of RESIDENT_GPU_CHUNK_BYTES and number
+    them from RESIDENT_GPU_FIRST_ROUND, so a group whose ranks differ on either fails to form on
+    every rank with a message naming both settings (instead of pairs out of step until the
+    device's timeout); a group that agrees works."""
+    for out in H.run_ranks(_rounds_agreement_job, 2, timeout_s=90):
+        for key, differ in (("chunk", "RESIDENT_GPU_CHUNK_BYTES="), ("first", "RESIDENT_GPU_FIRST_ROUND=")):
+            text = out[key]
+            assert text.startswith("ValueError") and "all ranks must agree" in text, out
+            want = ("131072", "65536") if key == "chunk" else ("7", "0")
+            assert all(f"{differ}{v}" in text for v in want), out
+        assert out["sum"] == [0, 7, 14, 21], out
+
+
 def _protocol_agreement_job(rank, ws):
     import torch
     import torch.distributed as dist

@@ -46,6 +46,18 @@ std::string describeProtocolKey(const std::string& key) {
   return "RESIDENT_GPU_PROTOCOL=" + key;
 }
 
+// What every rank must agree on for the CUDA path's rounds: the chunk and the first round
+// number, "<chunk>/<first round>": one field of the setup descriptor.
+std::string gpuRoundsKey(const Config& cfg) {
+  return std::to_string(cfg.gpu_chunk_bytes) + "/" + std::to_string(cfg.gpu_first_round);
+}
+
+std::string describeRoundsKey(const std::string& key) {
+  const size_t slash = key.find('/');
+  return "RESIDENT_GPU_CHUNK_BYTES=" + key.substr(0, slash) +
+         " RESIDENT_GPU_FIRST_ROUND=" + (slash == std::string::npos ? "?" : key.substr(slash + 1));
+}
+
 }  // namespace
 
 std::string localHostKey() {
@@ -137,14 +149,16 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   peer_proxies_.assign(static_cast<size_t>(nranks), false);
 
   // One descriptor exchange: host key, pid, inbox name and size, ring geometry, transport
-  // setting, tcp endpoint, RDMA port, path setting and the CUDA path's protocol key.
+  // setting, tcp endpoint, RDMA port, path setting, the CUDA path's protocol key, the hand-off
+  // threshold and the CUDA path's rounds key.
   const std::string host_key = localHostKey();
   const std::string desc = host_key + "|" + std::to_string(getpid()) + "|" + inbox_.name() + "|" +
                            std::to_string(segment_bytes) + "|" + std::to_string(cfg.slots) + "|" +
                            std::to_string(cfg.slot_bytes) + "|" + cfg.transport + "|" +
                            (tcp_ ? tcp_->endpoint() : std::string("-")) + "|" +
                            (ib_local_ ? "ib" : "-") + "|" + pathModeName(cfg.path) + "|" +
-                           gpuProtocolKey(cfg) + "|" + std::to_string(cfg.handoff_bytes);
+                           gpuProtocolKey(cfg) + "|" + std::to_string(cfg.handoff_bytes) + "|" +
+                           gpuRoundsKey(cfg);
   const auto all = allGatherStrings(store, rank, nranks, "resident/desc", desc);
 
   peers_.resize(static_cast<size_t>(nranks));
@@ -155,7 +169,7 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   const std::string key0 = all[0].substr(0, all[0].find('|'));
   for (int p = 0; p < nranks; ++p) {
     const auto f = split(all[static_cast<size_t>(p)], '|');
-    if (f.size() != 12)
+    if (f.size() != 13)
       throw CommError("resident: malformed descriptor from rank " + std::to_string(p));
     PeerInfo& info = peers_[static_cast<size_t>(p)];
     info.host = f[0].substr(0, f[0].find('/'));
@@ -189,6 +203,14 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
       throw InvalidArgument("resident: rank " + std::to_string(p) +
                             " uses RESIDENT_HANDOFF_BYTES=" + f[11] + " but rank " +
                             std::to_string(rank) + " uses " + std::to_string(cfg.handoff_bytes) +
+                            "; all ranks must agree");
+    }
+    if (f[12] != gpuRoundsKey(cfg)) {
+      // Both ranks of a pair cut a CUDA message into rounds of the chunk and number the rounds
+      // from the first one: ranks that differ would fall out of step until the device timeout.
+      throw InvalidArgument("resident: rank " + std::to_string(p) + " uses " +
+                            describeRoundsKey(f[12]) + " but rank " + std::to_string(rank) +
+                            " uses " + describeRoundsKey(gpuRoundsKey(cfg)) +
                             "; all ranks must agree");
     }
     endpoints[static_cast<size_t>(p)] = f[7];
