@@ -424,24 +424,33 @@ def test_persistent_mode_options_fail_group_creation():
     assert out["sum"] == list(range(6))
 
 
-def _rounds_agreement_job(rank, ws):
+def _form_pair_group(opts):
+    """dist.new_group([0, 1]) with ``opts`` as its pg_options: "no error", or the exception."""
+    import torch.distributed as dist
+
+    try:
+        dist.new_group([0, 1], backend="resident", pg_options=opts)
+        return "no error"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+def _pair_group_sum(rank, opts):
+    """A new [0, 1] group with ``opts`` and its all_reduce of arange(4) * (rank + 3), which is
+    [0, 7, 14, 21] when the group works."""
     import torch
     import torch.distributed as dist
 
-    def attempt(opts):
-        try:
-            dist.new_group([0, 1], backend="resident", pg_options=opts)
-            return "no error"
-        except Exception as e:  # noqa: BLE001
-            return f"{type(e).__name__}: {e}"
-
-    out = {"chunk": attempt({"gpu_chunk_bytes": "131072"} if rank == 0 else None),
-           "first": attempt({"gpu_first_round": "7"} if rank == 1 else None)}
-    g = dist.new_group([0, 1], backend="resident",
-                       pg_options={"gpu_chunk_bytes": "131072", "gpu_first_round": "7"})
+    g = dist.new_group([0, 1], backend="resident", pg_options=opts)
     t = torch.arange(4, dtype=torch.int64) * (rank + 3)
     dist.all_reduce(t, group=g)
-    out["sum"] = t.tolist()
+    return g, t.tolist()
+
+
+def _rounds_agreement_job(rank, ws):
+    out = {"chunk": _form_pair_group({"gpu_chunk_bytes": "131072"} if rank == 0 else None),
+           "first": _form_pair_group({"gpu_first_round": "7"} if rank == 1 else None)}
+    _g, out["sum"] = _pair_group_sum(rank, {"gpu_chunk_bytes": "131072", "gpu_first_round": "7"})
     return out
 
 
@@ -462,23 +471,13 @@ def test_gpu_rounds_must_agree():
 
 def _protocol_agreement_job(rank, ws):
     import torch
-    import torch.distributed as dist
-
-    def attempt(opts):
-        try:
-            dist.new_group([0, 1], backend="resident", pg_options=opts)
-            return "no error"
-        except Exception as e:  # noqa: BLE001
-            return f"{type(e).__name__}: {e}"
 
     # The default is simple: rank 0 asks for ll.
-    out = {"protocol": attempt({"gpu_protocol": "ll"} if rank == 0 else None),
-           "path": attempt({"path": "proxy" if rank == 0 else "auto"}),
-           "ll_paths": attempt({"gpu_protocol": "ll", "path": "proxy" if rank == 0 else "auto"})}
-    g = dist.new_group([0, 1], backend="resident", pg_options={"gpu_protocol": "simple"})
-    t = torch.arange(4, dtype=torch.int64) * (rank + 3)
-    dist.all_reduce(t, group=g)
-    out["sum"] = t.tolist()
+    out = {"protocol": _form_pair_group({"gpu_protocol": "ll"} if rank == 0 else None),
+           "path": _form_pair_group({"path": "proxy" if rank == 0 else "auto"}),
+           "ll_paths": _form_pair_group({"gpu_protocol": "ll",
+                                         "path": "proxy" if rank == 0 else "auto"})}
+    g, out["sum"] = _pair_group_sum(rank, {"gpu_protocol": "simple"})
     out["config"] = g._get_backend(torch.device("cpu")).config()
     return out
 
