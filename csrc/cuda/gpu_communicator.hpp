@@ -93,7 +93,8 @@ class GpuCommunicator : public ProxyHandler {
   void launchCollective(void* stream);
   void launchP2P(bool is_send, const void* src, void* dst, size_t bytes, int peer, void* stream);
   void checkUsable() const;
-  uint32_t roundsFor(size_t bytes) const;
+  uint32_t roundsFor(size_t bytes) const;  // in rounds of the group's chunk
+  static uint32_t roundsFor(size_t bytes, uint32_t chunk);
   void pinProxyNearDevice();
   // RESIDENT_GPU_FIRST_ROUND: every channel starts at round `first` (into `state`, before it is
   // copied to the device).

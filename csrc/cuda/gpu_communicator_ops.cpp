@@ -25,7 +25,11 @@ static_assert(static_cast<int>(DType::kUInt8) == 6 && static_cast<int>(RedOp::kB
 }  // namespace
 
 uint32_t GpuCommunicator::roundsFor(size_t bytes) const {
-  const uint64_t r = gpu::roundsOfBytes(bytes, region_.chunk);
+  return roundsFor(bytes, region_.chunk);
+}
+
+uint32_t GpuCommunicator::roundsFor(size_t bytes, uint32_t chunk) {
+  const uint64_t r = gpu::roundsOfBytes(bytes, chunk);
   if (r > 0xffffffffull) throw InvalidArgument("resident: message too large");
   return static_cast<uint32_t>(r);
 }
@@ -306,9 +310,7 @@ void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t 
     any_simple |= p != rank_ && gpu::simplePair(a.reg, p, static_cast<uint32_t>(first));
   a.common_send = nullptr;
   a.common_send_bytes = 0;
-  const uint64_t rounds = gpu::roundsOfBytes(header + cap, chunk);
-  if (rounds > 0xffffffffull) throw InvalidArgument("resident: message too large");
-  a.rounds_max = static_cast<uint32_t>(rounds);
+  a.rounds_max = roundsFor(header + cap, chunk);
   a.reg.simple = any_simple ? 1u : 0u;
   a.reg.trigger_fence = fenceTriggers(first);  // replaced on the device from the counts
   const uint32_t want = blocksFor(first);
