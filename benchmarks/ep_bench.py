@@ -165,7 +165,6 @@ def _rank(rank, world, port, env, args, queue):
 
     if args.counts_with_rows_max_bytes is not None:  # where dispatch's counts ride with its rows
         bound = args.counts_with_rows_max_bytes
-        resident_pg.ep.COUNTS_WITH_ROWS_MAX_BYTES = bound
         resident_pg.ep.Buffer._counts_with_rows = (  # on every path
             lambda self, d: self.device.type == "cuda"
             and d.slots_per_rank * d.dispatch_row_bytes() <= bound)
@@ -227,9 +226,9 @@ def main():
                    help="also time FP8 dispatch (ep8 step, d16 / d8 dispatch alone)")
     p.add_argument("--counts-with-rows-max-bytes", type=int, default=None,
                    help="CUDA: the largest capacity per peer at which dispatch sends its counts "
-                        "with its rows, on every path (default: the Buffer's rule, "
-                        "resident_pg.ep.COUNTS_WITH_ROWS_MAX_BYTES where every peer is direct); 0: "
-                        "always first, in an exchange of their own")
+                        "with its rows, whatever the group's transports (default: the Buffer's "
+                        "rule, resident_pg.ep.counts_with_rows_max_bytes); 0: always first, in "
+                        "an exchange of their own")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args()
     for e in args.experts:

@@ -12,8 +12,8 @@ Two pieces:
   expert-major layout, float32 weighted combine): the payload moves through
   :func:`all_to_all_device_splits` (only the filled slots of each peer), in both directions;
   dispatch's per-(peer, local expert) counts go ahead of the rows in the same exchange on CUDA
-  where every peer is on the direct path and a peer's capacity is at most
-  :data:`COUNTS_WITH_ROWS_MAX_BYTES`, else first, in a small fixed-size ``all_to_all_single``.  On
+  where a peer's capacity is at most :func:`counts_with_rows_max_bytes` of the group's transports,
+  else first, in a small fixed-size ``all_to_all_single``.  On
   a group whose backend for the tensors' device is not resident, the same API runs over
   ``all_to_all_single`` of the padded buffers.  ``use_fp8=True`` dispatches each token as
   float8_e4m3fn values with one float32 scale per 128 channels (DeepEP's low-latency format,
@@ -41,17 +41,34 @@ import torch.distributed as dist
 from resident_pg.ep_fp8 import Fp8Rows, check_fp8_options, row_bytes
 from resident_pg.moe import DispatchHandle, MoEDispatcher, check_token_rows, resolve_device
 
-__all__ = ["COUNTS_WITH_ROWS_MAX_BYTES", "Buffer", "EventOverlap", "LowLatencyHandle",
-           "all_to_all_device_splits", "resident_backend"]
+__all__ = ["COUNTS_WITH_ROWS_MAX_BYTES", "COUNTS_WITH_ROWS_MAX_BYTES_NETWORK", "Buffer",
+           "EventOverlap", "LowLatencyHandle", "all_to_all_device_splits",
+           "counts_with_rows_max_bytes", "resident_backend"]
 
 _TRANSPORTS = ("auto", "splits", "padded")
-# A peer's dispatch capacity up to which its counts travel with its rows (docs/ep.md), on a
-# group whose peers are all on the direct path: the counts-in-header exchange moves LL lines
-# only, in rounds of half a chunk, twice the bytes of the payload-and-flags protocol of larger
-# messages. 2 ranks on one H200 at 112 KiB (one token of hidden 7168, top-8) it was as fast or
-# faster than the counts first on the direct path, as fast or slower through the proxy over
-# shm, slower over tcp; from 224 KiB slower through the proxy (docs/decisions.md).
-COUNTS_WITH_ROWS_MAX_BYTES = 128 * 1024
+# A peer's dispatch capacity up to which its counts travel with its rows (docs/ep.md): the
+# counts-in-header exchange saves an exchange but moves LL lines only, in rounds of half a chunk,
+# twice the bytes of the payload-and-flags protocol of larger messages, and bytes cost more over
+# a network. On one H200 (docs/decisions.md) the counts with the rows were as fast or faster up
+# to 112 KiB within a host (direct or proxied over shm), and over tcp 12-15% faster at 32 KiB,
+# as fast at 64 KiB, slower from 112 KiB.
+COUNTS_WITH_ROWS_MAX_BYTES = 128 * 1024  # every peer over shm (this host)
+COUNTS_WITH_ROWS_MAX_BYTES_NETWORK = 32 * 1024  # a peer over tcp or ib
+
+
+def counts_with_rows_max_bytes(transports) -> int:
+    """The capacity per peer up to which a group's dispatch sends its counts with its rows, for
+    the transports its peers are reached over (the backend's ``transport_for`` names: ``shm``,
+    ``tcp``, ``ib``; ``self`` ignored): :data:`COUNTS_WITH_ROWS_MAX_BYTES` when every peer is
+    over shm, else :data:`COUNTS_WITH_ROWS_MAX_BYTES_NETWORK` (ib takes the network bound
+    unmeasured: no RDMA device has run it).  Every rank of a group gets the same answer: a
+    group that spans hosts gives every rank a peer on another host, and RESIDENT_TRANSPORT must
+    agree across ranks."""
+    if all(t in ("shm", "self") for t in transports):
+        return COUNTS_WITH_ROWS_MAX_BYTES
+    return COUNTS_WITH_ROWS_MAX_BYTES_NETWORK
+
+
 # what a dispatch moves per (token, expert) pair: the activation rows, or FP8 rows whose scales
 # are float32 or UE8M0 bytes
 _ACTIVATIONS, _FP8, _FP8_UE8M0 = "activations", "fp8", "fp8_ue8m0"
@@ -194,12 +211,10 @@ class Buffer:
         self.check = check
         # looked up once: the splits exchange calls it directly, twice per dispatch + combine
         self._resident = resident_backend(group, self.device)
-        # Every peer on the direct path? The same answer on every rank: a group that spans
-        # hosts gives each rank a proxied peer on another host, and RESIDENT_PATH=proxy (which
-        # the ranks must agree on) proxies every pair.
-        self._all_direct = self._resident is not None and all(
-            self._resident.path_for(p) == "direct"
-            for p in range(self.num_ranks) if p != self.rank)
+        # Where dispatch's counts ride with its rows (counts_with_rows_max_bytes): 0 without
+        # the resident backend (no device-splits exchange).
+        self._counts_with_rows_max = 0 if self._resident is None else counts_with_rows_max_bytes(
+            self._resident.transport_for(p) for p in range(self.num_ranks))
         if transport == "auto":
             transport = "splits" if self._resident is not None else "padded"
         elif transport == "splits" and self._resident is None:
@@ -233,11 +248,11 @@ class Buffer:
     def _counts_with_rows(self, d: MoEDispatcher) -> bool:
         """Whether CUDA dispatch sends each peer its counts ahead of its rows (one exchange;
         ``all_to_all_device_splits(counts_out=True)``) rather than in an exchange of their own
-        first: where every peer is on the direct path and a peer's capacity (``d``'s slots per
-        peer times its row) is at most :data:`COUNTS_WITH_ROWS_MAX_BYTES`.  The same on every
-        rank (the group's paths and the Buffer's geometry)."""
-        return self.device.type == "cuda" and self._all_direct and \
-            d.slots_per_rank * d.dispatch_row_bytes() <= COUNTS_WITH_ROWS_MAX_BYTES
+        first: where a peer's capacity (``d``'s slots per peer times its row) is at most
+        :func:`counts_with_rows_max_bytes` of the group's transports.  The same on every rank
+        (the group's transports and the Buffer's geometry)."""
+        return self.device.type == "cuda" and \
+            d.slots_per_rank * d.dispatch_row_bytes() <= self._counts_with_rows_max
 
     @staticmethod
     def _row_format(use_fp8: bool, use_ue8m0: bool) -> str:

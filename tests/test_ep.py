@@ -80,8 +80,11 @@ EP_SCENARIOS = {
     "random_bf16": ("bfloat16", 4, 40, 6, 3, [[6, 3, 0, 5], [2, 6, 6, 1]], "random"),
     "masked_f32": ("float32", 3, 24, 5, 4, [[5, 1, 4]], "masked"),
     "hot_f32": ("float32", 2, 16, 5, 2, [[5]], "hot"),
-    # 8 KiB rows, 32 slots per peer: a capacity past resident_pg.ep's counts-with-rows bound,
-    # so that CUDA dispatch exchanges the counts first (the other scenarios send them with rows)
+    # 2 KiB rows, 32 slots per peer (64 KiB): between resident_pg.ep's counts-with-rows bounds,
+    # so that CUDA dispatch sends the counts with the rows within a host and first over tcp
+    "mid_bf16": ("bfloat16", 4, 1024, 8, 4, [[8, 5]], "random"),
+    # 8 KiB rows, 32 slots per peer (256 KiB): past both bounds, so that CUDA dispatch exchanges
+    # the counts first (the first three scenarios send them with the rows on every path)
     "wide_bf16": ("bfloat16", 4, 4096, 8, 4, [[8, 3]], "random"),
 }
 
@@ -358,6 +361,8 @@ def _ep_case(rank, ws, device, name, transport, group=None):
         w = _dev(ep_weights(key, rank, T, K), torch.float32, device)
         recv_x, recv_count, handle, event, hook = buf.low_latency_dispatch(
             x, idx, M, E, async_finish=True, return_recv_hook=True)
+        if rnd == 0 and buf.transport == "splits":
+            errs += _counts_with_rows_errors(buf, K, device)
         if not isinstance(event, EventOverlap) or not callable(hook):
             errs.append(f"round {rnd}: dispatch returned event {event!r}, hook {hook!r}")
         event.current_stream_wait()
@@ -369,6 +374,36 @@ def _ep_case(rank, ws, device, name, transport, group=None):
         errs += _check_ep(name, ws, rank, rnd, key, got_x, got_count, y,
                           f"{transport} round {rnd}")
     return errs
+
+
+def _counts_with_rows_errors(buf, K, device):
+    """Dispatch sends its counts with its rows on CUDA where a peer's capacity is at most the
+    bound of the job's path: over tcp the network's, else the one-host bound."""
+    import os
+
+    from resident_pg import ep
+
+    d = buf._dispatchers[(K, "activations")]
+    cap = d.slots_per_rank * d.dispatch_row_bytes()
+    tcp = os.environ.get("RESIDENT_TRANSPORT") == "tcp"
+    bound = ep.COUNTS_WITH_ROWS_MAX_BYTES_NETWORK if tcp else ep.COUNTS_WITH_ROWS_MAX_BYTES
+    want = device == "cuda" and cap <= bound
+    got = d.exchange_with_counts is not None
+    if got == want:
+        return []
+    return [f"capacity {cap} B per peer{' over tcp' if tcp else ''}: counts with the rows "
+            f"{got}, expected {want}"]
+
+
+def test_counts_with_rows_bound_follows_the_farthest_transport():
+    """A group with any peer over a network transport takes the network bound."""
+    from resident_pg import ep
+
+    assert ep.COUNTS_WITH_ROWS_MAX_BYTES_NETWORK < ep.COUNTS_WITH_ROWS_MAX_BYTES
+    assert ep.counts_with_rows_max_bytes(["self", "shm", "shm"]) == ep.COUNTS_WITH_ROWS_MAX_BYTES
+    for far in ("tcp", "ib"):
+        assert ep.counts_with_rows_max_bytes(["shm", "self", far]) == \
+            ep.COUNTS_WITH_ROWS_MAX_BYTES_NETWORK
 
 
 def _ep_graph_case(rank, ws, device, replays):
@@ -734,7 +769,7 @@ def _cpu(ws):
 def test_ep_cpu(ws):
     per_rank = _cpu(ws)
     cases = per_rank[0]["cases"]
-    assert len(cases) == 3 * 2 * 3 + 2 * 2 * 2 + 4 * 3 + 2 + 3 * 3 + 1
+    assert len(cases) == 3 * 2 * 3 + 2 * 2 * 2 + 5 * 3 + 2 + 3 * 3 + 1
     problems = [p for cid in cases for p in _problems(per_rank, cid)]
     assert not problems, "\n".join(problems[:20])
 
