@@ -230,7 +230,7 @@ OpHandle Engine::commit(Op* op) {
   op->deadline_ns = op->start_ns + timeout_ns_;
   op->last_liveness_check_ns = op->start_ns;
   // Written under the engine lock only: a store, no read-modify-write.
-  const uint32_t generation = op->generation.load(std::memory_order_relaxed) + 1;
+  const uint64_t generation = op->generation.load(std::memory_order_relaxed) + 1;
   op->generation.store(generation, std::memory_order_release);
   op->state.store(OpState::kActive, std::memory_order_release);
   active_.push_back(op);

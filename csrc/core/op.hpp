@@ -84,7 +84,7 @@ struct Op {
   uint64_t last_liveness_check_ns = 0;
   // Bumped each time the slot starts an op; a handle of an earlier one no longer matches (a
   // waiter may read it while another thread restarts the slot).
-  std::atomic<uint32_t> generation{0};
+  std::atomic<uint64_t> generation{0};  // 64 bits: never wraps within a process
   bool released = false;
   bool bound = false;  // recv: a message has been matched to it
   // recv from any source: `peer` is -1 and the buffer waits here until a message binds the
@@ -101,7 +101,7 @@ struct Op {
 
 struct OpHandle {
   Op* op = nullptr;
-  uint32_t generation = 0;
+  uint64_t generation = 0;
 };
 
 }  // namespace resident
