@@ -50,8 +50,8 @@ _TRANSPORTS = ("auto", "splits", "padded")
 # counts-in-header exchange saves an exchange but moves LL lines only, in rounds of half a chunk,
 # twice the bytes of the payload-and-flags protocol of larger messages, and bytes cost more over
 # a network. On one H200 (docs/decisions.md) the counts with the rows were as fast or faster up
-# to 112 KiB within a host (direct or proxied over shm), and over tcp 12-15% faster at 32 KiB,
-# as fast at 64 KiB, slower from 112 KiB.
+# to 128 KiB within a host (direct or proxied over shm), and over tcp 13-15% faster at 32 KiB,
+# even at 64 KiB, slower from 112 KiB.
 COUNTS_WITH_ROWS_MAX_BYTES = 128 * 1024  # every peer over shm (this host)
 COUNTS_WITH_ROWS_MAX_BYTES_NETWORK = 32 * 1024  # a peer over tcp or ib
 
