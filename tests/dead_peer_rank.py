@@ -1,7 +1,8 @@
 """One rank of a dead-peer job (tests/test_dead_peer.py starts it as a plain subprocess, so the
 test decides whether and when a killed rank is reaped).
 
-argv: a JSON object: rank, world_size, store_port, scenario, device, victim, timeout_s.
+argv: a JSON object: rank, world_size, store_port, scenario, device, victim, timeout_s, op
+("all_reduce", or "ep": one resident_pg.ep.Buffer dispatch + combine).
 Prints JSON lines on stdout: {"ready": ...} when the rank reached the point where it may be
 killed, and, for a survivor, {"result": {...}} with the wall-clock time it raised.
 """
@@ -15,6 +16,31 @@ import time
 
 def say(**kw):
     print(json.dumps(kw), flush=True)
+
+
+def ep_step(rank, ws, device):
+    """One EP decode step on the world group: Buffer dispatch + combine of 4 tokens, top-2 of
+    2 experts per rank (on CUDA the counts travel with the rows on every path)."""
+    import torch
+
+    from resident_pg.ep import Buffer
+
+    tokens, hidden, experts, top_k = 4, 64, 2 * ws, 2
+    buf = Buffer(None, tokens, hidden, experts, torch.float32, device, num_topk=top_k)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(tokens, hidden, generator=g).to(device)
+    idx = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+    idx = idx.to(device)
+    weights = torch.rand(tokens, top_k, generator=g).to(device)
+
+    def step(group=None):
+        recv_x, _count, handle, _event, _hook = buf.low_latency_dispatch(x, idx, tokens, experts)
+        out, _event, _hook = buf.low_latency_combine(recv_x, idx, weights, handle)
+        if device == "cuda":
+            out.cpu()  # the host learns of a failed op at the next call
+        return out
+
+    return step
 
 
 def main():
@@ -55,6 +81,9 @@ def main():
         if device == "cuda":
             t.cpu()  # the host learns of a failed op at the next call
         return t
+
+    if cfg.get("op") == "ep":
+        op = ep_step(rank, ws, device)
 
     for _ in range(3):  # every rank warms up on every group it belongs to
         t = op()

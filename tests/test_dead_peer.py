@@ -10,7 +10,8 @@ it died while they were outside any op):
 - subgroup: the victim and rank 1 form a subgroup; rank 1 waits on it, rank 0 on the world;
 - creation: the victim is killed while it creates the group, before the others start theirs;
 - stuck (alive, never calls): rank 0 gives up at its own short timeout, and rank 1, whose
-  timeout is long, learns it from rank 0 at once.
+  timeout is long, learns it from rank 0 at once;
+- during EP: the survivors run resident_pg.ep.Buffer dispatch + combine when the victim dies.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class _Rank:
                 f"  stderr tail: {''.join(self.err[-15:])}")
 
 
-def run_job(scenario, device="cpu", env_extra=None, reap=True, victim=VICTIM, timeouts=None):
+def run_job(scenario, device="cpu", env_extra=None, reap=True, victim=VICTIM, timeouts=None,
+            op="all_reduce"):
     """Runs one job; returns (ranks, t_kill)."""
     import torch.distributed as dist
 
@@ -94,7 +96,7 @@ def run_job(scenario, device="cpu", env_extra=None, reap=True, victim=VICTIM, ti
         for r in range(WS):
             cfg = {"rank": r, "world_size": WS, "store_port": port, "scenario": scenario,
                    "device": device, "victim": victim, "timeout_s": timeouts,
-                   "killed_marker": marker}
+                   "killed_marker": marker, "op": op}
             ranks.append(_Rank(r, cfg, env))
         t_kill = None
         if victim >= 0:
@@ -165,6 +167,15 @@ def test_killed_peer_noticed_in_subgroup_and_creation(scenario, mode):
 
 
 @pytest.mark.resident_only
+@pytest.mark.parametrize("mode", list(MODES))
+def test_killed_peer_noticed_during_ep(mode):
+    """A rank killed while the others run EP dispatch + combine (resident_pg.ep.Buffer)."""
+    ranks, t_kill = run_job("during_op", env_extra=MODES[mode], reap=False, op="ep")
+    problems = check_survivors(ranks, t_kill)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.resident_only
 @pytest.mark.parametrize("mode", ["shm", "tcp"])
 def test_stuck_peer_times_out_and_the_failure_spreads(mode):
     # Rank 0 gives up after 2 s; rank 1 (timeout 60 s) must follow within DETECT_S of that.
@@ -176,15 +187,19 @@ def test_stuck_peer_times_out_and_the_failure_spreads(mode):
     assert "rank 0" in r1["message"], r1["message"]
 
 
+CUDA_CASES = [("during_op", "all_reduce"), ("between_ops", "all_reduce"), ("during_op", "ep")]
+
+
 @pytest.mark.gpu
 @pytest.mark.resident_only
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("reap", [False, True], ids=["unreaped", "reaped"])
-@pytest.mark.parametrize("scenario", ["during_op", "between_ops"])
-def test_killed_peer_noticed_cuda(scenario, reap, mode):
+@pytest.mark.parametrize("scenario,op", CUDA_CASES, ids=["during_op", "between_ops", "during_ep"])
+def test_killed_peer_noticed_cuda(scenario, op, reap, mode):
     """CUDA tensors: the survivors' kernels waiting on the dead rank exit, the host raises naming
-    it, and the GPU (and the MPS server, with several ranks on one GPU) still serve a fresh job."""
-    ranks, t_kill = run_job(scenario, device="cuda", env_extra=MODES[mode], reap=reap)
+    it, and the GPU (and the MPS server, with several ranks on one GPU) still serve a fresh job.
+    ``during_ep``: the survivors run EP dispatch + combine (the counts-with-rows exchange)."""
+    ranks, t_kill = run_job(scenario, device="cuda", env_extra=MODES[mode], reap=reap, op=op)
     problems = check_survivors(ranks, t_kill)
     after, _ = run_job("healthy", device="cuda", env_extra=MODES[mode], victim=-1)
     for r in after:
