@@ -12,7 +12,9 @@ Every op on CPU tensors runs through the proxy and tcp at 2 and 3 ranks, reusing
 of test_collectives_cpu.py and test_p2p_cpu.py (random data, numpy references, bitwise for
 integers), plus describe() (transport "tcp", path "proxy"), the coalesced and list forms,
 messages over 1 MiB, a group that mixes shm and tcp, a SIGKILLed peer (DistBackendError naming
-it within the timeout), file descriptors and threads back to baseline after destroy, and a
+it within the timeout), a host that vanishes without closing its connections (its link down, its
+rank stopped: the same error within the tcp unreachable timeout, well before the group's), file
+descriptors and threads back to baseline after destroy, and a
 fuzz test of the listening socket. RESIDENT_TRANSPORT=tcp on one host (no namespaces) runs
 everywhere.
 """
@@ -443,6 +445,71 @@ def test_tcp_netns_killed_peer(hosts):
             problems.append(f"rank {o.rank}: raised after {v['elapsed']:.1f} s")
         if o.destroy_status != "ok":
             problems.append(f"rank {o.rank}: destroy_process_group {o.destroy_status}")
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------
+# A host that vanishes
+# --------------------------------------------------------------------------
+
+VANISH_GROUP_TIMEOUT_S = 60  # the group's: the survivors must not need it
+UNREACHABLE_S = 10  # TcpOptions::unreachable_timeout_ns, below the group's timeout
+
+
+def _vanish_job(rank, ws):
+    """Rank 1's host vanishes after the warm-up: the link of its namespace goes down (no FIN, no
+    RST: what a power loss or a cut cable leaves) and the rank stops itself (SIGSTOP); ranks 0
+    and 2 keep calling all_reduce."""
+    import signal
+
+    import torch.distributed as dist
+
+    for i in range(3):
+        ins = [make_input(f"tcpvanish/warm/{i}", r, 1031, "float32") for r in range(ws)]
+        t = ins[rank].clone()
+        dist.all_reduce(t)
+    if rank == 1:
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
+                               check=True).stdout
+        veth = re.search(r"^\d+: (rpv[^@:]+)", links, re.MULTILINE).group(1)
+        subprocess.run(["ip", "link", "set", "dev", veth, "down"], check=True)
+        os.kill(os.getpid(), signal.SIGSTOP)  # the parent SIGKILLs it when the others are done
+    t0 = time.monotonic()
+    try:
+        for _ in range(1000):
+            dist.all_reduce(t)
+        return {"raised": False, "elapsed": time.monotonic() - t0}
+    except Exception as e:  # noqa: BLE001
+        return {"raised": True, "elapsed": time.monotonic() - t0, "type": type(e).__name__,
+                "message": str(e)}
+
+
+def test_tcp_netns_vanished_host(hosts):
+    try:
+        outcomes = H.run_ranks_collect(_vanish_job, 3, init_timeout_s=VANISH_GROUP_TIMEOUT_S,
+                                       timeout_s=120, stop_when_done=[0, 2], destroy_grace_s=15,
+                                       env=hosts.env())
+    finally:  # the host comes back for the module's other tests
+        links = _ip("-n", hosts.names[1], "-o", "link", "show").stdout
+        for veth in re.findall(r"^\d+: (rpv[^@:]+)", links, re.MULTILINE):
+            _ip("-n", hosts.names[1], "link", "set", "dev", veth, "up")
+    problems = []
+    for o in (outcomes[0], outcomes[2]):
+        if o.status != "ok":
+            problems.append(o.describe())
+            continue
+        v = o.value
+        if not v["raised"]:
+            problems.append(f"rank {o.rank}: no error although rank 1's host vanished")
+            continue
+        if v["type"] != "DistBackendError":
+            problems.append(f"rank {o.rank}: raised {v['type']}, expected DistBackendError")
+        if not NAMES_RANK_1.search(v["message"]) or "network" not in v["message"]:
+            problems.append(f"rank {o.rank}: the error does not name rank 1 and the network: "
+                            f"{v['message']}")
+        if v["elapsed"] > UNREACHABLE_S + SLACK_S:
+            problems.append(f"rank {o.rank}: raised after {v['elapsed']:.1f} s (the group's "
+                            f"timeout is {VANISH_GROUP_TIMEOUT_S} s)")
     assert not problems, "\n".join(problems)
 
 

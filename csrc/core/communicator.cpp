@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include "core/clock.hpp"
 #include "core/error.hpp"
@@ -137,6 +138,7 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
     TcpOptions opts;
     opts.bind_addr = cfg.tcp_addr;
     opts.stall_timeout_ns = timeout_ms * 1000000ull;
+    opts.unreachable_timeout_ns = std::min(opts.stall_timeout_ns, opts.unreachable_timeout_ns);
     opts.trace_prefix = cfg.gpu_proxy_trace;
     tcp_ = std::make_unique<TcpTransport>(rank, nranks, static_cast<unsigned char*>(inbox_.data()),
                                           segment_bytes, opts);

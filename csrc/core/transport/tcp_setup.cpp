@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +35,20 @@ std::string addrText(const sockaddr_in& a) {
 void setNoDelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// A host that vanishes without closing its connections is noticed: the kernel aborts the
+// connection (ETIMEDOUT) once sent data, or the keepalive probes that an idle connection sends
+// every second, go unacknowledged for `timeout_ns`.
+void setUnreachableTimeout(int fd, uint64_t timeout_ns) {
+  const int one = 1;
+  const unsigned ms = static_cast<unsigned>(std::max<uint64_t>(timeout_ns / kMs, 1));
+  const int probes = static_cast<int>(std::max<unsigned>(ms / 1000, 1));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
 }
 
 bool parseEndpoint(const std::string& ep, sockaddr_in& out) {
@@ -215,6 +230,7 @@ void TcpTransport::startConnect(int peer, uint64_t now) {
   c.fd.reset(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (c.fd.get() < 0) return retryLater(peer, std::string("socket: ") + std::strerror(errno), now);
   setNoDelay(c.fd.get());
+  setUnreachableTimeout(c.fd.get(), opts_.unreachable_timeout_ns);
   if (connect(c.fd.get(), reinterpret_cast<const sockaddr*>(&c.addr), sizeof(c.addr)) == 0) {
     c.state = ConnState::kConnecting;
     return advanceConnect(peer, POLLOUT, now);
@@ -355,6 +371,7 @@ bool TcpTransport::servicePending(Pending& p, bool setting_up) {
     return true;
   }
   setNoDelay(p.fd.get());
+  setUnreachableTimeout(p.fd.get(), opts_.unreachable_timeout_ns);
   c.fd = std::move(p.fd);
   c.state = ConnState::kOpen;
   RLOG_DEBUG("rank %d: tcp connection from rank %d (%s) accepted", rank_, peer, p.from.c_str());

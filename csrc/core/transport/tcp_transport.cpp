@@ -151,7 +151,7 @@ void TcpTransport::appendFrame(int peer, const FrameHeader& h, const void* paylo
       } while (k < 0 && errno == EINTR);
       if (trace_) trace_->record(TraceEvent::kSent, peer, k > 0 ? static_cast<uint64_t>(k) : 0);
       if (k < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return lost(peer, std::strerror(errno));
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return lost(peer, std::strerror(errno), errno);
         k = 0;
       }
       size_t sent = static_cast<size_t>(k);
@@ -230,7 +230,7 @@ void TcpTransport::flush(Conn& c, int peer) {
     }
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    return lost(peer, k < 0 ? std::strerror(errno) : "send took nothing");
+    return lost(peer, k < 0 ? std::strerror(errno) : "send took nothing", k < 0 ? errno : 0);
   }
 }
 
@@ -295,13 +295,18 @@ void TcpTransport::receiveFrom(int peer) {
     }
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    return lost(peer, k == 0 ? "connection closed" : std::strerror(errno));
+    return lost(peer, k == 0 ? "connection closed" : std::strerror(errno), k == 0 ? 0 : errno);
   }
 }
 
-void TcpTransport::lost(int peer, const char* how) {
+void TcpTransport::lost(int peer, const char* how, int err) {
   const Conn& c = conns_[static_cast<size_t>(peer)];
-  if (c.reader.atBoundary()) {
+  if (err == ETIMEDOUT) {  // the kernel gave up: nothing acknowledged for unreachable_timeout_ns
+    drop(peer, true,
+         "resident: " + rankText(peer) + " acknowledged nothing over tcp to " + rankText(rank_) +
+             " for " + std::to_string(opts_.unreachable_timeout_ns / kMs) +
+             " ms: its host or the network between them is down");
+  } else if (c.reader.atBoundary()) {
     drop(peer, false,
          "resident: " + rankText(peer) + " closed its tcp connection to " + rankText(rank_) +
              " without a goodbye (" + how + "): it exited, crashed or was killed");

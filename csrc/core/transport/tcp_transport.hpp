@@ -35,8 +35,12 @@ namespace resident {
 struct TcpOptions {
   // IPv4 address to listen on (RESIDENT_TCP_ADDR); empty: the host's first non-loopback one.
   std::string bind_addr;
-  size_t out_buffer_bytes = size_t{1} << 20;       // per peer, allocated once
-  uint64_t stall_timeout_ns = 30000000000ull;      // a peer that takes no data this long fails
+  size_t out_buffer_bytes = size_t{1} << 20;   // per peer, allocated once
+  uint64_t stall_timeout_ns = 30000000000ull;  // a peer that takes no data this long fails
+  // A peer whose host acknowledges nothing this long (sent data, or keepalive probes of an idle
+  // connection) fails: a host that vanished without closing its connections (power lost, link
+  // cut). The kernel aborts the connection (TCP_USER_TIMEOUT, SO_KEEPALIVE every second).
+  uint64_t unreachable_timeout_ns = 10000000000ull;
   uint64_t handshake_timeout_ns = 10000000000ull;  // unauthenticated connections are dropped
   // RESIDENT_GPU_PROXY_TRACE: a path prefix; each sendmsg and recv of the data path, and each
   // time epoll_wait found a peer's socket readable, is recorded and written to
@@ -160,7 +164,8 @@ class TcpTransport : public Transport {
   void advanceConnect(int peer, short revents, uint64_t now);
   void retryLater(int peer, const std::string& why, uint64_t now);
   void drop(int peer, bool fatal, const std::string& reason);
-  void lost(int peer, const char* how);
+  // The connection from `peer` failed with `how` (errno `err`, 0 for none).
+  void lost(int peer, const char* how, int err = 0);
   std::string rankText(int r) const;
 
   const int rank_, nranks_;
