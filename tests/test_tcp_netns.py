@@ -423,27 +423,37 @@ def _kill_job(rank, ws):
                 "message": str(e)}
 
 
-def test_tcp_netns_killed_peer(hosts):
-    outcomes = H.run_ranks_collect(_kill_job, 3, init_timeout_s=GROUP_TIMEOUT_S, timeout_s=90,
-                                   stop_when_done=[0, 2], destroy_grace_s=15, env=hosts.env())
+def _survivor_problems(outcomes, what, within_s, must_say=""):
+    """Ranks 0 and 2 each raised a DistBackendError naming rank 1 (and `must_say`) within
+    `within_s` of their first op without it."""
     problems = []
-    if outcomes[1].status != "killed":
-        problems.append(f"rank 1 was not killed: {outcomes[1].describe()}")
     for o in (outcomes[0], outcomes[2]):
         if o.status != "ok":
             problems.append(o.describe())
             continue
         v = o.value
         if not v["raised"]:
-            problems.append(f"rank {o.rank}: no error although rank 1 was SIGKILLed")
+            problems.append(f"rank {o.rank}: no error although {what}")
             continue
         if v["type"] != "DistBackendError":
             problems.append(f"rank {o.rank}: raised {v['type']}, expected DistBackendError")
-        if not NAMES_RANK_1.search(v["message"]):
-            problems.append(f"rank {o.rank}: the error does not name rank 1: {v['message']}")
-        if v["elapsed"] > GROUP_TIMEOUT_S + SLACK_S:
+        if not NAMES_RANK_1.search(v["message"]) or must_say not in v["message"]:
+            problems.append(f"rank {o.rank}: the error does not name rank 1"
+                            f"{' and ' + repr(must_say) if must_say else ''}: {v['message']}")
+        if v["elapsed"] > within_s:
             problems.append(f"rank {o.rank}: raised after {v['elapsed']:.1f} s")
-        if o.destroy_status != "ok":
+    return problems
+
+
+def test_tcp_netns_killed_peer(hosts):
+    outcomes = H.run_ranks_collect(_kill_job, 3, init_timeout_s=GROUP_TIMEOUT_S, timeout_s=90,
+                                   stop_when_done=[0, 2], destroy_grace_s=15, env=hosts.env())
+    problems = []
+    if outcomes[1].status != "killed":
+        problems.append(f"rank 1 was not killed: {outcomes[1].describe()}")
+    problems += _survivor_problems(outcomes, "rank 1 was SIGKILLed", GROUP_TIMEOUT_S + SLACK_S)
+    for o in (outcomes[0], outcomes[2]):
+        if o.status == "ok" and o.destroy_status != "ok":
             problems.append(f"rank {o.rank}: destroy_process_group {o.destroy_status}")
     assert not problems, "\n".join(problems)
 
@@ -493,23 +503,9 @@ def test_tcp_netns_vanished_host(hosts):
         links = _ip("-n", hosts.names[1], "-o", "link", "show").stdout
         for veth in re.findall(r"^\d+: (rpv[^@:]+)", links, re.MULTILINE):
             _ip("-n", hosts.names[1], "link", "set", "dev", veth, "up")
-    problems = []
-    for o in (outcomes[0], outcomes[2]):
-        if o.status != "ok":
-            problems.append(o.describe())
-            continue
-        v = o.value
-        if not v["raised"]:
-            problems.append(f"rank {o.rank}: no error although rank 1's host vanished")
-            continue
-        if v["type"] != "DistBackendError":
-            problems.append(f"rank {o.rank}: raised {v['type']}, expected DistBackendError")
-        if not NAMES_RANK_1.search(v["message"]) or "network" not in v["message"]:
-            problems.append(f"rank {o.rank}: the error does not name rank 1 and the network: "
-                            f"{v['message']}")
-        if v["elapsed"] > UNREACHABLE_S + SLACK_S:
-            problems.append(f"rank {o.rank}: raised after {v['elapsed']:.1f} s (the group's "
-                            f"timeout is {VANISH_GROUP_TIMEOUT_S} s)")
+    # the group's timeout is VANISH_GROUP_TIMEOUT_S: the survivors must not need it
+    problems = _survivor_problems(outcomes, "rank 1's host vanished", UNREACHABLE_S + SLACK_S,
+                                  must_say="network")
     assert not problems, "\n".join(problems)
 
 
