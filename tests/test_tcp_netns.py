@@ -13,7 +13,8 @@ of test_collectives_cpu.py and test_p2p_cpu.py (random data, numpy references, b
 integers), plus describe() (transport "tcp", path "proxy"), the coalesced and list forms,
 messages over 1 MiB, a group that mixes shm and tcp, a SIGKILLed peer (DistBackendError naming
 it within the timeout), a host that vanishes without closing its connections (its link down, its
-rank stopped: the same error within the tcp unreachable timeout, well before the group's), file
+rank stopped: the same error within the tcp unreachable timeout, well before the group's, or at
+the next op when the survivors were idle meanwhile), file
 descriptors and threads back to baseline after destroy, and a
 fuzz test of the listening socket. RESIDENT_TRANSPORT=tcp on one host (no namespaces) runs
 everywhere.
@@ -466,10 +467,11 @@ VANISH_GROUP_TIMEOUT_S = 60  # the group's: the survivors must not need it
 UNREACHABLE_S = 10  # TcpOptions::unreachable_timeout_ns, below the group's timeout
 
 
-def _vanish_job(rank, ws):
+def _vanish_job(rank, ws, idle_s):
     """Rank 1's host vanishes after the warm-up: the link of its namespace goes down (no FIN, no
     RST: what a power loss or a cut cable leaves) and the rank stops itself (SIGSTOP); ranks 0
-    and 2 keep calling all_reduce."""
+    and 2 call all_reduce again after `idle_s` (0: at once, so that their data to rank 1 goes
+    unacknowledged; past the unreachable timeout: the idle connections' keepalive probes did)."""
     import signal
 
     import torch.distributed as dist
@@ -484,6 +486,7 @@ def _vanish_job(rank, ws):
         veth = re.search(r"^\d+: (rpv[^@:]+)", links, re.MULTILINE).group(1)
         subprocess.run(["ip", "link", "set", "dev", veth, "down"], check=True)
         os.kill(os.getpid(), signal.SIGSTOP)  # the parent SIGKILLs it when the others are done
+    time.sleep(idle_s)
     t0 = time.monotonic()
     try:
         for _ in range(1000):
@@ -494,18 +497,22 @@ def _vanish_job(rank, ws):
                 "message": str(e)}
 
 
-def test_tcp_netns_vanished_host(hosts):
+@pytest.mark.parametrize("when", ["in_op", "idle"])
+def test_tcp_netns_vanished_host(hosts, when):
+    idle_s = UNREACHABLE_S + 4 if when == "idle" else 0
     try:
-        outcomes = H.run_ranks_collect(_vanish_job, 3, init_timeout_s=VANISH_GROUP_TIMEOUT_S,
-                                       timeout_s=120, stop_when_done=[0, 2], destroy_grace_s=15,
+        outcomes = H.run_ranks_collect(_vanish_job, 3, args=(idle_s,),
+                                       init_timeout_s=VANISH_GROUP_TIMEOUT_S, timeout_s=120,
+                                       stop_when_done=[0, 2], destroy_grace_s=15,
                                        env=hosts.env())
     finally:  # the host comes back for the module's other tests
         links = _ip("-n", hosts.names[1], "-o", "link", "show").stdout
         for veth in re.findall(r"^\d+: (rpv[^@:]+)", links, re.MULTILINE):
             _ip("-n", hosts.names[1], "link", "set", "dev", veth, "up")
     # the group's timeout is VANISH_GROUP_TIMEOUT_S: the survivors must not need it
-    problems = _survivor_problems(outcomes, "rank 1's host vanished", UNREACHABLE_S + SLACK_S,
-                                  must_say="network")
+    # idle: the connections failed while the survivors slept, so their next op fails at once
+    within_s = 2.0 if when == "idle" else UNREACHABLE_S + SLACK_S
+    problems = _survivor_problems(outcomes, "rank 1's host vanished", within_s, must_say="network")
     assert not problems, "\n".join(problems)
 
 
