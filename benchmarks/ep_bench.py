@@ -165,9 +165,8 @@ def _rank(rank, world, port, env, args, queue):
 
     if args.counts_with_rows_max_bytes is not None:  # where dispatch's counts ride with its rows
         bound = args.counts_with_rows_max_bytes
-        resident_pg.ep.Buffer._counts_with_rows = (  # on every path
-            lambda self, d: self.device.type == "cuda"
-            and d.slots_per_rank * d.dispatch_row_bytes() <= bound)
+        # the Buffer's bound whatever the group's transports (looked up when a Buffer is made)
+        resident_pg.ep.counts_with_rows_max_bytes = lambda transports: bound
 
     device = args.device
     if device == "cuda":
