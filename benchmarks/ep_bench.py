@@ -234,9 +234,12 @@ def main():
         if e % args.ranks or e < args.top_k:
             p.error(f"--experts {e}: each value must be a multiple of --ranks ({args.ranks}) and at "
                     f"least --top-k ({args.top_k})")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # Held open (SO_REUSEADDR, not listening) while the ranks run: no other job's outgoing
+    # connection takes the port, and rank 0's store can still listen on it.
+    reservation = socket.socket()
+    reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    reservation.bind(("127.0.0.1", 0))
+    port = reservation.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(r, args.ranks, port, PATH_ENV[args.path], args,

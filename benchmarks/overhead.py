@@ -137,9 +137,12 @@ def main():
     for backend in args.backends.split(","):
         runs = []
         for _ in range(args.spawns):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
+            # held (SO_REUSEADDR, not listening) until the pair exits: kept from other jobs'
+            # outgoing connections, still free for rank 0's store to listen on
+            reservation = socket.socket()
+            reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            reservation.bind(("127.0.0.1", 0))
+            port = reservation.getsockname()[1]
             queue = ctx.Queue()
             procs = [ctx.Process(target=_rank, args=(r, 2, port, backend, args.iters, args.device, queue))
                      for r in range(2)]
@@ -148,6 +151,7 @@ def main():
             per_rank = _collect(queue, procs, backend)
             for p in procs:
                 p.join()
+            reservation.close()
             runs.append({k: max(per_rank[r][k] for r in per_rank) for k in per_rank[0]})
         spawns[backend] = runs
         results[backend] = {k: statistics.median(run[k] for run in runs) for k in runs[0]}

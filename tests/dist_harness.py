@@ -455,11 +455,15 @@ def _rank_main(fn, rank, world_size, args, backend, store_port, rendezvous, rdzv
 # --------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def reserve_port() -> socket.socket:
+    """A socket bound to a free port, not listening, with SO_REUSEADDR: while it stays open, the
+    port is skipped by the kernel's choice of ephemeral ports (so no outgoing connection of another
+    job takes it), yet rank 0's store, which sets SO_REUSEADDR too, can still listen on it. A port
+    merely looked up and released could be taken before rank 0 binds it."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 @contextlib.contextmanager
@@ -524,6 +528,7 @@ def _run(
     store = None
     store_port = None
     rdzv_port = None
+    rdzv_reservation = None
     if rendezvous == "store":
         store = dist.TCPStore(
             "127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
@@ -531,7 +536,8 @@ def _run(
         )
         store_port = store.port
     else:
-        rdzv_port = free_port()
+        rdzv_reservation = reserve_port()
+        rdzv_port = rdzv_reservation.getsockname()[1]
 
     outcomes = [RankOutcome(rank=r) for r in range(world_size)]
     procs = []
@@ -663,6 +669,8 @@ def _run(
         for c in list(conns):
             c.close()
         del store
+        if rdzv_reservation is not None:
+            rdzv_reservation.close()
 
     if strict:
         bad = [o for o in outcomes if o.status != "ok"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,12 +37,6 @@ MODES = {  # what a user can turn on for CPU tensors
     "proxy": {"RESIDENT_PATH": "proxy"},
     "tcp": {"RESIDENT_TRANSPORT": "tcp"},
 }
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Rank:
@@ -84,8 +77,9 @@ def run_job(scenario, device="cpu", env_extra=None, reap=True, victim=VICTIM, ti
     """Runs one job; returns (ranks, t_kill)."""
     import torch.distributed as dist
 
-    port = _free_port()
-    store = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False)
+    # Port 0: the store binds a free port itself (one picked beforehand may be taken meanwhile).
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)
+    port = store.port
     marker = os.path.join(tempfile.mkdtemp(prefix="resident_dead_peer_"), "killed")
     env = dict(os.environ)
     env.update(env_extra or {})
