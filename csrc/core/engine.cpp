@@ -18,31 +18,33 @@ constexpr uint64_t kStuckGraceNs = 5ull * 1000 * 1000 * 1000;
 constexpr int kTriggerTypeShift = 40;
 constexpr int kTriggerRingShift = 32;
 
-// A thread inside wait() or begin(), driving progress itself: counted from add() to its end
-// (Engine::hasWaiters; the proxy stands by meanwhile).
-class WaiterCount {
- public:
-  explicit WaiterCount(std::atomic<int>& n) : n_(n) {}
-  ~WaiterCount() {
-    if (on_) n_.fetch_sub(1);
-  }
-  void add() {
-    if (on_) return;
-    n_.fetch_add(1);
-    on_ = true;
-  }
-
- private:
-  std::atomic<int>& n_;
-  bool on_ = false;
-};
-
 uint64_t triggerWord(TriggerType type, Ring ring, int peer) {
   return (static_cast<uint64_t>(type) << kTriggerTypeShift) |
          (static_cast<uint64_t>(ring) << kTriggerRingShift) | static_cast<uint32_t>(peer);
 }
 
 }  // namespace
+
+// A thread inside wait() or begin(), driving progress itself: counted from add() to its end
+// (Engine::hasWaiters; the proxy stands by meanwhile). The last one to leave says so
+// (setWaitersGone).
+class WaiterCount {
+ public:
+  explicit WaiterCount(Engine& e) : e_(e) {}
+  ~WaiterCount() {
+    if (on_ && e_.waiters_.fetch_sub(1) == 1 && e_.waiters_gone_ != nullptr)
+      e_.waiters_gone_(e_.waiters_gone_ctx_);
+  }
+  void add() {
+    if (on_) return;
+    e_.waiters_.fetch_add(1);
+    on_ = true;
+  }
+
+ private:
+  Engine& e_;
+  bool on_ = false;
+};
 
 std::string rankName(int group_rank, int global_rank) {
   if (global_rank < 0 || global_rank == group_rank) return "rank " + std::to_string(group_rank);
@@ -147,7 +149,7 @@ Op* Engine::begin() {
   Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
   // While it waits for a free op this thread drives progress as wait() does, and counts as a
   // waiter (the proxy then stands by rather than contend for the core).
-  WaiterCount waiting(waiters_);
+  WaiterCount waiting(*this);
   while (free_.empty()) {
     waiting.add();
     // All ops in flight: drive them until one finishes and its handle is released.
@@ -253,7 +255,7 @@ void Engine::wait(OpHandle h, uint64_t timeout_ns) {
   Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
   const uint64_t deadline = timeout_ns ? nowNs() + timeout_ns : 0;
   uint64_t locked_ns = 0;  // first clock read since this thread last ran a progress pass
-  WaiterCount waiting(waiters_);
+  WaiterCount waiting(*this);
   waiting.add();
   for (;;) {
     const OpState st = op.state.load(std::memory_order_acquire);

@@ -39,6 +39,8 @@ inline uint32_t chunksFor(uint64_t bytes, uint32_t chunk) {
   return bytes == 0 ? 1u : static_cast<uint32_t>((bytes + chunk - 1) / chunk);
 }
 
+class WaiterCount;
+
 class Engine {
  public:
   Engine(int rank, int nranks, const Config& cfg, const InboxLayout& layout, unsigned char* inbox,
@@ -83,6 +85,13 @@ class Engine {
   void setAssist(bool (*fn)(void*), void* ctx) {
     assist_ = fn;
     assist_ctx_ = ctx;
+  }
+  // Called when the last thread waiting on this engine's ops leaves wait() (or begin()): the
+  // proxy, standing by while it drove the transport, may have to take over. Set once, before the
+  // first op.
+  void setWaitersGone(void (*fn)(void*), void* ctx) {
+    waiters_gone_ = fn;
+    waiters_gone_ctx_ = ctx;
   }
   // Called by begin() while every op of the pool is taken: the owner of the handles releases
   // those of finished ops (the c10d adapter's works). Set once, before the first op.
@@ -183,6 +192,9 @@ class Engine {
   void* assist_ctx_ = nullptr;
   void (*reclaim_)(void*) = nullptr;
   void* reclaim_ctx_ = nullptr;
+  void (*waiters_gone_)(void*) = nullptr;
+  void* waiters_gone_ctx_ = nullptr;
+  friend class WaiterCount;
   std::atomic<bool> poisoned_{false};
   mutable std::mutex poison_mu_;
   std::string poison_reason_;  // set once, under poison_mu_, before poisoned_

@@ -1,5 +1,5 @@
-// TriggerFifo: order, wrap-around over many laps, full detection, pending() as a third thread
-// reads it, and a two-thread stress.
+// TriggerFifo: order, wrap-around over many laps, full detection, consumed(), pending() as a
+// third thread reads it, and a two-thread stress.
 #include <atomic>
 #include <cstdio>
 #include <thread>
@@ -24,6 +24,7 @@ int main() {
       CHECK(!fifo.tryPush(999, 1));  // full
       for (uint64_t i = 0; i < 8; ++i) {
         CHECK(fifo.pending());
+        CHECK(fifo.consumed() == lap * 8 + i);  // pushes do not move it, pops do
         CHECK(fifo.tryPop(t));
         CHECK(t.fst == lap * 100 + i);
         CHECK(t.snd == i + 1);

@@ -64,6 +64,8 @@ class TriggerFifo {
     const Slot& s = slots_[tail & mask_];
     return (s.snd.load(std::memory_order_acquire) & kLapBit) == lapBit(tail);
   }
+  // Any thread: how many triggers were consumed so far (the published tail).
+  uint64_t consumed() const { return tail_.load(std::memory_order_acquire); }
 
  private:
   uint64_t lapBit(uint64_t pos) const { return triggerLapBit(pos, mask_ + 1ull); }

@@ -1,23 +1,17 @@
 #include "core/proxy/proxy.hpp"
 
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <ctime>
 
 #include "core/clock.hpp"
 #include "core/log.hpp"
 
 namespace resident {
-namespace {
-
-// While waiting callers drive the transport, the proxy checks back after a sleep that grows
-// from the first to the last value as long as it finds one each time: on a small machine
-// (2 cores, 2 ranks) each wake-up preempts a spinning caller (CPU tensors over tcp, 2 ranks, 2
-// cores: 14-25 us per 8 B all_reduce with 1 ms, 23-89 us with 100 us), and a proxy that finds
-// nobody waiting is back within 1 ms to drive the ops nobody waits on and GPU triggers.
-constexpr long kStandbyFirstNs = 50 * 1000;
-constexpr long kStandbyLastNs = 1000 * 1000;
-
-}  // namespace
 
 bool pinCurrentThread(int cpu) {
   cpu_set_t allowed;
@@ -53,8 +47,30 @@ void Proxy::start() {
 }
 
 void Proxy::stop() {
-  stop_.store(true, std::memory_order_release);
+  stop_.store(true);
+  wake();
   if (thread_.joinable()) thread_.join();
+}
+
+void Proxy::wake() {
+  if (sleeping_.load() != 0 && sleeping_.exchange(0) != 0)
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&sleeping_), FUTEX_WAKE_PRIVATE, 1, nullptr,
+            nullptr, 0);
+}
+
+void Proxy::standbySleep(long ns) {
+  // Announced before the last check (seq_cst, as the wakers' change and read): a waker either
+  // finds the announcement, or its change is seen by that check.
+  sleeping_.store(1);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the check's loads after the store
+  if (!stop_.load() && handler_.proxyStandby()) {
+    handler_.proxySleeps();
+    const timespec ts{ns / 1000000000, ns % 1000000000};
+    // Returns at once if a waker already cleared the word.
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&sleeping_), FUTEX_WAIT_PRIVATE, 1, &ts, nullptr,
+            0);
+  }
+  sleeping_.store(0, std::memory_order_relaxed);
 }
 
 void Proxy::run() {
@@ -72,18 +88,17 @@ void Proxy::run() {
   spin_us_.store(cfg_.proxy_spin_us);
   uint64_t spin_us = cfg_.proxy_spin_us;
   Backoff backoff(spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
-  long standby_ns = kStandbyFirstNs;
+  long standby_ns = standby_first_ns_;
   while (!stop_.load(std::memory_order_acquire)) {
     const uint64_t want = spin_us_.load(std::memory_order_relaxed);
     if (want != spin_us) backoff.setSpinNs((spin_us = want) * 1000);
     if (handler_.proxyStandby()) {
-      timespec ts{0, standby_ns};
-      nanosleep(&ts, nullptr);
-      standby_ns = standby_ns * 2 > kStandbyLastNs ? kStandbyLastNs : standby_ns * 2;
+      standbySleep(standby_ns);
+      standby_ns = standby_ns > standby_last_ns_ / 2 ? standby_last_ns_ : standby_ns * 2;
       backoff.reset();  // hot again as soon as the waiter is gone
       continue;
     }
-    standby_ns = kStandbyFirstNs;
+    standby_ns = standby_first_ns_;
     if (handler_.proxyPoll())
       backoff.reset();
     else
