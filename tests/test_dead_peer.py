@@ -46,6 +46,7 @@ class _Rank:
         self.ready = threading.Event()
         self.result = None
         self.done = threading.Event()
+        self.exit_s = None  # a killed victim: how long its exit took after SIGKILL
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "dead_peer_rank.py"), json.dumps(cfg)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -74,7 +75,7 @@ class _Rank:
 
 def run_job(scenario, device="cpu", env_extra=None, reap=True, victim=VICTIM, timeouts=None,
             op="all_reduce"):
-    """Runs one job; returns (ranks, t_kill)."""
+    """Runs one job; returns (ranks, t_kill): when the victim had exited (None: no victim)."""
     import torch.distributed as dist
 
     # Port 0: the store binds a free port itself (one picked beforehand may be taken meanwhile).
@@ -99,9 +100,16 @@ def run_job(scenario, device="cpu", env_extra=None, reap=True, victim=VICTIM, ti
             time.sleep(0.3)
             if scenario != "stuck":
                 v.proc.send_signal(signal.SIGKILL)
-                t_kill = time.time()
+                t_signal = time.time()
+                # The death is the end of the victim's exit, which a loaded host can take seconds
+                # to finish after SIGKILL (its pidfd turns readable only then): waited for here
+                # without reaping it, unless the case reaps it.
                 if reap:
                     v.proc.wait()
+                else:
+                    os.waitid(os.P_PID, v.proc.pid, os.WEXITED | os.WNOWAIT)
+                t_kill = time.time()
+                v.exit_s = t_kill - t_signal
                 open(marker, "w").close()
         for r in ranks:
             if r.rank != victim:
@@ -131,8 +139,10 @@ def check_survivors(ranks, t_kill, victim=VICTIM, name=None):
         since = max(t_kill or 0.0, res["t_start"])
         took = res["t_raise"] - since
         if took > DETECT_S:
-            problems.append(f"rank {r.rank} raised {took:.2f} s after the death "
-                            f"(limit {DETECT_S} s): {res['message']}")
+            exit_s = ranks[victim].exit_s if 0 <= victim < len(ranks) else None
+            exited = "" if exit_s is None else f"; its exit took {exit_s:.2f} s after SIGKILL"
+            problems.append(f"rank {r.rank} raised {took:.2f} s after the death (limit "
+                            f"{DETECT_S} s{exited}): {res['message']}")
         if name not in res["message"]:
             problems.append(f"rank {r.rank}'s error does not name {name}: {res['message']}")
         if res["type"] != "DistBackendError":
