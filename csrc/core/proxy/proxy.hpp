@@ -26,14 +26,14 @@ class ProxyHandler {
 class Proxy {
  public:
   // While callers drive the transport themselves (or, on a small machine, no op is in flight),
-  // the proxy sleeps, from the first to the last value as long as it finds it may each time: on a
-  // small machine (2 cores, 2 ranks) each wake-up preempts a spinning caller, and its peer waits
-  // as long (CPU tensors over tcp, 2 ranks, 2 cores: 14-25 us per 8 B all_reduce with 1 ms,
-  // 23-89 us with 100 us; the slowest 1% of ops 42-50 us with 1 ms, 20-25 us with 10 ms). It is
-  // woken where its work is due at once: by the last waiter to leave (Communicator::waitersGone),
-  // by a GPU path that starts polling through it, and to stop. The timeout bounds the rest: ops
-  // left in flight where cores are scarce, triggers a finished op left
-  // (Communicator::proxyStandby), the peer checks of an idle group.
+  // the proxy sleeps, from the first to the last value as long as it finds it may each time: on
+  // a small machine (2 cores, 2 ranks) each wake-up preempts a spinning caller, and its peer
+  // waits as long (CPU tensors over tcp, 2 ranks, 2 cores: 14-25 us per 8 B all_reduce with 1
+  // ms, 23-89 us with 100 us; the slowest 1% of ops 43-51 us with 1 ms, 20-25 us with 10 ms).
+  // It is woken where its work is due at once: by the last waiter to leave
+  // (Communicator::waitersGone), by a GPU path that starts polling through it, and to stop. The
+  // timeout bounds the rest: ops left in flight where cores are scarce, triggers a finished op
+  // left (Communicator::proxyStandby), the peer checks of an idle group.
   static constexpr long kStandbyFirstNs = 50 * 1000;
   static constexpr long kStandbyLastNs = 10 * 1000 * 1000;
 
