@@ -469,12 +469,13 @@ bool Communicator::proxyStandby() const {
   // Triggers may wait: the last op's final pass (run by this thread, or by a caller's test or
   // last wait) queues the credits of the chunks it took, which the next op's first pass sends
   // with that op's data, one message. They are left to it while callers consume the FIFO; once
-  // it stood still through a whole sleep, this thread sends them: a peer's next send can be
-  // waiting for them while this rank waits on that peer in another group.
+  // it stood still since this thread's last pass or through a whole sleep, this thread sends
+  // them: a peer's next send can be waiting for them while this rank waits on that peer in
+  // another group.
   return !(fifo_->pending() && fifo_->consumed() == standby_fifo_consumed_);
 }
 
-void Communicator::proxySleeps() {
+void Communicator::proxyMark() {
   standby_fifo_consumed_ = fifo_->consumed();
 }
 

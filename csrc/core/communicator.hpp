@@ -87,7 +87,7 @@ class Communicator : public ProxyHandler {
 
   bool proxyPoll() override;
   bool proxyStandby() const override;
-  void proxySleeps() override;
+  void proxyMark() override;
 
   // Argument checks shared by the CPU and CUDA paths; throw InvalidArgument naming `what`.
   void checkRank(int r, const char* what) const;
@@ -168,7 +168,7 @@ class Communicator : public ProxyHandler {
   // The host's ranks, two threads each, outnumber its usable cpus: the proxy also stands by
   // while no op is in flight (proxyStandby).
   bool idle_standby_ = false;
-  // The trigger FIFO's consumption when the proxy last went to sleep (proxy thread only).
+  // The trigger FIFO's consumption at the proxy's last pass or sleep (proxyMark; proxy thread).
   uint64_t standby_fifo_consumed_ = ~uint64_t{0};
   static bool assistPass(void* self);
   static void waitersGone(void* self);

@@ -30,7 +30,9 @@ struct Handler : ProxyHandler {
     return false;
   }
   bool proxyStandby() const override { return standby.load(); }
-  void proxySleeps() override { sleeps.fetch_add(1); }
+  void proxyMark() override {
+    if (standby.load()) sleeps.fetch_add(1);
+  }
 };
 
 // Waits until `counter` exceeds `than`; false after kPatience.

@@ -64,7 +64,7 @@ void Proxy::standbySleep(long ns) {
   sleeping_.store(1);
   std::atomic_thread_fence(std::memory_order_seq_cst);  // the check's loads after the store
   if (!stop_.load() && handler_.proxyStandby()) {
-    handler_.proxySleeps();
+    handler_.proxyMark();
     const timespec ts{ns / 1000000000, ns % 1000000000};
     // Returns at once if a waker already cleared the word.
     syscall(SYS_futex, reinterpret_cast<uint32_t*>(&sleeping_), FUTEX_WAIT_PRIVATE, 1, &ts, nullptr,
@@ -99,7 +99,9 @@ void Proxy::run() {
       continue;
     }
     standby_ns = standby_first_ns_;
-    if (handler_.proxyPoll())
+    const bool moved = handler_.proxyPoll();
+    handler_.proxyMark();
+    if (moved)
       backoff.reset();
     else
       backoff.pause();

@@ -19,8 +19,9 @@ class ProxyHandler {
   // True while another thread does the passes (a caller waiting on its op drives the transport
   // itself): the proxy thread then sleeps instead of contending for the core.
   virtual bool proxyStandby() const { return false; }
-  // The proxy thread is about to sleep (proxyStandby() said so just now).
-  virtual void proxySleeps() {}
+  // The proxy thread ran a pass of its own, or is about to sleep (proxyStandby() said so just
+  // now): what proxyStandby() compares with at its next look.
+  virtual void proxyMark() {}
 };
 
 class Proxy {
