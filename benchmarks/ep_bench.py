@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import queue as queue_module
-import socket
 import statistics
 import time
 
@@ -172,8 +171,8 @@ def _rank(rank, world, port, env, args, queue):
     if device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
         torch.zeros(1, device="cuda").add_(1)
-    dist.init_process_group("resident", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    store = dist.TCPStore("127.0.0.1", port, None, False)  # the parent's
+    dist.init_process_group("resident", store=store, rank=rank, world_size=world)
     rows = []
     graph = device == "cuda" and not args.eager
     for hidden in args.hidden:
@@ -234,12 +233,9 @@ def main():
         if e % args.ranks or e < args.top_k:
             p.error(f"--experts {e}: each value must be a multiple of --ranks ({args.ranks}) and at "
                     f"least --top-k ({args.top_k})")
-    # Held open (SO_REUSEADDR, not listening) while the ranks run: no other job's outgoing
-    # connection takes the port, and rank 0's store can still listen on it.
-    reservation = socket.socket()
-    reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    reservation.bind(("127.0.0.1", 0))
-    port = reservation.getsockname()[1]
+    # The ranks' store, on a port it picks itself, held until the run ends.
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    port = store.port
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(r, args.ranks, port, PATH_ENV[args.path], args,

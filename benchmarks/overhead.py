@@ -43,8 +43,8 @@ def _rank(rank, world, port, backend, iters, device, queue):
     cuda = device == "cuda"
     if cuda:
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    store = dist.TCPStore("127.0.0.1", port, None, False)  # the parent's
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     t = torch.ones(2, device=device)
     pg = dist.group.WORLD
     be = pg._get_backend(torch.device(device))
@@ -137,12 +137,9 @@ def main():
     for backend in args.backends.split(","):
         runs = []
         for _ in range(args.spawns):
-            # held (SO_REUSEADDR, not listening) until the pair exits: kept from other jobs'
-            # outgoing connections, still free for rank 0's store to listen on
-            reservation = socket.socket()
-            reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            reservation.bind(("127.0.0.1", 0))
-            port = reservation.getsockname()[1]
+            # the pair's store, on a port it picks itself
+            store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+            port = store.port
             queue = ctx.Queue()
             procs = [ctx.Process(target=_rank, args=(r, 2, port, backend, args.iters, args.device, queue))
                      for r in range(2)]
@@ -151,7 +148,7 @@ def main():
             per_rank = _collect(queue, procs, backend)
             for p in procs:
                 p.join()
-            reservation.close()
+            del store
             runs.append({k: max(per_rank[r][k] for r in per_rank) for k in per_rank[0]})
         spawns[backend] = runs
         results[backend] = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
