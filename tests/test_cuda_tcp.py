@@ -16,8 +16,8 @@ knob variants ``proxy+KNOB+tcp``); ``direct+tcp`` must refuse to form with a cle
    replayed with fresh data, eager ops between replays), and a subgroups case: subgroups
    alive at once (every rank, halves, even ranks, an odd-sized group), eager, async in flight
    together and captured into CUDA graphs, each op checked against an independent reference.
-2. Network namespaces (tests/test_tcp_netns.py's ``hosts`` fixture: skips, saying why, without
-   root or `ip`): 2 ranks in 2 namespaces (tcp between them) and 4 ranks laid out [0, 0, 1, 1]
+2. Network namespaces (tests/test_tcp_netns.py's ``hosts`` fixture, made over rtnetlink by
+   tests/netns.py; skips, saying why, without root or the right to make them): 2 ranks in 2 namespaces (tcp between them) and 4 ranks laid out [0, 0, 1, 1]
    (shm and the direct path inside a namespace, tcp and the proxy across), RESIDENT_PATH=auto,
    a selection of the collectives suite's cases (every op, several dtypes), the subgroups case
    (groups inside one namespace, across, and both) and the graph suite's job.

@@ -5,8 +5,9 @@ bridge in the root namespace (every host its own 10.213.x.y/24 address); the par
 TCPStore is reached at the bridge's address. Each rank enters its namespace first thing in
 its process (dist_harness: RESIDENT_TEST_NETNS), so ranks see different network namespaces,
 count as different hosts (localHostKey) and pick tcp with RESIDENT_TRANSPORT=auto. The
-namespaces go away afterwards, also when a test fails; without root, `ip` or the right to
-create namespaces the tests that need them skip, saying why.
+namespaces go away afterwards, also when a test fails. They are made over rtnetlink
+(tests/netns.py: no iproute2 needed); without root or the right to create namespaces the tests
+that need them skip, saying why.
 
 Every op on CPU tensors runs through the proxy and tcp at 2 and 3 ranks, reusing the cases
 of test_collectives_cpu.py and test_p2p_cpu.py (random data, numpy references, bitwise for
@@ -22,19 +23,20 @@ everywhere.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import random
 import re
-import shutil
 import socket
 import struct
-import subprocess
 import tempfile
 import time
 
 import pytest
 
 import dist_harness as H
+import netns as N
 import test_collectives_cpu as C
 import test_p2p_cpu as P
 from dist_harness import compare_exact, compare_reduction, digest, make_input, reference_reduce
@@ -67,28 +69,23 @@ class Hosts:
         return env
 
 
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
-
-
 def _remove_stale():
     """Namespaces and bridges of earlier runs whose process is gone (a killed pytest)."""
-    for line in _ip("netns", "list", check=False).stdout.splitlines():
-        m = re.match(r"rpn(\d+)-\d+", line.split()[0] if line.split() else "")
+    for name in N.list_netns():
+        m = re.fullmatch(r"rpn(\d+)-\d+", name)
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
-            _ip("netns", "del", m.group(0), check=False)
-    for line in _ip("-o", "link", "show", "type", "bridge", check=False).stdout.splitlines():
-        m = re.search(r"\d+: (rpb(\d+))[:@]", line)
-        if m and not os.path.exists(f"/proc/{m.group(2)}"):
-            _ip("link", "del", m.group(1), check=False)
+            N.del_netns(name)
+    for name in N.links():
+        m = re.fullmatch(r"rpb(\d+)", name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            with contextlib.suppress(OSError):
+                N.del_link(name)
 
 
 @pytest.fixture(scope="module")
 def hosts():
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root (these tests play hosts with them)")
-    if shutil.which("ip") is None:
-        pytest.skip("iproute2 (`ip`) is not installed; apt-get install iproute2")
     pid = os.getpid()
     net = f"10.213.{20 + pid % 200}"
     bridge = f"rpb{pid}"
@@ -97,24 +94,22 @@ def hosts():
     ips = [f"{net}.{i + 2}" for i in range(3)]
     try:
         _remove_stale()
-        _ip("link", "add", bridge, "type", "bridge")
-        _ip("addr", "add", f"{bridge_ip}/24", "dev", bridge)
-        _ip("link", "set", bridge, "up")
+        N.add_bridge(bridge)
+        N.add_address(bridge, f"{bridge_ip}/24")
+        N.set_up(bridge)
         for i, name in enumerate(names):
             outer, inner = f"rpv{pid}a{i}", f"rpv{pid}b{i}"
-            _ip("netns", "add", name)
-            _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
-            _ip("link", "set", inner, "netns", name)
-            _ip("link", "set", outer, "master", bridge)
-            _ip("link", "set", outer, "up")
-            _ip("-n", name, "addr", "add", f"{ips[i]}/24", "dev", inner)
-            _ip("-n", name, "link", "set", inner, "up")
-            _ip("-n", name, "link", "set", "lo", "up")
-    except (subprocess.CalledProcessError, OSError) as e:
+            N.add_netns(name)
+            N.add_veth(outer, inner, name)
+            N.set_master(outer, bridge)
+            N.set_up(outer)
+            N.add_address(inner, f"{ips[i]}/24", name)
+            N.set_up(inner, netns=name)
+            N.set_up("lo", netns=name)
+    except OSError as e:
         _teardown(bridge, names)
-        detail = getattr(e, "stderr", "") or str(e)
-        reason = "not permitted (EPERM)" if "not permitted" in detail.lower() else "failed"
-        pytest.skip(f"cannot create network namespaces here ({reason}): {detail.strip()}")
+        reason = "not permitted (EPERM)" if e.errno == errno.EPERM else "failed"
+        pytest.skip(f"cannot create network namespaces here ({reason}): {e}")
     try:
         yield Hosts(names, bridge_ip, ips)
     finally:
@@ -123,8 +118,9 @@ def hosts():
 
 def _teardown(bridge, names):
     for name in names:
-        _ip("netns", "del", name, check=False)  # takes its veth pair along
-    _ip("link", "del", bridge, check=False)
+        N.del_netns(name)  # its veth pair goes with the namespace
+    with contextlib.suppress(OSError):
+        N.del_link(bridge)
 
 
 # --------------------------------------------------------------------------
@@ -481,10 +477,8 @@ def _vanish_job(rank, ws, idle_s):
         t = ins[rank].clone()
         dist.all_reduce(t)
     if rank == 1:
-        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
-                               check=True).stdout
-        veth = re.search(r"^\d+: (rpv[^@:]+)", links, re.MULTILINE).group(1)
-        subprocess.run(["ip", "link", "set", "dev", veth, "down"], check=True)
+        veth = next(n for n in N.links() if n.startswith("rpv"))  # this rank's namespace's
+        N.set_up(veth, False)
         os.kill(os.getpid(), signal.SIGSTOP)  # the parent SIGKILLs it when the others are done
     time.sleep(idle_s)
     t0 = time.monotonic()
@@ -506,9 +500,9 @@ def test_tcp_netns_vanished_host(hosts, when):
                                        stop_when_done=[0, 2], destroy_grace_s=15,
                                        env=hosts.env())
     finally:  # the host comes back for the module's other tests
-        links = _ip("-n", hosts.names[1], "-o", "link", "show").stdout
-        for veth in re.findall(r"^\d+: (rpv[^@:]+)", links, re.MULTILINE):
-            _ip("-n", hosts.names[1], "link", "set", "dev", veth, "up")
+        for veth in N.links(hosts.names[1]):
+            if veth.startswith("rpv"):
+                N.set_up(veth, netns=hosts.names[1])
     # the group's timeout is VANISH_GROUP_TIMEOUT_S: the survivors must not need it
     # idle: the connections failed while the survivors slept, so their next op fails at once
     within_s = 2.0 if when == "idle" else UNREACHABLE_S + SLACK_S

@@ -3,7 +3,12 @@
 // CUDA); see README.md for what each row means and how to run it.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/if_link.h>
 #include <linux/io_uring.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/veth.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -552,42 +557,165 @@ void OnSignal(int sig) {
   raise(sig);
 }
 
-// Runs `ip ARGS...` with a deadline; returns "" or why it failed (its stderr, trimmed).
-std::string Ip(std::vector<std::string> args) {
-  int pfd[2];
-  PCK(pipe2(pfd, O_CLOEXEC) == 0);
-  fflush(stdout), fflush(stderr);
-  const pid_t pid = fork();
-  PCK(pid >= 0);
-  if (pid == 0) {
-    dup2(pfd[1], 1), dup2(pfd[1], 2);
-    std::vector<char*> argv{const_cast<char*>("ip")};
-    for (auto& a : args) argv.push_back(&a[0]);
-    argv.push_back(nullptr);
-    execvp("ip", argv.data());
-    fprintf(stderr, "cannot run `ip` (iproute2): %s", strerror(errno));
-    _exit(127);
+// ---- rtnetlink: what `ip` would do (a machine without iproute2 still lets root do it) ----
+
+std::string NsPath(const char* ns) {
+  return std::string("/var/run/netns/") + ns;
+}
+
+// This thread into namespace `ns` (nullptr: stays) for the life of the object: a netlink socket
+// and an interface index belong to the namespace of the thread that opens or asks.
+class InNetns {
+ public:
+  explicit InNetns(const char* ns) {
+    if (ns == nullptr) return;
+    home_ = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+    const int fd = open(NsPath(ns).c_str(), O_RDONLY | O_CLOEXEC);
+    ok_ = home_ >= 0 && fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
+    if (!ok_) why_ = "setns " + NsPath(ns) + ": " + strerror(errno);
+    if (fd >= 0) close(fd);
   }
-  close(pfd[1]);
-  std::string out;
-  const uint64_t end = NowNs() + kSetupNs;
-  char buf[256];
-  while (WaitFd(pfd[0], POLLIN, end)) {
-    const ssize_t k = read(pfd[0], buf, sizeof(buf));
-    if (k <= 0) break;
-    out.append(buf, size_t(k));
+  ~InNetns() {
+    if (home_ < 0) return;
+    if (ok_) PCK(setns(home_, CLONE_NEWNET) == 0);
+    close(home_);
   }
-  close(pfd[0]);
-  int st = 0;
-  while (waitpid(pid, &st, WNOHANG) == 0) {
-    if (NowNs() > end) kill(pid, SIGKILL);
-    usleep(1000);
+  const std::string& why() const { return why_; }
+
+ private:
+  int home_ = -1;
+  bool ok_ = true;
+  std::string why_;
+};
+
+void PutAttr(std::string& m, uint16_t type, const void* data, size_t n) {
+  const rtattr a{static_cast<unsigned short>(RTA_LENGTH(n)), type};
+  m.append(reinterpret_cast<const char*>(&a), sizeof(a));
+  m.append(static_cast<const char*>(data), n);
+  m.append(RTA_ALIGN(n) - n, '\0');
+}
+void PutAttr(std::string& m, uint16_t type, const std::string& text) {
+  PutAttr(m, type, text.c_str(), text.size() + 1);
+}
+// A nested attribute: opened, filled, then closed (its length patched).
+size_t OpenAttr(std::string& m, uint16_t type) {
+  const size_t at = m.size();
+  const rtattr a{0, type};
+  m.append(reinterpret_cast<const char*>(&a), sizeof(a));
+  return at;
+}
+void CloseAttr(std::string& m, size_t at) {
+  const auto n = static_cast<unsigned short>(m.size() - at);
+  memcpy(&m[at], &n, sizeof(n));
+}
+std::string IfInfo(int index = 0, unsigned flags = 0, unsigned change = 0) {
+  ifinfomsg i{};
+  i.ifi_family = AF_UNSPEC, i.ifi_index = index, i.ifi_flags = flags, i.ifi_change = change;
+  return std::string(reinterpret_cast<const char*>(&i), sizeof(i));
+}
+
+// One request in namespace `ns`, answered by the kernel's acknowledgement: "" or why not.
+std::string Netlink(const char* ns, uint16_t type, uint16_t flags, const std::string& body,
+                    const std::string& what) {
+  int fd = -1;
+  {
+    InNetns in(ns);
+    if (!in.why().empty()) return what + ": " + in.why();
+    fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
   }
-  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return "";
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  std::string cmd = "ip";
-  for (auto& a : args) cmd += " " + a;
-  return "`" + cmd + "` failed: " + (out.empty() ? "no output" : out);
+  if (fd < 0) return what + ": netlink socket: " + strerror(errno);
+  nlmsghdr h{};
+  h.nlmsg_len = static_cast<uint32_t>(sizeof(h) + body.size());
+  h.nlmsg_type = type;
+  h.nlmsg_flags = static_cast<uint16_t>(NLM_F_REQUEST | NLM_F_ACK | flags);
+  h.nlmsg_seq = 1;
+  std::string m(reinterpret_cast<const char*>(&h), sizeof(h));
+  m += body;
+  std::string why = what + ": no answer from the kernel";
+  alignas(nlmsghdr) char buf[8192];
+  if (send(fd, m.data(), m.size(), 0) != ssize_t(m.size())) {
+    why = what + ": netlink send: " + strerror(errno);
+  } else if (WaitFd(fd, POLLIN, NowNs() + kSetupNs)) {
+    const ssize_t k = recv(fd, buf, sizeof(buf), 0);
+    const auto* r = reinterpret_cast<const nlmsghdr*>(buf);
+    if (k >= ssize_t(sizeof(nlmsghdr) + sizeof(nlmsgerr)) && r->nlmsg_type == NLMSG_ERROR) {
+      const int err = static_cast<const nlmsgerr*>(NLMSG_DATA(r))->error;
+      why = err == 0 ? "" : what + ": " + strerror(-err);
+    }
+  }
+  close(fd);
+  return why;
+}
+
+int IndexIn(const char* ns, const char* link) {
+  InNetns in(ns);
+  return in.why().empty() ? static_cast<int>(if_nametoindex(link)) : 0;
+}
+
+// What `ip netns add` does: a new namespace bind-mounted on /var/run/netns/<ns>.
+std::string AddNetns(const char* ns) {
+  mkdir("/var/run/netns", 0755);
+  const std::string path = NsPath(ns);
+  const int f = open(path.c_str(), O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0);
+  if (f < 0) return "create " + path + ": " + strerror(errno);
+  close(f);
+  const int home = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+  std::string why;
+  if (home < 0 || unshare(CLONE_NEWNET) != 0) {
+    why = std::string("unshare(CLONE_NEWNET): ") + strerror(errno);
+  } else {
+    if (mount("/proc/thread-self/ns/net", path.c_str(), "none", MS_BIND, nullptr) != 0)
+      why = "bind mount on " + path + ": " + strerror(errno);
+    PCK(setns(home, CLONE_NEWNET) == 0);
+  }
+  if (home >= 0) close(home);
+  if (!why.empty()) unlink(path.c_str());
+  return why;
+}
+
+std::string LinkUp(const char* ns, const char* link) {
+  const int index = IndexIn(ns, link);
+  if (index == 0) return std::string("no link ") + link + " in " + ns;
+  return Netlink(ns, RTM_NEWLINK, 0, IfInfo(index, IFF_UP, IFF_UP),
+                 std::string("set ") + link + " up in " + ns);
+}
+
+std::string AddAddress(const char* ns, const char* link, const char* addr) {
+  const int index = IndexIn(ns, link);
+  if (index == 0) return std::string("no link ") + link + " in " + ns;
+  ifaddrmsg a{};
+  a.ifa_family = AF_INET, a.ifa_prefixlen = 24, a.ifa_index = static_cast<unsigned>(index);
+  in_addr ip{};
+  PCK(inet_pton(AF_INET, addr, &ip) == 1);
+  std::string body(reinterpret_cast<const char*>(&a), sizeof(a));
+  PutAttr(body, IFA_LOCAL, &ip, sizeof(ip));
+  PutAttr(body, IFA_ADDRESS, &ip, sizeof(ip));
+  return Netlink(ns, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, body,
+                 std::string("add ") + addr + "/24 to " + link + " in " + ns);
+}
+
+// A veth pair: `a` in namespace `ns_a`, its peer `b` in `ns_b`.
+std::string AddVeth(const char* ns_a, const char* a, const char* ns_b, const char* b) {
+  const int fd_b = open(NsPath(ns_b).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_b < 0) return "open " + NsPath(ns_b) + ": " + strerror(errno);
+  std::string body = IfInfo();
+  PutAttr(body, IFLA_IFNAME, a);
+  const size_t info = OpenAttr(body, IFLA_LINKINFO);
+  PutAttr(body, IFLA_INFO_KIND, "veth");
+  const size_t data = OpenAttr(body, IFLA_INFO_DATA);
+  const size_t peer = OpenAttr(body, VETH_INFO_PEER);
+  body += IfInfo();
+  PutAttr(body, IFLA_IFNAME, b);
+  const uint32_t ns_fd = static_cast<uint32_t>(fd_b);
+  PutAttr(body, IFLA_NET_NS_FD, &ns_fd, sizeof(ns_fd));
+  CloseAttr(body, peer);
+  CloseAttr(body, data);
+  CloseAttr(body, info);
+  const std::string why =
+      Netlink(ns_a, RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, body,
+              std::string("add veth ") + a + " in " + ns_a + " (peer " + b + " in " + ns_b + ")");
+  close(fd_b);
+  return why;
 }
 
 // Creates the two namespaces joined by a veth pair; returns "" or why not (then none is left).
@@ -600,26 +728,17 @@ std::string SetUpNetns(int* lock_fd) {
     usleep(10000);
   }
   // Under the lock no other run uses these names: any found were left by a killed run.
-  struct stat st;
-  for (const char* ns : {kNsA, kNsB}) {
-    if (stat((std::string("/var/run/netns/") + ns).c_str(), &st) == 0) Ip({"netns", "del", ns});
-  }
+  RemoveNetns();
   g_netns_up = 1;  // from here on a signal removes whatever exists
-  std::vector<std::vector<std::string>> cmds = {
-      {"netns", "add", kNsA},
-      {"netns", "add", kNsB},
-      {"-n", kNsA, "link", "add", "rfloor_a", "type", "veth", "peer", "name", "rfloor_b", "netns",
-       kNsB},
-      {"-n", kNsA, "addr", "add", std::string(kAddrA) + "/24", "dev", "rfloor_a"},
-      {"-n", kNsB, "addr", "add", std::string(kAddrB) + "/24", "dev", "rfloor_b"},
-      {"-n", kNsA, "link", "set", "rfloor_a", "up"},
-      {"-n", kNsB, "link", "set", "rfloor_b", "up"},
-  };
-  for (auto& c : cmds) {
-    const std::string why = Ip(c);
-    if (!why.empty()) return RemoveNetns(), why;
-  }
-  return "";
+  std::string why = AddNetns(kNsA);
+  if (why.empty()) why = AddNetns(kNsB);
+  if (why.empty()) why = AddVeth(kNsA, "rfloor_a", kNsB, "rfloor_b");
+  if (why.empty()) why = AddAddress(kNsA, "rfloor_a", kAddrA);
+  if (why.empty()) why = AddAddress(kNsB, "rfloor_b", kAddrB);
+  if (why.empty()) why = LinkUp(kNsA, "rfloor_a");
+  if (why.empty()) why = LinkUp(kNsB, "rfloor_b");
+  if (!why.empty()) RemoveNetns();
+  return why;
 }
 
 // Enters a named network namespace (what `ip netns exec` does before it runs its command).

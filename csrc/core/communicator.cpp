@@ -373,16 +373,22 @@ void Communicator::deliverTcpEvents() {
   checkPeers();
   for (const auto& e : tcp_->takeEvents()) {
     if (e.fatal) {
-      peerFailed(e.peer, e.reason);  // what it wrote may be torn: the group stops
+      peerFailed(e.peer, e.reason, e.unreachable);  // what it wrote may be torn: the group stops
     } else {
-      if (!e.goodbye && dead_rank_ < 0) dead_rank_ = e.peer;
+      if (!e.goodbye) noteDead(e.peer, e.unreachable);
       engine_->markPeerLost(e.peer, e.reason, !e.goodbye);
     }
   }
 }
 
-void Communicator::peerFailed(int dead, const std::string& reason) {
-  if (!engine_->poisoned() && dead_rank_ < 0) dead_rank_ = dead;
+void Communicator::noteDead(int dead, bool unreachable) {
+  if (dead_rank_ >= 0) return;  // the first one found is what the peers are told
+  dead_rank_ = dead;
+  dead_unreachable_ = unreachable;
+}
+
+void Communicator::peerFailed(int dead, const std::string& reason, bool unreachable) {
+  if (!engine_->poisoned()) noteDead(dead, unreachable);
   engine_->poison(reason);
 }
 
@@ -390,7 +396,7 @@ void Communicator::checkPeers() {
   peer_events_.clear();
   monitor_->poll(peer_events_);
   for (const auto& e : peer_events_) {
-    if (e.failed && e.dead >= 0 && dead_rank_ < 0) dead_rank_ = e.dead;
+    if (e.failed && e.dead >= 0) noteDead(e.dead, e.unreachable);
     engine_->markPeerLost(e.peer, e.reason, e.failed);
   }
 }
@@ -529,7 +535,8 @@ bool Communicator::proxyPass() {
 }
 
 uint64_t Communicator::failedState() const {
-  return kPeerStateFailed | (static_cast<uint64_t>(dead_rank_ + 1) << 8);
+  return kPeerStateFailed | (static_cast<uint64_t>(dead_rank_ + 1) << 8) |
+         (dead_rank_ >= 0 && dead_unreachable_ ? kPeerStateUnreachable : 0);
 }
 
 void Communicator::setExtraPoller(ProxyHandler* poller) {

@@ -131,7 +131,8 @@ class Communicator : public ProxyHandler {
   // Peers gone (core/peer_monitor.hpp, tcp's closed connections): the ops that still need one
   // fail (Engine::markPeerLost). Proxy pass only.
   void checkPeers();
-  void peerFailed(int dead, const std::string& reason);
+  void peerFailed(int dead, const std::string& reason, bool unreachable = false);
+  void noteDead(int dead, bool unreachable);
   // Writes this rank's state word into every peer's inbox (kPeerStateLeft or failedState()).
   void tellPeers(uint64_t state);
   uint64_t failedState() const;
@@ -157,8 +158,9 @@ class Communicator : public ProxyHandler {
   std::unique_ptr<PeerMonitor> monitor_;
   std::vector<PeerMonitor::Event> peer_events_;  // reused by checkPeers
   uint64_t next_peer_check_ns_ = 0;
-  int dead_rank_ = -1;       // the peer found dead that failed this group, if one did
-  bool peers_told_ = false;  // this rank's state word went out
+  int dead_rank_ = -1;             // the peer found dead that failed this group, if one did
+  bool dead_unreachable_ = false;  // that peer stopped answering over the network
+  bool peers_told_ = false;        // this rank's state word went out
   // Proxy passes run under this lock, by the proxy thread or by a caller waiting on an op
   // (assistPass): with proxied peers a blocking op then needs no hand-off between threads, and on
   // a small machine the proxy stands by instead of contending with the caller for a core.

@@ -56,9 +56,12 @@ constexpr uint64_t kInboxMagic = 0x5245534944454e54ull;  // "RESIDENT"
 // Values of a peer state word.
 constexpr uint64_t kPeerStateUp = 0;
 constexpr uint64_t kPeerStateLeft = 1;  // the peer shut its group down (destroy, exit)
-// The peer's group failed; bits 8 and up: 1 + the rank it found dead (0: none, e.g. a timeout
-// or a mismatch).
+// The peer's group failed; bits 8-39: 1 + the rank it found dead (0: none, e.g. a timeout or a
+// mismatch); bit 40 set when that rank stopped answering over the network (its host or the
+// network down, or it hung) rather than exited.
 constexpr uint64_t kPeerStateFailed = 2;
+constexpr uint64_t kPeerStateDeadMask = 0xffffffffull << 8;
+constexpr uint64_t kPeerStateUnreachable = 1ull << 40;
 
 class InboxLayout {
  public:

@@ -25,6 +25,7 @@ class PeerMonitor {
     bool failed;  // false: the peer left in an orderly way (destroyed its group)
     int dead;     // the rank found dead (the peer itself when it exited), or -1
     std::string reason;
+    bool unreachable = false;  // `dead` stopped answering over the network (did not exit)
   };
 
   PeerMonitor(int rank, const std::vector<PeerInfo>& peers, const unsigned char* inbox,

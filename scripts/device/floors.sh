@@ -2,7 +2,7 @@
 # stage floors: the GPU floors ($OUT/floors.json) and the tcp floors ($OUT/tcp_floors.json), tables in $OUT/floors.log (~20 s).
 
 # The tcp floors (benchmarks/floors/tcp_floor: loopback, and two network namespaces on a veth
-# pair, which needs root and iproute2) into $OUT/tcp_floors.json, its table appended to
+# pair, which needs root) into $OUT/tcp_floors.json, its table appended to
 # floors.log (at most 8 files come back from $OUT).
 tcp_floors() {
   { [[ -x benchmarks/floors/build/tcp_floor ]] || bash benchmarks/floors/build.sh; } \

@@ -1,7 +1,8 @@
 // PeerMonitor (csrc/core/peer_monitor.hpp): a same-host peer whose process exited is reported
 // as failed once, whether or not it was reaped (a zombie counts); a peer that wrote "left"
 // into its state word and then exits is reported as left, never as failed; a peer that wrote
-// "failed" is reported with the rank it found dead; processHasExited agrees with the kernel.
+// "failed" is reported with the rank it found dead and how (exited, or stopped answering over the
+// network); processHasExited agrees with the kernel.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -64,12 +65,12 @@ void setState(std::vector<unsigned char>& inbox, const InboxLayout& lay, int pee
 }  // namespace
 
 int main() {
-  const int nranks = 4;  // rank 0 is this process; ranks 1-3 are children
+  const int nranks = 5;  // rank 0 is this process; ranks 1-4 are children
   const InboxLayout lay(nranks, 4, 4096);
   std::vector<unsigned char> inbox(lay.totalBytes(), 0);
   CHECK(lay.peerStateOffset(nranks - 1) + 8 <= lay.ringOffset(0, resident::kCollectiveRing));
 
-  std::vector<pid_t> pids = {getpid(), sleeper(), sleeper(), sleeper()};
+  std::vector<pid_t> pids = {getpid(), sleeper(), sleeper(), sleeper(), sleeper()};
   PeerMonitor mon(0, peersOf(pids), inbox.data(), lay);
   std::vector<PeerMonitor::Event> ev;
   mon.poll(ev);
@@ -100,11 +101,22 @@ int main() {
   setState(inbox, lay, 3, resident::kPeerStateFailed | (uint64_t{1 + 1} << 8));
   ev = pollFor(mon, 1);
   CHECK(ev.size() == 1 && ev[0].peer == 3 && ev[0].failed && ev[0].dead == 1);
-  CHECK(ev[0].reason.find("rank 1") != std::string::npos);
+  CHECK(!ev[0].unreachable);
+  CHECK(ev[0].reason.find("found rank 1 dead") != std::string::npos);
+
+  // Rank 4 reports that its group failed after rank 2 stopped answering over the network.
+  setState(inbox, lay, 4,
+           resident::kPeerStateFailed | (uint64_t{2 + 1} << 8) | resident::kPeerStateUnreachable);
+  ev = pollFor(mon, 1);
+  CHECK(ev.size() == 1 && ev[0].peer == 4 && ev[0].failed && ev[0].dead == 2);
+  CHECK(ev[0].unreachable);
+  CHECK(ev[0].reason.find("rank 2 stopped answering over the network") != std::string::npos);
 
   kill(pids[3], SIGKILL);
+  kill(pids[4], SIGKILL);
   waitpid(pids[1], nullptr, 0);
   waitpid(pids[3], nullptr, 0);
+  waitpid(pids[4], nullptr, 0);
   std::printf("peer monitor: ok\n");
   return 0;
 }

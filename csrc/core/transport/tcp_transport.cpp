@@ -204,7 +204,8 @@ bool TcpTransport::makeRoom(Conn& c, int peer, size_t want) {
       drop(peer, true,
            "resident: " + rankText(peer) + " took no data from " + rankText(rank_) +
                " over tcp for " + std::to_string(opts_.stall_timeout_ns / kMs) +
-               " ms (it hung, or the network between them is down)");
+               " ms (it hung, or the network between them is down)",
+           true);
       return false;
     }
     wait_fds_.clear();
@@ -305,7 +306,8 @@ void TcpTransport::lost(int peer, const char* how, int err) {
     drop(peer, true,
          "resident: " + rankText(peer) + " acknowledged nothing over tcp to " + rankText(rank_) +
              " for " + std::to_string(opts_.unreachable_timeout_ns / kMs) +
-             " ms: its host or the network between them is down");
+             " ms: its host or the network between them is down",
+         true);
   } else if (c.reader.atBoundary()) {
     drop(peer, false,
          "resident: " + rankText(peer) + " closed its tcp connection to " + rankText(rank_) +
@@ -318,7 +320,7 @@ void TcpTransport::lost(int peer, const char* how, int err) {
   }
 }
 
-void TcpTransport::drop(int peer, bool fatal, const std::string& reason) {
+void TcpTransport::drop(int peer, bool fatal, const std::string& reason, bool unreachable) {
   Conn& c = conns_[static_cast<size_t>(peer)];
   if (c.state != ConnState::kOpen) return;
   const bool goodbye = c.reader.closed();
@@ -330,7 +332,7 @@ void TcpTransport::drop(int peer, bool fatal, const std::string& reason) {
   c.fd.reset();  // closing also removes it from the epoll set
   c.state = ConnState::kClosed;
   c.out.clear();
-  events_.push_back(Event{peer, fatal, goodbye, reason});
+  events_.push_back(Event{peer, fatal, goodbye, reason, unreachable});
 }
 
 void TcpTransport::shutdown() {

@@ -99,6 +99,7 @@ class TcpTransport : public Transport {
     bool fatal;
     bool goodbye;  // the peer shut its group down in order (it said goodbye first)
     std::string reason;
+    bool unreachable = false;  // it stopped answering (its host or the network down, or hung)
   };
   bool hasEvents() const { return !events_.empty(); }
   std::vector<Event> takeEvents();
@@ -163,7 +164,7 @@ class TcpTransport : public Transport {
   void startConnect(int peer, uint64_t now);
   void advanceConnect(int peer, short revents, uint64_t now);
   void retryLater(int peer, const std::string& why, uint64_t now);
-  void drop(int peer, bool fatal, const std::string& reason);
+  void drop(int peer, bool fatal, const std::string& reason, bool unreachable = false);
   // The connection from `peer` failed with `how` (errno `err`, 0 for none).
   void lost(int peer, const char* how, int err = 0);
   std::string rankText(int r) const;
