@@ -88,6 +88,7 @@ class Communicator : public ProxyHandler {
   bool proxyPoll() override;
   bool proxyStandby() const override;
   void proxyMark() override;
+  void standbyTick() override;
 
   // Argument checks shared by the CPU and CUDA paths; throw InvalidArgument naming `what`.
   void checkRank(int r, const char* what) const;
@@ -168,7 +169,8 @@ class Communicator : public ProxyHandler {
   bool passes_closed_ = false;  // under pass_lock_: set by shutdown
   bool assist_ = false;         // some peer is proxied: waiting callers run passes
   // The host's ranks, two threads each, outnumber its usable cpus: the proxy also stands by
-  // while no op is in flight (proxyStandby).
+  // while no op is in flight, and in a group without proxied peers while callers drive their
+  // ops (proxyStandby).
   bool idle_standby_ = false;
   // The trigger FIFO's consumption at the proxy's last pass or sleep (proxyMark; proxy thread).
   uint64_t standby_fifo_consumed_ = ~uint64_t{0};

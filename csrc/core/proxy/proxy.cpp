@@ -94,6 +94,7 @@ void Proxy::run() {
     if (want != spin_us) backoff.setSpinNs((spin_us = want) * 1000);
     if (handler_.proxyStandby()) {
       standbySleep(standby_ns);
+      handler_.standbyTick();
       standby_ns = standby_ns > standby_last_ns_ / 2 ? standby_last_ns_ : standby_ns * 2;
       backoff.reset();  // hot again as soon as the waiter is gone
       continue;

@@ -22,6 +22,8 @@ class ProxyHandler {
   // The proxy thread ran a pass of its own, or is about to sleep (proxyStandby() said so just
   // now): what proxyStandby() compares with at its next look.
   virtual void proxyMark() {}
+  // After each standby sleep, on the proxy thread: what still falls to it while it stands by.
+  virtual void standbyTick() {}
 };
 
 class Proxy {
