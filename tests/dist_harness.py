@@ -42,6 +42,8 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Sequence
 
+import netns
+
 BACKEND: str = os.environ.get("RESIDENT_TEST_BACKEND", "resident").strip() or "resident"
 IS_RESIDENT: bool = BACKEND == "resident"
 SHM_DIR = "/dev/shm"
@@ -318,27 +320,12 @@ def _set_pdeathsig() -> None:
         pass
 
 
-def enter_netns(name: str) -> None:
-    """Move this process into a network namespace (a name under /var/run/netns, or a path such
-    as /proc/<pid>/ns/net) before it creates any socket. Python 3.11 has no os.setns."""
-    path = name if name.startswith("/") else f"/var/run/netns/{name}"
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        CLONE_NEWNET = 0x40000000
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns({path}): {os.strerror(err)}")
-    finally:
-        os.close(fd)
-
-
 def _enter_rank_netns(rank: int) -> None:
     """``RESIDENT_TEST_NETNS``: comma-separated namespaces by rank ('' stays put)."""
     spec = os.environ.get("RESIDENT_TEST_NETNS", "")
     names = spec.split(",") if spec else []
     if rank < len(names) and names[rank]:
-        enter_netns(names[rank])
+        netns.enter(names[rank])
 
 
 def _exc_fields(e: BaseException) -> tuple:

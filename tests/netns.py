@@ -5,7 +5,7 @@ type veth|bridge`, `ip link set ... master|up|down` and `ip addr add` do. Machin
 iproute2 (the GPU machine's image) still let root make them, so this module speaks rtnetlink
 itself (NETLINK_ROUTE messages over an AF_NETLINK socket) and makes named namespaces the way
 `ip netns` does: a file under /var/run/netns with the namespace bind-mounted on it, so that a
-process enters it with setns(2) on that file (dist_harness.enter_netns) and `ip netns` sees it.
+process enters it with setns(2) on that file (`enter`) and `ip netns` sees it.
 
 Work inside a namespace runs on the calling thread only, between setns(2) into the namespace
 and back (`inside(name)`): a netlink socket belongs to the namespace of the thread that opened
@@ -100,22 +100,30 @@ def del_netns(name: str) -> None:
         os.unlink(path)
 
 
+def enter(name: str) -> None:
+    """This thread into namespace `name` (a name under /var/run/netns, or a path such as
+    /proc/<pid>/ns/net), for good: what `ip netns exec` does before it runs its command."""
+    fd = os.open(path_of(name), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(fd, path_of(name))
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def inside(name: str | None):
     """This thread in namespace `name` for the block (None: stays where it is)."""
     if name is None:
         yield
         return
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    target = os.open(path_of(name), os.O_RDONLY)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        _setns(target, name)
+        enter(name)
         try:
             yield
         finally:
             _setns(home, "back to this thread's namespace")
     finally:
-        os.close(target)
         os.close(home)
 
 

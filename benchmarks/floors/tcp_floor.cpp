@@ -743,7 +743,7 @@ std::string SetUpNetns(int* lock_fd) {
 
 // Enters a named network namespace (what `ip netns exec` does before it runs its command).
 bool EnterNetns(const char* ns, Side* report) {
-  const std::string path = std::string("/var/run/netns/") + ns;
+  const std::string path = NsPath(ns);
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
     SetMsg(report, kSysError, "setns " + path + ": " + strerror(errno));

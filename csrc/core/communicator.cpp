@@ -462,23 +462,17 @@ bool Communicator::proxyPoll() {
 }
 
 bool Communicator::proxyStandby() const {
-  if (!assist_) {
-    // No proxied peer: the proxy checks the peers and drives the ops nobody waits on. Where
-    // cores are scarce, while callers drive their ops or none is in flight, it does so only
-    // after each standby sleep (standbyTick), not every 200 us: each wake-up takes a spinning
-    // caller's core (2 ranks on 2 cores, 8 B all_reduce over shm: ~3600 wake-ups a second per
-    // proxy, and 0.8% of ops over 12 us, ~20% of a loop's time). A CUDA path polls through it:
-    // not then.
-    return idle_standby_ && extra_poller_.load(std::memory_order_acquire) == nullptr &&
-           (engine_->hasWaiters() || !engine_->hasActive());
-  }
-  if (engine_->hasWaiters()) return true;
-  // Where the host's ranks have fewer cores than callers and proxies, also while no op is in
-  // flight and no GPU path polls through this proxy: between blocking ops a pass could only take
-  // in a peer's next data early, and the core it runs on is one a caller needs.
-  if (!idle_standby_ || engine_->hasActive() ||
-      extra_poller_.load(std::memory_order_acquire) != nullptr)
-    return false;
+  if (assist_ && engine_->hasWaiters()) return true;  // they run the passes
+  // Otherwise only where the host's ranks have fewer cores than callers and proxies, and no GPU
+  // path polls through this proxy: a wake-up takes the core of a caller.
+  if (!idle_standby_ || extra_poller_.load(std::memory_order_acquire) != nullptr) return false;
+  // No proxied peer: the proxy checks the peers and drives the ops nobody waits on, here after
+  // each standby sleep (standbyTick) rather than every 200 us while callers drive their ops or
+  // none is in flight (2 ranks on 2 cores, 8 B all_reduce over shm: ~3600 wake-ups a second per
+  // proxy without this, and 0.8% of ops over 12 us, ~20% of a loop's time).
+  if (!assist_) return engine_->hasWaiters() || !engine_->hasActive();
+  // Proxied peers, no op in flight: a pass could only take in a peer's next data early.
+  if (engine_->hasActive()) return false;
   // Triggers may wait: the last op's final pass (run by this thread, or by a caller's test or
   // last wait) queues the credits of the chunks it took, which the next op's first pass sends
   // with that op's data, one message. They are left to it while callers consume the FIFO; once
@@ -549,7 +543,7 @@ bool Communicator::proxyPass() {
 
 uint64_t Communicator::failedState() const {
   return kPeerStateFailed | (static_cast<uint64_t>(dead_rank_ + 1) << 8) |
-         (dead_rank_ >= 0 && dead_unreachable_ ? kPeerStateUnreachable : 0);
+         (dead_unreachable_ ? kPeerStateUnreachable : 0);
 }
 
 void Communicator::setExtraPoller(ProxyHandler* poller) {

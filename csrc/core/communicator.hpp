@@ -132,7 +132,7 @@ class Communicator : public ProxyHandler {
   // Peers gone (core/peer_monitor.hpp, tcp's closed connections): the ops that still need one
   // fail (Engine::markPeerLost). Proxy pass only.
   void checkPeers();
-  void peerFailed(int dead, const std::string& reason, bool unreachable = false);
+  void peerFailed(int dead, const std::string& reason, bool unreachable);
   void noteDead(int dead, bool unreachable);
   // Writes this rank's state word into every peer's inbox (kPeerStateLeft or failedState()).
   void tellPeers(uint64_t state);
