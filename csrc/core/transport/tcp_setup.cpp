@@ -211,9 +211,15 @@ void TcpTransport::establish(const std::vector<std::string>& endpoints,
     }
   }
   int peers = 0;
+  for (int p = 0; p < nranks_; ++p)
+    if (expected_[static_cast<size_t>(p)]) {
+      ++peers;
+      only_peer_ = p;
+    }
+  // One peer: its socket is read on each pass and stays out of the epoll set (see poll()).
+  if (peers != 1) only_peer_ = -1;
   for (int p = 0; p < nranks_; ++p) {
-    if (!expected_[static_cast<size_t>(p)]) continue;
-    ++peers;
+    if (!expected_[static_cast<size_t>(p)] || only_peer_ >= 0) continue;
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = static_cast<uint64_t>(p);

@@ -241,6 +241,15 @@ void TcpTransport::poll() {
     Conn& c = conns_[static_cast<size_t>(p)];
     if (c.state == ConnState::kOpen && c.out.size() != 0) flush(c, p);
   }
+  if (only_peer_ >= 0) {
+    // A rank with one tcp peer reads that socket directly: one system call per pass, as an
+    // empty epoll_wait, and when data is there one instead of two; its peer's sends also skip
+    // the epoll wake-up callback (2 ranks on 2 cores, 8 B all_reduce: docs/decisions.md). The
+    // listener, which only turns away strangers once the group is up, is looked at every
+    // kListenerPasses passes.
+    if (conns_[static_cast<size_t>(only_peer_)].state == ConnState::kOpen) receiveFrom(only_peer_);
+    if (++passes_ % kListenerPasses != 0 && pending_.empty()) return;
+  }
   epoll_event evs[16];
   const int n = epoll_wait(epoll_.get(), evs, 16, 0);
   for (int i = 0; i < n; ++i) {

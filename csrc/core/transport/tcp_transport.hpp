@@ -1,7 +1,8 @@
 // Transport to ranks on other hosts over TCP (no RDMA needed). One connection per peer pair;
 // write() and signal() queue frames (tcp_frame.hpp) in a preallocated per-peer buffer (the GPU
 // path's payloads by reference to its outbox, registerSource), poll() flushes each peer's queue
-// in one sendmsg and applies incoming frames to the local segment. Only the thread running a proxy
+// in one sendmsg and applies incoming frames to the local segment (the sockets epoll says are
+// readable; a rank with one tcp peer reads its socket directly). Only the thread running a proxy
 // pass calls write, signal and poll (directCapable is false; the communicator's pass lock makes
 // it one thread at a time: the proxy thread, or a caller waiting on its op), so nothing here is
 // locked.
@@ -43,7 +44,7 @@ struct TcpOptions {
   uint64_t unreachable_timeout_ns = 10000000000ull;
   uint64_t handshake_timeout_ns = 10000000000ull;  // unauthenticated connections are dropped
   // RESIDENT_GPU_PROXY_TRACE: a path prefix; each sendmsg and recv of the data path, and each
-  // time epoll_wait found a peer's socket readable, is recorded and written to
+  // time epoll_wait found a peer's socket readable (two tcp peers or more), is recorded and written to
   // <prefix>.rank<r>.<n>.tcp.tsv at shutdown. Empty: off.
   std::string trace_prefix;
 };
@@ -129,6 +130,8 @@ class TcpTransport : public Transport {
   // What one read between frames asks for: headers and small frames, a few at once; a larger
   // payload then goes from the socket straight into the segment (kDirectRecvMin).
   static constexpr size_t kStagingRecvBytes = 4096;
+  // With one tcp peer, the passes between two looks at the listener (poll()).
+  static constexpr uint32_t kListenerPasses = 256;
   enum class ConnState { kNone, kIdle, kConnecting, kAwaitAck, kOpen, kClosed };
   struct Conn {
     UniqueFd fd;
@@ -184,6 +187,8 @@ class TcpTransport : public Transport {
   int port_ = 0;
   bool established_ = false;
   bool activity_ = false;
+  int only_peer_ = -1;   // the one tcp peer, read directly on each pass; -1: epoll
+  uint32_t passes_ = 0;  // poll() calls, with only_peer_
   bool shut_down_ = false;
   std::atomic<bool> abort_{false};
   std::vector<Event> events_;
