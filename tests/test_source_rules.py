@@ -130,3 +130,51 @@ def test_no_history_words_in_sources_and_docs():
             offenders.append(f"{rel}:{line_no}: [{name}] {line[:120]}")
     assert not offenders, ("words of the project's history (state the fact and the command "
                            "that measures it; history is git's):\n" + "\n".join(offenders))
+
+
+# Data in the tree is what the docs cite or the tests use (by name, or by a brace pattern such
+# as `interference_ws{2,4,8}_h200_2026-11-30.{json.gz,log}`); the rest is git's.
+DATA_DIRS = ("benchmarks/data", "tests/data")
+CITING = ("docs", "README.md", "benchmarks", "tests", "scripts", "examples", "resident_pg")
+BRACED = re.compile(r"[\w.-]*\{[\w.,-]*\}[\w.{},-]*")
+
+
+def _expand(pattern):
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if m is None:
+        return [pattern]
+    out = []
+    for alt in m.group(1).split(","):
+        out += _expand(pattern[:m.start()] + alt + pattern[m.end():])
+    return out
+
+
+def _citing_text():
+    data = tuple(str(ROOT / d) for d in DATA_DIRS)
+    for top in CITING:
+        root = ROOT / top
+        for p in [root] if root.is_file() else sorted(root.rglob("*")):
+            if p.is_file() and not str(p).startswith(data) and p.suffix in (
+                    ".md", ".py", ".sh", ".txt", ".cpp", ".cu", ".json", ".toml", ""):
+                try:
+                    yield p.read_text(errors="ignore")
+                except OSError:
+                    pass
+
+
+def test_data_files_are_cited():
+    text = "\n".join(_citing_text())
+    cited = set()
+    for m in BRACED.finditer(text):
+        cited.update(_expand(m.group(0)))
+    uncited = []
+    for d in DATA_DIRS:
+        for p in sorted((ROOT / d).rglob("*")):
+            if p.is_file() and p.name not in text and p.name not in cited and p.name != "README.md":
+                uncited.append(f"{d}/{p.relative_to(ROOT / d)}")
+    assert not uncited, ("data files that no doc cites and no test uses (remove them, git keeps "
+                         "them, or cite them): " + ", ".join(uncited))
+
+
+def test_data_citation_patterns_expand():
+    assert _expand("a_{1,2}.{x,y}") == ["a_1.x", "a_1.y", "a_2.x", "a_2.y"]
