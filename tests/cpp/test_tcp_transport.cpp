@@ -1,5 +1,6 @@
 // The tcp transport over real sockets on this host: set-up between two transports, ordering
-// of writes before a signal, two sides sending to each other with tiny buffers and nobody
+// of writes before a signal, three ranks whose tcp peers are read through epoll (two peers)
+// and directly (one), two sides sending to each other with tiny buffers and nobody
 // polling (no deadlock), a raw client that completes the handshake and then sends bad,
 // truncated or clean endings (fatal vs lost, nothing written outside the segment), bad
 // handshakes before and after set-up, a peer that stops reading (stall timeout, abort), and
@@ -347,6 +348,79 @@ void testBadFrames() {
   }
 }
 
+// Three ranks: rank 0 has two tcp peers (read through epoll), ranks 1 and 2 one each (their
+// socket read directly). Rounds of random writes then a flag in both directions arrive whole
+// and in order on both kinds of reading; strangers are turned away by either kind's listener;
+// a peer's goodbye reaches rank 0 while its other peer stays connected.
+void testMixedPeerCounts() {
+  constexpr size_t kSeg = 1 << 20;
+  Segment s0(kSeg), s1(kSeg), s2(kSeg);
+  TcpTransport t0(0, 3, s0.data(), kSeg, TcpOptions{});
+  TcpTransport t1(1, 3, s1.data(), kSeg, TcpOptions{});
+  TcpTransport t2(2, 3, s2.data(), kSeg, TcpOptions{});
+  const std::vector<std::string> eps = {t0.endpoint(), t1.endpoint(), t2.endpoint()};
+  const Secret s = Secret::random();
+  std::thread a([&] { t1.establish(eps, {true, false, false}, s, 10 * kSec); });
+  std::thread b([&] { t2.establish(eps, {true, false, false}, s, 10 * kSec); });
+  t0.establish(eps, {false, true, true}, s, 10 * kSec);
+  a.join();
+  b.join();
+  CHECK(t0.connected(1) && t0.connected(2) && t1.connected(0) && t2.connected(0));
+  auto pollAll = [&] {
+    t0.poll();
+    t1.poll();
+    t2.poll();
+  };
+  std::mt19937_64 rng(13);
+  std::vector<unsigned char> d1(70000), d2(70000), d0(70000);
+  for (uint64_t round = 1; round <= 100; ++round) {
+    const size_t n1 = 1 + rng() % d1.size(), n2 = 1 + rng() % d2.size();
+    const size_t n0 = 1 + rng() % d0.size();
+    for (size_t i = 0; i < d1.size(); ++i) {
+      d1[i] = static_cast<unsigned char>(rng());
+      d2[i] = static_cast<unsigned char>(rng());
+      d0[i] = static_cast<unsigned char>(rng());
+    }
+    // Ranks 1 and 2 into disjoint regions of rank 0; rank 0 into each of them.
+    t1.write(0, 4096, d1.data(), n1);
+    t1.signal(0, 0, round);
+    t2.write(0, 4096 + d1.size(), d2.data(), n2);
+    t2.signal(0, 8, round);
+    t0.write(1, 4096, d0.data(), n0);
+    t0.signal(1, 0, round);
+    t0.write(2, 4096, d0.data(), n0);
+    t0.signal(2, 0, round);
+    const uint64_t end = nowNs() + 5 * kSec;
+    while ((s0.flag(0) != round || s0.flag(8) != round || s1.flag(0) != round ||
+            s2.flag(0) != round) &&
+           nowNs() < end)
+      pollAll();
+    CHECK(s0.flag(0) == round && s0.flag(8) == round && s1.flag(0) == round && s2.flag(0) == round);
+    CHECK(std::memcmp(s0.data() + 4096, d1.data(), n1) == 0);
+    CHECK(std::memcmp(s0.data() + 4096 + d1.size(), d2.data(), n2) == 0);
+    CHECK(std::memcmp(s1.data() + 4096, d0.data(), n0) == 0);
+    CHECK(std::memcmp(s2.data() + 4096, d0.data(), n0) == 0);
+  }
+  {  // strangers, at the listener of a rank of each kind
+    Raw at0(t0.endpoint()), at1(t1.endpoint());
+    const Hello h = helloFor(Secret::random(), 2, 3);
+    at0.send(&h, sizeof(h));
+    at1.send(&h, sizeof(h));
+    CHECK(pollUntil(t0, [&] { return t0.rejectedConnections() == 1; }));
+    CHECK(pollUntil(t1, [&] { return t1.rejectedConnections() == 1; }));
+  }
+  t2.shutdown();  // its goodbye
+  CHECK(pollUntil(t0, [&] { return t0.hasEvents(); }));
+  const auto ev = t0.takeEvents();
+  CHECK(ev.size() == 1 && ev[0].peer == 2 && ev[0].goodbye && !ev[0].fatal);
+  CHECK(t0.connected(1) && !t0.connected(2));
+  t1.signal(0, 16, 7);
+  t1.poll();
+  CHECK(pollUntil(t0, [&] { return s0.flag(16) == 7; }));
+  CHECK(!t0.hasEvents() && !t1.hasEvents());
+  CHECK(s0.guardsIntact() && s1.guardsIntact() && s2.guardsIntact());
+}
+
 void testBadHandshakes() {
   Impostor im;  // an established group of two (rank 1 is the raw socket)
   const uint64_t before = im.t->rejectedConnections();
@@ -477,6 +551,8 @@ int main() {
   std::puts("test_tcp_transport: no deadlock ok");
   testBadFrames();
   std::puts("test_tcp_transport: bad frames ok");
+  testMixedPeerCounts();
+  std::puts("test_tcp_transport: one and two tcp peers ok");
   testBadHandshakes();
   testBadHandshakeDuringSetup();
   std::puts("test_tcp_transport: bad handshakes ok");
