@@ -99,6 +99,15 @@ Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Co
   for (int p = 0; p < nranks; ++p) local_ranks += sameHost(p) ? 1 : 0;
   const int cpus = usableCpus();
   idle_standby_ = 2 * local_ranks > cpus;
+  // More ranks than cores: a waiting caller's peer may be off its core, and a hot poll only
+  // keeps it off longer; the waiter yields at once instead (2 cores, 8 B all_reduce: 3 ranks
+  // over shm 11-13 us per op against 63-65 us with the 50 us poll, 4 ranks 20-28 against 65-79;
+  // docs/decisions.md).
+  if (local_ranks > cpus && !cfg.spin_us_given) {
+    engine_->setWaitSpinUs(0);
+    RLOG_INFO("%d ranks on this host, %d usable cpus: a thread waiting on an op yields at once",
+              local_ranks, cpus);
+  }
   if (idle_standby_)
     RLOG_INFO(
         "%d ranks on this host, %d usable cpus: the proxy stands by while no op of this "

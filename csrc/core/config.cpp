@@ -147,6 +147,8 @@ Config Config::fromEnvironment(const std::map<std::string, std::string>& options
   }
   for (const auto& kv : options) apply(c, kv.first, kv.second);
   roundSizes(c);
+  c.spin_us_given =
+      std::getenv(variableName("spin_us").c_str()) != nullptr || options.count("spin_us") != 0;
   return c;
 }
 

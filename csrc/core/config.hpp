@@ -50,6 +50,9 @@ struct Config {
   // Not an option: set by the adapter when this process can use CUDA, so that the segment
   // carries the GPU region (CPU-only processes do not pay for it).
   bool gpu_region = false;
+  // Not an option: whether spin_us was set (environment or pg_options) rather than left at its
+  // default, which the communicator replaces where the host's ranks outnumber its CPUs.
+  bool spin_us_given = false;
 
   Config();
   // Reads the environment; then applies `options` (keys as the variables without the

@@ -63,6 +63,7 @@ Engine::Engine(int rank, int nranks, const Config& cfg, const InboxLayout& layou
       peers_(std::move(peers)),
       fifo_(fifo),
       timeout_ns_(timeout_ns),
+      spin_ns_(cfg.spin_us * 1000),
       send_(static_cast<size_t>(nranks) * kRings),
       recv_(static_cast<size_t>(nranks) * kRings),
       p2p_bind_(static_cast<size_t>(nranks)),
@@ -102,7 +103,7 @@ Engine::~Engine() {
 }
 
 void Engine::lock() {
-  Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
+  Backoff backoff(spin_ns_, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
   while (lock_.test_and_set(std::memory_order_acquire)) backoff.pause();
 }
 
@@ -146,7 +147,7 @@ Op* Engine::begin() {
                     poisonReason());
   }
   const uint64_t deadline = nowNs() + timeout_ns_;
-  Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
+  Backoff backoff(spin_ns_, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
   // While it waits for a free op this thread drives progress as wait() does, and counts as a
   // waiter (the proxy then stands by rather than contend for the core).
   WaiterCount waiting(*this);
@@ -252,7 +253,7 @@ bool Engine::test(OpHandle h) {
 
 void Engine::wait(OpHandle h, uint64_t timeout_ns) {
   Op& op = *h.op;
-  Backoff backoff(cfg_.spin_us * 1000, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
+  Backoff backoff(spin_ns_, cfg_.yield_us * 1000, cfg_.max_sleep_us * 1000);
   const uint64_t deadline = timeout_ns ? nowNs() + timeout_ns : 0;
   uint64_t locked_ns = 0;  // first clock read since this thread last ran a progress pass
   WaiterCount waiting(*this);

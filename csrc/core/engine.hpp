@@ -86,6 +86,9 @@ class Engine {
     assist_ = fn;
     assist_ctx_ = ctx;
   }
+  // How long a waiting thread polls hot before it yields its core (RESIDENT_SPIN_US unless the
+  // owner chose otherwise for the host). Set once, before the first op.
+  void setWaitSpinUs(uint64_t us) { spin_ns_ = us * 1000; }
   // Called when the last thread waiting on this engine's ops leaves wait() (or begin()): the
   // proxy, standing by while it drove the transport, may have to take over. Set once, before the
   // first op.
@@ -173,6 +176,7 @@ class Engine {
   std::vector<PeerInfo> peers_;
   TriggerFifo* const fifo_;
   uint64_t timeout_ns_;
+  uint64_t spin_ns_;  // setWaitSpinUs
 
   std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
   std::vector<std::unique_ptr<Op>> pool_;
