@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -388,6 +389,15 @@ int main() {
     e.release(second);
   });
   CHECK_THROWS(Config::fromEnvironment({{"path", "sideways"}}));
+  // Whether spin_us was given: only then does a host with more ranks than cpus keep it.
+  unsetenv("RESIDENT_SPIN_US");
+  CHECK(!Config::fromEnvironment().spin_us_given);
+  const Config given = Config::fromEnvironment({{"spin_us", "50"}});
+  CHECK(given.spin_us_given && given.spin_us == 50);
+  setenv("RESIDENT_SPIN_US", "7", 1);
+  const Config from_env = Config::fromEnvironment();
+  CHECK(from_env.spin_us_given && from_env.spin_us == 7);
+  unsetenv("RESIDENT_SPIN_US");
   std::puts("test_communicator: ok");
   return 0;
 }
