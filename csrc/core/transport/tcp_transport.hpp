@@ -44,8 +44,8 @@ struct TcpOptions {
   uint64_t unreachable_timeout_ns = 10000000000ull;
   uint64_t handshake_timeout_ns = 10000000000ull;  // unauthenticated connections are dropped
   // RESIDENT_GPU_PROXY_TRACE: a path prefix; each sendmsg and recv of the data path, and each
-  // time epoll_wait found a peer's socket readable (two tcp peers or more), is recorded and written to
-  // <prefix>.rank<r>.<n>.tcp.tsv at shutdown. Empty: off.
+  // time epoll_wait found a peer's socket readable (two tcp peers or more), is recorded and written
+  // to <prefix>.rank<r>.<n>.tcp.tsv at shutdown. Empty: off.
   std::string trace_prefix;
 };
 
