@@ -751,6 +751,8 @@ def run_ranks_collect(
 # --------------------------------------------------------------------------
 
 from reference_data import (  # noqa: E402,F401
+    BOOL_OPS,
+    COMPLEX_DTYPE_NAMES,
     FLOAT_DTYPE_NAMES,
     INT_DTYPE_NAMES,
     bits,

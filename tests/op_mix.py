@@ -23,13 +23,27 @@ import dataclasses
 import os
 from typing import Optional
 
+# Reduced on every device; bool (a logical or / and / xor) and complex64 (SUM and AVG of its
+# parts) too; int8 on CPU only (Caps.reduce_dtypes).
 REDUCE_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8")
+MAPPED_REDUCE_DTYPES = ("bool", "complex64")
 MOVE_DTYPES = REDUCE_DTYPES + ("bool", "int8")  # data movement: any dtype
 FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 FLOAT_OPS = ("SUM", "AVG", "MIN", "MAX", "PRODUCT")
 INT_OPS = FLOAT_OPS + ("BAND", "BOR", "BXOR")
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8,
-            "uint8": 1, "bool": 1, "int8": 1}
+            "uint8": 1, "bool": 1, "int8": 1, "complex64": 8}
+
+
+def reduce_ops_for(dtypes) -> tuple:
+    """The reduce ops valid for every dtype of a call, in INT_OPS order."""
+    ops = FLOAT_OPS if any(d in FLOAT_DTYPES or d.startswith("complex") for d in dtypes) \
+        else INT_OPS
+    if any(d.startswith("complex") for d in dtypes):
+        ops = tuple(o for o in ops if o in ("SUM", "AVG"))
+    if "bool" in dtypes:
+        ops = tuple(o for o in ops if o != "AVG")
+    return ops
 MAX_ELEMS = 100_003
 # Byte counts where the transfer changes shape: a GPU part (2 KiB), half a GPU round (the simple
 # protocol's threshold), one CPU slot / GPU round (64 KiB), two of them.
@@ -60,13 +74,17 @@ class Caps:
     # CPU: the coalesced forms take tensors of different dtypes in one call.
     coalesced_dtype_mix: bool
     graph_replays: int
+    # The dtypes reductions draw from.
+    reduce_dtypes: tuple
     # The backend under test is resident (RESIDENT_TEST_BACKEND): ops that only it serves, such
     # as resident_pg.ep.all_to_all_device_splits (a ValueError on another backend), are drawn.
     resident_ops: bool = True
 
 
-CPU_CAPS = Caps("cpu", p2p_tags=True, coalesced_dtype_mix=True, graph_replays=3)
-CUDA_CAPS = Caps("cuda", p2p_tags=False, coalesced_dtype_mix=False, graph_replays=4)
+CPU_CAPS = Caps("cpu", p2p_tags=True, coalesced_dtype_mix=True, graph_replays=3,
+                reduce_dtypes=REDUCE_DTYPES + MAPPED_REDUCE_DTYPES + ("int8",))
+CUDA_CAPS = Caps("cuda", p2p_tags=False, coalesced_dtype_mix=False, graph_replays=4,
+                 reduce_dtypes=REDUCE_DTYPES + MAPPED_REDUCE_DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,8 +354,7 @@ class _Gen:
         return 0 if n == 0 else max(1, n // gsize)
 
     def redop(self, dtypes) -> str:
-        floats = any(d in FLOAT_DTYPES for d in dtypes)
-        return self.choice(FLOAT_OPS if floats else INT_OPS)
+        return self.choice(reduce_ops_for(dtypes))
 
     # ---- ops ----------------------------------------------------------------
 
@@ -366,7 +383,7 @@ class _Gen:
         return spec
 
     def _reduction(self, s: OpSpec):
-        s.dtype = self.choice(REDUCE_DTYPES)
+        s.dtype = self.choice(self.caps.reduce_dtypes)
         s.redop = self.redop([s.dtype])
 
     def _all_reduce(self, s, gs):
@@ -385,7 +402,7 @@ class _Gen:
         # dist.all_reduce_coalesced takes one dtype; all_reduce calls in a coalescing manager
         # reach the backend's allreduce_coalesced with several
         s.variant = self.choice(("api", "manager"))
-        self._coalesced(s, REDUCE_DTYPES, self.size, mix=s.variant == "manager")
+        self._coalesced(s, self.caps.reduce_dtypes, self.size, mix=s.variant == "manager")
         s.redop = self.redop(s.dtypes)
 
     def _broadcast(self, s, gs):
@@ -427,7 +444,7 @@ class _Gen:
         s.variant = self.choice(("cat", "stack"))
 
     def _reduce_scatter_tensor_coalesced(self, s, gs):
-        self._coalesced(s, REDUCE_DTYPES, lambda d: self.per_peer(d, gs))
+        self._coalesced(s, self.caps.reduce_dtypes, lambda d: self.per_peer(d, gs))
         s.redop = self.redop(s.dtypes)
 
     def _split_matrix(self, gs: int, m: int) -> tuple:

@@ -4,7 +4,7 @@ each issues its torch.distributed call on static buffers and checks what it got 
 reference it computes itself.
 
 An op object lives on one rank of its group. ``fill(key)`` generates every member's input from
-(key, global rank) with reference_data.make_input (bool besides), copies this rank's into the
+(key, global rank) with reference_data.make_input, copies this rank's into the
 static buffers (created on the first fill, reused afterwards: a captured CUDA graph reads them)
 and resets the outputs to a sentinel; ``issue(async_op)`` makes the call and returns the Works
 still to wait on (none when synchronous); ``check()`` returns the mismatches, references in
@@ -28,7 +28,6 @@ from reference_data import (
     digest,
     make_input,
     reference_reduce,
-    rng_for,
 )
 
 from op_mix import FLOAT_DTYPES
@@ -38,8 +37,6 @@ SENTINEL = {"uint8": 123, "int8": -77, "bool": True, "int32": -77, "int64": -77}
 
 def make_data(key: str, rank: int, n: int, dtype: str, kind: str = "normal"):
     """Deterministic input of a rank (a CPU tensor); any rank regenerates any other's."""
-    if dtype == "bool":
-        return torch.from_numpy(rng_for(key, rank).integers(0, 2, size=n).astype(bool))
     return make_input(key, rank, n, dtype, kind)
 
 

@@ -40,7 +40,11 @@ def count_parts(rng, rows, k: int):
 
 
 FLOAT_DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16")
-INT_DTYPE_NAMES = ("int32", "int64", "uint8")
+INT_DTYPE_NAMES = ("int32", "int64", "uint8", "int8")
+# reduced through a mapping of the backend's (bool: a logical or / and / xor; complex: the real
+# and imaginary parts as floats, SUM and AVG only)
+BOOL_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
+COMPLEX_DTYPE_NAMES = ("complex64", "complex128")
 
 
 def tdtype(name: str):
@@ -55,7 +59,12 @@ def is_float_name(name: str) -> bool:
 
 def itemsize(name: str) -> int:
     return {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2,
-            "int32": 4, "int64": 8, "uint8": 1}[name]
+            "int32": 4, "int64": 8, "uint8": 1, "int8": 1, "bool": 1,
+            "complex64": 8, "complex128": 16}[name]
+
+
+def _complex_part(name: str) -> str:
+    return "float32" if name == "complex64" else "float64"
 
 
 def make_input(key: str, rank: int, n: int, dtype_name: str, kind: str = "normal"):
@@ -63,12 +72,18 @@ def make_input(key: str, rank: int, n: int, dtype_name: str, kind: str = "normal
 
     kinds: "normal" (floats ~ N(0, 3), no exact zeros; ints over the full range,
     so SUM/PRODUCT wrap), "near1" (floats in [0.6, 1.4]; ints in [-3, 3]
-    ([0, 3] for uint8)), "avg" (ints whose int64 sum cannot overflow).
+    ([0, 3] for uint8)), "avg" (ints whose int64 sum cannot overflow). bool: 0 or 1 at
+    random; complex: (real, imaginary) pairs drawn as the float type's, of the same kind.
     """
     import numpy as np
     import torch
 
     rng = rng_for(key, rank)
+    if dtype_name == "bool":
+        return torch.from_numpy(rng.integers(0, 2, size=n).astype(np.bool_)).contiguous()
+    if dtype_name in COMPLEX_DTYPE_NAMES:  # (real, imaginary) pairs drawn as the float type's
+        parts = make_input(key, rank, 2 * n, _complex_part(dtype_name), kind)
+        return torch.view_as_complex(parts.reshape(n, 2)).contiguous()
     if is_float_name(dtype_name):
         if kind == "near1":
             a = rng.uniform(0.6, 1.4, n)
@@ -147,6 +162,21 @@ def reference_reduce(inputs: list, op: str, dtype_name: str):
 
     n = len(inputs)
     op = op.upper()
+    if dtype_name == "bool":
+        fold = {"SUM": np.logical_or, "MAX": np.logical_or, "BOR": np.logical_or,
+                "PRODUCT": np.logical_and, "MIN": np.logical_and, "BAND": np.logical_and,
+                "BXOR": np.logical_xor}[op]
+        acc = inputs[0].numpy().astype(np.bool_)
+        for t in inputs[1:]:
+            acc = fold(acc, t.numpy().astype(np.bool_))
+        return torch.from_numpy(np.ascontiguousarray(acc))
+    if dtype_name in COMPLEX_DTYPE_NAMES:
+        if op not in ("SUM", "AVG"):
+            raise ValueError(op)
+        part = _complex_part(dtype_name)
+        re = reference_reduce([t.real.contiguous() for t in inputs], op, part)
+        im = reference_reduce([t.imag.contiguous() for t in inputs], op, part)
+        return torch.complex(re, im)
     if is_float_name(dtype_name):
         acc_dt = np.float64 if dtype_name == "float64" else np.float32
         xs = [to_np(t).astype(acc_dt) for t in inputs]
@@ -196,6 +226,13 @@ def compare_reduction(got, ref, inputs: list, op: str, dtype_name: str, label: s
     if got.dtype != ref.dtype or tuple(got.shape) != tuple(ref.shape):
         return [f"{label}: got {got.dtype}{tuple(got.shape)}, expected {ref.dtype}{tuple(ref.shape)}"]
     op = op.upper()
+    if dtype_name in COMPLEX_DTYPE_NAMES:  # each part as its float type
+        part = _complex_part(dtype_name)
+        for name, get in (("real", lambda t: t.real), ("imag", lambda t: t.imag)):
+            errs += compare_reduction(get(got).contiguous(), get(ref).contiguous(),
+                                      [get(t).contiguous() for t in inputs], op, part,
+                                      f"{label} ({name})")
+        return errs
     if not is_float_name(dtype_name) or op in ("MIN", "MAX"):
         gb, rb = bits(got), bits(ref)
         bad = np.nonzero(gb != rb)[0]

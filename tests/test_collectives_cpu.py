@@ -17,6 +17,7 @@ import pytest
 
 import dist_harness as H
 from dist_harness import (
+    BOOL_OPS,
     FLOAT_DTYPE_NAMES,
     INT_DTYPE_NAMES,
     compare_exact,
@@ -250,6 +251,16 @@ def _ar_shapes(rank, ws):
     return errs, digs
 
 
+# ---- bool and complex reductions (int8 is one of INT_DTYPE_NAMES) ---------
+# bool reduces as a logical or (SUM, MAX, BOR), and (PRODUCT, MIN, BAND) or xor (BXOR); complex
+# as its real and imaginary parts, SUM and AVG. torch's all_reduce hands complex tensors to the
+# backend as floats; reduce and reduce_scatter hand them over as complex.
+for _op in BOOL_OPS:
+    add_case(f"all_reduce[{_op}-bool]", _make_all_reduce_case(_op, "bool"))
+for _op, _dt in (("SUM", "complex64"), ("AVG", "complex128")):
+    add_case(f"all_reduce[{_op}-{_dt}]", _make_all_reduce_case(_op, _dt))
+
+
 # ---- all_to_all_single -----------------------------------------------------
 
 
@@ -411,6 +422,13 @@ def _make_rs_list_case(op, dtype_name, sizes):
 
 add_case("reduce_scatter[SUM-float32]", _make_rs_list_case("SUM", "float32", (1, 1031)), identical=False)
 add_case("reduce_scatter[MIN-int32]", _make_rs_list_case("MIN", "int32", (1, 1031)), identical=False)
+for _op, _dt in (("SUM", "bool"), ("BXOR", "bool"), ("MIN", "int8"), ("AVG", "int8"),
+                 ("SUM", "complex64"), ("AVG", "complex128")):
+    add_case(f"reduce_scatter_tensor[{_op}-{_dt}]", _make_rs_tensor_case(_op, _dt, (1, 13, 4099)),
+             resident_only=(_op == "AVG" and _dt == "int8"), identical=False)
+for _op, _dt in (("PRODUCT", "bool"), ("MAX", "int8"), ("SUM", "complex128")):
+    add_case(f"reduce_scatter[{_op}-{_dt}]", _make_rs_list_case(_op, _dt, (1, 1031)),
+             identical=False)
 
 
 # ---- broadcast / reduce / gather / scatter (every root) --------------------
@@ -463,6 +481,8 @@ add_case("reduce[SUM-float32]", _make_reduce_case("SUM", "float32", (13, 4099)),
 add_case("reduce[MAX-int32]", _make_reduce_case("MAX", "int32", (13, 4099)), identical=False)
 add_case("reduce[PRODUCT-float64]", _make_reduce_case("PRODUCT", "float64", (13,)), identical=False)
 add_case("reduce[SUM-bfloat16]", _make_reduce_case("SUM", "bfloat16", (13,)), identical=False)
+for _op, _dt in (("MAX", "bool"), ("BAND", "int8"), ("SUM", "complex64"), ("AVG", "complex64")):
+    add_case(f"reduce[{_op}-{_dt}]", _make_reduce_case(_op, _dt, (13, 4099)), identical=False)
 add_case("reduce[SUM-float32-large]", _make_reduce_case("SUM", "float32", (MiB // 4 + 1,)),
          identical=False)
 

@@ -50,6 +50,7 @@ from dist_harness import (
     digest,
     make_input,
     reference_reduce,
+    tdtype,
 )
 
 pytestmark = C.module_marks()
@@ -73,7 +74,9 @@ def add(cid, fn, dtype_name=None, identical=False):
 
 
 def _dt_index(dtype_name):
-    return ALL_DTYPES.index(dtype_name)
+    if dtype_name in ALL_DTYPES:
+        return ALL_DTYPES.index(dtype_name)
+    return len(ALL_DTYPES) + MAPPED_DTYPES.index(dtype_name)
 
 
 def _mode(a):
@@ -210,6 +213,47 @@ for _op, _dt in (("MAX", "int64"), ("AVG", "bfloat16"), ("BOR", "int32")):
     add(f"reduce_scatter[{_op}-{_dt}]", _make_rs_case(_op, _dt, True), _dt)
 for _op, _dt in (("MIN", "float16"), ("PRODUCT", "bfloat16"), ("BAND", "int64"), ("AVG", "uint8")):
     add(f"reduce[{_op}-{_dt}]", _make_reduce_case(_op, _dt), _dt)
+
+
+# ---- bool and complex: the kernels above reduce them as uint8 / float pairs ----
+# bool: SUM and MAX a logical or, PRODUCT and MIN an and, BXOR an xor; complex: SUM and AVG of
+# the real and imaginary parts (dist.reduce and reduce_scatter hand complex tensors to the backend).
+MAPPED_DTYPES = ("bool", "complex64", "complex128")
+for _op in ("SUM", "PRODUCT", "BXOR"):
+    add(f"all_reduce[{_op}-bool]", _make_all_reduce_case(_op, "bool"), "bool", identical=True)
+add("reduce_scatter_tensor[MIN-bool]", _make_rs_case("MIN", "bool", False), "bool")
+add("reduce_scatter_tensor[SUM-complex64]", _make_rs_case("SUM", "complex64", False), "complex64")
+add("reduce_scatter[AVG-complex128]", _make_rs_case("AVG", "complex128", True), "complex128")
+add("reduce[SUM-complex64]", _make_reduce_case("SUM", "complex64"), "complex64")
+add("reduce[MAX-bool]", _make_reduce_case("MAX", "bool"), "bool")
+
+
+def _int8_reduction(rank, ws):
+    """int8 is reduced for CPU tensors only: on the GPU a clear ValueError on every rank, before
+    anything starts (the group stays usable); in the dry run, the CPU result."""
+    import torch.distributed as dist
+
+    inputs = inputs_for("cuda/int8", ws, 13, "int8", "normal")
+    t = dev(inputs[rank])
+    if not C.ON_GPU:
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return compare_reduction(host(t), reference_reduce(inputs, "MIN", "int8"), inputs, "MIN",
+                                 "int8", "dry run"), {}
+    errs = []
+    try:
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        errs.append("an int8 all_reduce of a CUDA tensor did not raise")
+    except ValueError as e:
+        if "int8" not in str(e) or "CUDA" not in str(e):
+            errs.append(f"the error does not name the dtype and the device: {e}")
+    ok = dev(inputs[rank].to(dtype=tdtype("int32")))
+    dist.all_reduce(ok)  # the group is usable after the refusal
+    ref = reference_reduce([x.to(dtype=tdtype("int32")) for x in inputs], "SUM", "int32")
+    errs += compare_exact(host(ok), ref, "int32 all_reduce after the refusal")
+    return errs, {}
+
+
+add("all_reduce[int8-cpu-only]", _int8_reduction)
 
 
 # ---- data movement: all_gather, gather, scatter, broadcast ------------------

@@ -273,6 +273,18 @@ def _bad_input_job(rank, ws, what):
             t = make_input("bad/band", rank, 10, "float32")
             dist.all_reduce(t, op=dist.ReduceOp.BAND)
             garbage = t[:4].tolist()
+        elif what == "avg_on_bool":
+            t = make_input("bad/avgb", rank, 10, "bool")
+            dist.all_reduce(t, op=dist.ReduceOp.AVG)
+            garbage = t[:4].tolist()
+        elif what == "max_on_complex":  # dist.reduce passes complex tensors to the backend as such
+            t = make_input("bad/maxc", rank, 10, "complex64")
+            dist.reduce(t, dst=0, op=dist.ReduceOp.MAX)
+            garbage = t[:4].tolist()
+        elif what == "unsupported_dtype":
+            t = torch.ones(10, dtype=torch.int16)
+            dist.all_reduce(t)
+            garbage = t[:4].tolist()
         elif what == "non_contiguous":
             base = make_input("bad/nc", rank, 4 * 6, "float32").reshape(4, 6)
             t = base.t()
@@ -297,6 +309,9 @@ BAD_INPUT = {
     "all_gather_into_tensor_dtype_mix_backend": None,
     "premul_sum": re.compile(r"PREMUL_?SUM", re.IGNORECASE),
     "band_on_float": re.compile(r"BAND", re.IGNORECASE),
+    "avg_on_bool": re.compile(r"AVG .*bool"),
+    "max_on_complex": re.compile(r"MAX .*complex"),
+    "unsupported_dtype": re.compile(r"dtype Short"),
     "non_contiguous": re.compile(r"contiguous", re.IGNORECASE),
 }
 

@@ -127,8 +127,7 @@ def test_plans_cover_every_kind_dtype_op_and_group_shape(caps):
                     assert not (s.mode != "sync" and not op_mix.KINDS[op.kind].batchable)
                     if caps.device == "cuda" and op.dtypes:
                         assert len(set(op.dtypes)) == 1, "CUDA coalesced ops take one dtype"
-    valid = {(o, d) for d in op_mix.REDUCE_DTYPES
-             for o in (op_mix.FLOAT_OPS if d in op_mix.FLOAT_DTYPES else op_mix.INT_OPS)}
+    valid = {(o, d) for d in caps.reduce_dtypes for o in op_mix.reduce_ops_for([d])}
     assert reductions == valid, f"never drawn: {sorted(valid - reductions)}"
     assert moved == set(op_mix.MOVE_DTYPES)
     assert modes == {"sync", "async", "batch"} and waits > 50
@@ -142,7 +141,7 @@ def test_plans_cover_the_ep_buffer_modes():
     routing edges, subgroups, reused Buffers and graph ops."""
     calls, reused, in_graph, on_subgroup = [], 0, 0, 0
     for ws in (2, 3, 4, 8):
-        for seed in range(1, 13):
+        for seed in range(1, 17):
             plan = op_mix.make_plan(seed, ws, op_mix.CPU_CAPS)
             ops = [op for s in plan.steps for op in s.ops] + [op for op, _a in plan.graph]
             ep = [op for op in ops if op.kind == "ep_dispatch_combine"]

@@ -128,8 +128,9 @@ DType reductionType(const at::Tensor& t, const char* op) {
       return DType::kUInt8;
     default:
       C10_THROW_ERROR(ValueError, cat("resident: ", op, " does not support dtype ", t.scalar_type(),
-                                      " (supported: float32, float64, "
-                                      "float16, bfloat16, int32, int64, uint8)"));
+                                      " (supported: float32, float64, float16, bfloat16, int32, "
+                                      "int64, uint8, bool; int8 on CPU; complex64/128 for SUM "
+                                      "and AVG)"));
   }
 }
 
@@ -165,6 +166,40 @@ RedOp reductionOp(const c10d::ReduceOp& op, const char* name) {
 
 size_t nbytes(const at::Tensor& t) {
   return t.numel() * t.element_size();
+}
+
+// How the core reduces a tensor of a c10d reduction: its element type, op and values per tensor
+// element. bool reduces as uint8 with SUM as MAX (a logical or that cannot overflow, as NCCL
+// does), complex as its (real, imaginary) float pairs for SUM and AVG (as torch's all_reduce
+// does before calling a backend); int8 on CPU only (the device kernels do not reduce it).
+struct Reduction {
+  DType dtype;
+  RedOp op;
+  int64_t values_per_element;
+  size_t count(const at::Tensor& t) const {
+    return static_cast<size_t>(t.numel() * values_per_element);
+  }
+};
+
+Reduction reductionOf(const at::Tensor& t, const c10d::ReduceOp& reduce_op, const char* name) {
+  const RedOp op = reductionOp(reduce_op, name);
+  switch (t.scalar_type()) {
+    case at::kBool:
+      RESIDENT_CHECK_VALUE(op != RedOp::kAvg, "resident: ", name,
+                           ": AVG is not defined for bool tensors");
+      return {DType::kUInt8, op == RedOp::kSum ? RedOp::kMax : op, 1};
+    case at::kComplexFloat:
+    case at::kComplexDouble:
+      RESIDENT_CHECK_VALUE(op == RedOp::kSum || op == RedOp::kAvg, "resident: ", name, ": ",
+                           redOpName(op), " is not defined for complex tensors (SUM and AVG are)");
+      return {t.scalar_type() == at::kComplexFloat ? DType::kFloat32 : DType::kFloat64, op, 2};
+    case at::kChar:
+      RESIDENT_CHECK_VALUE(!t.is_cuda(), "resident: ", name,
+                           ": int8 is reduced for CPU tensors only, not CUDA tensors");
+      return {DType::kInt8, op, 1};
+    default:
+      return {reductionType(t, name), op, 1};
+  }
 }
 
 }  // namespace
@@ -312,20 +347,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::submit(c10::intrusive_ptr<W
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce(std::vector<at::Tensor>& tensors,
                                                                const c10d::AllreduceOptions& opts) {
   const at::Tensor& t = single(tensors, "all_reduce");
-  const DType dt = reductionType(t, "all_reduce");
-  const RedOp op = reductionOp(opts.reduceOp, "all_reduce");
+  const Reduction red = reductionOf(t, opts.reduceOp, "all_reduce");
   if (handoff_.takes(HandoffOp::kAllReduce, t, nbytes(t)))
     return handOff(HandoffOp::kAllReduce, "resident:all_reduce", tensors,
                    [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
   if (t.is_cuda()) {
     return cudaOp(c10d::OpType::ALLREDUCE, "resident:all_reduce", tensors, tensors, opts.asyncOp,
                   [&](GpuCommunicator& g, void* s) {
-                    g.allReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op, s);
+                    g.allReduce(t.data_ptr(), t.data_ptr(), red.count(t), red.dtype, red.op, s);
                   });
   }
   auto work = makeWork(c10d::OpType::ALLREDUCE, "resident:all_reduce", tensors, {});
   translateErrors([&] {
-    work->addOp(comm_->allReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op));
+    work->addOp(comm_->allReduce(t.data_ptr(), t.data_ptr(), red.count(t), red.dtype, red.op));
     return 0;
   });
   return submit(work, opts.asyncOp);
@@ -333,20 +367,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce(std::vector<at::T
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  const RedOp op = reductionOp(opts.reduceOp, "all_reduce_coalesced");
   // Validate everything before starting anything: a partial start would desynchronise ranks.
-  c10::SmallVector<DType, 8> types;
+  c10::SmallVector<Reduction, 8> reds;
   for (const auto& t : tensors) {
     checkTensor(t, "all_reduce_coalesced");
-    types.push_back(reductionType(t, "all_reduce_coalesced"));
+    reds.push_back(reductionOf(t, opts.reduceOp, "all_reduce_coalesced"));
   }
   if (!tensors.empty() && tensors[0].is_cuda()) {
     for (const auto& t : tensors) checkSameKind(tensors[0], t, "all_reduce_coalesced", "a tensor");
     return cudaOp(c10d::OpType::ALLREDUCE_COALESCED, "resident:all_reduce_coalesced", tensors,
                   tensors, opts.asyncOp, [&](GpuCommunicator& g, void* s) {
                     for (const auto i : c10::irange(tensors.size()))
-                      g.allReduce(tensors[i].data_ptr(), tensors[i].data_ptr(), tensors[i].numel(),
-                                  types[i], op, s);
+                      g.allReduce(tensors[i].data_ptr(), tensors[i].data_ptr(),
+                                  reds[i].count(tensors[i]), reds[i].dtype, reds[i].op, s);
                   });
   }
   auto work =
@@ -354,7 +387,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce_coalesced(
   translateErrors([&] {
     for (const auto i : c10::irange(tensors.size())) {
       at::Tensor& t = tensors[i];
-      work->addOp(comm_->allReduce(t.data_ptr(), t.data_ptr(), t.numel(), types[i], op));
+      work->addOp(comm_->allReduce(t.data_ptr(), t.data_ptr(), reds[i].count(t), reds[i].dtype,
+                                   reds[i].op));
     }
     return 0;
   });
@@ -384,18 +418,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::broadcast(std::vector<at::T
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::ReduceOptions& opts) {
   const at::Tensor& t = single(tensors, "reduce");
-  const DType dt = reductionType(t, "reduce");
-  const RedOp op = reductionOp(opts.reduceOp, "reduce");
+  const Reduction red = reductionOf(t, opts.reduceOp, "reduce");
   if (t.is_cuda()) {
     return cudaOp(c10d::OpType::REDUCE, "resident:reduce", tensors, tensors, opts.asyncOp,
                   [&](GpuCommunicator& g, void* s) {
-                    g.reduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op,
+                    g.reduce(t.data_ptr(), t.data_ptr(), red.count(t), red.dtype, red.op,
                              static_cast<int>(opts.rootRank), s);
                   });
   }
   auto work = makeWork(c10d::OpType::REDUCE, "resident:reduce", tensors, {});
   translateErrors([&] {
-    work->addOp(comm_->reduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op,
+    work->addOp(comm_->reduce(t.data_ptr(), t.data_ptr(), red.count(t), red.dtype, red.op,
                               static_cast<int>(opts.rootRank)));
     return 0;
   });
@@ -663,10 +696,10 @@ void ProcessGroupResident::checkReduceScatterBase(const at::Tensor& output,
 void ProcessGroupResident::addReduceScatterBase(WorkResident& work, at::Tensor& output,
                                                 at::Tensor& input, const c10d::ReduceOp& op) {
   checkReduceScatterBase(output, input);
-  const DType dt = reductionType(output, "reduce_scatter_tensor");
-  const RedOp rop = reductionOp(op, "reduce_scatter_tensor");
+  const Reduction red = reductionOf(output, op, "reduce_scatter_tensor");
   translateErrors([&] {
-    work.addOp(comm_->reduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), dt, rop));
+    work.addOp(comm_->reduceScatter(input.data_ptr(), output.data_ptr(), red.count(output),
+                                    red.dtype, red.op));
     return 0;
   });
 }
@@ -674,16 +707,15 @@ void ProcessGroupResident::addReduceScatterBase(WorkResident& work, at::Tensor& 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduceScatterBaseCuda(
     c10d::OpType type, const char* title, const std::vector<at::Tensor>& outputs,
     const std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  c10::SmallVector<DType, 8> types;
+  c10::SmallVector<Reduction, 8> reds;
   for (const auto i : c10::irange(inputs.size())) {
     checkReduceScatterBase(outputs[i], inputs[i]);
-    types.push_back(reductionType(outputs[i], "reduce_scatter_tensor"));
+    reds.push_back(reductionOf(outputs[i], opts.reduceOp, "reduce_scatter_tensor"));
   }
-  const RedOp rop = reductionOp(opts.reduceOp, "reduce_scatter_tensor");
   return cudaOp(type, title, outputs, inputs, opts.asyncOp, [&](GpuCommunicator& g, void* s) {
     for (const auto i : c10::irange(inputs.size()))
-      g.reduceScatter(inputs[i].data_ptr(), outputs[i].data_ptr(), outputs[i].numel(), types[i],
-                      rop, s);
+      g.reduceScatter(inputs[i].data_ptr(), outputs[i].data_ptr(), reds[i].count(outputs[i]),
+                      reds[i].dtype, reds[i].op, s);
   });
 }
 
@@ -691,8 +723,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   if (handoff_.takes(HandoffOp::kReduceScatterTensor, output, nbytes(output))) {
     checkReduceScatterBase(output, input);  // the resident paths check these below
-    reductionType(output, "reduce_scatter_tensor");
-    reductionOp(opts.reduceOp, "reduce_scatter_tensor");
+    reductionOf(output, opts.reduceOp, "reduce_scatter_tensor");
     at::Tensor out = output.view(-1), in = input.view(-1);  // flat: as all_gather_into_tensor
     return handOff(HandoffOp::kReduceScatterTensor, "resident:reduce_scatter_tensor", input,
                    [&](c10d::Backend& b) { return b._reduce_scatter_base(out, in, opts); });
@@ -737,17 +768,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter(
                          " (size mismatch)");
     ins.push_back(t.data_ptr());
   }
-  const DType dt = reductionType(out, "reduce_scatter");
-  const RedOp rop = reductionOp(opts.reduceOp, "reduce_scatter");
+  const Reduction red = reductionOf(out, opts.reduceOp, "reduce_scatter");
   if (out.is_cuda()) {
     return cudaOp(c10d::OpType::REDUCE_SCATTER, "resident:reduce_scatter", outputs, inputs[0],
                   opts.asyncOp, [&](GpuCommunicator& g, void* s) {
-                    g.reduceScatterV(ins.data(), out.data_ptr(), out.numel(), dt, rop, s);
+                    g.reduceScatterV(ins.data(), out.data_ptr(), red.count(out), red.dtype, red.op,
+                                     s);
                   });
   }
   auto work = makeWork(c10d::OpType::REDUCE_SCATTER, "resident:reduce_scatter", outputs, inputs[0]);
   translateErrors([&] {
-    work->addOp(comm_->reduceScatterV(ins.data(), out.data_ptr(), out.numel(), dt, rop));
+    work->addOp(
+        comm_->reduceScatterV(ins.data(), out.data_ptr(), red.count(out), red.dtype, red.op));
     return 0;
   });
   return submit(work, opts.asyncOp);

@@ -14,6 +14,7 @@ enum class DType : uint8_t {
   kInt32,
   kInt64,
   kUInt8,
+  kInt8,   // CPU tensors only: the device kernels reduce the types above
   kBytes,  // opaque payload: data movement only, no reductions
 };
 
@@ -31,6 +32,7 @@ inline size_t dtypeSize(DType t) {
     case DType::kBFloat16:
       return 2;
     case DType::kUInt8:
+    case DType::kInt8:
     case DType::kBytes:
       return 1;
   }
@@ -38,7 +40,7 @@ inline size_t dtypeSize(DType t) {
 }
 
 inline bool isIntegral(DType t) {
-  return t == DType::kInt32 || t == DType::kInt64 || t == DType::kUInt8;
+  return t == DType::kInt32 || t == DType::kInt64 || t == DType::kUInt8 || t == DType::kInt8;
 }
 
 const char* dtypeName(DType t);

@@ -205,6 +205,8 @@ void reduceInto(DType dtype, RedOp op, void* out, const void* const* inputs, int
       return dispatchIntOp<Int<int64_t>>(op, out, inputs, n, count);
     case DType::kUInt8:
       return dispatchIntOp<Int<uint8_t>>(op, out, inputs, n, count);
+    case DType::kInt8:
+      return dispatchIntOp<Int<int8_t>>(op, out, inputs, n, count);
     case DType::kBytes:
       return;
   }
@@ -226,6 +228,8 @@ const char* dtypeName(DType t) {
       return "int64";
     case DType::kUInt8:
       return "uint8";
+    case DType::kInt8:
+      return "int8";
     case DType::kBytes:
       return "bytes";
   }

@@ -93,6 +93,8 @@ class GpuCommunicator : public ProxyHandler {
   void launchCollective(void* stream);
   void launchP2P(bool is_send, const void* src, void* dst, size_t bytes, int peer, void* stream);
   void checkUsable() const;
+  // The group's check of (dtype, op), and that the device kernels reduce that dtype.
+  void checkReduction(DType dtype, RedOp op, const char* what) const;
   uint32_t roundsFor(size_t bytes) const;  // in rounds of the group's chunk
   static uint32_t roundsFor(size_t bytes, uint32_t chunk);
   void pinProxyNearDevice();

@@ -24,6 +24,16 @@ static_assert(static_cast<int>(DType::kUInt8) == 6 && static_cast<int>(RedOp::kB
 
 }  // namespace
 
+// The kernels reduce the DType codes up to kUInt8 (reduce_device.cuh falls back to uint8 for any
+// other code, so a later type must be stopped here rather than reduced as bytes).
+void GpuCommunicator::checkReduction(DType dtype, RedOp op, const char* what) const {
+  comm_.checkReduction(dtype, op, what);
+  if (static_cast<int>(dtype) > static_cast<int>(DType::kUInt8)) {
+    throw InvalidArgument(std::string("resident: ") + what + " of CUDA tensors does not support " +
+                          dtypeName(dtype) + " (CPU tensors do)");
+  }
+}
+
 uint32_t GpuCommunicator::roundsFor(size_t bytes) const {
   return roundsFor(bytes, region_.chunk);
 }
@@ -172,7 +182,7 @@ void GpuCommunicator::launchCollective(void* stream) {
 
 void GpuCommunicator::allReduce(const void* in, void* out, size_t count, DType dtype, RedOp op,
                                 void* stream) {
-  comm_.checkReduction(dtype, op, "all_reduce");
+  checkReduction(dtype, op, "all_reduce");
   auto& a = begin(kAllReduce);
   const size_t bytes = count * dtypeSize(dtype);
   for (int p = 0; p < nranks_; ++p) partner(p, in, bytes, p == rank_ ? out : nullptr, bytes);
@@ -195,7 +205,7 @@ void GpuCommunicator::reduceScatter(const void* in, void* out, size_t count, DTy
 
 void GpuCommunicator::reduceScatterV(const void* const* inputs, void* out, size_t count,
                                      DType dtype, RedOp op, void* stream) {
-  comm_.checkReduction(dtype, op, "reduce_scatter");
+  checkReduction(dtype, op, "reduce_scatter");
   auto& a = begin(kReduceScatter);
   const size_t bytes = count * dtypeSize(dtype);
   for (int p = 0; p < nranks_; ++p) partner(p, inputs[p], bytes, p == rank_ ? out : nullptr, bytes);
@@ -209,7 +219,7 @@ void GpuCommunicator::reduceScatterV(const void* const* inputs, void* out, size_
 
 void GpuCommunicator::reduce(const void* in, void* out, size_t count, DType dtype, RedOp op,
                              int root, void* stream) {
-  comm_.checkReduction(dtype, op, "reduce");
+  checkReduction(dtype, op, "reduce");
   comm_.checkRank(root, "reduce");
   auto& a = begin(kReduce);
   const size_t bytes = count * dtypeSize(dtype);

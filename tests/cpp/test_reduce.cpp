@@ -62,6 +62,31 @@ int main() {
   reduceInto(DType::kUInt8, RedOp::kBXor, uout.data(), uin, n, count);
   for (size_t i = 0; i < count; ++i) CHECK(uout[i] == (u[0][i] ^ u[1][i] ^ u[2][i]));
 
+  // int8: SUM/PRODUCT wrap mod 256 like uint8, but MIN/MAX order signed values and AVG
+  // truncates a signed sum toward zero.
+  std::vector<std::vector<int8_t>> s(n, std::vector<int8_t>(count));
+  for (auto& v : s)
+    for (auto& x : v) x = static_cast<int8_t>(rng());
+  const void* sin[n] = {s[0].data(), s[1].data(), s[2].data()};
+  std::vector<int8_t> sout(count);
+  reduceInto(DType::kInt8, RedOp::kSum, sout.data(), sin, n, count);
+  for (size_t i = 0; i < count; ++i)
+    CHECK(sout[i] == static_cast<int8_t>(static_cast<uint8_t>(s[0][i] + s[1][i] + s[2][i])));
+  reduceInto(DType::kInt8, RedOp::kProduct, sout.data(), sin, n, count);
+  for (size_t i = 0; i < count; ++i)
+    CHECK(sout[i] == static_cast<int8_t>(static_cast<uint8_t>(s[0][i] * s[1][i] * s[2][i])));
+  reduceInto(DType::kInt8, RedOp::kMin, sout.data(), sin, n, count);
+  for (size_t i = 0; i < count; ++i)
+    CHECK(sout[i] == std::min(std::min(s[0][i], s[1][i]), s[2][i]));
+  reduceInto(DType::kInt8, RedOp::kMax, sout.data(), sin, n, count);
+  for (size_t i = 0; i < count; ++i)
+    CHECK(sout[i] == std::max(std::max(s[0][i], s[1][i]), s[2][i]));
+  reduceInto(DType::kInt8, RedOp::kAvg, sout.data(), sin, n, count);
+  for (size_t i = 0; i < count; ++i) CHECK(sout[i] == (s[0][i] + s[1][i] + s[2][i]) / 3);
+  reduceInto(DType::kInt8, RedOp::kBOr, sout.data(), sin, n, count);
+  for (size_t i = 0; i < count; ++i) CHECK(sout[i] == (s[0][i] | s[1][i] | s[2][i]));
+  CHECK(reductionSupported(DType::kInt8, RedOp::kBXor));
+
   // int32 AVG truncates toward zero.
   std::vector<int32_t> i0 = {-7, 7, -1}, i1 = {0, 0, 0}, i2 = {0, 1, -1};
   const void* iin[n] = {i0.data(), i1.data(), i2.data()};
