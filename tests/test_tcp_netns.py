@@ -277,6 +277,39 @@ def _threads():
     return n
 
 
+TCP_RTO_MIN_US = 45  # <linux/tcp.h>, Linux 6.15+
+
+
+def _rto_floor_taken() -> bool:
+    """Whether this kernel takes a socket's own minimum RTO (TCP_RTO_MIN_US)."""
+    with socket.socket() as s:
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US, 5000)
+        except OSError:
+            return False
+        return s.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US) < 200_000
+
+
+def _lowered_rto_sockets() -> int:
+    """This process's tcp sockets whose minimum RTO is below the kernel's 200 ms."""
+    n = 0
+    for fd, target in _fds().items():
+        if not target.startswith("socket:"):
+            continue
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        with s:
+            if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
+                continue
+            try:
+                n += s.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US) < 200_000
+            except OSError:
+                pass
+    return n
+
+
 def _lifecycle_job(rank, ws, cycles):
     import resident_pg
     import torch.distributed as dist
@@ -298,6 +331,7 @@ def _lifecycle_job(rank, ws, cycles):
                                       "float32", f"cycle {c} n={n}")
         # Before the barrier: a peer past it may destroy its group and close its connection.
         sockets_during = sum(1 for v in _fds().values() if v.startswith("socket:"))
+        lowered_rto = _lowered_rto_sockets()
         dist.barrier()
         dist.destroy_process_group()
         deadline = time.monotonic() + 5
@@ -307,6 +341,7 @@ def _lifecycle_job(rank, ws, cycles):
         fds_after = _fds()
         report.append({
             "cycle": c, "errors": errs, "peers": info["peers"], "sockets_during": sockets_during,
+            "lowered_rto": lowered_rto,
             "fds_before": len(fds_before), "fds_after": len(fds_after),
             "new_fds": sorted(v for k, v in fds_after.items() if fds_before.get(k) != v),
             "threads_before": threads_before, "threads_after": _threads(),
@@ -316,6 +351,7 @@ def _lifecycle_job(rank, ws, cycles):
 
 def _check_lifecycle(results, ws, want_transport):
     problems = []
+    rto_floor = _rto_floor_taken()
     for r, rep in enumerate(results):
         for c in rep:
             problems += [f"rank {r}: {e}" for e in c["errors"]]
@@ -327,6 +363,10 @@ def _check_lifecycle(results, ws, want_transport):
             # one connection per peer, the listener, the store client (at least)
             if c["sockets_during"] < ws + 1:
                 problems.append(f"rank {r}: only {c['sockets_during']} sockets while the group ran")
+            # a lost segment of a connection to a peer is resent within milliseconds, not 200 ms
+            if rto_floor and c["lowered_rto"] != ws - 1:
+                problems.append(f"rank {r}: {c['lowered_rto']} sockets with a lowered minimum "
+                                f"RTO, expected one per peer ({ws - 1})")
             if c["fds_after"] > c["fds_before"]:
                 problems.append(f"rank {r} cycle {c['cycle']}: {c['fds_before']} fds before init, "
                                 f"{c['fds_after']} after destroy: {c['new_fds']}")

@@ -32,9 +32,20 @@ std::string addrText(const sockaddr_in& a) {
   return std::string(buf) + ":" + std::to_string(ntohs(a.sin_port));
 }
 
-void setNoDelay(int fd) {
-  int one = 1;
+// <linux/tcp.h> of Linux 6.15+; absent from older headers.
+constexpr int kTcpRtoMinUs = 45;
+// The least TCP_RTO_MIN_US a kernel takes (it rounds up to whole jiffies).
+constexpr int kRtoFloorUs = 5000;
+
+// Small messages leave at once (TCP_NODELAY), and a lost one is resent within milliseconds: a
+// lone segment in flight (a send/recv round trip, the last message before a wait) is resent by
+// the tail loss probe after 2 RTTs plus the minimum RTO, 200 ms unless the socket lowers it
+// (TCP_RTO_MIN_US). The RTO still grows with the measured RTT; a kernel without the option
+// refuses it and keeps 200 ms.
+void setLatencyOptions(int fd) {
+  const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, kTcpRtoMinUs, &kRtoFloorUs, sizeof(kRtoFloorUs));
 }
 
 // A host that vanishes without closing its connections is noticed: the kernel aborts the
@@ -235,7 +246,7 @@ void TcpTransport::startConnect(int peer, uint64_t now) {
   Conn& c = conns_[static_cast<size_t>(peer)];
   c.fd.reset(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (c.fd.get() < 0) return retryLater(peer, std::string("socket: ") + std::strerror(errno), now);
-  setNoDelay(c.fd.get());
+  setLatencyOptions(c.fd.get());
   setUnreachableTimeout(c.fd.get(), opts_.unreachable_timeout_ns);
   if (connect(c.fd.get(), reinterpret_cast<const sockaddr*>(&c.addr), sizeof(c.addr)) == 0) {
     c.state = ConnState::kConnecting;
@@ -376,7 +387,7 @@ bool TcpTransport::servicePending(Pending& p, bool setting_up) {
     reject(p, "could not answer the handshake");
     return true;
   }
-  setNoDelay(p.fd.get());
+  setLatencyOptions(p.fd.get());
   setUnreachableTimeout(p.fd.get(), opts_.unreachable_timeout_ns);
   c.fd = std::move(p.fd);
   c.state = ConnState::kOpen;
