@@ -34,8 +34,8 @@ def _backend_of(group=None, device="cpu"):
 
 
 def describe(group=None, device="cpu"):
-    """How this rank reaches each peer of ``group``: transport and path, plus the config and
-    the large-message hand-off (docs/handoff.md: on or off and why, the crossover bytes and
+    """How this rank reaches each peer of ``group``: transport and path, plus the config, the
+    address:port its tcp peers connect to (None without any) and the large-message hand-off (docs/handoff.md: on or off and why, the crossover bytes and
     the count of ops handed off, per op kind)."""
     import torch.distributed as dist
 
@@ -48,6 +48,7 @@ def describe(group=None, device="cpu"):
                   for p in range(size)},
         "config": backend.config(),
         "proxy_cpu": backend.proxy_cpu(),
+        "tcp_endpoint": backend.tcp_endpoint() or None,
         "handoff": backend.handoff(),
     }
 

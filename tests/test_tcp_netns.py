@@ -80,7 +80,7 @@ def _remove_stale():
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
             N.del_netns(name)
     for name in N.links():
-        m = re.fullmatch(r"rpb(\d+)", name)
+        m = re.fullmatch(r"rp[bd](\d+)", name)
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
             with contextlib.suppress(OSError):
                 N.del_link(name)
@@ -109,6 +109,46 @@ def hosts():
             N.set_up(outer)
             N.add_address(inner, f"{ips[i]}/24", name)
             N.set_up(inner, netns=name)
+            N.set_up("lo", netns=name)
+    except OSError as e:
+        _teardown(bridge, names)
+        reason = "not permitted (EPERM)" if e.errno == errno.EPERM else "failed"
+        pytest.skip(f"cannot create network namespaces here ({reason}): {e}")
+    try:
+        yield Hosts(names, bridge_ip, ips)
+    finally:
+        _teardown(bridge, names)
+
+
+@pytest.fixture(scope="module")
+def decoy_hosts():
+    """Two hosts whose first interface (decoy0, made first) has an address no other host
+    reaches; the network they share comes second, on an interface of the same name on both
+    (eth1), as on machines with a management or container interface besides the data one."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root (these tests play hosts with them)")
+    pid = os.getpid()
+    net = f"10.212.{20 + pid % 200}"
+    bridge = f"rpd{pid}"
+    names = [f"rpn{pid}-{10 + i}" for i in range(2)]
+    bridge_ip = f"{net}.1"
+    ips = [f"{net}.{i + 2}" for i in range(2)]
+    try:
+        _remove_stale()
+        N.add_bridge(bridge)
+        N.add_address(bridge, f"{bridge_ip}/24")
+        N.set_up(bridge)
+        for i, name in enumerate(names):
+            N.add_netns(name)
+            N.add_veth(f"rpx{pid}a{i}", "decoy0", name)  # its other end goes nowhere
+            N.add_address("decoy0", f"10.211.{i}.2/24", name)
+            N.set_up("decoy0", netns=name)
+            outer = f"rpy{pid}a{i}"
+            N.add_veth(outer, "eth1", name)
+            N.set_master(outer, bridge)
+            N.set_up(outer)
+            N.add_address("eth1", f"{ips[i]}/24", name)
+            N.set_up("eth1", netns=name)
             N.set_up("lo", netns=name)
     except OSError as e:
         _teardown(bridge, names)
@@ -435,6 +475,39 @@ def test_tcp_netns_mixed_with_shm(hosts):
                     else {"transport": "tcp", "path": "proxy"})
             if v != want:
                 problems.append(f"rank {r} -> rank {p}: {v}, expected {want}")
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------
+# Which address a host listens on
+# --------------------------------------------------------------------------
+
+
+def _endpoint_job(rank, ws):
+    import resident_pg
+    import torch.distributed as dist
+
+    ins = [make_input("endpoint", r, 1031, "int64") for r in range(ws)]
+    t = ins[rank].clone()
+    dist.all_reduce(t)
+    return {"endpoint": resident_pg.describe()["tcp_endpoint"],
+            "errors": compare_exact(t, reference_reduce(ins, "SUM", "int64"), "all_reduce")}
+
+
+@pytest.mark.parametrize("setting", ("unset", "eth1"))
+def test_tcp_netns_listens_where_peers_reach(decoy_hosts, setting):
+    """A host's first interface is one its peers cannot reach: by default tcp listens on the
+    interface that routes to the rendezvous store's host, and RESIDENT_TCP_ADDR=eth1 names the
+    interface (the same name on every host); either way the group forms and runs."""
+    extra = {} if setting == "unset" else {"RESIDENT_TCP_ADDR": setting}
+    results = H.run_ranks(_endpoint_job, 2, env=decoy_hosts.env(**extra), timeout_s=120,
+                          init_timeout_s=60)
+    problems = []
+    for r, res in enumerate(results):
+        problems += [f"rank {r}: {e}" for e in res["errors"]]
+        host = (res["endpoint"] or "").rsplit(":", 1)[0]
+        if host != decoy_hosts.ips[r]:
+            problems.append(f"rank {r} listens on {res['endpoint']}, expected {decoy_hosts.ips[r]}")
     assert not problems, "\n".join(problems)
 
 

@@ -38,6 +38,9 @@ PYBIND11_MODULE(_C, m) {
            "The effective RESIDENT_* configuration of this group.")
       .def("proxy_cpu", &ProcessGroupResident::proxyCpu,
            "CPU the proxy thread is pinned to, or -1.")
+      .def("tcp_endpoint", &ProcessGroupResident::tcpEndpoint,
+           "'address:port' this rank's tcp peers connect to (RESIDENT_TCP_ADDR, else the route "
+           "to the rendezvous host), or '' without tcp peers.")
       .def("all_to_all_device_splits", &ProcessGroupResident::allToAllDeviceSplits,
            py::arg("output"), py::arg("input"), py::arg("send_rows"), py::arg("recv_rows"),
            py::arg("async_op") = false, py::arg("counts_out") = false,

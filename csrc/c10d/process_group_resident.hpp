@@ -106,6 +106,7 @@ class ProcessGroupResident : public c10d::Backend {
   std::string pathFor(int peer) const { return comm_->pathFor(peer); }
   std::string describeConfig() const { return comm_->config().describe(); }
   int proxyCpu() const { return comm_->proxyCpu(); }
+  std::string tcpEndpoint() const { return comm_->tcpEndpoint(); }
 
   // The large-message hand-off (c10d/handoff.hpp): ops on `device` tensors whose bytes reach
   // crossover_bytes[op kind] go to `inner`; kinds left out stay resident. Set it on every rank

@@ -2,7 +2,9 @@
 // communicator creation.
 #pragma once
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <string>
 
@@ -24,6 +26,21 @@ class C10dStoreBootstrap : public BootstrapStore {
     if (!store_->check({key})) return false;
     *value = get(key);
     return true;
+  }
+  // The TCPStore under the group's PrefixStores, if that is what it is (torchrun's, a tcp:// or
+  // env:// init_method); a FileStore or HashStore has no host.
+  std::string rendezvousHost() const override {
+    c10::intrusive_ptr<c10d::Store> s = store_;
+    for (int depth = 0; depth < 16 && s; ++depth) {
+      if (auto* prefix = dynamic_cast<c10d::PrefixStore*>(s.get())) {
+        s = prefix->getUnderlyingStore();
+      } else if (auto* tcp = dynamic_cast<c10d::TCPStore*>(s.get())) {
+        return tcp->getHost();
+      } else {
+        break;
+      }
+    }
+    return "";
   }
 
  private:

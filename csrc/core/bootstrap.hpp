@@ -21,6 +21,9 @@ class BootstrapStore {
     *value = get(key);
     return true;
   }
+  // The host whose server every rank reaches the store at (a TCPStore's), or empty: the tcp
+  // transport listens on the address that routes there (tcp_address.hpp).
+  virtual std::string rendezvousHost() const { return ""; }
 };
 
 // Every rank publishes `value` under `key`; returns all ranks' values, indexed by rank. Without

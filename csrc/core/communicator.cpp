@@ -145,6 +145,7 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   if (cfg.transport != "shm") {
     TcpOptions opts;
     opts.bind_addr = cfg.tcp_addr;
+    opts.rendezvous_host = store.rendezvousHost();
     opts.stall_timeout_ns = timeout_ms * 1000000ull;
     opts.unreachable_timeout_ns = std::min(opts.stall_timeout_ns, opts.unreachable_timeout_ns);
     opts.trace_prefix = cfg.gpu_proxy_trace;
@@ -572,6 +573,10 @@ int Communicator::localIndex() const {
   int index = 0;
   for (int p = 0; p < rank_; ++p) index += peers_[static_cast<size_t>(p)].same_host ? 1 : 0;
   return index;
+}
+
+std::string Communicator::tcpEndpoint() const {
+  return tcp_ ? tcp_->endpoint() : std::string();
 }
 
 std::string Communicator::transportFor(int peer) const {

@@ -79,6 +79,8 @@ class Communicator : public ProxyHandler {
   std::string transportFor(int peer) const;
   std::string pathFor(int peer) const;
   int proxyCpu() const { return proxy_ ? proxy_->boundCpu() : -1; }
+  // "address:port" this rank's tcp peers connect to; empty without tcp peers.
+  std::string tcpEndpoint() const;
   // How messages name group rank `p` ("rank 5", or "rank 5 (group rank 1)" in a subgroup).
   std::string rankName(int p) const {
     return p >= 0 && p < nranks_ ? peers_[static_cast<size_t>(p)].name

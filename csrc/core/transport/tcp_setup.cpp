@@ -2,8 +2,6 @@
 // lower ranks, accept the higher ones, a checked handshake each way); after set-up the same
 // handshake code keeps rejecting whatever else connects to the listener.
 #include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -17,6 +15,7 @@
 #include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/transport/tcp_address.hpp"
 #include "core/transport/tcp_transport.hpp"
 
 namespace resident {
@@ -87,24 +86,6 @@ bool sendSmall(int fd, const void* data, size_t n) {
 
 }  // namespace
 
-std::string firstNonLoopbackIPv4() {
-  std::string out = "127.0.0.1";
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return out;
-  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
-    if ((a->ifa_flags & IFF_LOOPBACK) != 0 || (a->ifa_flags & IFF_UP) == 0) continue;
-    char buf[INET_ADDRSTRLEN] = {0};
-    if (inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf,
-                  sizeof(buf)) != nullptr) {
-      out = buf;
-      break;
-    }
-  }
-  freeifaddrs(list);
-  return out;
-}
-
 TcpTransport::TcpTransport(int rank, int nranks, unsigned char* segment, size_t segment_bytes,
                            const TcpOptions& opts)
     : rank_(rank),
@@ -116,7 +97,8 @@ TcpTransport::TcpTransport(int rank, int nranks, unsigned char* segment, size_t 
       conns_(static_cast<size_t>(nranks)),
       staging_(kStagingBytes) {
   if (!opts.trace_prefix.empty()) trace_ = std::make_unique<ProxyTrace>(size_t{1} << 21);
-  const std::string addr = opts.bind_addr.empty() ? firstNonLoopbackIPv4() : opts.bind_addr;
+  const ListenAddress chosen = chooseListenAddress(opts.bind_addr, opts.rendezvous_host);
+  const std::string& addr = chosen.address;
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1 || sa.sin_addr.s_addr == INADDR_ANY) {
@@ -144,7 +126,7 @@ TcpTransport::TcpTransport(int rank, int nranks, unsigned char* segment, size_t 
   ev.data.u64 = kListenerTag;
   epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &ev);
   pending_.reserve(kMaxPending);
-  RLOG_DEBUG("rank %d: tcp listening on %s", rank_, endpoint_.c_str());
+  RLOG_DEBUG("rank %d: tcp listening on %s (%s)", rank_, endpoint_.c_str(), chosen.reason.c_str());
 }
 
 void TcpTransport::establish(const std::vector<std::string>& endpoints,

@@ -34,8 +34,11 @@
 namespace resident {
 
 struct TcpOptions {
-  // IPv4 address to listen on (RESIDENT_TCP_ADDR); empty: the host's first non-loopback one.
+  // RESIDENT_TCP_ADDR: an IPv4 address or an interface name to listen on (tcp_address.hpp).
   std::string bind_addr;
+  // The rendezvous store's host (a TCPStore's), whose route picks the address where bind_addr
+  // is empty; empty: unknown.
+  std::string rendezvous_host;
   size_t out_buffer_bytes = size_t{1} << 20;   // per peer, allocated once
   uint64_t stall_timeout_ns = 30000000000ull;  // a peer that takes no data this long fails
   // A peer whose host acknowledges nothing this long (sent data, or keepalive probes of an idle
@@ -198,9 +201,5 @@ class TcpTransport : public Transport {
   const unsigned char* source_ = nullptr;  // registerSource
   size_t source_bytes_ = 0;
 };
-
-// The host's (network namespace's) first non-loopback IPv4 address that is up; "127.0.0.1"
-// if there is none.
-std::string firstNonLoopbackIPv4();
 
 }  // namespace resident
