@@ -542,6 +542,7 @@ bool Communicator::proxyPass() {
   if (now >= next_peer_check_ns_) {
     next_peer_check_ns_ = now + kPeerCheckPeriodNs;
     checkPeers();
+    if (tcp_ && !transport_failed_) tcp_->serviceListener();
   }
   // A failed group tells its peers, so that they stop now instead of at their timeout.
   if (!peers_told_ && engine_->poisoned() && !transport_failed_) {

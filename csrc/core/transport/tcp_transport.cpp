@@ -246,10 +246,19 @@ void TcpTransport::poll() {
     // empty epoll_wait, and when data is there one instead of two; its peer's sends also skip
     // the epoll wake-up callback (2 ranks on 2 cores, 8 B all_reduce: docs/decisions.md). The
     // listener, which only turns away strangers once the group is up, is looked at every
-    // kListenerPasses passes.
+    // kListenerPasses passes, and by serviceListener.
     if (conns_[static_cast<size_t>(only_peer_)].state == ConnState::kOpen) receiveFrom(only_peer_);
     if (++passes_ % kListenerPasses != 0 && pending_.empty()) return;
   }
+  pollEpollSet();
+}
+
+void TcpTransport::serviceListener() {
+  if (!established_ || shut_down_ || only_peer_ < 0) return;  // with epoll: every pass
+  pollEpollSet();
+}
+
+void TcpTransport::pollEpollSet() {
   epoll_event evs[16];
   const int n = epoll_wait(epoll_.get(), evs, 16, 0);
   for (int i = 0; i < n; ++i) {

@@ -95,6 +95,10 @@ class TcpTransport : public Transport {
   void signal(int peer, size_t offset, uint64_t value) override;
   bool directCapable(int) const override { return false; }
   void poll() override;
+  // With one tcp peer, poll() looks at the listener every kListenerPasses passes only; the
+  // owner calls this every few milliseconds so that strangers are turned away as promptly
+  // when the passes are slow (an idle proxy sleeps between them). Same thread as poll().
+  void serviceListener();
 
   // What happened to peers, for the owner (the proxy thread): fatal -> poison the group;
   // otherwise the peer left (ops stuck on it should fail).
@@ -135,6 +139,8 @@ class TcpTransport : public Transport {
   static constexpr size_t kStagingRecvBytes = 4096;
   // With one tcp peer, the passes between two looks at the listener (poll()).
   static constexpr uint32_t kListenerPasses = 256;
+  // The listener's events (a stranger connecting), the peers' with epoll, pending handshakes.
+  void pollEpollSet();
   enum class ConnState { kNone, kIdle, kConnecting, kAwaitAck, kOpen, kClosed };
   struct Conn {
     UniqueFd fd;
