@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import shutil
+import socket
 import sys
 import warnings
 
@@ -218,6 +219,48 @@ def extension_info():
     return info
 
 
+TCP_RTO_MIN_US = 45  # <linux/tcp.h>, Linux 6.15+
+
+
+def tcp_rto_floor_supported():
+    """Whether the kernel takes a socket's own minimum RTO (the tcp transport sets 5 ms)."""
+    with socket.socket() as s:
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US, 5000)
+        except OSError:
+            return False
+        return s.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US) < 200_000
+
+
+def tcp_checks(env, ext, add, facts, section):
+    """Where tcp would listen (RESIDENT_TCP_ADDR, else the route to MASTER_ADDR, the rendezvous
+    host of torchrun and env://) and whether a lost segment is resent within milliseconds."""
+    setting, host = env.get("RESIDENT_TCP_ADDR", ""), env.get("MASTER_ADDR", "")
+    facts["tcp"] = tcp = {"address": None, "reason": None, "rto_floor": tcp_rto_floor_supported()}
+    if ext["loadable"] and "tcp" in (ext["transports"] or []):
+        from resident_pg import _C
+        try:
+            tcp["address"], tcp["reason"] = _C.tcp_listen_address(setting, host)
+        except ValueError as e:
+            add(section, "tcp address", "WARN", str(e), "set RESIDENT_TCP_ADDR to an address of "
+                "this host or the name of an interface with one (or unset it)")
+        else:
+            loop = tcp["address"].startswith("127.")
+            where = f"; MASTER_ADDR={host}" if host and not setting else \
+                ("" if setting else "; MASTER_ADDR unset here: ranks also follow the route to "
+                 "their store's host")
+            add(section, "tcp address", "WARN" if loop else "OK",
+                f"groups would listen on {tcp['address']} ({tcp['reason']}{where})",
+                "other hosts cannot reach a loopback address: set RESIDENT_TCP_ADDR to the "
+                "address or interface they reach" if loop else None)
+    add(section, "tcp loss recovery", "OK" if tcp["rto_floor"] else "WARN",
+        f"kernel {platform.release()}: " + ("a lost lone segment is resent after ~10-20 ms "
+        "(5 ms minimum RTO per connection)" if tcp["rto_floor"] else "no per-socket minimum RTO "
+        "(TCP_RTO_MIN_US, Linux 6.15+): a lost lone segment waits ~200 ms"),
+        None if tcp["rto_floor"] else "a newer kernel, or `ip route change ... rto_min 5ms` on "
+        "the route to the other hosts")
+
+
 def torch_info():
     try:
         import torch
@@ -405,6 +448,7 @@ def diagnose(env=None, root="/"):
     gpu_mem = f"registered for RDMA (GDR via {', '.join(via)})" if gdr else "host-staged"
     add(T, "GPU memory", "OK", f"{gpu_mem}: GPU payloads go through mapped pinned host memory, "
         "which is what resident does on every path anyway" if devs else "no CUDA device: CPU tensors only")
+    tcp_checks(env, ext, add, facts, T)
     facts["plan"] = {"same_host": {"transport": "shm", "path": "proxy" if path == "proxy" else "direct"},
                      "other_hosts": {"transport": remote, "built": remote in (ext["transports"] or []),
                                      "reason": reason}, "gpu_memory": gpu_mem if devs else None}

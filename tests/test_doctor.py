@@ -68,7 +68,7 @@ def test_human_output_has_sections_and_next_steps():
 def test_json_keys_and_types():
     rep = report()
     for key, typ in {"python": str, "torch": dict, "host": dict, "extension": dict, "cuda": dict,
-                     "mps": dict, "rdma": dict, "gdr": dict, "plan": dict, "config": dict,
+                     "mps": dict, "rdma": dict, "gdr": dict, "tcp": dict, "plan": dict, "config": dict,
                      "checks": list, "need": str, "strict": bool, "missing_required": list,
                      "summary": dict, "exit_code": int}.items():
         assert isinstance(rep[key], typ), key
@@ -184,6 +184,36 @@ def test_diagnose_names_the_closest_option_and_checks_values(tmp_path):
     assert c["next_step"] == "unset RESIDENT_GPU_PREFETCH", c
     assert not [x for x in rep["checks"] if x["name"] == "RESIDENT_MAX_INFLIGHT"]
     assert rep["config"]["RESIDENT_MAX_INFLIGHT"] == {"value": "64", "default": "256", "set": True}
+
+
+def test_diagnose_reports_the_tcp_address_and_loss_recovery(tmp_path):
+    """Where tcp would listen: RESIDENT_TCP_ADDR as an address or an interface name (lo: a
+    loopback address, a warning), an unknown interface a warning naming it; unset, the route
+    to MASTER_ADDR. And whether the kernel takes the 5 ms minimum RTO."""
+    (tmp_path / "dev/shm").mkdir(parents=True)
+
+    def tcp_of(env):
+        rep = doctor.finish(doctor.diagnose(env=env, root=str(tmp_path)), "cpu", False)
+        return rep, [c for c in rep["checks"] if c["name"] == "tcp address"]
+
+    rep, _ = tcp_of({})
+    if not rep["extension"]["loadable"]:
+        pytest.skip("the extension does not load here")
+    loss = check(rep, "Transports and paths", "tcp loss recovery")
+    assert loss["status"] == ("OK" if doctor.tcp_rto_floor_supported() else "WARN"), loss
+    rep, (c,) = tcp_of({"RESIDENT_TCP_ADDR": "lo"})
+    assert rep["tcp"]["address"] == "127.0.0.1" and c["status"] == "WARN", c
+    assert "RESIDENT_TCP_ADDR=lo" in c["detail"] and "loopback" in c["next_step"], c
+    rep, (c,) = tcp_of({"RESIDENT_TCP_ADDR": "nosuchif0"})
+    assert c["status"] == "WARN" and "'nosuchif0'" in c["detail"] and "lo 127.0.0.1" in c["detail"]
+    assert rep["tcp"]["address"] is None
+    rep, (c,) = tcp_of({"MASTER_ADDR": "127.0.0.1"})  # a loopback route: the first interface
+    assert "MASTER_ADDR=127.0.0.1" in c["detail"], c
+    first = rep["tcp"]["address"]
+    if not first.startswith("127."):
+        rep, (c,) = tcp_of({"MASTER_ADDR": first})
+        assert c["status"] == "OK" and rep["tcp"]["address"] == first, c
+        assert "route to the rendezvous host" in c["detail"], c
 
 
 # ---- parsers, against fake trees ----

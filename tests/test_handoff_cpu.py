@@ -302,11 +302,11 @@ def _errors_are_alike(rank, ws):
     errs = []
     for n in (3, CROSSOVER * 2):
         try:
-            dist.all_reduce(torch.ones(n, dtype=torch.int8))
-            errs.append(f"int8 all_reduce of {n} elements was accepted")
+            dist.all_reduce(torch.ones(n, dtype=torch.int16))
+            errs.append(f"int16 all_reduce of {n} elements was accepted")
         except ValueError as e:
             if "dtype" not in str(e):
-                errs.append(f"int8 all_reduce error does not name the dtype: {e}")
+                errs.append(f"int16 all_reduce error does not name the dtype: {e}")
     return errs
 
 

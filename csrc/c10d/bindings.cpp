@@ -11,6 +11,7 @@
 #include "core/options.hpp"
 #include "core/shm_segment.hpp"
 #include "core/transport/ib/ib_caps.hpp"
+#include "core/transport/tcp_address.hpp"
 
 namespace py = pybind11;
 using resident::ProcessGroupResident;
@@ -94,6 +95,16 @@ PYBIND11_MODULE(_C, m) {
         return std::make_pair(ok, why);
       },
       "(True, '') when this machine has an active RDMA port, else (False, reason).");
+  m.def(
+      "tcp_listen_address",
+      [](const std::string& setting, const std::string& rendezvous_host) {
+        const resident::ListenAddress a = resident::chooseListenAddress(setting, rendezvous_host);
+        return std::make_pair(a.address, a.reason);
+      },
+      py::arg("setting"), py::arg("rendezvous_host"),
+      "(address, how it was chosen): where the tcp transport of a group would listen, given "
+      "RESIDENT_TCP_ADDR's value ('' unset) and the rendezvous store's host ('' unknown). "
+      "ValueError when the setting is neither an address nor an interface with one.");
   m.def("remove_stale_segments", &resident::ShmSegment::removeStale,
         "Remove /dev/shm names left by resident processes that no longer exist.");
   m.def(
