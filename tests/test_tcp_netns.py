@@ -43,6 +43,7 @@ import dist_harness as H
 import netns as N
 import test_collectives_cpu as C
 import test_p2p_cpu as P
+from resident_pg import doctor
 from dist_harness import compare_exact, compare_reduction, digest, make_input, reference_reduce
 
 pytestmark = pytest.mark.resident_only
@@ -86,53 +87,14 @@ def _remove_stale():
                 N.del_link(name)
 
 
-@pytest.fixture(scope="module")
-def hosts():
+def _make_hosts(count, net, bridge, names, decoy):
+    """Namespaces `names` on `bridge` (addresses net.2, net.3, ... on an interface named
+    "eth1" in each; the bridge net.1). With `decoy`, each first gets an interface "decoy0"
+    whose address no other host reaches."""
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root (these tests play hosts with them)")
-    pid = os.getpid()
-    net = f"10.213.{20 + pid % 200}"
-    bridge = f"rpb{pid}"
-    names = [f"rpn{pid}-{i}" for i in range(3)]
     bridge_ip = f"{net}.1"
-    ips = [f"{net}.{i + 2}" for i in range(3)]
-    try:
-        _remove_stale()
-        N.add_bridge(bridge)
-        N.add_address(bridge, f"{bridge_ip}/24")
-        N.set_up(bridge)
-        for i, name in enumerate(names):
-            outer, inner = f"rpv{pid}a{i}", f"rpv{pid}b{i}"
-            N.add_netns(name)
-            N.add_veth(outer, inner, name)
-            N.set_master(outer, bridge)
-            N.set_up(outer)
-            N.add_address(inner, f"{ips[i]}/24", name)
-            N.set_up(inner, netns=name)
-            N.set_up("lo", netns=name)
-    except OSError as e:
-        _teardown(bridge, names)
-        reason = "not permitted (EPERM)" if e.errno == errno.EPERM else "failed"
-        pytest.skip(f"cannot create network namespaces here ({reason}): {e}")
-    try:
-        yield Hosts(names, bridge_ip, ips)
-    finally:
-        _teardown(bridge, names)
-
-
-@pytest.fixture(scope="module")
-def decoy_hosts():
-    """Two hosts whose first interface (decoy0, made first) has an address no other host
-    reaches; the network they share comes second, on an interface of the same name on both
-    (eth1), as on machines with a management or container interface besides the data one."""
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root (these tests play hosts with them)")
-    pid = os.getpid()
-    net = f"10.212.{20 + pid % 200}"
-    bridge = f"rpd{pid}"
-    names = [f"rpn{pid}-{10 + i}" for i in range(2)]
-    bridge_ip = f"{net}.1"
-    ips = [f"{net}.{i + 2}" for i in range(2)]
+    ips = [f"{net}.{i + 2}" for i in range(count)]
     try:
         _remove_stale()
         N.add_bridge(bridge)
@@ -140,10 +102,11 @@ def decoy_hosts():
         N.set_up(bridge)
         for i, name in enumerate(names):
             N.add_netns(name)
-            N.add_veth(f"rpx{pid}a{i}", "decoy0", name)  # its other end goes nowhere
-            N.add_address("decoy0", f"10.211.{i}.2/24", name)
-            N.set_up("decoy0", netns=name)
-            outer = f"rpy{pid}a{i}"
+            if decoy:  # made first, so listed first; its other end goes nowhere
+                N.add_veth(f"{bridge}x{i}", "decoy0", name)
+                N.add_address("decoy0", f"10.211.{i}.2/24", name)
+                N.set_up("decoy0", netns=name)
+            outer = f"{bridge}v{i}"
             N.add_veth(outer, "eth1", name)
             N.set_master(outer, bridge)
             N.set_up(outer)
@@ -154,10 +117,32 @@ def decoy_hosts():
         _teardown(bridge, names)
         reason = "not permitted (EPERM)" if e.errno == errno.EPERM else "failed"
         pytest.skip(f"cannot create network namespaces here ({reason}): {e}")
+    return Hosts(names, bridge_ip, ips)
+
+
+def _hosts_for_module(count, subnet, bridge_prefix, first_index, decoy):
+    """A module fixture's body: the namespaces made, yielded, then removed."""
+    pid = os.getpid()
+    bridge = f"{bridge_prefix}{pid}"
+    names = [f"rpn{pid}-{first_index + i}" for i in range(count)]
+    made = _make_hosts(count, f"10.{subnet}.{20 + pid % 200}", bridge, names, decoy)
     try:
-        yield Hosts(names, bridge_ip, ips)
+        yield made
     finally:
         _teardown(bridge, names)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    yield from _hosts_for_module(3, 213, "rpb", 0, decoy=False)
+
+
+@pytest.fixture(scope="module")
+def decoy_hosts():
+    """Two hosts whose first interface (decoy0) has an address no other host reaches; the
+    network they share comes second, on an interface of the same name on both (eth1), as on
+    machines with a management or container interface besides the data one."""
+    yield from _hosts_for_module(2, 212, "rpd", 10, decoy=True)
 
 
 def _teardown(bridge, names):
@@ -321,17 +306,7 @@ def _threads():
     return n
 
 
-TCP_RTO_MIN_US = 45  # <linux/tcp.h>, Linux 6.15+
-
-
-def _rto_floor_taken() -> bool:
-    """Whether this kernel takes a socket's own minimum RTO (TCP_RTO_MIN_US)."""
-    with socket.socket() as s:
-        try:
-            s.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US, 5000)
-        except OSError:
-            return False
-        return s.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US) < 200_000
+TCP_RTO_MIN_US = doctor.TCP_RTO_MIN_US
 
 
 def _lowered_rto_sockets() -> int:
@@ -395,7 +370,7 @@ def _lifecycle_job(rank, ws, cycles):
 
 def _check_lifecycle(results, ws, want_transport):
     problems = []
-    rto_floor = _rto_floor_taken()
+    rto_floor = doctor.tcp_rto_floor_supported()
     for r, rep in enumerate(results):
         for c in rep:
             problems += [f"rank {r}: {e}" for e in c["errors"]]
@@ -677,8 +652,7 @@ def _vanish_job(rank, ws, idle_s):
         t = ins[rank].clone()
         dist.all_reduce(t)
     if rank == 1:
-        veth = next(n for n in N.links() if n.startswith("rpv"))  # this rank's namespace's
-        N.set_up(veth, False)
+        N.set_up("eth1", False)  # this rank's namespace's link to the bridge
         os.kill(os.getpid(), signal.SIGSTOP)  # the parent SIGKILLs it when the others are done
     time.sleep(idle_s)
     t0 = time.monotonic()
@@ -700,9 +674,7 @@ def test_tcp_netns_vanished_host(hosts, when):
                                        stop_when_done=[0, 2], destroy_grace_s=15,
                                        env=hosts.env())
     finally:  # the host comes back for the module's other tests
-        for veth in N.links(hosts.names[1]):
-            if veth.startswith("rpv"):
-                N.set_up(veth, netns=hosts.names[1])
+        N.set_up("eth1", netns=hosts.names[1])
     # the group's timeout is VANISH_GROUP_TIMEOUT_S: the survivors must not need it
     # idle: the connections failed while the survivors slept, so their next op fails at once
     within_s = 2.0 if when == "idle" else UNREACHABLE_S + SLACK_S
