@@ -18,7 +18,8 @@ rank stopped: the same error within the tcp unreachable timeout, well before the
 the next op when the survivors were idle meanwhile), file
 descriptors and threads back to baseline after destroy, each peer connection's 5 ms minimum RTO
 (where the kernel takes it), a network that drops 2% of tcp segments (exact results, no peer
-declared gone; needs nftables' `nft`, else it skips saying so), and a
+declared gone; needs nftables' `nft`, which the README's set-up installs, else it skips saying
+so), and a
 fuzz test of the listening socket. RESIDENT_TRANSPORT=tcp on one host (no namespaces) runs
 everywhere.
 """
