@@ -35,8 +35,9 @@ def _backend_of(group=None, device="cpu"):
 
 def describe(group=None, device="cpu"):
     """How this rank reaches each peer of ``group``: transport and path, plus the config, the
-    address:port its tcp peers connect to (None without any) and the large-message hand-off (docs/handoff.md: on or off and why, the crossover bytes and
-    the count of ops handed off, per op kind)."""
+    address:port its tcp peers connect to (None without any) and the large-message hand-off
+    (docs/handoff.md: on or off and why, the crossover bytes and the count of ops handed off,
+    per op kind)."""
     import torch.distributed as dist
 
     backend = _backend_of(group, device)

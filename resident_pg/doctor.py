@@ -246,9 +246,8 @@ def tcp_checks(env, ext, add, facts, section):
                 "this host or the name of an interface with one (or unset it)")
         else:
             loop = tcp["address"].startswith("127.")
-            where = f"; MASTER_ADDR={host}" if host and not setting else \
-                ("" if setting else "; MASTER_ADDR unset here: ranks also follow the route to "
-                 "their store's host")
+            where = "" if setting else (f"; MASTER_ADDR={host}" if host else "; MASTER_ADDR "
+                                        "unset here: ranks follow the route to their store's host")
             add(section, "tcp address", "WARN" if loop else "OK",
                 f"groups would listen on {tcp['address']} ({tcp['reason']}{where})",
                 "other hosts cannot reach a loopback address: set RESIDENT_TCP_ADDR to the "

@@ -35,11 +35,6 @@ from op_mix import FLOAT_DTYPES
 SENTINEL = {"uint8": 123, "int8": -77, "bool": True, "int32": -77, "int64": -77}
 
 
-def make_data(key: str, rank: int, n: int, dtype: str, kind: str = "normal"):
-    """Deterministic input of a rank (a CPU tensor); any rank regenerates any other's."""
-    return make_input(key, rank, n, dtype, kind)
-
-
 def data_kind(op: str, dtype: str) -> str:
     if op == "PRODUCT" and dtype in FLOAT_DTYPES:
         return "near1"  # products of N(0, 3) values leave the float range
@@ -80,7 +75,7 @@ class MixOp:
     # ---- helpers -------------------------------------------------------------
 
     def data(self, fill_key, tag, group_rank, n, dtype=None, kind="normal"):
-        return make_data(f"{self.m.key}/{fill_key}/{tag}", self.m.glob(group_rank), n,
+        return make_input(f"{self.m.key}/{fill_key}/{tag}", self.m.glob(group_rank), n,
                          dtype or self.spec.dtype, kind)
 
     def put(self, name, host_tensor):

@@ -171,7 +171,8 @@ size_t nbytes(const at::Tensor& t) {
 // How the core reduces a tensor of a c10d reduction: its element type, op and values per tensor
 // element. bool reduces as uint8 with SUM as MAX (a logical or that cannot overflow, as NCCL
 // does), complex as its (real, imaginary) float pairs for SUM and AVG (as torch's all_reduce
-// does before calling a backend); int8 on CPU only (the device kernels do not reduce it).
+// does before calling a backend). CUDA tensors only in the types the kernels reduce (int8 is
+// CPU only), checked here, before a coalesced call starts any op.
 struct Reduction {
   DType dtype;
   RedOp op;
@@ -181,7 +182,7 @@ struct Reduction {
   }
 };
 
-Reduction reductionOf(const at::Tensor& t, const c10d::ReduceOp& reduce_op, const char* name) {
+Reduction reductionOfType(const at::Tensor& t, const c10d::ReduceOp& reduce_op, const char* name) {
   const RedOp op = reductionOp(reduce_op, name);
   switch (t.scalar_type()) {
     case at::kBool:
@@ -194,12 +195,17 @@ Reduction reductionOf(const at::Tensor& t, const c10d::ReduceOp& reduce_op, cons
                            redOpName(op), " is not defined for complex tensors (SUM and AVG are)");
       return {t.scalar_type() == at::kComplexFloat ? DType::kFloat32 : DType::kFloat64, op, 2};
     case at::kChar:
-      RESIDENT_CHECK_VALUE(!t.is_cuda(), "resident: ", name,
-                           ": int8 is reduced for CPU tensors only, not CUDA tensors");
       return {DType::kInt8, op, 1};
     default:
       return {reductionType(t, name), op, 1};
   }
+}
+
+Reduction reductionOf(const at::Tensor& t, const c10d::ReduceOp& reduce_op, const char* name) {
+  const Reduction red = reductionOfType(t, reduce_op, name);
+  RESIDENT_CHECK_VALUE(!t.is_cuda() || deviceReduces(red.dtype), "resident: ", name, ": ",
+                       dtypeName(red.dtype), " is reduced for CPU tensors only, not CUDA tensors");
+  return red;
 }
 
 }  // namespace

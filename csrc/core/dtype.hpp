@@ -14,7 +14,7 @@ enum class DType : uint8_t {
   kInt32,
   kInt64,
   kUInt8,
-  kInt8,   // CPU tensors only: the device kernels reduce the types above
+  kInt8,   // CPU tensors only (deviceReduces)
   kBytes,  // opaque payload: data movement only, no reductions
 };
 
@@ -41,6 +41,12 @@ inline size_t dtypeSize(DType t) {
 
 inline bool isIntegral(DType t) {
   return t == DType::kInt32 || t == DType::kInt64 || t == DType::kUInt8 || t == DType::kInt8;
+}
+
+// Whether the CUDA kernels reduce this type (kernels/reduce_device.cuh mirrors the codes up to
+// kUInt8 and would take any later one for uint8).
+inline bool deviceReduces(DType t) {
+  return static_cast<int>(t) <= static_cast<int>(DType::kUInt8);
 }
 
 const char* dtypeName(DType t);

@@ -24,11 +24,10 @@ static_assert(static_cast<int>(DType::kUInt8) == 6 && static_cast<int>(RedOp::kB
 
 }  // namespace
 
-// The kernels reduce the DType codes up to kUInt8 (reduce_device.cuh falls back to uint8 for any
-// other code, so a later type must be stopped here rather than reduced as bytes).
+// A type the kernels do not reduce is stopped here rather than reduced as uint8.
 void GpuCommunicator::checkReduction(DType dtype, RedOp op, const char* what) const {
   comm_.checkReduction(dtype, op, what);
-  if (static_cast<int>(dtype) > static_cast<int>(DType::kUInt8)) {
+  if (!deviceReduces(dtype)) {
     throw InvalidArgument(std::string("resident: ") + what + " of CUDA tensors does not support " +
                           dtypeName(dtype) + " (CPU tensors do)");
   }

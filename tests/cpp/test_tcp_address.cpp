@@ -27,6 +27,7 @@ int main() {
     CHECK(m.find("lo 127.0.0.1") != std::string::npos);  // the interfaces there are
   }
   CHECK(threw);
+  CHECK_THROWS(chooseListenAddress("0.0.0.0", ""));  // every address: not one peers connect to
 
   // The route to a host: loopback for this host's loopback address, nothing for no host.
   CHECK(routeSourceAddress("127.0.0.1") == "127.0.0.1");

@@ -89,14 +89,14 @@ std::string firstNonLoopbackIPv4() {
 ListenAddress chooseListenAddress(const std::string& setting, const std::string& rendezvous_host) {
   if (!setting.empty()) {
     in_addr a{};
-    if (isIPv4Literal(setting, &a)) return {setting, "RESIDENT_TCP_ADDR"};
+    if (isIPv4Literal(setting, &a) && a.s_addr != INADDR_ANY) return {setting, "RESIDENT_TCP_ADDR"};
     std::string known;
     for (const Interface& i : ipv4Interfaces()) {
       if (i.name == setting) return {i.address, "RESIDENT_TCP_ADDR=" + setting};
       known += (known.empty() ? "" : ", ") + i.name + " " + i.address;
     }
     throw InvalidArgument(
-        "resident: RESIDENT_TCP_ADDR must be an IPv4 address of this host or "
+        "resident: RESIDENT_TCP_ADDR must be an IPv4 address of this host (not 0.0.0.0) or "
         "the name of an interface with one, got '" +
         setting + "' (interfaces with IPv4 addresses here: " + (known.empty() ? "none" : known) +
         ")");

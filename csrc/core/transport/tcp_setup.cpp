@@ -101,10 +101,7 @@ TcpTransport::TcpTransport(int rank, int nranks, unsigned char* segment, size_t 
   const std::string& addr = chosen.address;
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
-  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1 || sa.sin_addr.s_addr == INADDR_ANY) {
-    throw InvalidArgument(
-        "resident: RESIDENT_TCP_ADDR must be an IPv4 address of this host, got '" + addr + "'");
-  }
+  inet_pton(AF_INET, addr.c_str(), &sa.sin_addr);  // dotted IPv4, checked by chooseListenAddress
   listener_.reset(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (listener_.get() < 0)
     throw CommError(std::string("resident: socket() failed: ") + std::strerror(errno));
