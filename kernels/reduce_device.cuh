@@ -13,7 +13,7 @@ namespace resident {
 namespace gpu {
 
 // Values of core/dtype.hpp (DType, RedOp): kept in step by a static_assert in the launcher.
-enum DTypeCode : uint8_t { kF32 = 0, kF64, kF16, kBF16, kI32, kI64, kU8 };
+enum DTypeCode : uint8_t { kF32 = 0, kF64, kF16, kBF16, kI32, kI64, kU8, kI8 };
 enum RedOpCode : uint8_t { kSum = 0, kAvg, kMin, kMax, kProduct, kBAnd, kBOr, kBXor };
 
 template <typename T, typename A>
@@ -109,6 +109,7 @@ using AccBF16 = LineAcc<uint16_t, float, BF16Bits>;
 using AccI32 = LineAcc<int32_t, int64_t, Convert<int32_t, int64_t>>;
 using AccI64 = LineAcc<int64_t, int64_t, Convert<int64_t, int64_t>>;
 using AccU8 = LineAcc<uint8_t, int64_t, Convert<uint8_t, int64_t>>;
+using AccI8 = LineAcc<int8_t, int64_t, Convert<int8_t, int64_t>>;
 
 // Calls f(Acc{}) with the accumulator of DTypeCode `dtype` (kU8 for any other code): on the
 // device to run a reduction, on the host to pick a kernel's instantiation.
@@ -128,6 +129,8 @@ __host__ __device__ inline auto withAcc(uint8_t dtype, F&& f) {
       return f(AccI32{});
     case kI64:
       return f(AccI64{});
+    case kI8:
+      return f(AccI8{});
     default:
       return f(AccU8{});
   }

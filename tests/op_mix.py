@@ -8,8 +8,8 @@ so a failing sequence is rerun exactly from its seed (``RESIDENT_OPMIX_SEEDS``),
 ``python tests/op_mix.py --seed S --ws N [--device cuda]`` prints it.
 
 What a plan covers: every op kind of :data:`KINDS` x the dtypes each takes (reductions: the
-seven reduction dtypes with every reduce op valid for the dtype; data movement also bool and
-int8) x sizes from empty to ~100k elements (odd sizes and the 2 KiB / 32 KiB / 64 KiB / 128 KiB
+eight reduction dtypes, bool and complex64 with every reduce op valid for the dtype; data
+movement also bool) x sizes from empty to ~100k elements (odd sizes and the 2 KiB / 32 KiB / 64 KiB / 128 KiB
 boundaries of the CPU slots and the GPU rounds favoured) x groups (the world and one to three
 subgroups from ``dist.new_group``: a second communicator over every rank, single ranks, and
 rank subsets that are not contiguous) x sync / async (single async ops waited at once, and
@@ -24,10 +24,10 @@ import os
 from typing import Optional
 
 # Reduced on every device; bool (a logical or / and / xor) and complex64 (SUM and AVG of its
-# parts) too; int8 on CPU only (Caps.reduce_dtypes).
-REDUCE_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8")
+# parts) too.
+REDUCE_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8", "int8")
 MAPPED_REDUCE_DTYPES = ("bool", "complex64")
-MOVE_DTYPES = REDUCE_DTYPES + ("bool", "int8")  # data movement: any dtype
+MOVE_DTYPES = REDUCE_DTYPES + ("bool",)  # data movement: any dtype
 FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 FLOAT_OPS = ("SUM", "AVG", "MIN", "MAX", "PRODUCT")
 INT_OPS = FLOAT_OPS + ("BAND", "BOR", "BXOR")
@@ -82,7 +82,7 @@ class Caps:
 
 
 CPU_CAPS = Caps("cpu", p2p_tags=True, coalesced_dtype_mix=True, graph_replays=3,
-                reduce_dtypes=REDUCE_DTYPES + MAPPED_REDUCE_DTYPES + ("int8",))
+                reduce_dtypes=REDUCE_DTYPES + MAPPED_REDUCE_DTYPES)
 CUDA_CAPS = Caps("cuda", p2p_tags=False, coalesced_dtype_mix=False, graph_replays=4,
                  reduce_dtypes=REDUCE_DTYPES + MAPPED_REDUCE_DTYPES)
 

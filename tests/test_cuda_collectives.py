@@ -76,7 +76,7 @@ def add(cid, fn, dtype_name=None, identical=False):
 def _dt_index(dtype_name):
     if dtype_name in ALL_DTYPES:
         return ALL_DTYPES.index(dtype_name)
-    return len(ALL_DTYPES) + MAPPED_DTYPES.index(dtype_name)
+    return len(ALL_DTYPES) + (MAPPED_DTYPES + ("int8",)).index(dtype_name)
 
 
 def _mode(a):
@@ -228,32 +228,12 @@ add("reduce[SUM-complex64]", _make_reduce_case("SUM", "complex64"), "complex64")
 add("reduce[MAX-bool]", _make_reduce_case("MAX", "bool"), "bool")
 
 
-def _int8_reduction(rank, ws):
-    """int8 is reduced for CPU tensors only: on the GPU a clear ValueError on every rank, before
-    anything starts (the group stays usable); in the dry run, the CPU result."""
-    import torch.distributed as dist
-
-    inputs = inputs_for("cuda/int8", ws, 13, "int8", "normal")
-    t = dev(inputs[rank])
-    if not C.ON_GPU:
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return compare_reduction(host(t), reference_reduce(inputs, "MIN", "int8"), inputs, "MIN",
-                                 "int8", "dry run"), {}
-    errs = []
-    try:
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        errs.append("an int8 all_reduce of a CUDA tensor did not raise")
-    except ValueError as e:
-        if "int8" not in str(e) or "CUDA" not in str(e):
-            errs.append(f"the error does not name the dtype and the device: {e}")
-    ok = dev(inputs[rank].to(dtype=tdtype("int32")))
-    dist.all_reduce(ok)  # the group is usable after the refusal
-    ref = reference_reduce([x.to(dtype=tdtype("int32")) for x in inputs], "SUM", "int32")
-    errs += compare_exact(host(ok), ref, "int32 all_reduce after the refusal")
-    return errs, {}
-
-
-add("all_reduce[int8-cpu-only]", _int8_reduction)
+# ---- int8: its own lanes in the kernels (8 per line, accumulated in int64) ----
+for _op in INT_OPS:
+    add(f"all_reduce[{_op}-int8]", _make_all_reduce_case(_op, "int8"), "int8", identical=True)
+add("reduce_scatter_tensor[SUM-int8]", _make_rs_case("SUM", "int8", False), "int8")
+add("reduce_scatter[AVG-int8]", _make_rs_case("AVG", "int8", True), "int8")
+add("reduce[MIN-int8]", _make_reduce_case("MIN", "int8"), "int8")
 
 
 # ---- data movement: all_gather, gather, scatter, broadcast ------------------

@@ -129,8 +129,8 @@ DType reductionType(const at::Tensor& t, const char* op) {
     default:
       C10_THROW_ERROR(ValueError, cat("resident: ", op, " does not support dtype ", t.scalar_type(),
                                       " (supported: float32, float64, float16, bfloat16, int32, "
-                                      "int64, uint8, bool; int8 on CPU; complex64/128 for SUM "
-                                      "and AVG)"));
+                                      "int64, uint8, int8, bool; complex64/128 for SUM and "
+                                      "AVG)"));
   }
 }
 
@@ -171,8 +171,7 @@ size_t nbytes(const at::Tensor& t) {
 // How the core reduces a tensor of a c10d reduction: its element type, op and values per tensor
 // element. bool reduces as uint8 with SUM as MAX (a logical or that cannot overflow, as NCCL
 // does), complex as its (real, imaginary) float pairs for SUM and AVG (as torch's all_reduce
-// does before calling a backend). CUDA tensors only in the types the kernels reduce (int8 is
-// CPU only), checked here, before a coalesced call starts any op.
+// does before calling a backend).
 struct Reduction {
   DType dtype;
   RedOp op;
@@ -182,7 +181,7 @@ struct Reduction {
   }
 };
 
-Reduction reductionOfType(const at::Tensor& t, const c10d::ReduceOp& reduce_op, const char* name) {
+Reduction reductionOf(const at::Tensor& t, const c10d::ReduceOp& reduce_op, const char* name) {
   const RedOp op = reductionOp(reduce_op, name);
   switch (t.scalar_type()) {
     case at::kBool:
@@ -199,13 +198,6 @@ Reduction reductionOfType(const at::Tensor& t, const c10d::ReduceOp& reduce_op, 
     default:
       return {reductionType(t, name), op, 1};
   }
-}
-
-Reduction reductionOf(const at::Tensor& t, const c10d::ReduceOp& reduce_op, const char* name) {
-  const Reduction red = reductionOfType(t, reduce_op, name);
-  RESIDENT_CHECK_VALUE(!t.is_cuda() || deviceReduces(red.dtype), "resident: ", name, ": ",
-                       dtypeName(red.dtype), " is reduced for CPU tensors only, not CUDA tensors");
-  return red;
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ enum class DType : uint8_t {
   kInt32,
   kInt64,
   kUInt8,
-  kInt8,   // CPU tensors only (deviceReduces)
+  kInt8,
   kBytes,  // opaque payload: data movement only, no reductions
 };
 
@@ -44,9 +44,9 @@ inline bool isIntegral(DType t) {
 }
 
 // Whether the CUDA kernels reduce this type (kernels/reduce_device.cuh mirrors the codes up to
-// kUInt8 and would take any later one for uint8).
+// kInt8 and would take any later one for uint8).
 inline bool deviceReduces(DType t) {
-  return static_cast<int>(t) <= static_cast<int>(DType::kUInt8);
+  return static_cast<int>(t) <= static_cast<int>(DType::kInt8);
 }
 
 const char* dtypeName(DType t);

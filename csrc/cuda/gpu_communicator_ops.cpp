@@ -19,7 +19,8 @@
 namespace resident {
 namespace {
 
-static_assert(static_cast<int>(DType::kUInt8) == 6 && static_cast<int>(RedOp::kBXor) == 7,
+static_assert(static_cast<int>(DType::kUInt8) == 6 && static_cast<int>(DType::kInt8) == 7 &&
+                  static_cast<int>(RedOp::kBXor) == 7,
               "kernels/reduce_device.cuh mirrors the DType and RedOp codes");
 
 }  // namespace
