@@ -4,7 +4,9 @@ test decides whether and when a killed rank is reaped).
 argv: a JSON object: rank, world_size, store_port, scenario, device, victim, timeout_s, op
 ("all_reduce", or "ep": one resident_pg.ep.Buffer dispatch + combine).
 Prints JSON lines on stdout: {"ready": ...} when the rank reached the point where it may be
-killed, and, for a survivor, {"result": {...}} with the wall-clock time it raised.
+killed, and, for a survivor, {"result": {...}} with the wall-clock time it raised and what the
+group's Backend.get_error() said: between ops once the victim died (polled until it is no longer
+SUCCESS, with the time), and after the op raised.
 """
 
 import datetime
@@ -73,6 +75,11 @@ def main():
         say(result={"raised": False, "where": "init"})
         return
     sub = dist.new_group([1, 2]) if scenario == "subgroup" else None
+
+    def group_error(group=None):
+        group = group if group is not None else dist.group.WORLD
+        return group._get_backend(torch.device(device)).get_error().name
+
     x = torch.arange(1, 1 + 1031, dtype=torch.float32, device=device) * (rank + 1)
 
     def op(group=None):
@@ -91,7 +98,7 @@ def main():
             op(sub)
     if victim < 0:  # a healthy job: the GPU (and MPS) still serve a fresh job after a kill
         expected = torch.arange(1, 1 + 1031, dtype=torch.float64) * (ws * (ws + 1) // 2)
-        ok = torch.equal(t.cpu().double(), expected)
+        ok = torch.equal(t.cpu().double(), expected) and group_error() == "SUCCESS"
         dist.destroy_process_group()
         say(result={"raised": False, "healthy": ok})
         return
@@ -103,10 +110,18 @@ def main():
         # The victim stays alive but never calls: the rank with the short timeout gives up at
         # its timeout, and the others learn of it from that rank at once.
         say(ready=True)
+    between = {}
     if scenario == "between_ops":
-        # Outside any op while the victim dies; the next op must fail at once.
+        # Outside any op while the victim dies: get_error() says so without an op, and the next
+        # op must fail at once.
         while not os.path.exists(cfg["killed_marker"]):
             time.sleep(0.01)
+        t_dead = time.time()
+        error = group_error()
+        while error == "SUCCESS" and time.time() < t_dead + 10:
+            time.sleep(0.005)
+            error = group_error()
+        between = {"error_between": error, "error_between_s": time.time() - t_dead}
         time.sleep(0.3)
     t_start = time.time()
     try:
@@ -115,8 +130,11 @@ def main():
             op(sub if (scenario == "subgroup" and rank == 1) else None)
         say(result={"raised": False})
     except Exception as e:  # noqa: BLE001
-        say(result={"raised": True, "t_raise": time.time(), "t_start": t_start, "where": "op",
-                    "type": type(e).__name__, "message": str(e)})
+        t_raise = time.time()
+        group = sub if (scenario == "subgroup" and rank == 1) else None
+        say(result={"raised": True, "t_raise": t_raise, "t_start": t_start, "where": "op",
+                    "type": type(e).__name__, "message": str(e), "error": group_error(group),
+                    **between})
     try:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001

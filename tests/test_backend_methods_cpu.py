@@ -336,6 +336,37 @@ def _sparse(rank, ws):
     return ["all_reduce of a sparse tensor did not raise"], {}
 
 
+@case("get_error[success-while-healthy-and-after-peers-leave]", identical=False)
+def _get_error(rank, ws):
+    """Backend.get_error() is SUCCESS on a working group, after a peer destroyed its group in
+    order and after this rank destroyed its own (failures: tests/test_dead_peer.py)."""
+    import torch
+    import torch.distributed as dist
+
+    errs = []
+    g = dist.new_group(list(range(ws)))
+    backend = g._get_backend(torch.device("cpu"))
+
+    def expect(what):
+        got = backend.get_error()
+        if got.name != "SUCCESS":
+            errs.append(f"{what}: get_error() is {got}, expected SUCCESS")
+
+    expect("a new group")
+    t = torch.ones(5)
+    dist.all_reduce(t, group=g)
+    expect("after an all_reduce")
+    if rank == ws - 1:
+        dist.destroy_process_group(g)
+    dist.barrier()  # the last rank's group is gone, in order
+    if rank != ws - 1:
+        expect("after a peer destroyed its group")
+        dist.destroy_process_group(g)
+    expect("after this rank destroyed the group")
+    dist.barrier()
+    return errs, {}
+
+
 @case("synchronous_calls[no-work-result-in-place]", identical=False)
 def _synchronous_calls(rank, ws):
     from synchronous_calls import synchronous_call_problems

@@ -12,6 +12,8 @@ it died while they were outside any op):
 - stuck (alive, never calls): rank 0 gives up at its own short timeout, and rank 1, whose
   timeout is long, learns it from rank 0 at once;
 - during EP: the survivors run resident_pg.ep.Buffer dispatch + combine when the victim dies.
+The group's Backend.get_error() then says REMOTE_ERROR (between ops: before any op, within
+DETECT_S of the death); the rank that timed out says TIMEOUT.
 """
 
 from __future__ import annotations
@@ -126,7 +128,9 @@ def run_job(scenario, device="cpu", env_extra=None, reap=True, victim=VICTIM, ti
         del store
 
 
-def check_survivors(ranks, t_kill, victim=VICTIM, name=None):
+def check_survivors(ranks, t_kill, victim=VICTIM, name=None, error="REMOTE_ERROR"):
+    """Each survivor raised a DistBackendError naming the victim within DETECT_S, and its group's
+    get_error() then said `error` (and between ops, before any op, within DETECT_S)."""
     name = f"rank {victim}" if name is None else name
     problems = []
     for r in ranks:
@@ -148,6 +152,14 @@ def check_survivors(ranks, t_kill, victim=VICTIM, name=None):
         if res["type"] != "DistBackendError":
             problems.append(f"rank {r.rank} raised {res['type']}, not DistBackendError: "
                             f"{res['message']}")
+        if res["where"] == "op" and res.get("error") != error:
+            problems.append(f"rank {r.rank}: get_error() after the op raised is "
+                            f"{res.get('error')}, expected {error}")
+        if "error_between" in res and (res["error_between"] != error
+                                       or res["error_between_s"] > DETECT_S):
+            problems.append(f"rank {r.rank}: get_error() between ops was {res['error_between']} "
+                            f"{res['error_between_s']:.2f} s after the death, expected {error} "
+                            f"within {DETECT_S} s")
     return problems
 
 
@@ -189,6 +201,8 @@ def test_stuck_peer_times_out_and_the_failure_spreads(mode):
     assert r1 and r1.get("raised"), ranks[1].describe()
     assert r1["t_raise"] - r0["t_raise"] <= DETECT_S, (r0, r1)
     assert "rank 0" in r1["message"], r1["message"]
+    # get_error(): rank 0 gave up waiting; rank 1 failed because rank 0's group did
+    assert (r0["error"], r1["error"]) == ("TIMEOUT", "REMOTE_ERROR"), (r0, r1)
 
 
 CUDA_CASES = [("during_op", "all_reduce"), ("between_ops", "all_reduce"), ("during_op", "ep")]

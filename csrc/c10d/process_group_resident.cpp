@@ -311,6 +311,25 @@ void ProcessGroupResident::shutdown() {
   }
 }
 
+c10d::ErrorType ProcessGroupResident::getError() {
+  switch (comm_->error()) {
+    case GroupError::kTimeout:
+      return c10d::ErrorType::TIMEOUT;
+    case GroupError::kRemote:
+      return c10d::ErrorType::REMOTE_ERROR;
+    case GroupError::kComm:
+      return c10d::ErrorType::COMM_ERROR;
+    case GroupError::kNone:
+      break;
+  }
+  if (!handoff_.on()) return c10d::ErrorType::SUCCESS;
+  try {
+    return handoff_.inner()->getError();
+  } catch (const std::exception&) {  // a backend without getError (gloo before torch 2.14)
+    return c10d::ErrorType::SUCCESS;
+  }
+}
+
 c10::intrusive_ptr<WorkResident> ProcessGroupResident::makeWork(
     c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
     std::vector<at::Tensor> keep_alive) {

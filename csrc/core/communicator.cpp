@@ -442,12 +442,23 @@ void Communicator::shutdown() {
   }
   // The engine (and its op pool) stays until destruction: Works may still hold handles.
   // Poisoned, it never touches the transport or the segments again.
-  if (engine_) engine_->poison("the process group was shut down");
+  if (engine_) {
+    closed_healthy_.store(!engine_->poisoned() && !engine_->anyPeerFailed());
+    engine_->poison("the process group was shut down");
+  }
   // The stopped proxy object stays until destruction: a late waiter may still wake it (a no-op).
   if (tcp_) tcp_->shutdown();  // goodbyes to the peers, every socket closed
   ib_.reset();                 // queue pairs, registrations and the verbs context
   peer_inboxes_.clear();
   inbox_ = ShmSegment();
+}
+
+GroupError Communicator::error() const {
+  if (!engine_ || closed_healthy_.load()) return GroupError::kNone;
+  // A timeout of this rank is its own; a peer that failed is the cause of any later failure.
+  if (engine_->poisonKind() == ErrorKind::kTimeout) return GroupError::kTimeout;
+  if (engine_->anyPeerFailed()) return GroupError::kRemote;
+  return engine_->poisoned() ? GroupError::kComm : GroupError::kNone;
 }
 
 bool Communicator::proxyPoll() {
@@ -497,9 +508,10 @@ void Communicator::proxyMark() {
 }
 
 void Communicator::standbyTick() {
-  // With proxied peers the waiting callers run the passes, the peer checks among them; without,
-  // nobody else does: one pass per sleep keeps a dead peer found within a sleep or two.
-  if (!assist_) proxyPoll();
+  // Waiting callers run the passes where some peer is proxied, the peer checks among them; with
+  // none, or no caller waiting (between ops), nobody else does: one pass per sleep keeps a dead
+  // peer found within a sleep or two (getError() reports it between ops).
+  if (!assist_ || !engine_->hasWaiters()) proxyPoll();
 }
 
 void Communicator::waitersGone(void* self) {

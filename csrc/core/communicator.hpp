@@ -31,6 +31,11 @@ class IbTransport;
 
 namespace resident {
 
+// The group's health as torch's Backend::getError reports it (c10d::ErrorType): kTimeout, this
+// rank gave up waiting; kRemote, a peer died or its group failed (noticed even between ops);
+// kComm, any other failure. A group shut down while healthy stays kNone.
+enum class GroupError : uint8_t { kNone, kTimeout, kComm, kRemote };
+
 class Communicator : public ProxyHandler {
  public:
   // `global_ranks[r]`: the global rank of group rank r, for messages (empty: the same).
@@ -42,6 +47,8 @@ class Communicator : public ProxyHandler {
 
   // Stops the proxy, fails ops still in flight, unmaps segments. Idempotent.
   void shutdown();
+  // Any thread, any time (a lock-free read of the engine's state).
+  GroupError error() const;
 
   // Collectives. Counts are elements of `dtype`; byte counts are bytes. Per-rank pointer
   // arrays have nranks entries. All return at once; completion through engine().
@@ -186,6 +193,7 @@ class Communicator : public ProxyHandler {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Proxy> proxy_;
   bool shut_down_ = false;
+  std::atomic<bool> closed_healthy_{false};  // shut down before any failure (error())
   GpuLayout gpu_layout_;
   size_t gpu_region_offset_ = 0;
   std::atomic<ProxyHandler*> extra_poller_{nullptr};

@@ -359,9 +359,9 @@ void Engine::finishOp(Op& op, OpState state, ErrorKind kind, const std::string& 
   active_count_.fetch_sub(1, std::memory_order_release);
 }
 
-void Engine::poison(const std::string& reason) {
+void Engine::poison(const std::string& reason, ErrorKind kind) {
   lock();
-  failAllLocked(reason, ErrorKind::kComm);
+  failAllLocked(reason, kind);
   unlock();
 }
 
@@ -395,6 +395,7 @@ void Engine::failAllLocked(const std::string& reason, ErrorKind kind) {
       std::lock_guard<std::mutex> guard(poison_mu_);
       poison_reason_ = reason;
     }
+    poison_kind_.store(kind, std::memory_order_relaxed);
     poisoned_.store(true, std::memory_order_release);
     RLOG_ERROR("%s", reason.c_str());
   }

@@ -103,8 +103,8 @@ class Engine {
     reclaim_ctx_ = ctx;
   }
 
-  // Fails every active op and refuses new ones.
-  void poison(const std::string& reason);
+  // Fails every active op and refuses new ones; `kind`: kTimeout when the group gave up waiting.
+  void poison(const std::string& reason, ErrorKind kind = ErrorKind::kComm);
   // A peer is gone: it left in order (destroyed its group), or `failed` (it died, or its group
   // failed). An op that still needs something from or for it fails with `why` (and with it the
   // group); ops that got all they needed from it finish. Proxy pass only; the first reason sticks.
@@ -115,6 +115,10 @@ class Engine {
   // Why the first peer that failed is gone (empty if none did). Any thread.
   std::string firstPeerFailure() const;
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
+  // What poisoned it: kTimeout or kComm (kNone while it is not). Any thread.
+  ErrorKind poisonKind() const {
+    return poisoned() ? poison_kind_.load(std::memory_order_relaxed) : ErrorKind::kNone;
+  }
   // Why the group was poisoned (empty while it is not). Any thread.
   std::string poisonReason() const;
   uint64_t timeoutNs() const { return timeout_ns_; }
@@ -200,6 +204,7 @@ class Engine {
   void* waiters_gone_ctx_ = nullptr;
   friend class WaiterCount;
   std::atomic<bool> poisoned_{false};
+  std::atomic<ErrorKind> poison_kind_{ErrorKind::kNone};  // stored before poisoned_
   mutable std::mutex poison_mu_;
   std::string poison_reason_;  // set once, under poison_mu_, before poisoned_
   std::string first_failure_;  // under poison_mu_

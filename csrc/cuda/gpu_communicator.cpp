@@ -347,11 +347,20 @@ void GpuCommunicator::abortKernels() {
                    __ATOMIC_RELEASE);
 }
 
+uint64_t GpuCommunicator::deviceErrorWord() const {
+  const unsigned char* gpu_base = comm_.segmentBase() + comm_.gpuRegionOffset();
+  return __atomic_load_n(reinterpret_cast<const uint64_t*>(gpu_base + GpuLayout::kErrorWord),
+                         __ATOMIC_ACQUIRE);
+}
+
+bool GpuCommunicator::deviceTimedOut() const {
+  return !shut_down_ &&
+         static_cast<gpu::ErrorCode>(deviceErrorWord() & 0xff) == gpu::ErrorCode::kTimeout;
+}
+
 std::string GpuCommunicator::deviceError() const {
   if (shut_down_) return final_error_;
-  const unsigned char* gpu_base = comm_.segmentBase() + comm_.gpuRegionOffset();
-  const uint64_t word = __atomic_load_n(
-      reinterpret_cast<const uint64_t*>(gpu_base + GpuLayout::kErrorWord), __ATOMIC_ACQUIRE);
+  const uint64_t word = deviceErrorWord();
   if (word == 0) return {};
   const auto code = static_cast<gpu::ErrorCode>(word & 0xff);
   const uint32_t op = (word >> 8) & 0xff;

@@ -64,6 +64,8 @@ class GpuCommunicator : public ProxyHandler {
   void setTimeoutMs(uint64_t ms) { timeout_ns_.store(ms * 1000000ull, std::memory_order_relaxed); }
   // Empty while no kernel gave up; otherwise why, naming the op and the peer.
   std::string deviceError() const;
+  // Whether that error is a kernel's own timeout (the group's error kind: Communicator::error).
+  bool deviceTimedOut() const;
   // Makes every kernel of this communicator still waiting give up (shutdown, abort).
   void abortKernels();
   // Waits for this communicator's eager work, detaches from the proxy and releases the
@@ -73,6 +75,7 @@ class GpuCommunicator : public ProxyHandler {
   bool proxyPoll() override;
 
  private:
+  uint64_t deviceErrorWord() const;  // the word a kernel that gave up wrote (0: none)
   enum OpId : uint8_t {
     kAllReduce,
     kReduceScatter,
