@@ -11,6 +11,7 @@ import ctypes.util
 import glob
 import importlib.util
 import json
+import ipaddress
 import os
 import platform
 import shutil
@@ -245,7 +246,7 @@ def tcp_checks(env, ext, add, facts, section):
             add(section, "tcp address", "WARN", str(e), "set RESIDENT_TCP_ADDR to an address of "
                 "this host or the name of an interface with one (or unset it)")
         else:
-            loop = tcp["address"].startswith("127.")
+            loop = ipaddress.ip_address(tcp["address"]).is_loopback
             where = "" if setting else (f"; MASTER_ADDR={host}" if host else "; MASTER_ADDR "
                                         "unset here: ranks follow the route to their store's host")
             add(section, "tcp address", "WARN" if loop else "OK",

@@ -38,6 +38,7 @@ IFLA_IFNAME, IFLA_MASTER, IFLA_LINKINFO, IFLA_NET_NS_FD = 3, 10, 18, 28
 IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
 VETH_INFO_PEER = 1
 IFA_ADDRESS, IFA_LOCAL = 1, 2
+IFA_F_NODAD = 0x02  # an IPv6 address usable at once, without duplicate address detection
 IFF_UP = 0x1
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -210,9 +211,11 @@ def set_up(link: str, up: bool = True, netns: str | None = None) -> None:
 
 
 def add_address(link: str, cidr: str, netns: str | None = None) -> None:
-    iface = ipaddress.IPv4Interface(cidr)
-    body = struct.pack("=BBBBI", socket.AF_INET, iface.network.prefixlen, 0, 0,
-                       index_of(link, netns))
+    """An IPv4 or IPv6 address (an IPv6 one usable at once: no duplicate address detection)."""
+    iface = ipaddress.ip_interface(cidr)
+    v6 = iface.version == 6
+    body = struct.pack("=BBBBI", socket.AF_INET6 if v6 else socket.AF_INET,
+                       iface.network.prefixlen, IFA_F_NODAD if v6 else 0, 0, index_of(link, netns))
     body += _attr(IFA_LOCAL, iface.ip.packed) + _attr(IFA_ADDRESS, iface.ip.packed)
     _request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, body, f"add address {cidr} to {link}",
              netns)

@@ -204,6 +204,8 @@ def test_diagnose_reports_the_tcp_address_and_loss_recovery(tmp_path):
     rep, (c,) = tcp_of({"RESIDENT_TCP_ADDR": "lo"})
     assert rep["tcp"]["address"] == "127.0.0.1" and c["status"] == "WARN", c
     assert "RESIDENT_TCP_ADDR=lo" in c["detail"] and "loopback" in c["next_step"], c
+    rep, (c,) = tcp_of({"RESIDENT_TCP_ADDR": "::1"})  # IPv6 too
+    assert rep["tcp"]["address"] == "::1" and c["status"] == "WARN", c
     rep, (c,) = tcp_of({"RESIDENT_TCP_ADDR": "nosuchif0"})
     assert c["status"] == "WARN" and "'nosuchif0'" in c["detail"] and "lo 127.0.0.1" in c["detail"]
     assert rep["tcp"]["address"] is None

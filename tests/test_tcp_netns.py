@@ -12,7 +12,7 @@ that need them skip, saying why.
 Every op on CPU tensors runs through the proxy and tcp at 2 and 3 ranks, reusing the cases
 of test_collectives_cpu.py and test_p2p_cpu.py (random data, numpy references, bitwise for
 integers), plus describe() (transport "tcp", path "proxy"), the coalesced and list forms,
-messages over 1 MiB, a group that mixes shm and tcp, a SIGKILLed peer (DistBackendError naming
+messages over 1 MiB, a group that mixes shm and tcp, hosts on an IPv6-only network, a SIGKILLed peer (DistBackendError naming
 it within the timeout), a host that vanishes without closing its connections (its link down, its
 rank stopped: the same error within the tcp unreachable timeout, well before the group's, or at
 the next op when the survivors were idle meanwhile), file
@@ -82,7 +82,7 @@ def _remove_stale():
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
             N.del_netns(name)
     for name in N.links():
-        m = re.fullmatch(r"rp[bd](\d+)", name)
+        m = re.fullmatch(r"rp[bd6](\d+)", name)
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
             with contextlib.suppress(OSError):
                 N.del_link(name)
@@ -90,16 +90,19 @@ def _remove_stale():
 
 def _make_hosts(count, net, bridge, names, decoy):
     """Namespaces `names` on `bridge` (addresses net.2, net.3, ... on an interface named
-    "eth1" in each; the bridge net.1). With `decoy`, each first gets an interface "decoy0"
+    "eth1" in each; the bridge net.1; `net` an IPv6 prefix "fdXX:...::" instead: those hosts have
+    IPv6 addresses alone, loopback aside). With `decoy`, each first gets an interface "decoy0"
     whose address no other host reaches."""
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root (these tests play hosts with them)")
-    bridge_ip = f"{net}.1"
-    ips = [f"{net}.{i + 2}" for i in range(count)]
+    v6 = net.endswith("::")
+    bridge_ip = f"{net}1" if v6 else f"{net}.1"
+    ips = [f"{net}{i + 2}" if v6 else f"{net}.{i + 2}" for i in range(count)]
+    prefix = "/64" if v6 else "/24"
     try:
         _remove_stale()
         N.add_bridge(bridge)
-        N.add_address(bridge, f"{bridge_ip}/24")
+        N.add_address(bridge, bridge_ip + prefix)
         N.set_up(bridge)
         for i, name in enumerate(names):
             N.add_netns(name)
@@ -111,7 +114,7 @@ def _make_hosts(count, net, bridge, names, decoy):
             N.add_veth(outer, "eth1", name)
             N.set_master(outer, bridge)
             N.set_up(outer)
-            N.add_address("eth1", f"{ips[i]}/24", name)
+            N.add_address("eth1", ips[i] + prefix, name)
             N.set_up("eth1", netns=name)
             N.set_up("lo", netns=name)
     except OSError as e:
@@ -121,12 +124,13 @@ def _make_hosts(count, net, bridge, names, decoy):
     return Hosts(names, bridge_ip, ips)
 
 
-def _hosts_for_module(count, subnet, bridge_prefix, first_index, decoy):
+def _hosts_for_module(count, subnet, bridge_prefix, first_index, decoy, ipv6=False):
     """A module fixture's body: the namespaces made, yielded, then removed."""
     pid = os.getpid()
     bridge = f"{bridge_prefix}{pid}"
     names = [f"rpn{pid}-{first_index + i}" for i in range(count)]
-    made = _make_hosts(count, f"10.{subnet}.{20 + pid % 200}", bridge, names, decoy)
+    net = f"fd{subnet:02x}:{pid % 65536:x}::" if ipv6 else f"10.{subnet}.{20 + pid % 200}"
+    made = _make_hosts(count, net, bridge, names, decoy)
     try:
         yield made
     finally:
@@ -144,6 +148,12 @@ def decoy_hosts():
     network they share comes second, on an interface of the same name on both (eth1), as on
     machines with a management or container interface besides the data one."""
     yield from _hosts_for_module(2, 212, "rpd", 10, decoy=True)
+
+
+@pytest.fixture(scope="module")
+def ipv6_hosts():
+    """Two hosts with IPv6 addresses alone (an IPv6-only network, the store's host included)."""
+    yield from _hosts_for_module(2, 0x52, "rp6", 20, decoy=False, ipv6=True)
 
 
 def _teardown(bridge, names):
@@ -484,6 +494,23 @@ def test_tcp_netns_listens_where_peers_reach(decoy_hosts, setting):
         host = (res["endpoint"] or "").rsplit(":", 1)[0]
         if host != decoy_hosts.ips[r]:
             problems.append(f"rank {r} listens on {res['endpoint']}, expected {decoy_hosts.ips[r]}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("setting", ("unset", "eth1"))
+def test_tcp_netns_ipv6_only_network(ipv6_hosts, setting):
+    """Hosts with IPv6 addresses alone and the store at an IPv6 address: tcp listens on the
+    host's IPv6 address (the route to the store, or RESIDENT_TCP_ADDR=eth1), the endpoint is
+    written "[address]:port", and the group forms and runs."""
+    extra = {} if setting == "unset" else {"RESIDENT_TCP_ADDR": setting}
+    results = H.run_ranks(_endpoint_job, 2, env=ipv6_hosts.env(**extra), timeout_s=120,
+                          init_timeout_s=60)
+    problems = []
+    for r, res in enumerate(results):
+        problems += [f"rank {r}: {e}" for e in res["errors"]]
+        want = f"[{ipv6_hosts.ips[r]}]:"
+        if not (res["endpoint"] or "").startswith(want):
+            problems.append(f"rank {r} listens on {res['endpoint']}, expected {want}<port>")
     assert not problems, "\n".join(problems)
 
 

@@ -25,12 +25,6 @@ constexpr size_t kMaxPending = 16;  // unauthenticated connections at once
 constexpr uint64_t kMs = 1000000ull;
 constexpr uint64_t kRetryNs = 50 * kMs;
 
-std::string addrText(const sockaddr_in& a) {
-  char buf[INET_ADDRSTRLEN] = "?";
-  inet_ntop(AF_INET, &a.sin_addr, buf, sizeof(buf));
-  return std::string(buf) + ":" + std::to_string(ntohs(a.sin_port));
-}
-
 // <linux/tcp.h> of Linux 6.15+; absent from older headers.
 constexpr int kTcpRtoMinUs = 45;
 // The least TCP_RTO_MIN_US a kernel takes (it rounds up to whole jiffies).
@@ -61,20 +55,6 @@ void setUnreachableTimeout(int fd, uint64_t timeout_ns) {
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
 }
 
-bool parseEndpoint(const std::string& ep, sockaddr_in& out) {
-  const size_t colon = ep.rfind(':');
-  if (colon == std::string::npos) return false;
-  const std::string host = ep.substr(0, colon), port = ep.substr(colon + 1);
-  std::memset(&out, 0, sizeof(out));
-  out.sin_family = AF_INET;
-  if (inet_pton(AF_INET, host.c_str(), &out.sin_addr) != 1) return false;
-  char* end = nullptr;
-  const unsigned long v = std::strtoul(port.c_str(), &end, 10);
-  if (port.empty() || *end != '\0' || v == 0 || v > 65535) return false;
-  out.sin_port = htons(static_cast<uint16_t>(v));
-  return true;
-}
-
 // A handshake message on a fresh socket: the kernel takes it whole or the attempt failed.
 bool sendSmall(int fd, const void* data, size_t n) {
   for (;;) {
@@ -99,22 +79,23 @@ TcpTransport::TcpTransport(int rank, int nranks, unsigned char* segment, size_t 
   if (!opts.trace_prefix.empty()) trace_ = std::make_unique<ProxyTrace>(size_t{1} << 21);
   const ListenAddress chosen = chooseListenAddress(opts.bind_addr, opts.rendezvous_host);
   const std::string& addr = chosen.address;
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  inet_pton(AF_INET, addr.c_str(), &sa.sin_addr);  // dotted IPv4, checked by chooseListenAddress
-  listener_.reset(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  sockaddr_storage sa{};
+  socklen_t len = 0;
+  socketAddress(addr, 0, sa, len);  // a literal of either family, checked by chooseListenAddress
+  listener_.reset(socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (listener_.get() < 0)
     throw CommError(std::string("resident: socket() failed: ") + std::strerror(errno));
-  if (bind(listener_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+  if (bind(listener_.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0 ||
       listen(listener_.get(), 128) != 0) {
     throw CommError("resident: rank " + std::to_string(rank) + " cannot listen on tcp address " +
                     addr + (opts.bind_addr.empty() ? "" : " (RESIDENT_TCP_ADDR)") + ": " +
                     std::strerror(errno));
   }
-  socklen_t len = sizeof(sa);
+  len = sizeof(sa);
   getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&sa), &len);
-  port_ = ntohs(sa.sin_port);
-  endpoint_ = addr + ":" + std::to_string(port_);
+  port_ = ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&sa)->sin6_port
+                                         : reinterpret_cast<const sockaddr_in*>(&sa)->sin_port);
+  endpoint_ = endpointText(addr, static_cast<uint16_t>(port_));
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
   if (epoll_.get() < 0)
     throw CommError(std::string("resident: epoll_create1 failed: ") + std::strerror(errno));
@@ -141,7 +122,7 @@ void TcpTransport::establish(const std::vector<std::string>& endpoints,
     c.reader = tcp::FrameReader(segment_, segment_bytes_);
     c.state = ConnState::kIdle;
     c.endpoint = endpoints[i];
-    if (p < rank_ && !parseEndpoint(c.endpoint, c.addr)) {
+    if (p < rank_ && !parseEndpoint(c.endpoint, c.addr, c.addr_len)) {
       throw CommError("resident: " + rankText(p) + " published a malformed tcp endpoint '" +
                       c.endpoint + "'");
     }
@@ -223,11 +204,11 @@ void TcpTransport::establish(const std::vector<std::string>& endpoints,
 
 void TcpTransport::startConnect(int peer, uint64_t now) {
   Conn& c = conns_[static_cast<size_t>(peer)];
-  c.fd.reset(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  c.fd.reset(socket(c.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (c.fd.get() < 0) return retryLater(peer, std::string("socket: ") + std::strerror(errno), now);
   setLatencyOptions(c.fd.get());
   setUnreachableTimeout(c.fd.get(), opts_.unreachable_timeout_ns);
-  if (connect(c.fd.get(), reinterpret_cast<const sockaddr*>(&c.addr), sizeof(c.addr)) == 0) {
+  if (connect(c.fd.get(), reinterpret_cast<const sockaddr*>(&c.addr), c.addr_len) == 0) {
     c.state = ConnState::kConnecting;
     return advanceConnect(peer, POLLOUT, now);
   }
@@ -290,7 +271,7 @@ void TcpTransport::retryLater(int peer, const std::string& why, uint64_t now) {
 
 void TcpTransport::acceptNew(uint64_t deadline) {
   for (int i = 0; i < 64; ++i) {
-    sockaddr_in from{};
+    sockaddr_storage from{};
     socklen_t len = sizeof(from);
     const int fd = accept4(listener_.get(), reinterpret_cast<sockaddr*>(&from), &len,
                            SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -302,7 +283,7 @@ void TcpTransport::acceptNew(uint64_t deadline) {
     }
     Pending p;
     p.fd.reset(fd);
-    p.from = addrText(from);
+    p.from = endpointText(reinterpret_cast<const sockaddr*>(&from));
     p.deadline = deadline;
     if (pending_.size() >= kMaxPending) {
       reject(p, "too many connections are waiting for their handshake");

@@ -148,7 +148,8 @@ class TcpTransport : public Transport {
     tcp::OutQueue out;
     tcp::FrameReader reader;
     // Set-up of an outgoing connection.
-    sockaddr_in addr{};
+    sockaddr_storage addr{};
+    socklen_t addr_len = 0;
     std::string endpoint;
     uint64_t retry_at = 0;
     size_t ack_have = 0;
