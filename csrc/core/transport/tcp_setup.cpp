@@ -93,9 +93,7 @@ TcpTransport::TcpTransport(int rank, int nranks, unsigned char* segment, size_t 
   }
   len = sizeof(sa);
   getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&sa), &len);
-  port_ = ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&sa)->sin6_port
-                                         : reinterpret_cast<const sockaddr_in*>(&sa)->sin_port);
-  endpoint_ = endpointText(addr, static_cast<uint16_t>(port_));
+  endpoint_ = endpointText(reinterpret_cast<const sockaddr*>(&sa));
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
   if (epoll_.get() < 0)
     throw CommError(std::string("resident: epoll_create1 failed: ") + std::strerror(errno));

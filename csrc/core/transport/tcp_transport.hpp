@@ -80,7 +80,6 @@ class TcpTransport : public Transport {
 
   // "a.b.c.d:port": what peers connect to.
   const std::string& endpoint() const { return endpoint_; }
-  int listenPort() const { return port_; }
   // Connects every peer p with tcp_peer[p] (endpoints[p] is its endpoint): to lower ranks,
   // from higher ones. Throws CommError naming the ranks not connected within the timeout.
   void establish(const std::vector<std::string>& endpoints, const std::vector<bool>& tcp_peer,
@@ -194,7 +193,6 @@ class TcpTransport : public Transport {
   std::vector<pollfd> wait_fds_;
   UniqueFd listener_, epoll_;
   std::string endpoint_;
-  int port_ = 0;
   bool established_ = false;
   bool activity_ = false;
   int only_peer_ = -1;   // the one tcp peer, read directly on each pass; -1: epoll
