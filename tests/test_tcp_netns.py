@@ -480,20 +480,28 @@ def _endpoint_job(rank, ws):
             "errors": compare_exact(t, reference_reduce(ins, "SUM", "int64"), "all_reduce")}
 
 
+def _listening_problems(hosts, setting):
+    """Two ranks on `hosts` (RESIDENT_TCP_ADDR=`setting` unless "unset"): an exact all_reduce,
+    and each listening on its host's address ("[address]:port" for IPv6)."""
+    extra = {} if setting == "unset" else {"RESIDENT_TCP_ADDR": setting}
+    results = H.run_ranks(_endpoint_job, 2, env=hosts.env(**extra), timeout_s=120,
+                          init_timeout_s=60)
+    problems = []
+    for r, res in enumerate(results):
+        problems += [f"rank {r}: {e}" for e in res["errors"]]
+        ip = hosts.ips[r]
+        want = f"[{ip}]:" if ":" in ip else f"{ip}:"
+        if not (res["endpoint"] or "").startswith(want):
+            problems.append(f"rank {r} listens on {res['endpoint']}, expected {want}<port>")
+    return problems
+
+
 @pytest.mark.parametrize("setting", ("unset", "eth1"))
 def test_tcp_netns_listens_where_peers_reach(decoy_hosts, setting):
     """A host's first interface is one its peers cannot reach: by default tcp listens on the
     interface that routes to the rendezvous store's host, and RESIDENT_TCP_ADDR=eth1 names the
     interface (the same name on every host); either way the group forms and runs."""
-    extra = {} if setting == "unset" else {"RESIDENT_TCP_ADDR": setting}
-    results = H.run_ranks(_endpoint_job, 2, env=decoy_hosts.env(**extra), timeout_s=120,
-                          init_timeout_s=60)
-    problems = []
-    for r, res in enumerate(results):
-        problems += [f"rank {r}: {e}" for e in res["errors"]]
-        host = (res["endpoint"] or "").rsplit(":", 1)[0]
-        if host != decoy_hosts.ips[r]:
-            problems.append(f"rank {r} listens on {res['endpoint']}, expected {decoy_hosts.ips[r]}")
+    problems = _listening_problems(decoy_hosts, setting)
     assert not problems, "\n".join(problems)
 
 
@@ -502,15 +510,7 @@ def test_tcp_netns_ipv6_only_network(ipv6_hosts, setting):
     """Hosts with IPv6 addresses alone and the store at an IPv6 address: tcp listens on the
     host's IPv6 address (the route to the store, or RESIDENT_TCP_ADDR=eth1), the endpoint is
     written "[address]:port", and the group forms and runs."""
-    extra = {} if setting == "unset" else {"RESIDENT_TCP_ADDR": setting}
-    results = H.run_ranks(_endpoint_job, 2, env=ipv6_hosts.env(**extra), timeout_s=120,
-                          init_timeout_s=60)
-    problems = []
-    for r, res in enumerate(results):
-        problems += [f"rank {r}: {e}" for e in res["errors"]]
-        want = f"[{ipv6_hosts.ips[r]}]:"
-        if not (res["endpoint"] or "").startswith(want):
-            problems.append(f"rank {r} listens on {res['endpoint']}, expected {want}<port>")
+    problems = _listening_problems(ipv6_hosts, setting)
     assert not problems, "\n".join(problems)
 
 
