@@ -673,6 +673,7 @@ def _vanish_job(rank, ws, idle_s):
     unacknowledged; past the unreachable timeout: the idle connections' keepalive probes did)."""
     import signal
 
+    import torch
     import torch.distributed as dist
 
     for i in range(3):
@@ -683,6 +684,8 @@ def _vanish_job(rank, ws, idle_s):
         N.set_up("eth1", False)  # this rank's namespace's link to the bridge
         os.kill(os.getpid(), signal.SIGSTOP)  # the parent SIGKILLs it when the others are done
     time.sleep(idle_s)
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    before = backend.get_error().name  # idle: the connection to rank 1 already failed
     t0 = time.monotonic()
     try:
         for _ in range(1000):
@@ -690,7 +693,7 @@ def _vanish_job(rank, ws, idle_s):
         return {"raised": False, "elapsed": time.monotonic() - t0}
     except Exception as e:  # noqa: BLE001
         return {"raised": True, "elapsed": time.monotonic() - t0, "type": type(e).__name__,
-                "message": str(e)}
+                "message": str(e), "error_before": before, "error": backend.get_error().name}
 
 
 @pytest.mark.parametrize("when", ["in_op", "idle"])
@@ -707,6 +710,15 @@ def test_tcp_netns_vanished_host(hosts, when):
     # idle: the connections failed while the survivors slept, so their next op fails at once
     within_s = 2.0 if when == "idle" else UNREACHABLE_S + SLACK_S
     problems = _survivor_problems(outcomes, "rank 1's host vanished", within_s, must_say="network")
+    # get_error(): REMOTE_ERROR once the op raised, and while idle before any op
+    for o in (outcomes[0], outcomes[2]):
+        v = o.value if o.status == "ok" and isinstance(o.value, dict) else {}
+        want = {"error": "REMOTE_ERROR"}
+        if when == "idle":
+            want["error_before"] = "REMOTE_ERROR"
+        got = {k: v.get(k) for k in want}
+        if v.get("raised") and got != want:
+            problems.append(f"rank {o.rank}: get_error() {got}, expected {want}")
     assert not problems, "\n".join(problems)
 
 

@@ -397,6 +397,7 @@ void Communicator::noteDead(int dead, bool unreachable) {
 
 void Communicator::peerFailed(int dead, const std::string& reason, bool unreachable) {
   if (!engine_->poisoned()) noteDead(dead, unreachable);
+  engine_->markPeerLost(dead, reason, true);  // a remote failure (error(): kRemote)
   engine_->poison(reason);
 }
 
