@@ -59,8 +59,8 @@ PYBIND11_MODULE(_C, m) {
            "Turns the hand-off off; `reason` is what handoff() reports.")
       // torch binds get_error on Backend from 2.14 on, on ProcessGroupNCCL alone before.
       .def("get_error", &ProcessGroupResident::getError,
-           "SUCCESS, TIMEOUT, REMOTE_ERROR (a peer died or its group failed) or COMM_ERROR "
-           "(docs/ops.md).")
+           "SUCCESS, TIMEOUT, REMOTE_ERROR (a peer died, or its group or connection failed) or "
+           "COMM_ERROR (docs/ops.md).")
       .def("handoff_bytes", &ProcessGroupResident::handoffBytes,
            "The group's RESIDENT_HANDOFF_BYTES.")
       .def(

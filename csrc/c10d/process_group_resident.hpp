@@ -100,8 +100,9 @@ class ProcessGroupResident : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override;
   void abort() override;
   void shutdown() override;
-  // SUCCESS, TIMEOUT (this rank gave up waiting), REMOTE_ERROR (a peer died or its group failed:
-  // known between ops too, once its death was noticed), COMM_ERROR; then the hand-off backend's.
+  // SUCCESS, TIMEOUT (this rank gave up waiting), REMOTE_ERROR (a peer died, or its group or
+  // connection failed: known between ops too, once its death was noticed), COMM_ERROR; then the
+  // hand-off backend's.
   c10d::ErrorType getError() override;
 
   // Introspection: per-peer transport and path, the configuration, the proxy's CPU.

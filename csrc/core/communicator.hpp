@@ -32,8 +32,8 @@ class IbTransport;
 namespace resident {
 
 // The group's health as torch's Backend::getError reports it (c10d::ErrorType): kTimeout, this
-// rank gave up waiting; kRemote, a peer died or its group failed (noticed even between ops);
-// kComm, any other failure. A group shut down while healthy stays kNone.
+// rank gave up waiting; kRemote, a peer died, or its group or connection failed (noticed even
+// between ops); kComm, any other failure. A group shut down while healthy stays kNone.
 enum class GroupError : uint8_t { kNone, kTimeout, kComm, kRemote };
 
 class Communicator : public ProxyHandler {
