@@ -515,9 +515,9 @@ void Engine::postChunk(SendChannel& ch, const Op& op, const unsigned char* src, 
 void Engine::transmit(SendChannel& ch, uint64_t seq) {
   const OutboxEntry& e = ch.outbox[seq % layout_.slots()];
   const size_t off = layout_.slotOffset(rank_, ch.ring, seq);
-  transport_->write(ch.peer, off + kLine, e.src, e.meta.chunk_bytes);
-  transport_->write(ch.peer, off, &e.meta, sizeof(SlotMeta));
-  transport_->signal(ch.peer, off + kFlagOffsetInHeader, seq + 1);
+  const WriteRegion regions[2] = {{off + kLine, e.src, e.meta.chunk_bytes},
+                                  {off, &e.meta, sizeof(SlotMeta)}};
+  transport_->writeThenSignal(ch.peer, regions, 2, off + kFlagOffsetInHeader, seq + 1);
   ch.transmitted.store(seq + 1, std::memory_order_release);
 }
 

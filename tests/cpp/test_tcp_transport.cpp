@@ -1,10 +1,10 @@
 // The tcp transport over real sockets on this host: set-up between two transports, ordering
-// of writes before a signal, three ranks whose tcp peers are read through epoll (two peers)
-// and directly (one), two sides sending to each other with tiny buffers and nobody
-// polling (no deadlock), a raw client that completes the handshake and then sends bad,
-// truncated or clean endings (fatal vs lost, nothing written outside the segment), bad
-// handshakes before and after set-up, a peer that stops reading (stall timeout, abort), and
-// no file descriptors left behind.
+// of writes before a signal (one call for a slot's payload, header and flag included), three ranks
+// whose tcp peers are read through epoll (two peers) and directly (one), two sides sending to each
+// other with tiny buffers and nobody polling (no deadlock), a raw client that completes the
+// handshake and then sends bad, truncated or clean endings (fatal vs lost, nothing written outside
+// the segment), bad handshakes before and after set-up, a peer that stops reading (stall timeout,
+// abort), and no file descriptors left behind.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
@@ -166,6 +166,86 @@ void testOrdering() {
   }
   stop.store(true);
   receiver.join();
+  CHECK(!p.t0->hasEvents() && !p.t1->hasEvents());
+  CHECK(p.seg0.guardsIntact() && p.seg1.guardsIntact());
+}
+
+// writeThenSignal (a CPU tensor's slot: payload, header, flag): small and large payloads, with
+// small writes queued before them, arrive whole and before their flag, and the caller may
+// rewrite its buffers as soon as the call returns. Then both sides send 256 KiB payloads to
+// each other that way, with 4 KiB queues and nobody polling: the kernel takes part of a call's
+// bytes, the rest is queued behind what it took, and neither side deadlocks.
+void testWriteThenSignal() {
+  {
+    Pair p(1 << 20, TcpOptions{});
+    std::mt19937_64 rng(17);
+    std::atomic<bool> stop{false};
+    std::thread receiver([&] {
+      while (!stop.load()) p.t1->poll();
+    });
+    std::vector<unsigned char> data(200000);
+    std::vector<unsigned char> want(data.size());
+    for (uint64_t round = 1; round <= 300; ++round) {
+      const size_t n = rng() % 2 ? 1 + rng() % 16384 : 16384 + rng() % (data.size() - 16384);
+      for (size_t i = 0; i < n; ++i) data[i] = static_cast<unsigned char>(rng());
+      std::memcpy(want.data(), data.data(), n);
+      const uint64_t small = round * 7;
+      if (rng() % 2) p.t0->write(1, 128, &small, sizeof(small));  // queued before the slot
+      uint64_t header = n;
+      const WriteRegion regions[2] = {{4096, data.data(), n}, {64, &header, sizeof(header)}};
+      p.t0->writeThenSignal(1, regions, 2, 0, round);
+      std::memset(data.data(), 0xEE, n);  // the sources are free again
+      header = 0;
+      const uint64_t end = nowNs() + 5 * kSec;
+      while (p.seg1.flag(0) != round && nowNs() < end) p.t0->poll();
+      CHECK(p.seg1.flag(0) == round);
+      uint64_t got_n = 0;
+      std::memcpy(&got_n, p.seg1.data() + 64, sizeof(got_n));
+      CHECK(got_n == n);
+      CHECK(std::memcmp(p.seg1.data() + 4096, want.data(), n) == 0);
+    }
+    stop.store(true);
+    receiver.join();
+    CHECK(!p.t0->hasEvents() && !p.t1->hasEvents());
+    CHECK(p.seg0.guardsIntact() && p.seg1.guardsIntact());
+  }
+  TcpOptions opts;
+  opts.out_buffer_bytes = 4096;
+  opts.stall_timeout_ns = 20 * kSec;
+  Pair p(2 << 20, opts);
+  constexpr size_t kTag = 1 << 20, kFlag = kTag + 64;  // behind the payloads' three places
+  std::atomic<int> finished{0};
+  auto side = [&](TcpTransport& t, int peer, unsigned seed) {
+    std::vector<unsigned char> chunk(256 * 1024);
+    for (int i = 0; i < 128; ++i) {
+      for (size_t k = 0; k < chunk.size(); k += 4096)
+        chunk[k] = static_cast<unsigned char>(seed + i);
+      const uint32_t tag = static_cast<uint32_t>(seed + i);
+      const WriteRegion regions[2] = {{(i % 3) * chunk.size(), chunk.data(), chunk.size()},
+                                      {kTag, &tag, sizeof(tag)}};
+      t.writeThenSignal(peer, regions, 2, kFlag, static_cast<uint64_t>(i + 1));
+      std::memset(chunk.data(), 0, chunk.size());
+    }
+    finished.fetch_add(1);
+    while (finished.load() < 2) t.poll();
+  };
+  std::thread a([&] { side(*p.t0, 1, 10); });
+  side(*p.t1, 0, 20);
+  a.join();
+  CHECK(pollUntil(*p.t0, [&] {
+    p.t1->poll();
+    return p.seg0.flag(kFlag) == 128 && p.seg1.flag(kFlag) == 128;
+  }));
+  for (int r = 0; r < 2; ++r) {
+    Segment& seg = r == 0 ? p.seg1 : p.seg0;
+    const unsigned seed = r == 0 ? 10 : 20;
+    uint32_t tag = 0;
+    std::memcpy(&tag, seg.data() + kTag, sizeof(tag));
+    CHECK(tag == seed + 127);
+    for (int i = 125; i < 128; ++i)  // the last payload written to each third
+      for (size_t k = 0; k < 256 * 1024; k += 4096)
+        CHECK(seg.data()[(i % 3) * 256 * 1024 + k] == static_cast<unsigned char>(seed + i));
+  }
   CHECK(!p.t0->hasEvents() && !p.t1->hasEvents());
   CHECK(p.seg0.guardsIntact() && p.seg1.guardsIntact());
 }
@@ -547,6 +627,8 @@ int main() {
   std::puts("test_tcp_transport: ordering ok");
   testRegisteredSource();
   std::puts("test_tcp_transport: registered source ok");
+  testWriteThenSignal();
+  std::puts("test_tcp_transport: write then signal ok");
   testNoDeadlock();
   std::puts("test_tcp_transport: no deadlock ok");
   testBadFrames();

@@ -39,6 +39,10 @@ class RoutedTransport : public Transport {
   void signal(int peer, size_t offset, uint64_t value) override {
     by_peer_[static_cast<size_t>(peer)]->signal(peer, offset, value);
   }
+  void writeThenSignal(int peer, const WriteRegion* regions, int n, size_t flag_offset,
+                       uint64_t value) override {
+    by_peer_[static_cast<size_t>(peer)]->writeThenSignal(peer, regions, n, flag_offset, value);
+  }
   bool directCapable(int peer) const override {
     const Transport* t = by_peer_[static_cast<size_t>(peer)];
     return t != nullptr && t->directCapable(peer);

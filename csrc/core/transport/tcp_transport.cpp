@@ -169,6 +169,62 @@ void TcpTransport::appendFrame(int peer, const FrameHeader& h, const void* paylo
   if (append(c, peer, &h, sizeof(h)) && bytes != 0) append(c, peer, payload, bytes);
 }
 
+void TcpTransport::writeThenSignal(int peer, const WriteRegion* regions, int n, size_t flag_offset,
+                                   uint64_t value) {
+  constexpr int kMaxRegions = 4;
+  Conn& c = conns_[static_cast<size_t>(peer)];
+  bool direct = c.state == ConnState::kOpen && n <= kMaxRegions && !c.out.hasRefs();
+  bool large = false;
+  for (int i = 0; direct && i < n; ++i) {
+    const auto* p = static_cast<const unsigned char*>(regions[i].src);
+    direct = !(p >= source_ && p < source_ + source_bytes_);
+    large = large || regions[i].bytes >= kDirectSendMin;
+  }
+  if (!direct || !large) {
+    // Small writes wait for the pass's one flush per peer; the source's go by reference.
+    Transport::writeThenSignal(peer, regions, n, flag_offset, value);
+    return;
+  }
+  // One system call instead of three (the queue, the payload's frame, then header and flag at
+  // the pass's end): on loopback each sendmsg also runs the peer's receive work.
+  FrameHeader headers[kMaxRegions + 1];
+  iovec iov[2 * kMaxRegions + 3];
+  int k = c.out.gather(iov, 3);  // the ring's bytes: no references are queued
+  const int queued = k;
+  for (int i = 0; i < n; ++i) {
+    headers[i] = FrameHeader{static_cast<uint32_t>(FrameType::kWrite), 0, regions[i].offset,
+                             regions[i].bytes};
+    iov[k++] = {&headers[i], sizeof(FrameHeader)};
+    if (regions[i].bytes != 0) iov[k++] = {const_cast<void*>(regions[i].src), regions[i].bytes};
+  }
+  headers[n] = FrameHeader{static_cast<uint32_t>(FrameType::kSignal), 0, flag_offset, value};
+  iov[k++] = {&headers[n], sizeof(FrameHeader)};
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = static_cast<size_t>(k);
+  ssize_t sent;
+  do {
+    sent = sendmsg(c.fd.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (sent < 0 && errno == EINTR);
+  if (trace_) trace_->record(TraceEvent::kSent, peer, sent > 0 ? static_cast<uint64_t>(sent) : 0);
+  if (sent < 0) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return lost(peer, std::strerror(errno), errno);
+    sent = 0;
+  }
+  size_t left = static_cast<size_t>(sent);
+  const size_t ring_bytes = c.out.size();
+  c.out.consume(left < ring_bytes ? left : ring_bytes);
+  left -= left < ring_bytes ? left : ring_bytes;
+  for (int i = queued; i < k; ++i) {
+    const size_t skip = left < iov[i].iov_len ? left : iov[i].iov_len;
+    left -= skip;
+    if (skip < iov[i].iov_len &&
+        !append(c, peer, static_cast<const unsigned char*>(iov[i].iov_base) + skip,
+                iov[i].iov_len - skip))
+      return;
+  }
+}
+
 bool TcpTransport::append(Conn& c, int peer, const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
   for (;;) {
@@ -285,30 +341,32 @@ void TcpTransport::receiveAll() {
 void TcpTransport::receiveFrom(int peer) {
   Conn& c = conns_[static_cast<size_t>(peer)];
   for (int i = 0; i < 64 && c.state == ConnState::kOpen; ++i) {
-    const bool direct = c.reader.inPayload() && c.reader.payloadRemaining() >= kDirectRecvMin;
     // Between frames, read a little (headers and small payloads, a few frames at once): a large
-    // payload behind a header is then read straight into the segment, not copied from here.
-    const size_t asked = direct ? c.reader.payloadRemaining() : kStagingRecvBytes;
-    const ssize_t k =
-        recv(c.fd.get(), direct ? c.reader.payloadDest() : staging_.data(), asked, MSG_DONTWAIT);
+    // payload behind a header is then read straight into the segment, not copied from here,
+    // and the frames behind it (its slot's header and flag) in the same call.
+    const size_t direct = c.reader.inPayload() && c.reader.payloadRemaining() >= kDirectRecvMin
+                              ? c.reader.payloadRemaining()
+                              : 0;
+    const size_t asked = direct + kStagingRecvBytes;
+    ssize_t k;
+    if (direct != 0) {
+      iovec iov[2] = {{c.reader.payloadDest(), direct}, {staging_.data(), kStagingRecvBytes}};
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = 2;
+      k = recvmsg(c.fd.get(), &m, MSG_DONTWAIT);
+    } else {
+      // recv costs less than recvmsg, and most calls of a polling pass find nothing.
+      k = recv(c.fd.get(), staging_.data(), kStagingRecvBytes, MSG_DONTWAIT);
+    }
     if (trace_ && k > 0) trace_->record(TraceEvent::kReceived, peer, static_cast<uint64_t>(k));
     if (k > 0) {
       activity_ = true;
-      if (direct) {
-        c.reader.payloadReceived(static_cast<size_t>(k));
-      } else {
-        const auto st = c.reader.consume(staging_.data(), static_cast<size_t>(k));
-        if (st == tcp::FrameReader::Status::kError) {
-          return drop(peer, true,
-                      "resident: " + rankText(peer) + " sent a malformed frame over tcp to " +
-                          rankText(rank_) + ": " + c.reader.error() + "; connection closed");
-        }
-        if (st == tcp::FrameReader::Status::kClosed) {
-          return drop(peer, false,
-                      "resident: " + rankText(peer) + " shut down its process group (" +
-                          rankText(rank_) + " got its goodbye over tcp)");
-        }
-      }
+      const size_t into_segment = static_cast<size_t>(k) < direct ? static_cast<size_t>(k) : direct;
+      if (into_segment != 0) c.reader.payloadReceived(into_segment);
+      if (static_cast<size_t>(k) > into_segment &&
+          !applyStaged(c, peer, static_cast<size_t>(k) - into_segment))
+        return;
       if (static_cast<size_t>(k) < asked) return;  // drained for now
       continue;
     }
@@ -316,6 +374,23 @@ void TcpTransport::receiveFrom(int peer) {
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     return lost(peer, k == 0 ? "connection closed" : std::strerror(errno), k == 0 ? 0 : errno);
   }
+}
+
+bool TcpTransport::applyStaged(Conn& c, int peer, size_t bytes) {
+  const auto st = c.reader.consume(staging_.data(), bytes);
+  if (st == tcp::FrameReader::Status::kError) {
+    drop(peer, true,
+         "resident: " + rankText(peer) + " sent a malformed frame over tcp to " + rankText(rank_) +
+             ": " + c.reader.error() + "; connection closed");
+    return false;
+  }
+  if (st == tcp::FrameReader::Status::kClosed) {
+    drop(peer, false,
+         "resident: " + rankText(peer) + " shut down its process group (" + rankText(rank_) +
+             " got its goodbye over tcp)");
+    return false;
+  }
+  return true;
 }
 
 void TcpTransport::lost(int peer, const char* how, int err) {

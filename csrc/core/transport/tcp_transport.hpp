@@ -92,6 +92,11 @@ class TcpTransport : public Transport {
   bool registerSource(const void* base, size_t bytes) override;
   void releaseSource() override;
   void signal(int peer, size_t offset, uint64_t value) override;
+  // With a payload of kDirectSendMin or more from outside the registered source (a CPU
+  // tensor's slot), what is queued for the peer, the frames and the flag go in one sendmsg;
+  // what the kernel does not take is copied into the queue.
+  void writeThenSignal(int peer, const WriteRegion* regions, int n, size_t flag_offset,
+                       uint64_t value) override;
   bool directCapable(int) const override { return false; }
   void poll() override;
   // With one tcp peer, poll() looks at the listener every kListenerPasses passes only; the
@@ -179,6 +184,9 @@ class TcpTransport : public Transport {
   void drop(int peer, bool fatal, const std::string& reason, bool unreachable = false);
   // The connection from `peer` failed with `how` (errno `err`, 0 for none).
   void lost(int peer, const char* how, int err = 0);
+  // Applies `bytes` received into staging_ to the peer's frame reader; false when that
+  // dropped the connection (a malformed frame, or the peer's goodbye).
+  bool applyStaged(Conn& c, int peer, size_t bytes);
   std::string rankText(int r) const;
 
   const int rank_, nranks_;

@@ -13,6 +13,13 @@
 
 namespace resident {
 
+// One region of a writeThenSignal: [src, src + bytes) to `offset` of the peer's inbox.
+struct WriteRegion {
+  size_t offset;
+  const void* src;
+  size_t bytes;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -47,6 +54,14 @@ class Transport {
   virtual bool fusesLineCheck(int /*peer*/) const { return false; }
   // Release-store `value` into the 8-byte word at `offset` of `peer`'s inbox.
   virtual void signal(int peer, size_t offset, uint64_t value) = 0;
+  // The regions' write()s in order, then signal(): a slot's payload, its header and its flag.
+  // A network transport may hand them to the kernel in one call; the sources may change once
+  // it returns.
+  virtual void writeThenSignal(int peer, const WriteRegion* regions, int n, size_t flag_offset,
+                               uint64_t value) {
+    for (int i = 0; i < n; ++i) write(peer, regions[i].offset, regions[i].src, regions[i].bytes);
+    signal(peer, flag_offset, value);
+  }
   // True when writes may be issued by any thread without a system call (shm); otherwise
   // only the proxy thread issues them.
   virtual bool directCapable(int peer) const = 0;
