@@ -21,7 +21,8 @@ using tcp::FrameType;
 
 // A payload with at least this much left is received straight into the segment.
 constexpr size_t kDirectRecvMin = 4096;
-// A payload at least this large, with nothing queued before it, is sent from its source.
+// A slot (writeThenSignal) whose payload is at least this large leaves at once, from its source,
+// with what is queued; smaller ones are copied and leave with the pass's other frames.
 constexpr size_t kDirectSendMin = size_t{16} * 1024;
 // A payload from the registered source at least this large is queued by reference; smaller
 // ones are copied, as cheap as a reference's bookkeeping.
@@ -134,38 +135,6 @@ void TcpTransport::appendFrame(int peer, const FrameHeader& h, const void* paylo
       append(c, peer, payload, bytes);
     return;
   }
-  if (bytes >= kDirectSendMin) {
-    if (c.out.size() != 0) flush(c, peer);
-    if (c.state != ConnState::kOpen) return;
-    if (c.out.size() == 0) {
-      // Nothing queued: hand header and payload to the kernel from where they are; queue
-      // whatever it does not take.
-      iovec iov[2] = {{const_cast<FrameHeader*>(&h), sizeof(h)},
-                      {const_cast<void*>(payload), bytes}};
-      msghdr m{};
-      m.msg_iov = iov;
-      m.msg_iovlen = 2;
-      ssize_t k;
-      do {
-        k = sendmsg(c.fd.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-      } while (k < 0 && errno == EINTR);
-      if (trace_) trace_->record(TraceEvent::kSent, peer, k > 0 ? static_cast<uint64_t>(k) : 0);
-      if (k < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return lost(peer, std::strerror(errno), errno);
-        k = 0;
-      }
-      size_t sent = static_cast<size_t>(k);
-      if (sent < sizeof(h)) {
-        if (!append(c, peer, reinterpret_cast<const unsigned char*>(&h) + sent, sizeof(h) - sent))
-          return;
-        sent = 0;
-      } else {
-        sent -= sizeof(h);
-      }
-      append(c, peer, static_cast<const unsigned char*>(payload) + sent, bytes - sent);
-      return;
-    }
-  }
   if (append(c, peer, &h, sizeof(h)) && bytes != 0) append(c, peer, payload, bytes);
 }
 
@@ -192,10 +161,11 @@ void TcpTransport::writeThenSignal(int peer, const WriteRegion* regions, int n, 
   int k = c.out.gather(iov, 3);  // the ring's bytes: no references are queued
   const int queued = k;
   for (int i = 0; i < n; ++i) {
+    if (regions[i].bytes == 0) continue;  // as write(): no frame
     headers[i] = FrameHeader{static_cast<uint32_t>(FrameType::kWrite), 0, regions[i].offset,
                              regions[i].bytes};
     iov[k++] = {&headers[i], sizeof(FrameHeader)};
-    if (regions[i].bytes != 0) iov[k++] = {const_cast<void*>(regions[i].src), regions[i].bytes};
+    iov[k++] = {const_cast<void*>(regions[i].src), regions[i].bytes};
   }
   headers[n] = FrameHeader{static_cast<uint32_t>(FrameType::kSignal), 0, flag_offset, value};
   iov[k++] = {&headers[n], sizeof(FrameHeader)};
