@@ -12,7 +12,8 @@ that need them skip, saying why.
 Every op on CPU tensors runs through the proxy and tcp at 2 and 3 ranks, reusing the cases
 of test_collectives_cpu.py and test_p2p_cpu.py (random data, numpy references, bitwise for
 integers), plus describe() (transport "tcp", path "proxy"), the coalesced and list forms,
-messages over 1 MiB, a group that mixes shm and tcp, hosts on an IPv6-only network, a SIGKILLed peer (DistBackendError naming
+messages over 1 MiB, a group that mixes shm and tcp, torchrun on two hosts of two ranks each
+(`--nnodes 2`, static rendezvous), hosts on an IPv6-only network, a SIGKILLed peer (DistBackendError naming
 it within the timeout), a host that vanishes without closing its connections (its link down, its
 rank stopped: the same error within the tcp unreachable timeout, well before the group's, or at
 the next op when the survivors were idle meanwhile), file
@@ -28,13 +29,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import random
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -462,6 +466,93 @@ def test_tcp_netns_mixed_with_shm(hosts):
             if v != want:
                 problems.append(f"rank {r} -> rank {p}: {v}, expected {want}")
     assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------
+# torchrun across two hosts
+# --------------------------------------------------------------------------
+
+TWO_NODE_SCRIPT = """
+import datetime, json, os, sys
+sys.path.insert(0, sys.argv[2])
+import torch
+import torch.distributed as dist
+import dist_harness as H
+import resident_pg
+
+torch.set_num_threads(1)
+dist.init_process_group("resident", timeout=datetime.timedelta(seconds=60))
+rank, ws = dist.get_rank(), dist.get_world_size()
+errs = []
+# 80 KB per rank: a CPU slot's payload sent at once (over tcp) and streamed through the ring.
+ins = [H.make_input("two-nodes", r, 20001, "float32") for r in range(ws)]
+t = ins[rank].clone()
+dist.all_reduce(t)
+errs += H.compare_reduction(t, H.reference_reduce(ins, "SUM", "float32"), ins, "SUM", "float32",
+                            "all_reduce")
+blocks = [H.make_input(f"two-nodes/a2a/{r}", r, 4099 * ws, "int64") for r in range(ws)]
+out = torch.empty_like(blocks[rank])
+dist.all_to_all_single(out, blocks[rank])
+want = torch.cat([blocks[r].view(ws, -1)[rank] for r in range(ws)])
+errs += H.compare_exact(out, want, "all_to_all_single")
+peers = {str(p): v for p, v in resident_pg.describe()["peers"].items()}
+dist.barrier()
+dist.destroy_process_group()
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump({"rank": rank, "ws": ws, "node": int(os.environ["GROUP_RANK"]), "peers": peers,
+               "errors": errs}, f)
+"""
+
+# Enters a namespace, then runs torchrun there: what `ip netns exec <ns> torchrun ...` does.
+ENTER_AND_RUN = ("import os, sys; sys.path.insert(0, sys.argv[1]); import netns; "
+                 "netns.enter(sys.argv[2]); os.execv(sys.executable, [sys.executable, '-m', "
+                 "'torch.distributed.run'] + sys.argv[3:])")
+
+
+def test_tcp_netns_torchrun_two_nodes(hosts, tmp_path):
+    """torchrun on two hosts, two ranks each, as on two machines (`--nnodes 2 --node-rank i
+    --master-addr <host 0>`, static rendezvous): exact results, shm between a host's ranks and
+    tcp between hosts, with nothing set but the backend's name."""
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / "two_nodes.py"
+    script.write_text(TWO_NODE_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env["PYTHONPATH"] = os.path.dirname(tests_dir) + os.pathsep + env.get("PYTHONPATH", "")
+    port = random.randint(20000, 40000)
+    procs = []
+    for node in range(2):
+        cmd = [sys.executable, "-c", ENTER_AND_RUN, tests_dir, hosts.names[node], "--nnodes", "2",
+               "--node-rank", str(node), "--nproc-per-node", "2", "--master-addr", hosts.ips[0],
+               "--master-port", str(port), str(script), str(tmp_path), tests_dir]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env=env, start_new_session=True))
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(q.pid, signal.SIGKILL)
+            pytest.fail("torchrun on two hosts timed out after 240 s:\n" +
+                        "\n".join(q.communicate()[0][-3000:] for q in procs))
+    log = "\n".join(f"--- node {i}:\n{o[-4000:]}" for i, o in enumerate(outs))
+    assert all(p.returncode == 0 for p in procs), log
+    problems = []
+    for r in range(4):
+        f = tmp_path / f"rank{r}.json"
+        assert f.exists(), f"rank {r} wrote no result\n{log}"
+        res = json.loads(f.read_text())
+        assert res["ws"] == 4 and res["node"] == r // 2, res
+        problems += [f"rank {r}: {e}" for e in res["errors"]]
+        for p, v in res["peers"].items():
+            if int(p) == r:
+                continue
+            want = ({"transport": "shm", "path": "direct"} if int(p) // 2 == r // 2
+                    else {"transport": "tcp", "path": "proxy"})
+            if v != want:
+                problems.append(f"rank {r} -> rank {p}: {v}, expected {want}")
+    assert not problems, "\n".join(problems) + "\n" + log
 
 
 # --------------------------------------------------------------------------
