@@ -12,7 +12,8 @@ that need them skip, saying why.
 Every op on CPU tensors runs through the proxy and tcp at 2 and 3 ranks, reusing the cases
 of test_collectives_cpu.py and test_p2p_cpu.py (random data, numpy references, bitwise for
 integers), plus describe() (transport "tcp", path "proxy"), the coalesced and list forms,
-messages over 1 MiB, a group that mixes shm and tcp, torchrun on two hosts of two ranks each
+messages over 1 MiB, a group that mixes shm and tcp (and the seeded random op mixes in such
+groups: 3 ranks on two hosts, 4 ranks two per host), torchrun on two hosts of two ranks each
 (`--nnodes 2`, static rendezvous), hosts on an IPv6-only network, a SIGKILLed peer (DistBackendError naming
 it within the timeout), a host that vanishes without closing its connections (its link down, its
 rank stopped: the same error within the tcp unreachable timeout, well before the group's, or at
@@ -46,10 +47,12 @@ import pytest
 
 import dist_harness as H
 import netns as N
+import op_mix
 import test_collectives_cpu as C
 import test_p2p_cpu as P
 from resident_pg import doctor
 from dist_harness import compare_exact, compare_reduction, digest, make_input, reference_reduce
+from op_mix_run import Hooks, OpMixJobs, run_modes
 
 pytestmark = pytest.mark.resident_only
 
@@ -466,6 +469,54 @@ def test_tcp_netns_mixed_with_shm(hosts):
             if v != want:
                 problems.append(f"rank {r} -> rank {p}: {v}, expected {want}")
     assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------
+# Random op mixes across hosts: a host's ranks over shm, the hosts over tcp
+# --------------------------------------------------------------------------
+
+# What a group spanning hosts gets by default, the mode multi-host users run: each peer's
+# transport and path chosen per peer (shm and direct stores within a host, tcp through the proxy
+# between hosts) in one group. Mode ids name the hosts of the ranks in order; the mode's
+# environment only carries that layout to the spawn (an unknown variable to the backend).
+NETNS_MIX_MODES = [("hosts-001", {"OPMIX_NETNS_LAYOUT": "0,0,1"}),
+                   ("hosts-0011", {"OPMIX_NETNS_LAYOUT": "0,0,1,1"})]
+NETNS_MIX_HOSTS: list = []  # the module's Hosts, once its fixture has made them
+
+
+def _netns_mix_env(mode_env):
+    layout = [int(i) for i in mode_env["OPMIX_NETNS_LAYOUT"].split(",")]
+    return NETNS_MIX_HOSTS[0].env(layout=layout)
+
+
+def _op_mix_job(rank, ws, job):
+    out = run_modes(rank, ws, job, Hooks())
+    out["netns"] = os.stat("/proc/self/ns/net").st_ino  # which host this rank played
+    return out
+
+
+NETNS_MIX_JOBS = OpMixJobs(_op_mix_job, "test_tcp_netns_op_mix", "tests/test_tcp_netns.py", "cpu",
+                           per_mode=True, timeout_s=lambda runs: 120 + 90 * runs,
+                           group_timeout_s=30, spawn_env=_netns_mix_env, modes=NETNS_MIX_MODES)
+
+
+@pytest.mark.parametrize("ws,mode,seed", [
+    pytest.param(len(env["OPMIX_NETNS_LAYOUT"].split(",")), mode, seed,
+                 id=f"ws{len(env['OPMIX_NETNS_LAYOUT'].split(','))}-{mode}-seed{seed}")
+    for mode, env in NETNS_MIX_MODES for seed in op_mix.seeds_from_env(default=(1, 2))])
+def test_tcp_netns_op_mix(ws, mode, seed, hosts, request):
+    """The seeded op mixes of test_op_mix.py (subgroups, async ops and batches, graph-phase
+    replays with fresh data) in a group that spans two hosts: 3 ranks (two on one host) and 4
+    (two on each)."""
+    if not NETNS_MIX_HOSTS:
+        NETNS_MIX_HOSTS.append(hosts)
+    NETNS_MIX_JOBS.check(ws, mode, seed, request.session)
+    per_rank, _err, _wall = NETNS_MIX_JOBS.get((ws, mode), request.session)
+    layout = dict(NETNS_MIX_MODES)[mode]["OPMIX_NETNS_LAYOUT"].split(",")
+    for a in range(ws):
+        for b in range(ws):
+            same = per_rank[a]["netns"] == per_rank[b]["netns"]
+            assert same == (layout[a] == layout[b]), f"ranks {a} and {b}: hosts {layout}"
 
 
 # --------------------------------------------------------------------------
