@@ -20,7 +20,8 @@ knob variants ``proxy+KNOB+tcp``); ``direct+tcp`` must refuse to form with a cle
    tests/netns.py; skips, saying why, without root or the right to make them): 2 ranks in 2 namespaces (tcp between them) and 4 ranks laid out [0, 0, 1, 1]
    (shm and the direct path inside a namespace, tcp and the proxy across), RESIDENT_PATH=auto,
    a selection of the collectives suite's cases (every op, several dtypes), the subgroups case
-   (groups inside one namespace, across, and both) and the graph suite's job.
+   (groups inside one namespace, across, and both), the graph suite's job, and the seeded
+   op mixes of test_cuda_op_mix.py at 4 ranks (seeds 1 and 2, RESIDENT_OPMIX_SEEDS for others).
 
 Every job key is one spawned job; each case (or graph item) is its own pytest item. Dry run
 (RESIDENT_GPU_TESTS_DEVICE=cpu, see cuda_harness): the same jobs on CPU tensors, the namespace
@@ -38,9 +39,11 @@ import cuda_harness as C
 import dist_harness as H
 import test_cuda_collectives as CC
 import test_cuda_graphs as CG
+import test_cuda_op_mix as COM
 import test_cuda_p2p_order as CP
 from cuda_harness import dev, host, sentinel
 from dist_harness import a2a_split, compare_exact, compare_reduction, digest, make_input, reference_reduce
+from op_mix_run import OpMixJobs
 from test_tcp_netns import hosts  # noqa: F401  (the network namespaces fixture)
 
 pytestmark = C.module_marks()
@@ -431,6 +434,33 @@ def test_cuda_tcp_netns_graph(item, ws, hosts):
                     pytrace=False)
     problems = CG.item_problems(per_rank, item, ws)
     assert not problems, f"{item} ws={ws} across namespaces:\n" + "\n".join(problems[:40])
+
+
+# The seeded CUDA op mixes (test_cuda_op_mix.py: eager steps, async ops, graph captures replayed
+# with fresh data) in the 4-rank layout: the default of a group spanning two hosts.
+NETNS_MIX_MODES = [("hosts-0011", {"OPMIX_NETNS_LAYOUT": "0,0,1,1"})]
+_NETNS_MIX_HOSTS: list = []
+
+
+def _netns_mix_env(mode_env):
+    layout = [int(i) for i in mode_env["OPMIX_NETNS_LAYOUT"].split(",")]
+    return {**C.path_env("auto"), **_NETNS_MIX_HOSTS[0].env(layout=layout)}
+
+
+NETNS_MIX_JOBS = OpMixJobs(COM.cuda_op_mix_job, "test_cuda_tcp_netns_op_mix",
+                           "tests/test_cuda_tcp.py", C.DEVICE, caps="cuda", per_mode=True,
+                           group_timeout_s=COM.GROUP_TIMEOUT_S,
+                           timeout_s=lambda runs: (120 + 90 * runs) * C.TIME_SCALE,
+                           spawn_env=_netns_mix_env, modes=NETNS_MIX_MODES)
+
+
+@pytest.mark.parametrize("ws,mode,seed", [
+    pytest.param(4, mode, seed, id=f"ws4-{mode}-seed{seed}")
+    for mode, _env in NETNS_MIX_MODES for seed in COM.SEEDS if 4 in WS])
+def test_cuda_tcp_netns_op_mix(ws, mode, seed, hosts, request):
+    if not _NETNS_MIX_HOSTS:
+        _NETNS_MIX_HOSTS.append(hosts)
+    NETNS_MIX_JOBS.check(ws, mode, seed, request.session)
 
 
 def test_cuda_tcp_case_lists_are_sane():
