@@ -140,6 +140,18 @@ bool pollUntil(TcpTransport& t, F done, double seconds = 5) {
   return done();
 }
 
+// Polls rank 0's side until rank 1 sees flag `round` at offset 0, then checks what the round
+// wrote before it: its length at offset 64, its n bytes at offset 4096.
+void expectRound(Pair& p, uint64_t round, const unsigned char* want, size_t n) {
+  const uint64_t end = nowNs() + 5 * kSec;
+  while (p.seg1.flag(0) != round && nowNs() < end) p.t0->poll();
+  CHECK(p.seg1.flag(0) == round);
+  uint64_t got_n = 0;
+  std::memcpy(&got_n, p.seg1.data() + 64, sizeof(got_n));
+  CHECK(got_n == n);
+  CHECK(std::memcmp(p.seg1.data() + 4096, want, n) == 0);
+}
+
 void testOrdering() {
   Pair p(1 << 20, TcpOptions{});
   std::mt19937_64 rng(5);
@@ -156,13 +168,7 @@ void testOrdering() {
     p.t0->write(1, 64, &n, sizeof(n));
     p.t0->signal(1, 0, round);
     p.t0->poll();  // flushes
-    const uint64_t end = nowNs() + 5 * kSec;
-    while (p.seg1.flag(0) != round && nowNs() < end) p.t0->poll();
-    CHECK(p.seg1.flag(0) == round);
-    size_t got_n = 0;
-    std::memcpy(&got_n, p.seg1.data() + 64, sizeof(got_n));
-    CHECK(got_n == n);
-    CHECK(std::memcmp(p.seg1.data() + 4096, data.data(), n) == 0);
+    expectRound(p, round, data.data(), n);
   }
   stop.store(true);
   receiver.join();
@@ -196,13 +202,7 @@ void testWriteThenSignal() {
       p.t0->writeThenSignal(1, regions, 2, 0, round);
       std::memset(data.data(), 0xEE, n);  // the sources are free again
       header = 0;
-      const uint64_t end = nowNs() + 5 * kSec;
-      while (p.seg1.flag(0) != round && nowNs() < end) p.t0->poll();
-      CHECK(p.seg1.flag(0) == round);
-      uint64_t got_n = 0;
-      std::memcpy(&got_n, p.seg1.data() + 64, sizeof(got_n));
-      CHECK(got_n == n);
-      CHECK(std::memcmp(p.seg1.data() + 4096, want.data(), n) == 0);
+      expectRound(p, round, want.data(), n);
     }
     stop.store(true);
     receiver.join();
