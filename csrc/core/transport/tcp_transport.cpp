@@ -128,8 +128,7 @@ void TcpTransport::signal(int peer, size_t offset, uint64_t value) {
 void TcpTransport::appendFrame(int peer, const FrameHeader& h, const void* payload, size_t bytes) {
   Conn& c = conns_[static_cast<size_t>(peer)];
   if (c.state != ConnState::kOpen) return;  // gone or failed: the owner has been told
-  const auto* p = static_cast<const unsigned char*>(payload);
-  if (bytes >= kRefMin && p >= source_ && p + bytes <= source_ + source_bytes_) {
+  if (bytes >= kRefMin && inSource(payload, bytes)) {
     // From the registered source: queued by reference, sent with the rest of the pass.
     if (append(c, peer, &h, sizeof(h)) && !c.out.appendRef(payload, bytes))
       append(c, peer, payload, bytes);
@@ -144,10 +143,9 @@ void TcpTransport::writeThenSignal(int peer, const WriteRegion* regions, int n, 
   Conn& c = conns_[static_cast<size_t>(peer)];
   bool direct = c.state == ConnState::kOpen && n <= kMaxRegions && !c.out.hasRefs();
   bool large = false;
-  for (int i = 0; direct && i < n; ++i) {
-    const auto* p = static_cast<const unsigned char*>(regions[i].src);
-    direct = !(p >= source_ && p < source_ + source_bytes_);
+  for (int i = 0; i < n; ++i) {
     large = large || regions[i].bytes >= kDirectSendMin;
+    direct = direct && (regions[i].bytes == 0 || !inSource(regions[i].src, regions[i].bytes));
   }
   if (!direct || !large) {
     // Small writes wait for the pass's one flush per peer; the source's go by reference.

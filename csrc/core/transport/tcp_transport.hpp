@@ -187,6 +187,11 @@ class TcpTransport : public Transport {
   // Applies `bytes` received into staging_ to the peer's frame reader; false when that
   // dropped the connection (a malformed frame, or the peer's goodbye).
   bool applyStaged(Conn& c, int peer, size_t bytes);
+  // Whether [p, p + bytes) lies in the registered source (sent by reference, not copied).
+  bool inSource(const void* p, size_t bytes) const {
+    const auto* b = static_cast<const unsigned char*>(p);
+    return b >= source_ && b + bytes <= source_ + source_bytes_;
+  }
   std::string rankText(int r) const;
 
   const int rank_, nranks_;
