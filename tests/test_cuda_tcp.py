@@ -44,6 +44,7 @@ import test_cuda_p2p_order as CP
 from cuda_harness import dev, host, sentinel
 from dist_harness import a2a_split, compare_exact, compare_reduction, digest, make_input, reference_reduce
 from op_mix_run import OpMixJobs
+import test_tcp_netns as TN
 from test_tcp_netns import hosts  # noqa: F401  (the network namespaces fixture)
 
 pytestmark = C.module_marks()
@@ -438,28 +439,22 @@ def test_cuda_tcp_netns_graph(item, ws, hosts):
 
 # The seeded CUDA op mixes (test_cuda_op_mix.py: eager steps, async ops, graph captures replayed
 # with fresh data) in the 4-rank layout: the default of a group spanning two hosts.
-NETNS_MIX_MODES = [("hosts-0011", {"OPMIX_NETNS_LAYOUT": "0,0,1,1"})]
-_NETNS_MIX_HOSTS: list = []
-
-
-def _netns_mix_env(mode_env):
-    layout = [int(i) for i in mode_env["OPMIX_NETNS_LAYOUT"].split(",")]
-    return {**C.path_env("auto"), **_NETNS_MIX_HOSTS[0].env(layout=layout)}
+NETNS_MIX_MODES = [m for m in TN.NETNS_MIX_MODES if len(TN.mix_layout(m[1])) == 4]
+NETNS_MIX_ENV = TN.NetnsMixEnv(C.path_env("auto"))
 
 
 NETNS_MIX_JOBS = OpMixJobs(COM.cuda_op_mix_job, "test_cuda_tcp_netns_op_mix",
                            "tests/test_cuda_tcp.py", C.DEVICE, caps="cuda", per_mode=True,
                            group_timeout_s=COM.GROUP_TIMEOUT_S,
                            timeout_s=lambda runs: (120 + 90 * runs) * C.TIME_SCALE,
-                           spawn_env=_netns_mix_env, modes=NETNS_MIX_MODES)
+                           spawn_env=NETNS_MIX_ENV, modes=NETNS_MIX_MODES)
 
 
 @pytest.mark.parametrize("ws,mode,seed", [
     pytest.param(4, mode, seed, id=f"ws4-{mode}-seed{seed}")
     for mode, _env in NETNS_MIX_MODES for seed in COM.SEEDS if 4 in WS])
 def test_cuda_tcp_netns_op_mix(ws, mode, seed, hosts, request):
-    if not _NETNS_MIX_HOSTS:
-        _NETNS_MIX_HOSTS.append(hosts)
+    NETNS_MIX_ENV.hosts = hosts
     NETNS_MIX_JOBS.check(ws, mode, seed, request.session)
 
 

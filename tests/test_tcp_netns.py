@@ -481,12 +481,27 @@ def test_tcp_netns_mixed_with_shm(hosts):
 # environment only carries that layout to the spawn (an unknown variable to the backend).
 NETNS_MIX_MODES = [("hosts-001", {"OPMIX_NETNS_LAYOUT": "0,0,1"}),
                    ("hosts-0011", {"OPMIX_NETNS_LAYOUT": "0,0,1,1"})]
-NETNS_MIX_HOSTS: list = []  # the module's Hosts, once its fixture has made them
 
 
-def _netns_mix_env(mode_env):
-    layout = [int(i) for i in mode_env["OPMIX_NETNS_LAYOUT"].split(",")]
-    return NETNS_MIX_HOSTS[0].env(layout=layout)
+def mix_layout(mode_env) -> list:
+    """The hosts of the ranks, in rank order, of a NETNS_MIX_MODES mode."""
+    return [int(i) for i in mode_env["OPMIX_NETNS_LAYOUT"].split(",")]
+
+
+class NetnsMixEnv:
+    """spawn_env of an op-mix job whose ranks play hosts: each rank in the namespace of its
+    host in the mode's layout, on the `hosts` fixture of the test that runs the job (the tests
+    set `hosts` first: each module makes its own namespaces), plus `extra`."""
+
+    def __init__(self, extra=None):
+        self.hosts = None
+        self.extra = dict(extra or {})
+
+    def __call__(self, mode_env):
+        return {**self.extra, **self.hosts.env(layout=mix_layout(mode_env))}
+
+
+NETNS_MIX_ENV = NetnsMixEnv()
 
 
 def _op_mix_job(rank, ws, job):
@@ -497,22 +512,20 @@ def _op_mix_job(rank, ws, job):
 
 NETNS_MIX_JOBS = OpMixJobs(_op_mix_job, "test_tcp_netns_op_mix", "tests/test_tcp_netns.py", "cpu",
                            per_mode=True, timeout_s=lambda runs: 120 + 90 * runs,
-                           group_timeout_s=30, spawn_env=_netns_mix_env, modes=NETNS_MIX_MODES)
+                           group_timeout_s=30, spawn_env=NETNS_MIX_ENV, modes=NETNS_MIX_MODES)
 
 
 @pytest.mark.parametrize("ws,mode,seed", [
-    pytest.param(len(env["OPMIX_NETNS_LAYOUT"].split(",")), mode, seed,
-                 id=f"ws{len(env['OPMIX_NETNS_LAYOUT'].split(','))}-{mode}-seed{seed}")
+    pytest.param(len(mix_layout(env)), mode, seed, id=f"ws{len(mix_layout(env))}-{mode}-seed{seed}")
     for mode, env in NETNS_MIX_MODES for seed in op_mix.seeds_from_env(default=(1, 2))])
 def test_tcp_netns_op_mix(ws, mode, seed, hosts, request):
     """The seeded op mixes of test_op_mix.py (subgroups, async ops and batches, graph-phase
     replays with fresh data) in a group that spans two hosts: 3 ranks (two on one host) and 4
     (two on each)."""
-    if not NETNS_MIX_HOSTS:
-        NETNS_MIX_HOSTS.append(hosts)
+    NETNS_MIX_ENV.hosts = hosts
     NETNS_MIX_JOBS.check(ws, mode, seed, request.session)
     per_rank, _err, _wall = NETNS_MIX_JOBS.get((ws, mode), request.session)
-    layout = dict(NETNS_MIX_MODES)[mode]["OPMIX_NETNS_LAYOUT"].split(",")
+    layout = mix_layout(dict(NETNS_MIX_MODES)[mode])
     for a in range(ws):
         for b in range(ws):
             same = per_rank[a]["netns"] == per_rank[b]["netns"]
