@@ -256,3 +256,42 @@ def test_worktree_tree_names_the_content_that_ran(tmp_path):
     git("add", "-A")
     git("commit", "-qm", "changes")
     assert tree == git("rev-parse", "HEAD^{tree}")
+
+
+def _torchrun_bench(tmp_path, nproc, extra):
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           str(nproc), "-m", "resident_pg.bench", "--sizes", "8,4K", "--ops", "all",
+           "--reps", "3", "--min-reps", "2", "--warmup", "2", "--iters", "0.05",
+           "--json", str(out), *extra]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    return proc, out
+
+
+def test_bench_under_torchrun(tmp_path):
+    """Under a launcher the bench spawns nothing: the launcher's processes are the ranks, rank 0
+    reports every rank's results (here torchrun on one host; between hosts in
+    test_tcp_netns.py)."""
+    if not _resident_registered():
+        pytest.skip("resident backend not importable/registered (pip install -e . first)")
+    proc, out = _torchrun_bench(tmp_path, 2, ["--backends", "resident,gloo"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    _check_schema(doc, ["resident", "gloo"])
+    assert all("median_us" in r and r["check"] == "ok" for r in doc["results"]), doc["errors"]
+    assert doc["errors"] == []
+    assert doc["metadata"]["launcher"]["hosts"] == 1
+    assert set(doc["metadata"]["launcher"]["rank_hosts"]) == {"0", "1"}
+    assert doc["groups"][0]["rank_info"]["1"]["transports"] == ["shm"]
+    # one report, from rank 0
+    assert proc.stdout.count("== world size 2") == 1, proc.stdout
+    assert "ranks of a launcher (env://): 2 on 1 host(s)" in proc.stdout
+
+
+def test_bench_under_torchrun_refuses_other_world_sizes(tmp_path):
+    proc, out = _torchrun_bench(tmp_path, 2, ["--backends", "gloo", "--world-sizes", "2,4"])
+    assert proc.returncode != 0
+    assert "under a launcher the world size is the launcher's (2 processes" in proc.stderr
+    assert not out.exists()

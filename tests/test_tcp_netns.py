@@ -573,21 +573,20 @@ ENTER_AND_RUN = ("import os, sys; sys.path.insert(0, sys.argv[1]); import netns;
                  "'torch.distributed.run'] + sys.argv[3:])")
 
 
-def test_tcp_netns_torchrun_two_nodes(hosts, tmp_path):
-    """torchrun on two hosts, two ranks each, as on two machines (`--nnodes 2 --node-rank i
-    --master-addr <host 0>`, static rendezvous): exact results, shm between a host's ranks and
-    tcp between hosts, with nothing set but the backend's name."""
+def _torchrun_on_two_hosts(hosts, tmp_path, nproc, target, extra_env=None):
+    """torchrun on each of two hosts, as on two machines (`--nnodes 2 --node-rank i
+    --master-addr <host 0>`, static rendezvous), each agent started inside its namespace;
+    `target`: torchrun's arguments after its own (a script and its arguments, or -m MODULE ...).
+    Returns the two agents' output, after checking that both succeeded."""
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    script = tmp_path / "two_nodes.py"
-    script.write_text(TWO_NODE_SCRIPT)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(extra_env or {}))
     env["PYTHONPATH"] = os.path.dirname(tests_dir) + os.pathsep + env.get("PYTHONPATH", "")
     port = random.randint(20000, 40000)
     procs = []
     for node in range(2):
         cmd = [sys.executable, "-c", ENTER_AND_RUN, tests_dir, hosts.names[node], "--nnodes", "2",
-               "--node-rank", str(node), "--nproc-per-node", "2", "--master-addr", hosts.ips[0],
-               "--master-port", str(port), str(script), str(tmp_path), tests_dir]
+               "--node-rank", str(node), "--nproc-per-node", str(nproc), "--master-addr",
+               hosts.ips[0], "--master-port", str(port), *target]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, env=env, start_new_session=True))
     outs = []
@@ -602,6 +601,16 @@ def test_tcp_netns_torchrun_two_nodes(hosts, tmp_path):
                         "\n".join(q.communicate()[0][-3000:] for q in procs))
     log = "\n".join(f"--- node {i}:\n{o[-4000:]}" for i, o in enumerate(outs))
     assert all(p.returncode == 0 for p in procs), log
+    return outs, log
+
+
+def test_tcp_netns_torchrun_two_nodes(hosts, tmp_path):
+    """torchrun on two hosts, two ranks each: exact results, shm between a host's ranks and
+    tcp between hosts, with nothing set but the backend's name."""
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / "two_nodes.py"
+    script.write_text(TWO_NODE_SCRIPT)
+    _, log = _torchrun_on_two_hosts(hosts, tmp_path, 2, [str(script), str(tmp_path), tests_dir])
     problems = []
     for r in range(4):
         f = tmp_path / f"rank{r}.json"
@@ -617,6 +626,30 @@ def test_tcp_netns_torchrun_two_nodes(hosts, tmp_path):
             if v != want:
                 problems.append(f"rank {r} -> rank {p}: {v}, expected {want}")
     assert not problems, "\n".join(problems) + "\n" + log
+
+
+def test_tcp_netns_bench_between_hosts(hosts, tmp_path):
+    """The latency benchmark between two hosts, one rank each, started by torchrun on each
+    (`torchrun ... -m resident_pg.bench`): every op's result checked, resident over tcp beside
+    gloo, rank 0's report naming both hosts. gloo listens where the host's name resolves
+    unless GLOO_SOCKET_IFNAME names the interface (here the name resolves to loopback)."""
+    out = tmp_path / "bench.json"
+    outs, log = _torchrun_on_two_hosts(hosts, tmp_path, 1, [
+        "-m", "resident_pg.bench", "--backends", "resident,gloo", "--sizes", "8,4K",
+        "--ops", "all", "--reps", "3", "--min-reps", "2", "--warmup", "2", "--iters", "0.05",
+        "--json", str(out)], extra_env={"GLOO_SOCKET_IFNAME": "eth1"})
+    doc = json.loads(out.read_text())
+    assert doc["metadata"]["launcher"]["hosts"] == 2, doc["metadata"]["launcher"]
+    assert doc["errors"] == [], doc["errors"]
+    rows = doc["results"]
+    assert {r["label"] for r in rows} == {"resident", "gloo"}
+    assert len(rows) == 2 * 5 * 2, [(r["label"], r["op"], r["size_bytes"]) for r in rows]
+    for r in rows:
+        assert r["world_size"] == 2 and r["check"] == "ok" and r["median_us"] > 0, r
+        if r["label"] == "resident":
+            assert r["transport"] == "tcp" and r["path"] == "proxy", r
+    assert "ranks of a launcher (env://): 2 on 2 host(s)" in outs[0], log
+    assert "== world size 2" not in outs[1], log   # rank 1 only measures
 
 
 # --------------------------------------------------------------------------

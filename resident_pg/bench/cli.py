@@ -44,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
             "      --floors floors.json --floors tcp_floors.json   # the tcp path beside shm\n"
             "  python -m resident_pg.bench --backends resident:transport=tcp,gloo \\\n"
             "      --floors tcp_floors.json    # CPU tensors over tcp: ratio to the tcp floor\n"
+            "  torchrun --nnodes 2 --node-rank I --nproc-per-node 1 --master-addr HOST0 \\\n"
+            "      -m resident_pg.bench --backends resident,gloo   # on each of two hosts\n\n"
+            "Under a launcher (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as torchrun\n"
+            "does) the bench spawns nothing: the launcher's processes are the ranks, of its one\n"
+            "world size, across its hosts; rank 0 prints and writes --json.  CUDA: the GPU of\n"
+            "LOCAL_RANK.  gloo needs GLOO_SOCKET_IFNAME where a host's name does not resolve to\n"
+            "an address its peers reach.\n"
 ))
     g = p.add_argument_group("what to run")
     g.add_argument("--backends", default=None, metavar="LIST",
@@ -155,6 +162,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     doc = ladder.run(plan, argv)
-    if args.json:
+    if doc is not None and args.json:   # None: a launched rank other than 0
         report.write_json(doc, args.json)
     return 0

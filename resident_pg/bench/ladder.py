@@ -3,7 +3,9 @@
 Run as ``python -m resident_pg.bench`` (cli.py parses the options) or through pytest
 (benchmarks/conftest.py); both build a plan with make_plan and run it with run.
 
-For every world size and every backend, one set of rank processes is spawned
+Under a launcher (torchrun; launched.py) the launcher's processes are the ranks, across its
+hosts, and nothing is spawned.  Otherwise, for every world size and every backend, one set of
+rank processes is spawned
 (multiprocessing "spawn", rendezvous through a TCPStore hosted by this parent
 process on 127.0.0.1 with an OS-chosen free port).  That set runs the whole
 ladder (all ops x all sizes) so the start-up cost is paid once per
@@ -72,7 +74,7 @@ import traceback
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import common, report
+from . import common, launched, report
 from . import cuda as cuda_side
 from . import rank as rank_side
 
@@ -96,6 +98,13 @@ class GroupRun:
         self.launches: List[dict] = []
         self.rank_info: Dict[int, dict] = {}  # rank -> _rank_info() of its latest launch
         self.skip_reason: Optional[str] = None  # set when the group was never launched
+
+    def skip(self, reason: Optional[str]) -> Optional[str]:
+        """Marks the group not run, for `reason` (None: it runs); returns the reason."""
+        if reason:
+            self.skip_reason = reason
+            self.errors.append({"attempt": -1, "status": "time_limit", "error": reason})
+        return reason
 
     def run(self) -> None:
         pending = list(self.cells)
@@ -276,6 +285,13 @@ def make_plan(args: argparse.Namespace) -> SimpleNamespace:
     world_sizes = common.parse_int_list(args.world_sizes or default_ws, "world size")
     if any(w < 1 for w in world_sizes):
         raise ValueError("world sizes must be >= 1")
+    is_launched = launched.launched()
+    if is_launched:   # the launcher's processes are the ranks (launched.py)
+        launcher_ws = int(os.environ["WORLD_SIZE"])
+        if args.world_sizes and world_sizes != [launcher_ws]:
+            raise ValueError(f"--world-sizes {args.world_sizes}: under a launcher the world size "
+                             f"is the launcher's ({launcher_ws} processes, WORLD_SIZE)")
+        world_sizes = [launcher_ws]
     quick_sizes = common.QUICK_SIZES_CUDA if cuda else common.QUICK_SIZES
     sizes = common.parse_sizes(args.sizes or (quick_sizes if args.quick else common.DEFAULT_SIZES))
     ops = common.parse_ops(args.ops)
@@ -292,15 +308,38 @@ def make_plan(args: argparse.Namespace) -> SimpleNamespace:
         raise ValueError("--iters must be > 0, --reps, --warmup, --rounds and --max-batch >= 1")
 
     return SimpleNamespace(args=args, device=device, cuda=cuda, backends=backends, specs=specs,
-                           world_sizes=world_sizes, sizes=sizes, ops=ops, modes=modes,
-                           iters=iters, reps=reps, rep_ms=rep_ms, cell_s=cell_s,
+                           launched=is_launched, world_sizes=world_sizes, sizes=sizes, ops=ops,
+                           modes=modes, iters=iters, reps=reps, rep_ms=rep_ms, cell_s=cell_s,
                            max_batch=max_batch)
 
 
-def run(plan: SimpleNamespace, argv: Sequence[str]) -> Dict[str, Any]:
+def _groups(plan: SimpleNamespace, cfg: Dict[str, Any]):
+    """The groups of a run in the order they run (every rank of a launched run walks the same
+    list): (index, world size, round, mode, backend spec, label, label with round, cells,
+    the group's cfg)."""
+    args, imports = plan.args, cfg["imports"]
+    n = 0
+    for ws, rnd in ((w, r) for w in plan.world_sizes for r in range(args.rounds)):
+        ws_ops = [o for o in plan.ops if not (o == "send_recv" and ws < 2)]
+        cells = [(i, op, s) for i, (op, s) in
+                 enumerate((op, s) for op in ws_ops for s in plan.sizes)]
+        labels = common.backend_labels(plan.backends)
+        for mode, (spec, variant) in ((m, v) for m in plan.modes for v in zip(plan.specs, labels)):
+            backend, pg_options, venv = spec
+            label0 = variant if len(plan.modes) == 1 else f"{variant} {mode}"
+            label = label0 if args.rounds == 1 else f"{label0} round {rnd + 1}/{args.rounds}"
+            gcfg = dict(cfg, mode=mode, pg_options=pg_options, env=venv, variant=variant,
+                        imports=imports + [m for m in [common.BACKEND_MODULES.get(backend)]
+                                           if m and m not in imports])
+            yield n, ws, rnd, mode, spec, label0, label, cells, gcfg
+            n += 1
+
+
+def run(plan: SimpleNamespace, argv: Sequence[str]) -> Optional[Dict[str, Any]]:
     """Runs the ladder of `plan` (make_plan), prints its tables, targets and problems on stdout
     and returns the run's document (schema resident_pg.bench/1; report.write_json writes it).
-    `argv`: the command line recorded in the metadata."""
+    `argv`: the command line recorded in the metadata.  In a launcher's processes
+    (launched.py) rank 0 does so; the other ranks measure and return None."""
     args, device, cuda = plan.args, plan.device, plan.cuda
     backends, specs, world_sizes = plan.backends, plan.specs, plan.world_sizes
     sizes, ops, modes = plan.sizes, plan.ops, plan.modes
@@ -324,7 +363,14 @@ def run(plan: SimpleNamespace, argv: Sequence[str]) -> Dict[str, Any]:
         # store / process-group timeout: generous, the parent's watchdog catches hangs
         "timeout": max(args.timeout, 60.0),
     }
+    launch = launched.join(cfg["timeout"]) if plan.launched else None
+    if launch is not None and launch.rank != 0:   # a rank that measures; rank 0 reports
+        launched.follow(_groups(plan, cfg), args, launch)
+        return None
     meta = report._metadata(args, argv)
+    if launch is not None:
+        meta["launcher"] = {"rank_hosts": {str(r): h for r, h in sorted(launch.hosts.items())},
+                            "hosts": len(set(launch.hosts.values()))}
     floors = None
     if args.floors:
         try:
@@ -353,83 +399,77 @@ def run(plan: SimpleNamespace, argv: Sequence[str]) -> Dict[str, Any]:
     groups: List[dict] = []
     errors: List[dict] = []
     group_labels: List[str] = []
-    for ws, rnd in ((w, r) for w in world_sizes for r in range(args.rounds)):
-        ws_ops = [o for o in ops if not (o == "send_recv" and ws < 2)]
-        cells = [(i, op, s) for i, (op, s) in enumerate((op, s) for op in ws_ops for s in sizes)]
-        for mode, (spec, variant) in ((m, v) for m in modes for v in zip(specs, labels)):
-            backend, pg_options, venv = spec
-            label0 = variant if len(modes) == 1 else f"{variant} {mode}"
-            if label0 not in group_labels:
-                group_labels.append(label0)
-            label = label0 if args.rounds == 1 else f"{label0} round {rnd + 1}/{args.rounds}"
-            gcfg = dict(cfg, mode=mode, pg_options=pg_options, env=venv,
-                        imports=imports + [m for m in [common.BACKEND_MODULES.get(backend)]
-                                           if m and m not in imports])
-            g = GroupRun(ws, backend, label0, cells, gcfg, args)
-            t0 = time.time()
-            if args.time_limit is not None and t0 - t_run > args.time_limit:
-                g.skip_reason = f"not run (--time-limit {args.time_limit:g} s reached)"
-                g.errors.append({"attempt": -1, "status": "time_limit", "error": g.skip_reason})
-                _log(f"[ws={ws} {label}] skipped: --time-limit {args.time_limit:g} s reached")
-            else:
-                _log(f"[ws={ws} {label}] launching {ws} ranks, {len(cells)} cells ...")
-                try:
-                    g.run()
-                except Exception as e:  # a bug here must not lose the other backends
-                    g.errors.append({"attempt": -1, "status": "bench_error",
-                                     "error": f"{type(e).__name__}: {e}\n"
-                                              f"{traceback.format_exc()}"})
-            wall = time.time() - t0
-            configured = _path_of(backend, pg_options, venv)
-            seen = sorted({p for i in g.rank_info.values() for p in i.get("paths", [])})
-            if configured in ("direct", "proxy") and seen and seen != [configured]:
-                g.errors.append({"attempt": -1, "status": "path_mismatch",
-                                 "error": f"asked for path {configured!r}, ranks report "
-                                          f"{seen} (resident_pg.describe)"})
-            transport = _transport_of(backend, pg_options, venv)
-            seen_t = sorted({t for i in g.rank_info.values() for t in i.get("transports", [])})
-            if transport in ("shm", "tcp", "ib") and seen_t and seen_t != [transport]:
-                g.errors.append({"attempt": -1, "status": "transport_mismatch",
-                                 "error": f"asked for transport {transport!r}, ranks report "
-                                          f"{seen_t} (resident_pg.describe)"})
-            tags = {"device": device, "mode": mode, "variant": variant,
-                    "path": seen[0] if len(seen) == 1 else configured,
-                    "path_configured": configured,
-                    "transport": seen_t[0] if len(seen_t) == 1 else transport,
-                    "transport_configured": transport, "pg_options": pg_options,
-                    "env_options": venv}
-            grows = report.aggregate(g, tags)
-            for r in grows:
-                r["round"] = rnd
-            rows.extend(grows)
-            n_ok = sum("median_us" in r for r in grows)
-            groups.append({"world_size": ws, "backend": backend, "label": label0, "round": rnd,
-                           "mode": mode, "variant": variant, "pg_options": pg_options,
-                           "env_options": venv, "paths_observed": seen,
-                           "rank_info": {str(r): i for r, i in sorted(g.rank_info.items())},
-                           "wall_s": wall, "cells": len(cells), "cells_ok": n_ok,
-                           "launches": g.launches, "errors": g.errors})
-            for e in g.errors:
+    for n, ws, rnd, mode, spec, label0, label, cells, gcfg in _groups(plan, cfg):
+        backend, pg_options, venv = spec
+        variant = gcfg["variant"]
+        if label0 not in group_labels:
+            group_labels.append(label0)
+        g = (GroupRun(ws, backend, label0, cells, gcfg, args) if launch is None else
+             launched.LaunchedGroupRun(ws, backend, label0, cells, gcfg, args, launch, n))
+        t0 = time.time()
+        late = args.time_limit is not None and t0 - t_run > args.time_limit
+        if g.skip(f"not run (--time-limit {args.time_limit:g} s reached)" if late else None):
+            _log(f"[ws={ws} {label}] skipped: --time-limit {args.time_limit:g} s reached")
+        else:
+            _log(f"[ws={ws} {label}] {'launching' if launch is None else 'running'} {ws} ranks, "
+                 f"{len(cells)} cells ...")
+            try:
+                g.run()
+            except Exception as e:  # a bug here must not lose the other backends
+                g.errors.append({"attempt": -1, "status": "bench_error",
+                                 "error": f"{type(e).__name__}: {e}\n"
+                                          f"{traceback.format_exc()}"})
+        wall = time.time() - t0
+        configured = _path_of(backend, pg_options, venv)
+        seen = sorted({p for i in g.rank_info.values() for p in i.get("paths", [])})
+        if configured in ("direct", "proxy") and seen and seen != [configured]:
+            g.errors.append({"attempt": -1, "status": "path_mismatch",
+                             "error": f"asked for path {configured!r}, ranks report "
+                                      f"{seen} (resident_pg.describe)"})
+        transport = _transport_of(backend, pg_options, venv)
+        seen_t = sorted({t for i in g.rank_info.values() for t in i.get("transports", [])})
+        if transport in ("shm", "tcp", "ib") and seen_t and seen_t != [transport]:
+            g.errors.append({"attempt": -1, "status": "transport_mismatch",
+                             "error": f"asked for transport {transport!r}, ranks report "
+                                      f"{seen_t} (resident_pg.describe)"})
+        tags = {"device": device, "mode": mode, "variant": variant,
+                "path": seen[0] if len(seen) == 1 else configured,
+                "path_configured": configured,
+                "transport": seen_t[0] if len(seen_t) == 1 else transport,
+                "transport_configured": transport, "pg_options": pg_options,
+                "env_options": venv}
+        grows = report.aggregate(g, tags)
+        for r in grows:
+            r["round"] = rnd
+        rows.extend(grows)
+        n_ok = sum("median_us" in r for r in grows)
+        groups.append({"world_size": ws, "backend": backend, "label": label0, "round": rnd,
+                       "mode": mode, "variant": variant, "pg_options": pg_options,
+                       "env_options": venv, "paths_observed": seen,
+                       "rank_info": {str(r): i for r, i in sorted(g.rank_info.items())},
+                       "wall_s": wall, "cells": len(cells), "cells_ok": n_ok,
+                       "launches": g.launches, "errors": g.errors})
+        for e in g.errors:
+            errors.append({"world_size": ws, "backend": backend, "label": label0,
+                           "round": rnd, **e})
+            _log(f"[ws={ws} {label}] ERROR ({e['status']}): {e['error'].rstrip()}")
+        for r in grows:
+            if r.get("check", "ok") not in ("ok", "skipped"):
                 errors.append({"world_size": ws, "backend": backend, "label": label0,
-                               "round": rnd, **e})
-                _log(f"[ws={ws} {label}] ERROR ({e['status']}): {e['error'].rstrip()}")
-            for r in grows:
-                if r.get("check", "ok") not in ("ok", "skipped"):
-                    errors.append({"world_size": ws, "backend": backend, "label": label0,
-                                   "round": rnd, "op": r["op"], "size_bytes": r["size_bytes"],
-                                   "status": "check_failed", "error": r["check"]})
-                    _log(f"[ws={ws} {label}] {r['op']} {fmt_size(r['size_bytes'])}: "
-                         f"wrong result, {r['check']}")
-                if "error" in r and not r["error"].startswith("not run"):
-                    errors.append({"world_size": ws, "backend": backend, "label": label0,
-                                   "round": rnd, "op": r["op"], "size_bytes": r["size_bytes"],
-                                   "status": "cell_error", "error": r["error"]})
-                    _log(f"[ws={ws} {label}] {r['op']} {fmt_size(r['size_bytes'])}: "
-                         f"{r['error'].rstrip()}")
-            st = (f"startup {g.launches[0]['startup_s']:.1f} s, "
-                  if g.launches and "startup_s" in g.launches[0] else "")
-            pth = f"path {', '.join(seen)}, " if seen else ""
-            _log(f"[ws={ws} {label}] {n_ok}/{len(cells)} cells ok, {pth}{st}wall {wall:.1f} s")
+                               "round": rnd, "op": r["op"], "size_bytes": r["size_bytes"],
+                               "status": "check_failed", "error": r["check"]})
+                _log(f"[ws={ws} {label}] {r['op']} {fmt_size(r['size_bytes'])}: "
+                     f"wrong result, {r['check']}")
+            if "error" in r and not r["error"].startswith("not run"):
+                errors.append({"world_size": ws, "backend": backend, "label": label0,
+                               "round": rnd, "op": r["op"], "size_bytes": r["size_bytes"],
+                               "status": "cell_error", "error": r["error"]})
+                _log(f"[ws={ws} {label}] {r['op']} {fmt_size(r['size_bytes'])}: "
+                     f"{r['error'].rstrip()}")
+        st = (f"startup {g.launches[0]['startup_s']:.1f} s, "
+              if g.launches and "startup_s" in g.launches[0] else "")
+        pth = f"path {', '.join(seen)}, " if seen else ""
+        _log(f"[ws={ws} {label}] {n_ok}/{len(cells)} cells ok, {pth}{st}wall {wall:.1f} s")
     total = time.time() - t_run
     round_rows = rows
     rows = report.combine_rounds(round_rows, args.rounds)
@@ -453,6 +493,9 @@ def run(plan: SimpleNamespace, argv: Sequence[str]) -> Dict[str, Any]:
              if cuda and meta.get("gpu") else "")
           + f", mode {','.join(modes)}, float32, reps {reps}, iters x{iters:g}"
           + (f", RESIDENT_* env {meta['env']}" if meta["env"] else ", no RESIDENT_* env"))
+    if launch is not None:
+        print(f"ranks of a launcher (env://): {len(launch.hosts)} on "
+              f"{meta['launcher']['hosts']} host(s)")
     if cuda:
         bc = cuda_side
         bc.print_cuda_tables(rows, world_sizes, modes, labels, ops, sizes, floors, args.spread)

@@ -1,5 +1,6 @@
-"""The rank side of resident_pg.bench: devices and timing modes (eager, graph), and the
-process that runs one group's ladder of cells (rank_main, spawned by the parent's GroupRun)."""
+"""The rank side of resident_pg.bench: devices and timing modes (eager, graph), and one rank's
+part of a group's ladder of cells (run_ladder), in a process the parent's GroupRun spawned
+(rank_main) or in a launcher's process (launched.py)."""
 
 from __future__ import annotations
 
@@ -77,73 +78,94 @@ def _barrier(store, key: str, ws: int, timeout_s: float) -> None:
         store.wait([key + "/go"], datetime.timedelta(seconds=timeout_s))
 
 
+class Phase:
+    """What a rank is doing, for the report of an error that ends its ladder."""
+
+    def __init__(self) -> None:
+        self.name = "start-up"
+
+
 def rank_main(rank: int, ws: int, backend: str, store_port: int,
               cells: List[Tuple[int, str, int]], cfg: Dict[str, Any], q) -> None:
-    """Entry point of one rank process.  Reports to the parent through `q`."""
-    t_start = time.time()
-    phase = "start-up"
+    """Entry point of one spawned rank process.  Reports to the parent through `q`."""
+    phase = Phase()
     try:
         os.environ.update(cfg.get("env") or {})   # a variant's upper-case options
-        import importlib
-        for mod in cfg["imports"]:
-            phase = f"import {mod}"
-            importlib.import_module(mod)
-        import torch  # noqa: F401
-        import torch.distributed as dist
-        import warnings
-        # torch >= 2.13 marks all_gather_into_tensor / reduce_scatter_tensor as
-        # deprecated (in favour of *_single); they are what we benchmark.
-        warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use",
-                                category=FutureWarning)
 
-        phase = f"device {cfg['device']}"
-        dev = DEVICES[cfg["device"]](rank, ws)   # before init: a CUDA rank picks its GPU first
-        make_batch = MODES[cfg["mode"]]
-        phase = "store connect"
-        store = dist.TCPStore("127.0.0.1", store_port, None, False,
-                              timeout=datetime.timedelta(seconds=cfg["timeout"]))
-        phase = f"init_process_group(backend={backend!r})"
-        extra = {"pg_options": cfg["pg_options"]} if cfg.get("pg_options") else {}
-        dist.init_process_group(backend=backend, store=dist.PrefixStore("pg", store),
-                                rank=rank, world_size=ws,
-                                timeout=datetime.timedelta(seconds=cfg["timeout"]), **extra)
-        bstore = dist.PrefixStore("bench", store)
-        info = _rank_info(backend, dev, cfg["device"])
-        _barrier(bstore, "ready", ws, cfg["timeout"])
-        q.put(("ready", rank, time.time() - t_start, info))
-
-        failed_ops = set()
-        for cid, op, nbytes in cells:
-            phase = f"{op} {common.fmt_size(nbytes)}"
-            _barrier(bstore, f"c{cid}/a", ws, cfg["timeout"])
-            if op in failed_ops:
-                continue
-            if rank == 0:
-                q.put(("start", rank, cid))
-            err = None
-            res = None
-            try:
-                res = _run_cell(cid, op, nbytes, rank, ws, dev, make_batch, bstore, cfg)
-            except Exception as e:  # reported, the other cells still run
-                err = f"{type(e).__name__}: {e}\n" + traceback.format_exc(limit=6)
-                bstore.set(f"c{cid}/err", "1")
-            if res is not None:
-                q.put(("result", rank, cid, res))
-            if err is not None:
-                q.put(("cell_error", rank, cid, err))
-            _barrier(bstore, f"c{cid}/b", ws, cfg["timeout"])
-            if bstore.check([f"c{cid}/err"]):
-                failed_ops.add(op)   # same decision on every rank
-
-        phase = "destroy_process_group"
-        _barrier(bstore, "end", ws, cfg["timeout"])
-        q.put(("done", rank, time.time() - t_start))
-        dist.destroy_process_group()
-        q.put(("exited", rank, time.time() - t_start))
+        def connect():
+            import torch.distributed as dist
+            return dist.TCPStore("127.0.0.1", store_port, None, False,
+                                 timeout=datetime.timedelta(seconds=cfg["timeout"]))
+        run_ladder(rank, ws, backend, connect, cells, cfg, q.put, phase, device_rank=rank)
     except BaseException as e:  # noqa: BLE001 - report everything to the parent
-        q.put(("fatal", rank, f"[{phase}] {type(e).__name__}: {e}\n"
+        q.put(("fatal", rank, f"[{phase.name}] {type(e).__name__}: {e}\n"
                + traceback.format_exc(limit=8)))
         raise SystemExit(1)
+
+
+def run_ladder(rank: int, ws: int, backend: str, connect: Callable[[], Any],
+               cells: List[Tuple[int, str, int]], cfg: Dict[str, Any],
+               post: Callable[[tuple], None], phase: Phase, device_rank: int) -> None:
+    """One rank's part of a group's ladder: a process group of `backend` on the store that
+    `connect()` returns (under the prefix "pg"; the bench's barriers under "bench"), every cell,
+    then the group destroyed.  Reports through `post` (the messages GroupRun reads); raises
+    what ends the ladder early.  `device_rank`: picks the GPU (``device_rank % count``)."""
+    t_start = time.time()
+    import importlib
+    for mod in cfg["imports"]:
+        phase.name = f"import {mod}"
+        importlib.import_module(mod)
+    import torch  # noqa: F401
+    import torch.distributed as dist
+    import warnings
+    # torch >= 2.13 marks all_gather_into_tensor / reduce_scatter_tensor as
+    # deprecated (in favour of *_single); they are what we benchmark.
+    warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use",
+                            category=FutureWarning)
+
+    phase.name = f"device {cfg['device']}"
+    dev = DEVICES[cfg["device"]](device_rank, ws)   # before init: a CUDA rank picks its GPU first
+    make_batch = MODES[cfg["mode"]]
+    phase.name = "store connect"
+    store = connect()
+    phase.name = f"init_process_group(backend={backend!r})"
+    extra = {"pg_options": cfg["pg_options"]} if cfg.get("pg_options") else {}
+    dist.init_process_group(backend=backend, store=dist.PrefixStore("pg", store),
+                            rank=rank, world_size=ws,
+                            timeout=datetime.timedelta(seconds=cfg["timeout"]), **extra)
+    bstore = dist.PrefixStore("bench", store)
+    info = _rank_info(backend, dev, cfg["device"])
+    _barrier(bstore, "ready", ws, cfg["timeout"])
+    post(("ready", rank, time.time() - t_start, info))
+
+    failed_ops = set()
+    for cid, op, nbytes in cells:
+        phase.name = f"{op} {common.fmt_size(nbytes)}"
+        _barrier(bstore, f"c{cid}/a", ws, cfg["timeout"])
+        if op in failed_ops:
+            continue
+        if rank == 0:
+            post(("start", rank, cid))
+        err = None
+        res = None
+        try:
+            res = _run_cell(cid, op, nbytes, rank, ws, dev, make_batch, bstore, cfg)
+        except Exception as e:  # reported, the other cells still run
+            err = f"{type(e).__name__}: {e}\n" + traceback.format_exc(limit=6)
+            bstore.set(f"c{cid}/err", "1")
+        if res is not None:
+            post(("result", rank, cid, res))
+        if err is not None:
+            post(("cell_error", rank, cid, err))
+        _barrier(bstore, f"c{cid}/b", ws, cfg["timeout"])
+        if bstore.check([f"c{cid}/err"]):
+            failed_ops.add(op)   # same decision on every rank
+
+    phase.name = "destroy_process_group"
+    _barrier(bstore, "end", ws, cfg["timeout"])
+    post(("done", rank, time.time() - t_start))
+    dist.destroy_process_group()
+    post(("exited", rank, time.time() - t_start))
 
 
 def _rank_info(backend: str, dev, device: str) -> Dict[str, Any]:
