@@ -207,3 +207,38 @@ class TorchBuffers:
     def arange(self, numel: int, start: float = 0.0):
         t = self.torch
         return t.arange(numel, dtype=t.float32, device=self.device) + start
+
+
+class GroupRecord:
+    """What one group (world size, backend variant, mode, round) measured, as report.aggregate
+    reads it; ladder.GroupRun (spawned ranks) and launched.LaunchedGroupRun (a launcher's
+    ranks) fill it from the ranks' messages (rank.run_ladder's `post`)."""
+
+    def __init__(self, ws, backend, label, cells, cfg, args):
+        self.ws, self.backend, self.label = ws, backend, label
+        self.cells = cells        # [(cid, op, size)]
+        self.cfg, self.args = cfg, args
+        self.results: Dict[int, Dict[int, dict]] = {}  # cid -> rank -> result
+        self.cell_errors: Dict[int, Dict[int, str]] = {}
+        self.errors: List[dict] = []   # group-level problems
+        self.launches: List[dict] = []
+        self.rank_info: Dict[int, dict] = {}  # rank -> _rank_info() of its latest launch
+        self.skip_reason: Optional[str] = None  # set when the group was never launched
+
+    def skip(self, reason: Optional[str]) -> Optional[str]:
+        """Marks the group not run, for `reason` (None: it runs); returns the reason."""
+        if reason:
+            self.skip_reason = reason
+            self.errors.append({"attempt": -1, "status": "time_limit", "error": reason})
+        return reason
+
+    def take(self, rank: int, msg) -> None:
+        """Records what a rank's message carries of the results (the other kinds say where the
+        ladder is; each runner follows those itself)."""
+        kind = msg[0]
+        if kind == "ready" and len(msg) > 3:
+            self.rank_info[rank] = msg[3]
+        elif kind == "result":
+            self.results.setdefault(msg[2], {})[rank] = msg[3]
+        elif kind == "cell_error":
+            self.cell_errors.setdefault(msg[2], {})[rank] = msg[3]

@@ -85,26 +85,8 @@ _log, fmt_size = common._log, common.fmt_size
 # parent side: launching groups
 # --------------------------------------------------------------------------
 
-class GroupRun:
+class GroupRun(common.GroupRecord):
     """Runs the ladder for one (world size, backend), relaunching after a crash or hang."""
-
-    def __init__(self, ws, backend, label, cells, cfg, args):
-        self.ws, self.backend, self.label = ws, backend, label
-        self.cells = cells        # [(cid, op, size)]
-        self.cfg, self.args = cfg, args
-        self.results: Dict[int, Dict[int, dict]] = {}  # cid -> rank -> result
-        self.cell_errors: Dict[int, Dict[int, str]] = {}
-        self.errors: List[dict] = []   # group-level problems
-        self.launches: List[dict] = []
-        self.rank_info: Dict[int, dict] = {}  # rank -> _rank_info() of its latest launch
-        self.skip_reason: Optional[str] = None  # set when the group was never launched
-
-    def skip(self, reason: Optional[str]) -> Optional[str]:
-        """Marks the group not run, for `reason` (None: it runs); returns the reason."""
-        if reason:
-            self.skip_reason = reason
-            self.errors.append({"attempt": -1, "status": "time_limit", "error": reason})
-        return reason
 
     def run(self) -> None:
         pending = list(self.cells)
@@ -163,17 +145,11 @@ class GroupRun:
             if msg is not None:
                 last = now
                 kind, rank = msg[0], msg[1]
-                if kind == "ready":
-                    if rank == 0:
-                        info["startup_s"] = now - t0
-                    if len(msg) > 3:
-                        self.rank_info[rank] = msg[3]
+                self.take(rank, msg)
+                if kind == "ready" and rank == 0:
+                    info["startup_s"] = now - t0
                 elif kind == "start":
                     in_progress = msg[2]
-                elif kind == "result":
-                    self.results.setdefault(msg[2], {})[rank] = msg[3]
-                elif kind == "cell_error":
-                    self.cell_errors.setdefault(msg[2], {})[rank] = msg[3]
                 elif kind == "done":
                     done.add(rank)
                     if len(done) == self.ws:
@@ -193,12 +169,9 @@ class GroupRun:
                 while time.time() < grace:
                     try:
                         m = q.get(timeout=0.2)
+                        self.take(m[1], m)
                         if m[0] == "fatal":
                             fatal[m[1]] = m[2]
-                        elif m[0] == "result":
-                            self.results.setdefault(m[2], {})[m[1]] = m[3]
-                        elif m[0] == "cell_error":
-                            self.cell_errors.setdefault(m[2], {})[m[1]] = m[3]
                         elif m[0] == "done":
                             done.add(m[1])
                     except queue_mod.Empty:

@@ -71,20 +71,13 @@ def _host() -> str:
         return socket.gethostname()
 
 
-class LaunchedGroupRun:
+class LaunchedGroupRun(common.GroupRecord):
     """One group's ladder in this process (one rank of it); on rank 0 also what every rank
-    measured, in the attributes of ladder.GroupRun that the report reads."""
+    measured."""
 
     def __init__(self, ws, backend, label, cells, cfg, args, launch: Launch, group: int):
-        self.ws, self.backend, self.label = ws, backend, label
-        self.cells, self.cfg, self.args = cells, cfg, args
+        super().__init__(ws, backend, label, cells, cfg, args)
         self.launch, self.group = launch, group
-        self.results: Dict[int, Dict[int, dict]] = {}
-        self.cell_errors: Dict[int, Dict[int, str]] = {}
-        self.errors: List[dict] = []
-        self.launches: List[dict] = []
-        self.rank_info: Dict[int, dict] = {}
-        self.skip_reason: Optional[str] = None
 
     def skip(self, reason: Optional[str]) -> Optional[str]:
         """Rank 0 decides whether the group runs (its reason to skip it, or None) and every rank
@@ -95,12 +88,10 @@ class LaunchedGroupRun:
         else:
             lc.store.wait([key], datetime.timedelta(seconds=self.cfg["timeout"]))
             reason = lc.store.get(key).decode() or None
-        self.skip_reason = reason
-        if reason:
-            self.errors.append({"attempt": -1, "status": "time_limit", "error": reason})
-        return reason
+        return super().skip(reason)
 
     def run(self) -> None:
+        import torch.distributed as dist
         lc = self.launch
         messages: List[list] = []
         phase = rank_side.Phase()
@@ -115,7 +106,7 @@ class LaunchedGroupRun:
         try:
             rank_side.run_ladder(
                 lc.rank, self.ws, self.backend,
-                lambda: _PrefixStore(lc.key(self.group, "g"), lc.store), self.cells, self.cfg,
+                lambda: dist.PrefixStore(lc.key(self.group, "g"), lc.store), self.cells, self.cfg,
                 post, phase, device_rank=lc.local_rank)
         except Exception as e:  # recorded; the next group still runs
             messages.append(["fatal", lc.rank, f"[{phase.name}] {type(e).__name__}: {e}\n"
@@ -146,17 +137,12 @@ class LaunchedGroupRun:
                 fatal[r] = f"no report within {self.cfg['timeout']:.0f} s ({type(e).__name__})"
                 continue
             for m in messages:
+                self.take(r, m)
                 kind = m[0]
-                if kind == "ready":
-                    self.rank_info[r] = m[3]
-                    if r == 0:
-                        info["startup_s"] = m[2]
+                if kind == "ready" and r == 0:
+                    info["startup_s"] = m[2]
                 elif kind == "start":
                     info["in_progress"] = m[2]
-                elif kind == "result":
-                    self.results.setdefault(m[2], {})[r] = m[3]
-                elif kind == "cell_error":
-                    self.cell_errors.setdefault(m[2], {})[r] = m[3]
                 elif kind == "done" and r == 0:
                     info["in_progress"] = None
                     info["ladder_s"] = m[2]
@@ -209,11 +195,6 @@ def follow(groups, args, launch: Launch) -> None:
         g = LaunchedGroupRun(ws, spec[0], label0, cells, gcfg, args, launch, n)
         if not g.skip(None):
             g.run()
-
-
-def _PrefixStore(prefix: str, store):
-    import torch.distributed as dist
-    return dist.PrefixStore(prefix, store)
 
 
 def _destroy_default_group() -> None:
