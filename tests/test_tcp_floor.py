@@ -2,7 +2,9 @@
 placement, receive method and size, which the bench's floor loader accepts (an io_uring row may
 instead be skipped, saying why: io_uring refused here, or SQPOLL on fewer than 4 CPUs); a spoiled
 message is noticed on the far side; the network namespaces it makes are gone afterwards, also
-after a SIGTERM, and without root the namespace row says why it did not run. CPU only, no
+after a SIGTERM, and without root the namespace row says why it did not run. Between two hosts
+(one run with --listen, one with --connect; here both on loopback) the rows pass, the echo end's
+checks reach the timing end, and the bench takes those rows as its tcp floor. CPU only, no
 torch."""
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -189,3 +192,97 @@ def _alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# --------------------------------------------------------------------------
+# Between two hosts: one run listening (the echo end), one connecting (the timing end), here both
+# on loopback; tests/test_tcp_netns.py runs them in two namespace hosts.
+# --------------------------------------------------------------------------
+
+HOST_METHODS = ["spin_recv", "epoll_recv"]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_runs(program, tmp_path, *client_args, listen_first=True):
+    """--listen 127.0.0.1:PORT and --connect 127.0.0.1:PORT as two runs; the connecting one
+    started first when not `listen_first` (it tries again while refused). Returns both
+    CompletedProcess-like (returncode, stdout) and the client's JSON."""
+    port = _free_port()
+    out = tmp_path / "hosts.json"
+    listen = [program, "--listen", f"127.0.0.1:{port}"]
+    connect = [program, "--connect", f"localhost:{port}", *client_args, "--json", str(out)]
+    first, second = (listen, connect) if listen_first else (connect, listen)
+    procs = [subprocess.Popen(first, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+    time.sleep(0.3)
+    procs.append(subprocess.Popen(second, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True))
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    server, client = (procs[0], procs[1]) if listen_first else (procs[1], procs[0])
+    s_out, c_out = (outs[0], outs[1]) if listen_first else (outs[1], outs[0])
+    doc = json.loads(out.read_text()) if out.exists() else None
+    return (server.returncode, s_out), (client.returncode, c_out), doc, port
+
+
+@pytest.mark.parametrize("listen_first", (True, False), ids=("listen_first", "connect_first"))
+def test_two_host_rows_pass_and_are_the_benchs_tcp_floor(program, tmp_path, listen_first):
+    (s_rc, s_out), (c_rc, c_out), doc, port = _two_runs(
+        program, tmp_path, "--iters", "200", listen_first=listen_first)
+    assert s_rc == 0 and c_rc == 0, s_out + c_out
+    assert f"listening on 127.0.0.1:{port}" in s_out and "every check passed" in s_out, s_out
+    rows = doc["results"]
+    assert [(r["name"], r["variant"], r["bytes"]) for r in rows] == [
+        ("tcp_hosts", m, n) for m in HOST_METHODS for n in SIZES]
+    for r in rows:
+        assert r["ok"] is True and not r["skipped"] and "client=ok server=ok" in r["note"], r
+        assert 0 < r["p10_us"] <= r["median_us"] <= r["p90_us"], r
+        assert r["samples"] == 200 or "budget_truncated" in r["note"], r
+    assert doc["peer"] == f"localhost:{port}" and doc["iters"] == 200
+    import resident_pg.bench.cuda as bc
+    # with loopback rows in the same files, the rows between hosts are the tcp floor
+    loop = tmp_path / "loop.json"
+    loop.write_text(json.dumps({"results": [
+        {"name": "tcp_loopback", "variant": "spin_recv", "bytes": n, "median_us": 0.5, "ok": True}
+        for n in SIZES]}))
+    floors = bc.load_floors([str(loop), str(tmp_path / "hosts.json")])
+    assert floors["tcp_one_way_name"] == "tcp_hosts"
+    for n in SIZES:
+        assert floors["tcp_one_way_us"][str(n)] == pytest.approx(
+            min(r["median_us"] for r in rows if r["bytes"] == n))
+    value, which = bc.floor_for(floors, 8, "tcp")
+    assert which == "tcp_hosts 8 B" and value == floors["tcp_one_way_us"]["8"]
+    assert bc.load_floors(str(loop))["tcp_one_way_name"] == "tcp_loopback"
+
+
+def test_two_host_spoiled_message_fails_on_both_ends(program, tmp_path):
+    """The echo end's checks reach the timing end's rows (its verdict after the last block)."""
+    (s_rc, s_out), (c_rc, c_out), doc, _ = _two_runs(program, tmp_path, "--iters", "20",
+                                                     "--corrupt")
+    assert s_rc == 1 and "FAILED spin_recv 8 B: mismatch" in s_out, s_out
+    assert c_rc == 1 and "FAILED" in c_out, c_out
+    assert len(doc["results"]) == len(SIZES) * len(HOST_METHODS)
+    for r in doc["results"]:
+        assert r["ok"] is False and "server=mismatch" in r["note"], r
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--listen", "7000", "--iters", "10"], "usage: tcp_floor"),
+    (["--connect", "127.0.0.1:9", "--only", "tcp_loopback"], "usage: tcp_floor"),
+    (["--connect", "127.0.0.1"], "expected HOST:PORT, got '127.0.0.1'"),
+    (["--connect", "127.0.0.1:0"], "bad port '0'"),
+    (["--connect", "no-such-host.invalid:7000"], "cannot resolve 'no-such-host.invalid'"),
+    (["--listen", "127.0.0.1:99999"], "bad port '99999'"),
+])
+def test_two_host_bad_arguments(program, args, says):
+    proc = subprocess.run([program, *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stdout + proc.stderr

@@ -628,18 +628,65 @@ def test_tcp_netns_torchrun_two_nodes(hosts, tmp_path):
     assert not problems, "\n".join(problems) + "\n" + log
 
 
-def test_tcp_netns_bench_between_hosts(hosts, tmp_path):
+ENTER_AND_EXEC = ("import os, sys; sys.path.insert(0, sys.argv[1]); import netns; "
+                  "netns.enter(sys.argv[2]); os.execv(sys.argv[3], sys.argv[3:])")
+
+
+def _tcp_floor_between_hosts(hosts, tmp_path_factory, json_path):
+    """benchmarks/floors/build/tcp_floor between the two hosts, as on two machines: --listen on
+    host 1, --connect from host 0 (--json `json_path`)."""
+    from cxx_build import build_cxx
+
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    program = build_cxx(tmp_path_factory, os.path.join(os.path.dirname(tests_dir), "benchmarks",
+                                                       "floors", "tcp_floor.cpp"), "tcp_floor")
+    port = random.randint(40001, 60000)
+    ends = [[hosts.names[1], program, "--listen", f"{hosts.ips[1]}:{port}"],
+            [hosts.names[0], program, "--connect", f"{hosts.ips[1]}:{port}", "--iters", "300",
+             "--json", str(json_path)]]
+    procs = [subprocess.Popen([sys.executable, "-c", ENTER_AND_EXEC, tests_dir, *end],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for end in ends]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), "\n".join(outs)
+
+
+@pytest.mark.parametrize("floor", ("tcp_hosts", "tcp_loopback"))
+def test_tcp_netns_bench_between_hosts(hosts, tmp_path, tmp_path_factory, floor):
     """The latency benchmark between two hosts, one rank each, started by torchrun on each
     (`torchrun ... -m resident_pg.bench`): every op's result checked, resident over tcp beside
-    gloo, rank 0's report naming both hosts. gloo listens where the host's name resolves
-    unless GLOO_SOCKET_IFNAME names the interface (here the name resolves to loopback)."""
-    out = tmp_path / "bench.json"
+    gloo, rank 0's report naming both hosts, the resident rows held to the tcp floor measured
+    between the two hosts (tcp_floor --listen / --connect), or, given only a loopback floor, to
+    that with a warning that says how to measure the right one. gloo listens where the host's
+    name resolves unless GLOO_SOCKET_IFNAME names the interface (here the name resolves to
+    loopback)."""
+    out, floors = tmp_path / "bench.json", tmp_path / "tcp_floors.json"
+    if floor == "tcp_hosts":
+        _tcp_floor_between_hosts(hosts, tmp_path_factory, floors)
+    else:
+        floors.write_text(json.dumps({"results": [
+            {"name": "tcp_loopback", "variant": "spin_recv", "bytes": n, "median_us": 3.0,
+             "ok": True} for n in (8, 65536)]}))
     outs, log = _torchrun_on_two_hosts(hosts, tmp_path, 1, [
         "-m", "resident_pg.bench", "--backends", "resident,gloo", "--sizes", "8,4K",
         "--ops", "all", "--reps", "3", "--min-reps", "2", "--warmup", "2", "--iters", "0.05",
-        "--json", str(out)], extra_env={"GLOO_SOCKET_IFNAME": "eth1"})
+        "--floors", str(floors), "--json", str(out)], extra_env={"GLOO_SOCKET_IFNAME": "eth1"})
     doc = json.loads(out.read_text())
     assert doc["metadata"]["launcher"]["hosts"] == 2, doc["metadata"]["launcher"]
+    warnings = doc["metadata"]["floors"]["warnings"]
+    assert doc["metadata"]["floors"]["tcp_one_way_name"] == floor
+    if floor == "tcp_hosts":
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and "span 2 hosts but the tcp floor is tcp_loopback" in \
+            warnings[0] and "tcp_floor --listen / --connect" in warnings[0], warnings
+        assert "WARNING: the ranks span 2 hosts" in outs[0], log
     assert doc["errors"] == [], doc["errors"]
     rows = doc["results"]
     assert {r["label"] for r in rows} == {"resident", "gloo"}
@@ -648,7 +695,11 @@ def test_tcp_netns_bench_between_hosts(hosts, tmp_path):
         assert r["world_size"] == 2 and r["check"] == "ok" and r["median_us"] > 0, r
         if r["label"] == "resident":
             assert r["transport"] == "tcp" and r["path"] == "proxy", r
+            assert r["floor_kind"] == "tcp" and r["floor"].startswith(floor + " "), r
+            assert r["floor_ratio"] > 0, r
     assert "ranks of a launcher (env://): 2 on 2 host(s)" in outs[0], log
+    where = "two hosts" if floor == "tcp_hosts" else "two processes"
+    assert f"tcp: {floor} one-way (busy-polled TCP ping-pong between {where}" in outs[0], log
     assert "== world size 2" not in outs[1], log   # rank 1 only measures
 
 

@@ -1,6 +1,7 @@
 // tcp_floor.cpp: one-way latency floor of a busy-polled TCP ping-pong between two processes, on
-// loopback and between two network namespaces joined by a veth pair. Standalone (no torch, no
-// CUDA); see README.md for what each row means and how to run it.
+// loopback, between two network namespaces joined by a veth pair, or between two hosts (one run
+// of the program on each: --listen and --connect). Standalone (no torch, no CUDA); see README.md
+// for what each row means and how to run it.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/if_link.h>
@@ -9,6 +10,7 @@
 #include <linux/rtnetlink.h>
 #include <linux/veth.h>
 #include <net/if.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -60,13 +62,15 @@ enum Recv : int { kSpin = 0, kEpoll = 1, kUring = 2, kUringSqpoll = 3 };
 constexpr int kNumRecv = 4;
 const char* kRecvName[] = {"spin_recv", "epoll_recv", "uring", "uring_sqpoll"};
 const char* kNames[] = {"tcp_loopback", "tcp_netns"};
+const char* kHostsName = "tcp_hosts";  // the rows of --connect: between two hosts
 
 constexpr uint64_t kMs = 1000000ull;
-constexpr uint64_t kWaitNs = 10000 * kMs;    // any single wait of the ping-pong
-constexpr uint64_t kBudgetNs = 10000 * kMs;  // one (receive method, size) block, warm-up included
-constexpr uint64_t kSetupNs = 30000 * kMs;   // listen / connect / namespace commands
-constexpr uint64_t kLast = 1ull << 63;       // set in a message's first word: the block's last
-constexpr int kMinSamples = 10;              // fewer timed round trips fail the row
+constexpr uint64_t kWaitNs = 10000 * kMs;     // any single wait of the ping-pong
+constexpr uint64_t kBudgetNs = 10000 * kMs;   // one (receive method, size) block, warm-up included
+constexpr uint64_t kSetupNs = 30000 * kMs;    // listen / connect / namespace commands
+constexpr uint64_t kListenNs = 600000 * kMs;  // --listen: until the other host's --connect
+constexpr uint64_t kLast = 1ull << 63;        // set in a message's first word: the block's last
+constexpr int kMinSamples = 10;               // fewer timed round trips fail the row
 
 // Namespaces and their veth ends; the lock keeps two runs of this program off the same names.
 const char* kNsA = "resident_floor_a";
@@ -99,7 +103,8 @@ struct Block {
   uint64_t timed;        // samples written
   int32_t truncated;     // the block's budget ran out before --iters timed round trips
 };
-// Shared by the parent and both ends (an anonymous shared mapping made before the forks).
+// Shared by the parent and both ends (an anonymous shared mapping made before the forks); between
+// hosts each run has its own, and the echo end's checks reach the timing end as its verdict.
 struct Shared {
   std::atomic<int32_t> port;  // 0 until the server listens, -1 if it failed to
   Side setup_client, setup_server;
@@ -113,10 +118,30 @@ struct Opts {
   long warmup = 1000;
   std::string json;
   bool corrupt = false;  // the client spoils each block's last message (the program's own test)
+  std::string listen;    // --listen [ADDR:]PORT: this run is the echo end of tcp_hosts
+  std::string connect;   // --connect HOST:PORT: this run is the timing end of tcp_hosts
   bool Want(const char* n) const {
     return only.empty() || std::find(only.begin(), only.end(), n) != only.end();
   }
 };
+
+// How the two ends of a placement run. On one host (both forked by this program, reporting
+// through the shared mapping): every receive method. Between hosts (one run of the program on
+// each): the methods the library's proxy uses, since whether an io_uring block can run depends on
+// each host's kernel and CPUs and both ends must walk the same blocks; the echo end waits longer
+// for its connection and, the mapping not being shared, sends its checks to the timing end at the
+// end (the verdict, after the last block: off the measured path).
+struct Ends {
+  int methods = kNumRecv;
+  bool remote = false;
+  uint64_t accept_ns = kSetupNs;
+};
+constexpr Ends kRemoteEnds{kEpoll + 1, true, kListenNs};
+
+// The bytes of a Shared with --iters samples per block.
+size_t SharedBytes(const Opts& o) {
+  return sizeof(Shared) + sizeof(double) * kNumRecv * kNumSizes * size_t(o.iters);
+}
 
 void SetMsg(Side* s, int32_t err, const std::string& m) {
   if (s->err != kOk) return;  // keep the first failure
@@ -413,12 +438,12 @@ sockaddr_in Addr(const char* ip, int port) {
 // The echo end: listens on `ip`, publishes its port, then for every block receives each message,
 // checks its sequence number (every message) and its bytes (the first and the last), and sends
 // it back.
-int ServerMain(Shared* sh, const char* ip) {
+int ServerMain(Shared* sh, const char* ip, int port, const Ends& ends) {
   std::string why;
   const int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const int one = 1;
   setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in a = Addr(ip, 0);
+  sockaddr_in a = Addr(ip, port);
   socklen_t len = sizeof(a);
   if (lfd < 0 || bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(lfd, 1) ||
       getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
@@ -427,8 +452,10 @@ int ServerMain(Shared* sh, const char* ip) {
     return 1;
   }
   sh->port.store(ntohs(a.sin_port));
-  if (!WaitFd(lfd, POLLIN, NowNs() + kSetupNs)) {
-    SetMsg(&sh->setup_server, kTimeout, "no connection within 30 s");
+  if (ends.remote) printf("tcp_floor: listening on %s:%d\n", ip, int(ntohs(a.sin_port)));
+  if (!WaitFd(lfd, POLLIN, NowNs() + ends.accept_ns)) {
+    SetMsg(&sh->setup_server, kTimeout,
+           "no connection within " + std::to_string(ends.accept_ns / 1000000000ull) + " s");
     return 1;
   }
   const int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
@@ -436,7 +463,8 @@ int ServerMain(Shared* sh, const char* ip) {
   if (fd < 0) return SetMsg(&sh->setup_server, kSysError, strerror(errno)), 1;
   TuneSocket(fd);
   Conn c(fd);
-  for (int v = 0; v < kNumRecv; ++v) {
+  int status = 0;
+  for (int v = 0; v < ends.methods; ++v) {
     for (int s = 0; s < kNumSizes; ++s) {
       const size_t n = kSizes[s];
       Side* me = &sh->blocks[v][s].server;
@@ -463,36 +491,66 @@ int ServerMain(Shared* sh, const char* ip) {
         if (last) break;
       }
       if (int32_t e = c.Flush(&why)) return SetMsg(me, e, why), 1;  // before buf goes
+      status |= me->err != kOk;
     }
   }
-  return 0;
+  if (ends.remote) {  // the verdict: this end's Side of every block, in block order
+    std::vector<Side> verdict;
+    for (int v = 0; v < ends.methods; ++v) {
+      for (int s = 0; s < kNumSizes; ++s) verdict.push_back(sh->blocks[v][s].server);
+    }
+    const auto* p = reinterpret_cast<const uint8_t*>(verdict.data());
+    if (int32_t e = c.Send(p, verdict.size() * sizeof(Side), &why)) {
+      return SetMsg(&sh->setup_server, e, "sending the verdict: " + why), 1;
+    }
+    if (int32_t e = c.Flush(&why)) return SetMsg(&sh->setup_server, e, why), 1;
+  }
+  return status;
 }
 
 // The timing end: connects, then per block sends warm-up + --iters messages and times each
 // round trip (one-way = half of it); the first and the last echo are checked byte for byte.
-int ClientMain(Shared* sh, const Opts& o, const char* ip) {
+// A connected socket to ip:port, or -1 with errno set; a refused connection is tried again
+// every 100 ms until `end` when `retry` (the other host's --listen may not be up yet).
+int ConnectTo(const char* ip, int port, uint64_t end, bool retry) {
+  const sockaddr_in a = Addr(ip, port);
+  for (;;) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return -1;
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if ((connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) == 0 ||
+         errno == EINPROGRESS) &&
+        WaitFd(fd, POLLOUT, end) && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
+        err == 0) {
+      return fd;
+    }
+    err = err ? err : errno;
+    close(fd);
+    if (!retry || err != ECONNREFUSED || NowNs() + 100 * kMs > end) {
+      errno = err;
+      return -1;
+    }
+    usleep(100000);
+  }
+}
+
+int ClientMain(Shared* sh, const Opts& o, const char* ip, const Ends& ends) {
   std::string why;
   const uint64_t setup_end = NowNs() + kSetupNs;
   int port = 0;
   while ((port = sh->port.load()) == 0 && NowNs() < setup_end) usleep(1000);
   if (port <= 0) return SetMsg(&sh->setup_client, kNotRun, "the server never listened"), 1;
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  const sockaddr_in a = Addr(ip, port);
-  int err = 0;
-  socklen_t len = sizeof(err);
-  if (fd < 0 ||
-      (connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) != 0 &&
-       errno != EINPROGRESS) ||
-      !WaitFd(fd, POLLOUT, setup_end) || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 ||
-      err != 0) {
-    const std::string e = strerror(err ? err : errno);
-    SetMsg(&sh->setup_client, kSysError, std::string("connect to ") + ip + ": " + e);
+  const int fd = ConnectTo(ip, port, setup_end, ends.remote);
+  if (fd < 0) {
+    SetMsg(&sh->setup_client, kSysError,
+           std::string("connect to ") + ip + ":" + std::to_string(port) + ": " + strerror(errno));
     return 1;
   }
   TuneSocket(fd);
   Conn c(fd);
   int status = 0;
-  for (int v = 0; v < kNumRecv; ++v) {
+  for (int v = 0; v < ends.methods; ++v) {
     for (int s = 0; s < kNumSizes; ++s) {
       const size_t n = kSizes[s];
       Block* b = &sh->blocks[v][s];
@@ -526,6 +584,17 @@ int ClientMain(Shared* sh, const Opts& o, const char* ip) {
           break;
         }
       }
+    }
+  }
+  if (ends.remote) {  // the echo end's checks (ServerMain's verdict)
+    std::vector<Side> verdict(size_t(ends.methods) * kNumSizes);
+    auto* p = reinterpret_cast<uint8_t*>(verdict.data());
+    if (int32_t e = c.Recv(p, verdict.size() * sizeof(Side), &why)) {
+      return SetMsg(&sh->setup_client, e, "receiving the verdict: " + why), 1;
+    }
+    for (size_t i = 0; i < verdict.size(); ++i) {
+      verdict[i].msg[sizeof(verdict[i].msg) - 1] = 0;
+      sh->blocks[i / kNumSizes][i % kNumSizes].server = verdict[i];
     }
   }
   return status;
@@ -755,16 +824,59 @@ bool EnterNetns(const char* ns, Side* report) {
 
 // ---- results ----
 
+// One row per (receive method, size) of the first `methods` methods, from what the ends wrote;
+// `ends`: how the ends exited, added to a failed row's note.
+void AddRows(const char* name, const Shared& sh, const Opts& o, int methods,
+             const std::string& ends, std::vector<Result>& out) {
+  std::string setup;
+  for (const Side* s : {&sh.setup_server, &sh.setup_client}) {
+    if (s->err != kOk) setup += std::string(" setup: ") + s->msg;
+  }
+  for (int v = 0; v < methods; ++v) {
+    for (int s = 0; s < kNumSizes; ++s) {
+      const Block& b = sh.blocks[v][s];
+      Result r;
+      r.name = name, r.variant = kRecvName[v], r.bytes = kSizes[s];
+      r.unit = "us one-way (round trip / 2)";
+      const double* smp = sh.samples + (size_t(v) * kNumSizes + size_t(s)) * size_t(o.iters);
+      r = Summarize(r, std::vector<double>(smp, smp + b.timed));
+      r.ok = b.client.err == kOk && b.server.err == kOk && b.timed >= kMinSamples;
+      r.skipped = b.client.err == kNoUring || b.server.err == kNoUring;
+      r.note = "round_trips=" + std::to_string(b.round_trips) + " client=" + ErrName(b.client.err) +
+               " server=" + ErrName(b.server.err);
+      if (b.truncated) r.note += " budget_truncated";
+      for (const Side* side : {&b.client, &b.server}) {
+        if (side->err != kOk && side->msg[0]) r.note += std::string(" (") + side->msg + ")";
+      }
+      if (r.skipped)
+        r.note = std::string("not run: ") + (b.client.msg[0] ? b.client.msg : b.server.msg);
+      if (!r.ok && !r.skipped) r.note += setup + ends;
+      out.push_back(r);
+    }
+  }
+}
+
 // One placement: server and client forked (each entering its namespace first when `netns`),
 // the parent waiting on both with a deadline; one row per (receive method, size).
-void RunPlacement(const char* name, bool netns, const Opts& o, std::vector<Result>& out) {
-  const size_t bytes = sizeof(Shared) + sizeof(double) * kNumRecv * kNumSizes * size_t(o.iters);
-  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+// A Shared with room for every block's samples, in an anonymous shared mapping (inherited by
+// forked ends); every block kNotRun. Released by FreeShared.
+Shared* MapShared(const Opts& o) {
+  void* mem =
+      mmap(nullptr, SharedBytes(o), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   PCK(mem != MAP_FAILED);
   Shared* sh = new (mem) Shared();
   for (auto& row : sh->blocks) {
     for (Block& b : row) b.client.err = b.server.err = kNotRun;
   }
+  return sh;
+}
+void FreeShared(Shared* sh, const Opts& o) {
+  sh->~Shared();
+  munmap(sh, SharedBytes(o));
+}
+
+void RunPlacement(const char* name, bool netns, const Opts& o, std::vector<Result>& out) {
+  Shared* sh = MapShared(o);
   const char* ip = netns ? kAddrB : "127.0.0.1";
   const pid_t parent = getpid();
   for (int i = 0; i < 2; ++i) {
@@ -779,7 +891,7 @@ void RunPlacement(const char* name, bool netns, const Opts& o, std::vector<Resul
         if (i == 0) sh->port.store(-1);
         _exit(1);
       }
-      _exit(i == 0 ? ServerMain(sh, ip) : ClientMain(sh, o, ip));
+      _exit(i == 0 ? ServerMain(sh, ip, 0, Ends{}) : ClientMain(sh, o, ip, Ends{}));
     }
     g_children[i] = pid;
   }
@@ -809,34 +921,78 @@ void RunPlacement(const char* name, bool netns, const Opts& o, std::vector<Resul
     }
   }
   if (killed) ends += " killed_after_deadline";
-  std::string setup;
-  for (const Side* s : {&sh->setup_server, &sh->setup_client}) {
-    if (s->err != kOk) setup += std::string(" setup: ") + s->msg;
+  AddRows(name, *sh, o, kNumRecv, ends, out);
+  FreeShared(sh, o);
+}
+
+// ---- between two hosts ----
+
+// "HOST:PORT" split, HOST resolved to an IPv4 address (a name through getaddrinfo); with
+// `host_optional` a bare "PORT" listens on every address. "" or what is wrong.
+std::string ParseHostPort(const std::string& arg, bool host_optional, std::string* ip, int* port) {
+  const size_t c = arg.rfind(':');
+  if (c == std::string::npos && !host_optional) return "expected HOST:PORT, got '" + arg + "'";
+  const std::string host = c == std::string::npos ? "0.0.0.0" : arg.substr(0, c);
+  const std::string p = c == std::string::npos ? arg : arg.substr(c + 1);
+  char* end = nullptr;
+  const long n = strtol(p.c_str(), &end, 10);
+  if (p.empty() || *end != 0 || n < 0 || n > 65535 || (n == 0 && !host_optional)) {
+    return "bad port '" + p + "' in '" + arg + "'";
   }
-  for (int v = 0; v < kNumRecv; ++v) {
+  *port = int(n);
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_family = AF_INET, hints.ai_socktype = SOCK_STREAM;
+  if (const int e = getaddrinfo(host.c_str(), nullptr, &hints, &found)) {
+    return "cannot resolve '" + host + "': " + gai_strerror(e);
+  }
+  char text[INET_ADDRSTRLEN] = "";
+  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, text, sizeof(text));
+  freeaddrinfo(found);
+  *ip = text;
+  return "";
+}
+
+// --listen: the echo end of tcp_hosts, for one --connect; prints each failed check. 0 when every
+// block passed its checks, 1 otherwise.
+int RunListen(const Opts& o) {
+  std::string ip;
+  int port = 0;
+  if (const std::string why = ParseHostPort(o.listen, true, &ip, &port); !why.empty()) {
+    fprintf(stderr, "tcp_floor: --listen: %s\n", why.c_str());
+    return 2;
+  }
+  Shared* sh = MapShared(o);
+  const int status = ServerMain(sh, ip.c_str(), port, kRemoteEnds);
+  if (sh->setup_server.err != kOk) printf("tcp_floor: FAILED: %s\n", sh->setup_server.msg);
+  for (int v = 0; v < kRemoteEnds.methods; ++v) {
     for (int s = 0; s < kNumSizes; ++s) {
-      const Block& b = sh->blocks[v][s];
-      Result r;
-      r.name = name, r.variant = kRecvName[v], r.bytes = kSizes[s];
-      r.unit = "us one-way (round trip / 2)";
-      const double* smp = sh->samples + (size_t(v) * kNumSizes + size_t(s)) * size_t(o.iters);
-      r = Summarize(r, std::vector<double>(smp, smp + b.timed));
-      r.ok = b.client.err == kOk && b.server.err == kOk && b.timed >= kMinSamples;
-      r.skipped = b.client.err == kNoUring || b.server.err == kNoUring;
-      r.note = "round_trips=" + std::to_string(b.round_trips) + " client=" + ErrName(b.client.err) +
-               " server=" + ErrName(b.server.err);
-      if (b.truncated) r.note += " budget_truncated";
-      for (const Side* side : {&b.client, &b.server}) {
-        if (side->err != kOk && side->msg[0]) r.note += std::string(" (") + side->msg + ")";
+      const Side& me = sh->blocks[v][s].server;
+      if (me.err != kOk) {
+        printf("tcp_floor: FAILED %s %zu B: %s (%s)\n", kRecvName[v], kSizes[s], ErrName(me.err),
+               me.msg);
       }
-      if (r.skipped)
-        r.note = std::string("not run: ") + (b.client.msg[0] ? b.client.msg : b.server.msg);
-      if (!r.ok && !r.skipped) r.note += setup + ends;
-      out.push_back(r);
     }
   }
-  sh->~Shared();
-  munmap(mem, bytes);
+  printf("tcp_floor: served %s:%d: %s\n", ip.c_str(), sh->port.load(),
+         status ? "failed" : "every check passed");
+  FreeShared(sh, o);
+  return status ? 1 : 0;
+}
+
+// --connect: the timing end of tcp_hosts; its rows carry the echo end's checks.
+void RunConnect(const Opts& o, std::vector<Result>& out) {
+  std::string ip;
+  int port = 0;
+  if (const std::string why = ParseHostPort(o.connect, false, &ip, &port); !why.empty()) {
+    fprintf(stderr, "tcp_floor: --connect: %s\n", why.c_str());
+    exit(2);
+  }
+  Shared* sh = MapShared(o);
+  sh->port.store(port);
+  const int status = ClientMain(sh, o, ip.c_str(), kRemoteEnds);
+  AddRows(kHostsName, *sh, o, kRemoteEnds.methods,
+          status ? " client_exit=" + std::to_string(status) : "", out);
+  FreeShared(sh, o);
 }
 
 // ---- output ----
@@ -853,6 +1009,7 @@ void WriteJson(const std::string& path, const Opts& o, const std::vector<Result>
   fprintf(f, "{\"program\": \"tcp_floor\", \"host\": %s, \"cpus\": %ld, \"kernel\": %s, ",
           JsonStr(host).c_str(), sysconf(_SC_NPROCESSORS_ONLN), JsonStr(u.release).c_str());
   fprintf(f, "\"date\": \"%s\", \"iters\": %ld, \"warmup\": %ld, ", date, o.iters, o.warmup);
+  if (!o.connect.empty()) fprintf(f, "\"peer\": %s, ", JsonStr(o.connect).c_str());
   WriteResultRows(f, res);
   fprintf(f, "}\n");
   PCK(fclose(f) == 0);
@@ -861,6 +1018,9 @@ void WriteJson(const std::string& path, const Opts& o, const std::vector<Result>
 void Usage() {
   fprintf(stderr,
           "usage: tcp_floor [--only NAME[,NAME]] [--iters N] [--json PATH] [--corrupt]\n"
+          "       tcp_floor --listen [ADDR:]PORT      (on one host: the echo end of tcp_hosts)\n"
+          "       tcp_floor --connect HOST:PORT [--iters N] [--json PATH] [--corrupt]\n"
+          "                                           (on the other: the timing end)\n"
           "  names: tcp_loopback tcp_netns\n"
           "  --corrupt: spoil each block's last message (checks that the far side notices)\n");
   exit(2);
@@ -881,21 +1041,32 @@ int main(int argc, char** argv) {
       o.json = argv[++i];
     } else if (a == "--corrupt") {
       o.corrupt = true;
+    } else if (a == "--listen" && i + 1 < argc) {
+      o.listen = argv[++i];
+    } else if (a == "--connect" && i + 1 < argc) {
+      o.connect = argv[++i];
     } else {
       Usage();
     }
   }
+  // --listen takes no other option; --connect runs its placement alone
+  if (!o.listen.empty() && argc != 3) Usage();
+  if (!o.connect.empty() && !o.only.empty()) Usage();
   o.warmup = std::min(std::max(o.iters / 10, 10L), 1000L);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, OnSignal);
+  if (!o.listen.empty()) return RunListen(o);
   printf("tcp_floor: %ld cpus, iters %ld, warm-up %ld round trips per row\n",
          sysconf(_SC_NPROCESSORS_ONLN), o.iters, o.warmup);
 
   std::vector<Result> res;
-  if (o.Want("tcp_loopback")) {
+  if (!o.connect.empty()) {
+    printf("running %s to %s\n", kHostsName, o.connect.c_str());
+    RunConnect(o, res);
+  } else if (o.Want("tcp_loopback")) {
     printf("running tcp_loopback\n");
     RunPlacement("tcp_loopback", false, o, res);
   }
-  if (o.Want("tcp_netns")) {
+  if (o.connect.empty() && o.Want("tcp_netns")) {
     printf("running tcp_netns\n");
     int lock_fd = -1;
     const std::string why = SetUpNetns(&lock_fd);

@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
             "does) the bench spawns nothing: the launcher's processes are the ranks, of its one\n"
             "world size, across its hosts; rank 0 prints and writes --json.  CUDA: the GPU of\n"
             "LOCAL_RANK.  gloo needs GLOO_SOCKET_IFNAME where a host's name does not resolve to\n"
-            "an address its peers reach.\n"
+            "an address its peers reach.  Their tcp floor: tcp_floor --listen PORT on one host,\n"
+            "tcp_floor --connect HOST:PORT --json tcp_floors.json on the other (its tcp_hosts\n"
+            "rows take precedence over loopback's in --floors).\n"
 ))
     g = p.add_argument_group("what to run")
     g.add_argument("--backends", default=None, metavar="LIST",

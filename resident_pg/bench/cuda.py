@@ -114,10 +114,12 @@ def graph_check(setup: Callable[[], None], body: Callable[[], None],
 
 XP_FLOOR = "cross_process_flag"      # two processes' kernels via shared host memory (MPS)
 DATA_FLOOR = ("data_floor_sm", "sm_kernels")  # N bytes GPU->host->GPU by SM stores/loads
-# benchmarks/floors/build/tcp_floor: busy-polled TCP ping-pong between two processes, one-way;
-# the bench's ranks share one host, so loopback is their floor (netns is shown for reference).
+# benchmarks/floors/build/tcp_floor: busy-polled TCP ping-pong between two processes, one-way.
+# Ranks on one host are held to loopback (netns is shown for reference); ranks on two hosts to
+# the rows of tcp_floor --listen / --connect between them, which take precedence in a floors file.
 TCP_FLOOR = "tcp_loopback"
 TCP_NETNS = "tcp_netns"
+TCP_HOSTS = "tcp_hosts"
 
 # Which floor a row is held to (row_floor_kind): "gpu" (CUDA tensors between ranks of one host:
 # the cross-process flag at 8 B, the SM data floor above), "gpu+tcp" (CUDA tensors over tcp: the
@@ -132,7 +134,8 @@ def load_floors(paths) -> Dict[str, Any]:
 
     Returns {"path", "contents", "cross_process_flag_us", "gpu_cpu_gpu_flag_us",
     "data_floor_sm_us": {bytes (str): median µs}, "tcp_one_way_us": {bytes (str): median µs},
-    "tcp_one_way_variant": {bytes (str): receive method}, "tcp_netns_one_way_us", "warnings"};
+    "tcp_one_way_variant": {bytes (str): receive method}, "tcp_one_way_name" (TCP_HOSTS where the
+    files have such rows, else TCP_FLOOR), "tcp_netns_one_way_us", "warnings"};
     raises ValueError if the files hold no usable floor."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     if not paths:
@@ -187,10 +190,11 @@ def floors_from_doc(doc: Any, path: str) -> Dict[str, Any]:
     # way found, and the kernels signal with LL lines.
     xp = sorted(ok_rows(XP_FLOOR) + ok_rows(XP_FLOOR, "ll"), key=lambda r: r["median_us"])
     data = {int(r["bytes"]): float(r["median_us"]) for r in ok_rows(*DATA_FLOOR)}
-    tcp, netns = fastest_per_size(TCP_FLOOR), fastest_per_size(TCP_NETNS)
+    tcp_name = TCP_HOSTS if fastest_per_size(TCP_HOSTS) else TCP_FLOOR
+    tcp, netns = fastest_per_size(tcp_name), fastest_per_size(TCP_NETNS)
     if not (xp or data or tcp):
-        raise ValueError(f"{path}: no passing '{XP_FLOOR}', '{DATA_FLOOR[0]}' or "
-                         f"'{TCP_FLOOR}' row")
+        raise ValueError(f"{path}: no passing '{XP_FLOOR}', '{DATA_FLOOR[0]}', "
+                         f"'{TCP_FLOOR}' or '{TCP_HOSTS}' row")
     # The GPU floors come as a pair (one floors run); one without the other is a broken file.
     if data and not xp:
         raise ValueError(f"{path}: no passing '{XP_FLOOR}' row")
@@ -209,6 +213,7 @@ def floors_from_doc(doc: Any, path: str) -> Dict[str, Any]:
         "data_floor_sm_us": {str(k): data[k] for k in sorted(data)},
         "tcp_one_way_us": {str(k): float(tcp[k]["median_us"]) for k in sorted(tcp)},
         "tcp_one_way_variant": {str(k): tcp[k].get("variant") or "" for k in sorted(tcp)},
+        "tcp_one_way_name": tcp_name,
         "tcp_netns_one_way_us": {str(k): float(netns[k]["median_us"]) for k in sorted(netns)},
         "warnings": warnings,
     }
@@ -255,7 +260,8 @@ def floor_for(floors: Dict[str, Any], nbytes: int,
     if kind in ("tcp", "gpu+tcp"):
         if not floors.get("tcp_one_way_us"):
             return None
-        tcp = _interpolate(floors["tcp_one_way_us"], nbytes, TCP_FLOOR)
+        tcp = _interpolate(floors["tcp_one_way_us"], nbytes,
+                           floors.get("tcp_one_way_name") or TCP_FLOOR)
     if gpu and tcp:
         return gpu[0] + tcp[0], f"{gpu[1]} + {tcp[1]}"
     return gpu or tcp
@@ -522,7 +528,9 @@ def print_floor_legend(floors: Dict[str, Any], held: Dict[str, Optional[str]], o
               + ", ".join(f"{_fmt_size(int(k))}: {_fmt_us(v)}"
                           for k, v in floors["data_floor_sm_us"].items()), file=out)
     if floors.get("tcp_one_way_us"):
-        print(f"  tcp: {TCP_FLOOR} one-way (busy-polled TCP ping-pong between two processes, "
+        name = floors.get("tcp_one_way_name") or TCP_FLOOR
+        where = "two hosts" if name == TCP_HOSTS else "two processes"
+        print(f"  tcp: {name} one-way (busy-polled TCP ping-pong between {where}, "
               "the faster receive method per size), interpolated likewise "
               + ", ".join(f"{_fmt_size(int(k))}: {_fmt_us(v)} "
                           f"({floors['tcp_one_way_variant'].get(k, '')})"

@@ -351,8 +351,15 @@ def run(plan: SimpleNamespace, argv: Sequence[str]) -> Optional[Dict[str, Any]]:
             meta["floors"] = {k: floors[k] for k in ("path", "cross_process_flag_us",
                                                      "gpu_cpu_gpu_flag_us", "data_floor_sm_us",
                                                      "tcp_one_way_us", "tcp_one_way_variant",
-                                                     "tcp_netns_one_way_us", "warnings",
-                                                     "contents")}
+                                                     "tcp_one_way_name", "tcp_netns_one_way_us",
+                                                     "warnings", "contents")}
+            hosts = meta.get("launcher", {}).get("hosts", 1)
+            if (hosts > 1 and floors["tcp_one_way_us"]
+                    and floors["tcp_one_way_name"] != cuda_side.TCP_HOSTS):
+                floors["warnings"].append(
+                    f"the ranks span {hosts} hosts but the tcp floor is "
+                    f"{floors['tcp_one_way_name']}: measure it between two of them with "
+                    "tcp_floor --listen / --connect (benchmarks/floors/README.md)")
         except (OSError, ValueError) as e:
             meta["floors"] = {"path": " + ".join(os.path.abspath(p) for p in args.floors),
                               "error": f"{type(e).__name__}: {e}"}
