@@ -4,12 +4,6 @@
 // for what each row means and how to run it.
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <linux/if_link.h>
-#include <linux/io_uring.h>
-#include <linux/netlink.h>
-#include <linux/rtnetlink.h>
-#include <linux/veth.h>
-#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -22,7 +16,6 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,6 +36,8 @@
 #include <vector>
 
 #include "floor_results.hpp"
+#include "io_uring_ring.hpp"
+#include "netns_rtnetlink.hpp"
 
 [[noreturn]] static void Die(const char* file, int line, const char* what) {
   fprintf(stderr, "%s:%d: %s: %s\n", file, line, what, strerror(errno));
@@ -166,108 +161,6 @@ int UsableCpus() {
   cpu_set_t set;
   return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
 }
-
-// An io_uring of a few entries, driven by raw system calls (no liburing). Without SQPOLL each
-// submission is an io_uring_enter and a receive that finds no data completes from the socket's
-// wake-up (task work run when this thread next enters the kernel: the wake-up interrupts its
-// spin); with SQPOLL a kernel thread polls the submission queue, so no system call is made at
-// all. Completions are busy-polled in the completion queue.
-class Ring {
- public:
-  Ring() = default;
-  Ring(const Ring&) = delete;
-  Ring& operator=(const Ring&) = delete;
-  ~Ring() { Close(); }
-
-  // "" or why no ring could be made (io_uring refused by the kernel or a sandbox).
-  std::string Open(bool sqpoll) {
-    Close();
-    io_uring_params p{};
-    if (sqpoll) {
-      p.flags = IORING_SETUP_SQPOLL;
-      p.sq_thread_idle = 2000;  // ms the kernel thread keeps polling an idle queue
-    }
-    fd_ = int(syscall(__NR_io_uring_setup, 8, &p));
-    if (fd_ < 0) return std::string("io_uring_setup: ") + strerror(errno);
-    sqpoll_ = sqpoll;
-    sq_len_ = p.sq_off.array + p.sq_entries * sizeof(unsigned);
-    cq_len_ = p.cq_off.cqes + p.cq_entries * sizeof(io_uring_cqe);
-    sqe_len_ = p.sq_entries * sizeof(io_uring_sqe);
-    const bool one_map = (p.features & IORING_FEAT_SINGLE_MMAP) != 0;
-    if (one_map) sq_len_ = cq_len_ = std::max(sq_len_, cq_len_);
-    sq_ = Map(sq_len_, IORING_OFF_SQ_RING);
-    cq_ = one_map ? sq_ : Map(cq_len_, IORING_OFF_CQ_RING);
-    auto* sqes = static_cast<io_uring_sqe*>(Map(sqe_len_, IORING_OFF_SQES));
-    if (sq_ == nullptr || cq_ == nullptr || sqes == nullptr) {
-      const std::string why = std::string("io_uring mmap: ") + strerror(errno);
-      if (sqes != nullptr) munmap(sqes, sqe_len_);
-      Close();
-      return why;
-    }
-    sqes_ = sqes;
-    auto at = [](void* base, uint32_t off) {
-      return reinterpret_cast<unsigned*>(static_cast<char*>(base) + off);
-    };
-    sq_tail_ = at(sq_, p.sq_off.tail), sq_mask_ = *at(sq_, p.sq_off.ring_mask);
-    sq_flags_ = at(sq_, p.sq_off.flags), sq_array_ = at(sq_, p.sq_off.array);
-    cq_head_ = at(cq_, p.cq_off.head), cq_tail_ = at(cq_, p.cq_off.tail);
-    cq_mask_ = *at(cq_, p.cq_off.ring_mask);
-    cqes_ = reinterpret_cast<io_uring_cqe*>(static_cast<char*>(cq_) + p.cq_off.cqes);
-    return "";
-  }
-  void Close() {
-    if (sqes_ != nullptr) munmap(sqes_, sqe_len_), sqes_ = nullptr;
-    if (cq_ != nullptr && cq_ != sq_) munmap(cq_, cq_len_);
-    if (sq_ != nullptr) munmap(sq_, sq_len_);
-    sq_ = cq_ = nullptr;
-    if (fd_ >= 0) close(fd_), fd_ = -1;  // cancels what is still queued
-  }
-  bool open() const { return fd_ >= 0; }
-
-  // Queues one send or receive (IORING_OP_SEND / IORING_OP_RECV) and submits it; false with
-  // errno when the submission failed.
-  bool Push(uint8_t op, int fd, void* addr, uint32_t len, uint32_t msg_flags, uint64_t tag) {
-    const unsigned tail = *sq_tail_;  // this thread is the queue's only producer
-    const unsigned idx = tail & sq_mask_;
-    io_uring_sqe* e = &sqes_[idx];
-    memset(e, 0, sizeof(*e));
-    e->opcode = op, e->fd = fd, e->addr = uint64_t(uintptr_t(addr)), e->len = len;
-    e->msg_flags = msg_flags, e->user_data = tag;
-    sq_array_[idx] = idx;
-    __atomic_store_n(sq_tail_, tail + 1, __ATOMIC_RELEASE);
-    if (sqpoll_) {
-      // The kernel thread sets NEED_WAKEUP before it sleeps; the fence orders the tail's store
-      // before this load (io_uring(7)).
-      __atomic_thread_fence(__ATOMIC_SEQ_CST);
-      if ((__atomic_load_n(sq_flags_, __ATOMIC_RELAXED) & IORING_SQ_NEED_WAKEUP) == 0) return true;
-      return syscall(__NR_io_uring_enter, fd_, 0, 0, IORING_ENTER_SQ_WAKEUP, nullptr, 0) >= 0;
-    }
-    return syscall(__NR_io_uring_enter, fd_, 1, 0, 0, nullptr, 0) == 1;
-  }
-  // Takes the oldest completion, if any.
-  bool Reap(io_uring_cqe* out) {
-    const unsigned head = *cq_head_;  // this thread is the queue's only consumer
-    if (head == __atomic_load_n(cq_tail_, __ATOMIC_ACQUIRE)) return false;
-    *out = cqes_[head & cq_mask_];
-    __atomic_store_n(cq_head_, head + 1, __ATOMIC_RELEASE);
-    return true;
-  }
-
- private:
-  void* Map(size_t len, off_t off) const {
-    void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, off);
-    return m == MAP_FAILED ? nullptr : m;
-  }
-  int fd_ = -1;
-  bool sqpoll_ = false;
-  size_t sq_len_ = 0, cq_len_ = 0, sqe_len_ = 0;
-  void *sq_ = nullptr, *cq_ = nullptr;
-  io_uring_sqe* sqes_ = nullptr;
-  unsigned *sq_tail_ = nullptr, *sq_flags_ = nullptr, *sq_array_ = nullptr;
-  unsigned *cq_head_ = nullptr, *cq_tail_ = nullptr;
-  unsigned sq_mask_ = 0, cq_mask_ = 0;
-  io_uring_cqe* cqes_ = nullptr;
-};
 
 // The busy-polled socket of one end. Every wait spins (on a non-blocking call, or on the ring's
 // completion queue) and stops at its deadline, checked every 256 spins.
@@ -626,167 +519,6 @@ void OnSignal(int sig) {
   raise(sig);
 }
 
-// ---- rtnetlink: what `ip` would do (a machine without iproute2 still lets root do it) ----
-
-std::string NsPath(const char* ns) {
-  return std::string("/var/run/netns/") + ns;
-}
-
-// This thread into namespace `ns` (nullptr: stays) for the life of the object: a netlink socket
-// and an interface index belong to the namespace of the thread that opens or asks.
-class InNetns {
- public:
-  explicit InNetns(const char* ns) {
-    if (ns == nullptr) return;
-    home_ = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
-    const int fd = open(NsPath(ns).c_str(), O_RDONLY | O_CLOEXEC);
-    ok_ = home_ >= 0 && fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
-    if (!ok_) why_ = "setns " + NsPath(ns) + ": " + strerror(errno);
-    if (fd >= 0) close(fd);
-  }
-  ~InNetns() {
-    if (home_ < 0) return;
-    if (ok_) PCK(setns(home_, CLONE_NEWNET) == 0);
-    close(home_);
-  }
-  const std::string& why() const { return why_; }
-
- private:
-  int home_ = -1;
-  bool ok_ = true;
-  std::string why_;
-};
-
-void PutAttr(std::string& m, uint16_t type, const void* data, size_t n) {
-  const rtattr a{static_cast<unsigned short>(RTA_LENGTH(n)), type};
-  m.append(reinterpret_cast<const char*>(&a), sizeof(a));
-  m.append(static_cast<const char*>(data), n);
-  m.append(RTA_ALIGN(n) - n, '\0');
-}
-void PutAttr(std::string& m, uint16_t type, const std::string& text) {
-  PutAttr(m, type, text.c_str(), text.size() + 1);
-}
-// A nested attribute: opened, filled, then closed (its length patched).
-size_t OpenAttr(std::string& m, uint16_t type) {
-  const size_t at = m.size();
-  const rtattr a{0, type};
-  m.append(reinterpret_cast<const char*>(&a), sizeof(a));
-  return at;
-}
-void CloseAttr(std::string& m, size_t at) {
-  const auto n = static_cast<unsigned short>(m.size() - at);
-  memcpy(&m[at], &n, sizeof(n));
-}
-std::string IfInfo(int index = 0, unsigned flags = 0, unsigned change = 0) {
-  ifinfomsg i{};
-  i.ifi_family = AF_UNSPEC, i.ifi_index = index, i.ifi_flags = flags, i.ifi_change = change;
-  return std::string(reinterpret_cast<const char*>(&i), sizeof(i));
-}
-
-// One request in namespace `ns`, answered by the kernel's acknowledgement: "" or why not.
-std::string Netlink(const char* ns, uint16_t type, uint16_t flags, const std::string& body,
-                    const std::string& what) {
-  int fd = -1;
-  {
-    InNetns in(ns);
-    if (!in.why().empty()) return what + ": " + in.why();
-    fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
-  }
-  if (fd < 0) return what + ": netlink socket: " + strerror(errno);
-  nlmsghdr h{};
-  h.nlmsg_len = static_cast<uint32_t>(sizeof(h) + body.size());
-  h.nlmsg_type = type;
-  h.nlmsg_flags = static_cast<uint16_t>(NLM_F_REQUEST | NLM_F_ACK | flags);
-  h.nlmsg_seq = 1;
-  std::string m(reinterpret_cast<const char*>(&h), sizeof(h));
-  m += body;
-  std::string why = what + ": no answer from the kernel";
-  alignas(nlmsghdr) char buf[8192];
-  if (send(fd, m.data(), m.size(), 0) != ssize_t(m.size())) {
-    why = what + ": netlink send: " + strerror(errno);
-  } else if (WaitFd(fd, POLLIN, NowNs() + kSetupNs)) {
-    const ssize_t k = recv(fd, buf, sizeof(buf), 0);
-    const auto* r = reinterpret_cast<const nlmsghdr*>(buf);
-    if (k >= ssize_t(sizeof(nlmsghdr) + sizeof(nlmsgerr)) && r->nlmsg_type == NLMSG_ERROR) {
-      const int err = static_cast<const nlmsgerr*>(NLMSG_DATA(r))->error;
-      why = err == 0 ? "" : what + ": " + strerror(-err);
-    }
-  }
-  close(fd);
-  return why;
-}
-
-int IndexIn(const char* ns, const char* link) {
-  InNetns in(ns);
-  return in.why().empty() ? static_cast<int>(if_nametoindex(link)) : 0;
-}
-
-// What `ip netns add` does: a new namespace bind-mounted on /var/run/netns/<ns>.
-std::string AddNetns(const char* ns) {
-  mkdir("/var/run/netns", 0755);
-  const std::string path = NsPath(ns);
-  const int f = open(path.c_str(), O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0);
-  if (f < 0) return "create " + path + ": " + strerror(errno);
-  close(f);
-  const int home = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
-  std::string why;
-  if (home < 0 || unshare(CLONE_NEWNET) != 0) {
-    why = std::string("unshare(CLONE_NEWNET): ") + strerror(errno);
-  } else {
-    if (mount("/proc/thread-self/ns/net", path.c_str(), "none", MS_BIND, nullptr) != 0)
-      why = "bind mount on " + path + ": " + strerror(errno);
-    PCK(setns(home, CLONE_NEWNET) == 0);
-  }
-  if (home >= 0) close(home);
-  if (!why.empty()) unlink(path.c_str());
-  return why;
-}
-
-std::string LinkUp(const char* ns, const char* link) {
-  const int index = IndexIn(ns, link);
-  if (index == 0) return std::string("no link ") + link + " in " + ns;
-  return Netlink(ns, RTM_NEWLINK, 0, IfInfo(index, IFF_UP, IFF_UP),
-                 std::string("set ") + link + " up in " + ns);
-}
-
-std::string AddAddress(const char* ns, const char* link, const char* addr) {
-  const int index = IndexIn(ns, link);
-  if (index == 0) return std::string("no link ") + link + " in " + ns;
-  ifaddrmsg a{};
-  a.ifa_family = AF_INET, a.ifa_prefixlen = 24, a.ifa_index = static_cast<unsigned>(index);
-  in_addr ip{};
-  PCK(inet_pton(AF_INET, addr, &ip) == 1);
-  std::string body(reinterpret_cast<const char*>(&a), sizeof(a));
-  PutAttr(body, IFA_LOCAL, &ip, sizeof(ip));
-  PutAttr(body, IFA_ADDRESS, &ip, sizeof(ip));
-  return Netlink(ns, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, body,
-                 std::string("add ") + addr + "/24 to " + link + " in " + ns);
-}
-
-// A veth pair: `a` in namespace `ns_a`, its peer `b` in `ns_b`.
-std::string AddVeth(const char* ns_a, const char* a, const char* ns_b, const char* b) {
-  const int fd_b = open(NsPath(ns_b).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_b < 0) return "open " + NsPath(ns_b) + ": " + strerror(errno);
-  std::string body = IfInfo();
-  PutAttr(body, IFLA_IFNAME, a);
-  const size_t info = OpenAttr(body, IFLA_LINKINFO);
-  PutAttr(body, IFLA_INFO_KIND, "veth");
-  const size_t data = OpenAttr(body, IFLA_INFO_DATA);
-  const size_t peer = OpenAttr(body, VETH_INFO_PEER);
-  body += IfInfo();
-  PutAttr(body, IFLA_IFNAME, b);
-  const uint32_t ns_fd = static_cast<uint32_t>(fd_b);
-  PutAttr(body, IFLA_NET_NS_FD, &ns_fd, sizeof(ns_fd));
-  CloseAttr(body, peer);
-  CloseAttr(body, data);
-  CloseAttr(body, info);
-  const std::string why =
-      Netlink(ns_a, RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, body,
-              std::string("add veth ") + a + " in " + ns_a + " (peer " + b + " in " + ns_b + ")");
-  close(fd_b);
-  return why;
-}
-
 // Creates the two namespaces joined by a veth pair; returns "" or why not (then none is left).
 std::string SetUpNetns(int* lock_fd) {
   if (geteuid() != 0) return "network namespaces need root";
@@ -799,20 +531,20 @@ std::string SetUpNetns(int* lock_fd) {
   // Under the lock no other run uses these names: any found were left by a killed run.
   RemoveNetns();
   g_netns_up = 1;  // from here on a signal removes whatever exists
-  std::string why = AddNetns(kNsA);
-  if (why.empty()) why = AddNetns(kNsB);
-  if (why.empty()) why = AddVeth(kNsA, "rfloor_a", kNsB, "rfloor_b");
-  if (why.empty()) why = AddAddress(kNsA, "rfloor_a", kAddrA);
-  if (why.empty()) why = AddAddress(kNsB, "rfloor_b", kAddrB);
-  if (why.empty()) why = LinkUp(kNsA, "rfloor_a");
-  if (why.empty()) why = LinkUp(kNsB, "rfloor_b");
+  std::string why = rtnl::AddNetns(kNsA);
+  if (why.empty()) why = rtnl::AddNetns(kNsB);
+  if (why.empty()) why = rtnl::AddVeth(kNsA, "rfloor_a", kNsB, "rfloor_b");
+  if (why.empty()) why = rtnl::AddAddress(kNsA, "rfloor_a", kAddrA);
+  if (why.empty()) why = rtnl::AddAddress(kNsB, "rfloor_b", kAddrB);
+  if (why.empty()) why = rtnl::LinkUp(kNsA, "rfloor_a");
+  if (why.empty()) why = rtnl::LinkUp(kNsB, "rfloor_b");
   if (!why.empty()) RemoveNetns();
   return why;
 }
 
 // Enters a named network namespace (what `ip netns exec` does before it runs its command).
 bool EnterNetns(const char* ns, Side* report) {
-  const std::string path = NsPath(ns);
+  const std::string path = rtnl::NsPath(ns);
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
     SetMsg(report, kSysError, "setns " + path + ": " + strerror(errno));
