@@ -208,30 +208,39 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _two_runs(program, tmp_path, *client_args, listen_first=True):
-    """--listen 127.0.0.1:PORT and --connect 127.0.0.1:PORT as two runs; the connecting one
-    started first when not `listen_first` (it tries again while refused). Returns both
-    CompletedProcess-like (returncode, stdout) and the client's JSON."""
-    port = _free_port()
-    out = tmp_path / "hosts.json"
-    listen = [program, "--listen", f"127.0.0.1:{port}"]
-    connect = [program, "--connect", f"localhost:{port}", *client_args, "--json", str(out)]
-    first, second = (listen, connect) if listen_first else (connect, listen)
-    procs = [subprocess.Popen(first, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
-    time.sleep(0.3)
-    procs.append(subprocess.Popen(second, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True))
+def run_together(cmds, stagger_s=0.0, timeout=120):
+    """Runs the commands at once (each started `stagger_s` after the one before) and returns
+    [(returncode, output)] in their order; none is left running."""
+    procs = []
     try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
+        for i, cmd in enumerate(cmds):
+            if i:
+                time.sleep(stagger_s)
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    server, client = (procs[0], procs[1]) if listen_first else (procs[1], procs[0])
-    s_out, c_out = (outs[0], outs[1]) if listen_first else (outs[1], outs[0])
+    return [(p.returncode, o) for p, o in zip(procs, outs)]
+
+
+def _two_runs(program, tmp_path, *client_args, listen_first=True):
+    """--listen 127.0.0.1:PORT and --connect localhost:PORT as two runs; the connecting one
+    started first when not `listen_first` (it tries again while refused). Returns the two
+    (returncode, output), the listening run's first, the client's JSON and the port."""
+    port = _free_port()
+    out = tmp_path / "hosts.json"
+    listen = [program, "--listen", f"127.0.0.1:{port}"]
+    connect = [program, "--connect", f"localhost:{port}", *client_args, "--json", str(out)]
+    if listen_first:
+        server, client = run_together([listen, connect], stagger_s=0.3)
+    else:
+        client, server = run_together([connect, listen], stagger_s=0.3)
     doc = json.loads(out.read_text()) if out.exists() else None
-    return (server.returncode, s_out), (client.returncode, c_out), doc, port
+    return server, client, doc, port
 
 
 @pytest.mark.parametrize("listen_first", (True, False), ids=("listen_first", "connect_first"))

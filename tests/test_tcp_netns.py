@@ -636,6 +636,7 @@ def _tcp_floor_between_hosts(hosts, tmp_path_factory, json_path):
     """benchmarks/floors/build/tcp_floor between the two hosts, as on two machines: --listen on
     host 1, --connect from host 0 (--json `json_path`)."""
     from cxx_build import build_cxx
+    from test_tcp_floor import run_together
 
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     program = build_cxx(tmp_path_factory, os.path.join(os.path.dirname(tests_dir), "benchmarks",
@@ -644,17 +645,8 @@ def _tcp_floor_between_hosts(hosts, tmp_path_factory, json_path):
     ends = [[hosts.names[1], program, "--listen", f"{hosts.ips[1]}:{port}"],
             [hosts.names[0], program, "--connect", f"{hosts.ips[1]}:{port}", "--iters", "300",
              "--json", str(json_path)]]
-    procs = [subprocess.Popen([sys.executable, "-c", ENTER_AND_EXEC, tests_dir, *end],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for end in ends]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(outs)
+    done = run_together([[sys.executable, "-c", ENTER_AND_EXEC, tests_dir, *end] for end in ends])
+    assert all(rc == 0 for rc, _ in done), "\n".join(out for _, out in done)
 
 
 @pytest.mark.parametrize("floor", ("tcp_hosts", "tcp_loopback"))
