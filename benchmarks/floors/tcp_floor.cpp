@@ -328,9 +328,9 @@ sockaddr_in Addr(const char* ip, int port) {
   return a;
 }
 
-// The echo end: listens on `ip`, publishes its port, then for every block receives each message,
-// checks its sequence number (every message) and its bytes (the first and the last), and sends
-// it back.
+// The echo end: listens on `ip`:`port` (0: any), publishes its port, then for every block
+// receives each message, checks its sequence number (every message) and its bytes (the first and
+// the last), and sends it back; between hosts it then sends its verdict. 1 when a check failed.
 int ServerMain(Shared* sh, const char* ip, int port, const Ends& ends) {
   std::string why;
   const int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -401,8 +401,6 @@ int ServerMain(Shared* sh, const char* ip, int port, const Ends& ends) {
   return status;
 }
 
-// The timing end: connects, then per block sends warm-up + --iters messages and times each
-// round trip (one-way = half of it); the first and the last echo are checked byte for byte.
 // A connected socket to ip:port, or -1 with errno set; a refused connection is tried again
 // every 100 ms until `end` when `retry` (the other host's --listen may not be up yet).
 int ConnectTo(const char* ip, int port, uint64_t end, bool retry) {
@@ -428,6 +426,9 @@ int ConnectTo(const char* ip, int port, uint64_t end, bool retry) {
   }
 }
 
+// The timing end: connects, then per block sends warm-up + --iters messages and times each
+// round trip (one-way = half of it); the first and the last echo are checked byte for byte.
+// Between hosts it then takes the echo end's verdict into the blocks.
 int ClientMain(Shared* sh, const Opts& o, const char* ip, const Ends& ends) {
   std::string why;
   const uint64_t setup_end = NowNs() + kSetupNs;
