@@ -31,6 +31,11 @@ int residentBlocksPerSm(bool simple) {
   return coll;
 }
 
+cudaError_t loadCollectiveKernels() {
+  return loadFunctions({reinterpret_cast<const void*>(collectiveKernel<false>),
+                        reinterpret_cast<const void*>(collectiveKernel<true>)});
+}
+
 cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream) {
   if (args.reg.simple != 0) return launchKernel(collectiveKernel<true>, args, blocks, stream);
   return launchKernel(collectiveKernel<false>, args, blocks, stream);

@@ -22,9 +22,13 @@ int splitsBlocksPerSm(bool simple);
 // largest exchange, `threads` per block (a multiple of 32, at most kThreads: one per LL line).
 cudaError_t launchOneRound(const CollectiveArgs& args, unsigned blocks, unsigned threads,
                            cudaStream_t stream);
-// Loads the send and recv kernels now. Under lazy module loading (CUDA's default) a kernel
-// is loaded at its first launch, which may wait for the context's running kernels: a recv
-// spinning for a peer whose matching send is stuck in that load would never finish.
+// Each loads its file's kernels now, every instantiation. Under lazy module loading (CUDA's
+// default) a kernel is loaded at its first launch, which may wait for the context's running
+// kernels: a recv spinning for a peer whose matching send (or whose next op, as the first
+// reduction of a dtype or the first EP kernel) is stuck in such a load would never finish.
+cudaError_t loadCollectiveKernels();
+cudaError_t loadSplitsKernels();
+cudaError_t loadOneRoundKernels();
 cudaError_t loadP2PKernels();
 cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream);
 cudaError_t launchRecv(const P2PArgs& args, unsigned blocks, cudaStream_t stream);

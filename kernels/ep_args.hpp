@@ -94,6 +94,10 @@ struct CombineReduceArgs {
 // True in a build with these kernels (false: built without nvcc; the launchers then fail).
 bool kernelsBuilt();
 
+// Loads every instantiation of the kernels now, "" or the CUDA error: before a group's first
+// op (kernels/collective_launch.hpp says why a first launch must not load one).
+std::string loadKernels();
+
 // Each launches one kernel on `stream` (a cudaStream_t) and returns "" or the CUDA error.
 std::string launchRoute(const RouteArgs& args, void* stream);
 std::string launchUnpack(const UnpackArgs& args, void* stream);

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "ep_args.hpp"
+#include "launch_device.cuh"
 
 namespace resident {
 namespace ep {
@@ -394,6 +395,34 @@ std::string result(cudaError_t err) {
 
 bool kernelsBuilt() {
   return true;
+}
+
+std::string loadKernels() {
+  const auto fn = [](auto kernel) { return reinterpret_cast<const void*>(kernel); };
+  cudaError_t err = cudaSuccess;
+  for (int unit : {16, 8, 4, 2, 1}) {  // every copy unit of byUnit
+    if (err == cudaSuccess) {
+      err = byUnit(unit, [&](auto u) {
+        using V = decltype(u);
+        return gpu::loadFunctions(
+            {fn(routeKernel<V, void>), fn(unpackKernel<V>), fn(combinePackKernel<V>)});
+      });
+    }
+  }
+  for (Dtype in : {Dtype::kFloat32, Dtype::kFloat16, Dtype::kBFloat16}) {
+    for (Dtype out : {Dtype::kFloat32, Dtype::kFloat16, Dtype::kBFloat16}) {
+      if (err != cudaSuccess) break;
+      err = byDtype(in, [&](auto i) {
+        return byDtype(out, [&](auto o) {
+          using In = decltype(i);
+          using Out = decltype(o);
+          return gpu::loadFunctions(
+              {fn(combineReduceKernel<In, Out>), fn(routeKernel<uint8_t, In>)});
+        });
+      });
+    }
+  }
+  return result(err);
 }
 
 std::string launchRoute(const RouteArgs& a, void* stream) {

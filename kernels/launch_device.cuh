@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <initializer_list>
+
 #include "exchange_args.hpp"
 
 namespace resident {
@@ -37,6 +39,17 @@ __device__ __forceinline__ bool lastOf(uint32_t* counter, uint32_t count) {
 // The same over all blocks of the grid (called once per block, at the end of a kernel).
 __device__ __forceinline__ bool lastBlockOf(uint32_t* counter) {
   return lastOf(counter, gridDim.x);
+}
+
+// Loads each of `kernels` now (cudaFuncGetAttributes loads a function under lazy module
+// loading); the first error, else cudaSuccess. See collective_launch.hpp's load functions.
+inline cudaError_t loadFunctions(std::initializer_list<const void*> kernels) {
+  cudaFuncAttributes attr;
+  for (const void* k : kernels) {
+    const cudaError_t err = cudaFuncGetAttributes(&attr, k);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 // Every kernel goes out with programmatic dependent launch: the next op's kernel is scheduled

@@ -380,6 +380,19 @@ __global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__
 
 }  // namespace
 
+cudaError_t loadOneRoundKernels() {
+  cudaError_t err = loadFunctions({reinterpret_cast<const void*>(oneRoundCopy<false>),
+                                   reinterpret_cast<const void*>(oneRoundCopy<true>)});
+  for (uint8_t code = kF32; err == cudaSuccess && code <= kI8; ++code) {
+    err = withAcc(code, [](auto acc) {
+      using Acc = decltype(acc);
+      return loadFunctions({reinterpret_cast<const void*>(oneRoundReduce<Acc, false>),
+                            reinterpret_cast<const void*>(oneRoundReduce<Acc, true>)});
+    });
+  }
+  return err;
+}
+
 cudaError_t launchOneRound(const CollectiveArgs& args, unsigned blocks, unsigned threads,
                            cudaStream_t stream) {
   const bool simple = args.reg.simple != 0;

@@ -253,15 +253,10 @@ bool simpleOp(const P2PArgs& a) {
 }  // namespace
 
 cudaError_t loadP2PKernels() {
-  cudaFuncAttributes attr;
-  for (const void* k : {reinterpret_cast<const void*>(sendKernel<false>),
+  return loadFunctions({reinterpret_cast<const void*>(sendKernel<false>),
                         reinterpret_cast<const void*>(sendKernel<true>),
                         reinterpret_cast<const void*>(recvKernel<false>),
-                        reinterpret_cast<const void*>(recvKernel<true>)}) {
-    const cudaError_t err = cudaFuncGetAttributes(&attr, k);
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+                        reinterpret_cast<const void*>(recvKernel<true>)});
 }
 
 cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream) {

@@ -281,6 +281,11 @@ int splitsBlocksPerSm(bool simple) {
   return n;
 }
 
+cudaError_t loadSplitsKernels() {
+  return loadFunctions({reinterpret_cast<const void*>(splitsKernel<false>),
+                        reinterpret_cast<const void*>(splitsKernel<true>)});
+}
+
 cudaError_t launchSplits(const SplitsArgs& args, unsigned blocks, cudaStream_t stream) {
   if (args.coll.reg.simple != 0) return launchKernel(splitsKernel<true>, args, blocks, stream);
   return launchKernel(splitsKernel<false>, args, blocks, stream);

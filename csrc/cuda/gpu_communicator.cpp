@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "cuda/cuda_guards.hpp"
+#include "ep_args.hpp"
 #include "region_offsets.cuh"
 #include "rounds_device.cuh"
 
@@ -57,17 +58,22 @@ std::vector<int> parseCpuList(const std::string& text) {
   return cpus;
 }
 
-// Every kernel loaded before a device's first op of the process: under lazy module loading
-// (CUDA's default) a first launch may wait for the context's running kernels, such as a recv
-// spinning for that very launch's peer (collective_launch.hpp). Once per device, before any of
-// our kernels can be running there (the collective kernels are loaded by their occupancy
-// queries).
+// Every kernel of the library loaded before a device's first op of the process: under lazy
+// module loading (CUDA's default) a first launch may wait for the context's running kernels,
+// such as a recv spinning for a peer whose own first launch of some kernel waits in turn
+// (collective_launch.hpp). Every instantiation, the EP kernels' included: any first launch can
+// be the one that waits. Once per device, before any of our kernels can be running there.
 void loadKernelsOnce(int device) {
   static std::mutex mu;
   static std::set<int> loaded;
   std::lock_guard<std::mutex> lock(mu);
   if (loaded.count(device) != 0) return;
+  checkCuda(gpu::loadCollectiveKernels(), "loading the collective kernels");
+  checkCuda(gpu::loadSplitsKernels(), "loading the device-splits all_to_all kernels");
+  checkCuda(gpu::loadOneRoundKernels(), "loading the one-round kernels");
   checkCuda(gpu::loadP2PKernels(), "loading the send/recv kernels");
+  const std::string ep = ep::loadKernels();
+  if (!ep.empty()) throw CommError("resident: loading the EP kernels: " + ep);
   loaded.insert(device);
 }
 
