@@ -165,3 +165,32 @@ def test_data_files_are_cited():
 
 def test_data_citation_patterns_expand():
     assert _expand("a_{1,2}.{x,y}") == ["a_1.x", "a_1.y", "a_2.x", "a_2.y"]
+
+
+# Every kernel is loaded before a device's first op (loadKernelsOnce in
+# csrc/cuda/gpu_communicator.cpp calls each file's load function): under CUDA's lazy module
+# loading a first launch may wait for the running kernels, which can be a recv waiting for a
+# peer stuck in such a load of its own (kernels/collective_launch.hpp). A kernel added to a file
+# without being named in its loadFunctions list would bring that back.
+KERNEL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(")
+LOADED = re.compile(r"loadFunctions\(\s*\{(.*?)\}\s*\)", re.DOTALL)
+
+
+def test_every_kernel_is_loaded_ahead():
+    files = sorted((ROOT / "kernels").glob("*.cu"))
+    assert len(files) >= 5
+    missing = []
+    for p in files:
+        text = p.read_text()
+        loaded = " ".join(LOADED.findall(text))
+        for name in KERNEL.findall(text):
+            if not re.search(rf"\b{name}\b", loaded):
+                missing.append(f"{p.relative_to(ROOT)}: {name}")
+    assert not missing, ("kernels not named in their file's loadFunctions list (see this "
+                         "test's comment): " + ", ".join(missing))
+    caller = (ROOT / "csrc" / "cuda" / "gpu_communicator.cpp").read_text()
+    body = caller[caller.index("void loadKernelsOnce("):]
+    body = body[:body.index("\n}\n")]
+    for fn in ("loadCollectiveKernels", "loadSplitsKernels", "loadOneRoundKernels",
+               "loadP2PKernels", "ep::loadKernels"):
+        assert f"{fn}()" in body, f"loadKernelsOnce does not call {fn}"
