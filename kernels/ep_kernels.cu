@@ -409,17 +409,20 @@ std::string loadKernels() {
       });
     }
   }
-  for (Dtype in : {Dtype::kFloat32, Dtype::kFloat16, Dtype::kBFloat16}) {
-    for (Dtype out : {Dtype::kFloat32, Dtype::kFloat16, Dtype::kBFloat16}) {
-      if (err != cudaSuccess) break;
-      err = byDtype(in, [&](auto i) {
-        return byDtype(out, [&](auto o) {
-          using In = decltype(i);
-          using Out = decltype(o);
-          return gpu::loadFunctions(
-              {fn(combineReduceKernel<In, Out>), fn(routeKernel<uint8_t, In>)});
+  const Dtype dtypes[] = {Dtype::kFloat32, Dtype::kFloat16, Dtype::kBFloat16};
+  for (Dtype in : dtypes) {
+    // the routing kernel's FP8 cast from `in`, then the combine of `in` into every dtype
+    if (err == cudaSuccess)
+      err = byDtype(
+          in, [&](auto i) { return gpu::loadFunctions({fn(routeKernel<uint8_t, decltype(i)>)}); });
+    for (Dtype out : dtypes) {
+      if (err == cudaSuccess) {
+        err = byDtype(in, [&](auto i) {
+          return byDtype(out, [&](auto o) {
+            return gpu::loadFunctions({fn(combineReduceKernel<decltype(i), decltype(o)>)});
+          });
         });
-      });
+      }
     }
   }
   return result(err);

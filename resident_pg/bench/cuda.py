@@ -190,8 +190,9 @@ def floors_from_doc(doc: Any, path: str) -> Dict[str, Any]:
     # way found, and the kernels signal with LL lines.
     xp = sorted(ok_rows(XP_FLOOR) + ok_rows(XP_FLOOR, "ll"), key=lambda r: r["median_us"])
     data = {int(r["bytes"]): float(r["median_us"]) for r in ok_rows(*DATA_FLOOR)}
-    tcp_name = TCP_HOSTS if fastest_per_size(TCP_HOSTS) else TCP_FLOOR
-    tcp, netns = fastest_per_size(tcp_name), fastest_per_size(TCP_NETNS)
+    hosts = fastest_per_size(TCP_HOSTS)
+    tcp_name = TCP_HOSTS if hosts else TCP_FLOOR
+    tcp, netns = hosts or fastest_per_size(TCP_FLOOR), fastest_per_size(TCP_NETNS)
     if not (xp or data or tcp):
         raise ValueError(f"{path}: no passing '{XP_FLOOR}', '{DATA_FLOOR[0]}', "
                          f"'{TCP_FLOOR}' or '{TCP_HOSTS}' row")

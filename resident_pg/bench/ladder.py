@@ -348,11 +348,6 @@ def run(plan: SimpleNamespace, argv: Sequence[str]) -> Optional[Dict[str, Any]]:
     if args.floors:
         try:
             floors = cuda_side.load_floors(args.floors)
-            meta["floors"] = {k: floors[k] for k in ("path", "cross_process_flag_us",
-                                                     "gpu_cpu_gpu_flag_us", "data_floor_sm_us",
-                                                     "tcp_one_way_us", "tcp_one_way_variant",
-                                                     "tcp_one_way_name", "tcp_netns_one_way_us",
-                                                     "warnings", "contents")}
             hosts = meta.get("launcher", {}).get("hosts", 1)
             if (hosts > 1 and floors["tcp_one_way_us"]
                     and floors["tcp_one_way_name"] != cuda_side.TCP_HOSTS):
@@ -360,6 +355,11 @@ def run(plan: SimpleNamespace, argv: Sequence[str]) -> Optional[Dict[str, Any]]:
                     f"the ranks span {hosts} hosts but the tcp floor is "
                     f"{floors['tcp_one_way_name']}: measure it between two of them with "
                     "tcp_floor --listen / --connect (benchmarks/floors/README.md)")
+            meta["floors"] = {k: floors[k] for k in ("path", "cross_process_flag_us",
+                                                     "gpu_cpu_gpu_flag_us", "data_floor_sm_us",
+                                                     "tcp_one_way_us", "tcp_one_way_variant",
+                                                     "tcp_one_way_name", "tcp_netns_one_way_us",
+                                                     "warnings", "contents")}
         except (OSError, ValueError) as e:
             meta["floors"] = {"path": " + ".join(os.path.abspath(p) for p in args.floors),
                               "error": f"{type(e).__name__}: {e}"}
