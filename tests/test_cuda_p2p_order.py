@@ -2,11 +2,11 @@
 
 Two launch policies (RESIDENT_GPU_P2P_STREAM, see csrc/c10d/work_cuda.hpp): ``own``
 launches every send/recv at once on a stream of its own per peer and direction; ``auto`` (the
-default) launches lazily: a *blocking* send/recv (c10d's ``dist.send`` / ``dist.recv``:
-isend/irecv whose ``.wait()`` follows at once, on the same stream) runs its kernel on the
-caller's current stream (programmatic dependent launch), and an op not waited on at once
-(another call on the group, another Work's wait, ``is_completed()``, the Work's destruction,
-a stream switch before its wait) is launched on its own stream, joined back at ``wait()``.
+default) does the same outside graph captures and launches lazily inside one: a *blocking*
+send/recv (c10d's ``dist.send`` / ``dist.recv``: isend/irecv whose ``.wait()`` follows at
+once, on the same stream) joins the capturing stream (programmatic dependent launch), and an
+op not waited on at once (another call on the group, another Work's wait, ``is_completed()``,
+the Work's destruction) goes on its own stream, joined back at ``wait()``.
 Contract for both: ANY call order of isend/irecv completes (no deadlock) with correct data,
 eagerly and in graphs.  The default path jobs run ``auto``; ``direct+own`` and
 ``proxy+own`` (2 and 4 ranks) run ``own``.
@@ -31,8 +31,13 @@ spawned job per (ws, path), each case its own item, see cuda_harness.GpuJobCache
     shared round order across streams is exercised;
 11. an isend, then the host blocks until the peer has the data (a barrier through the test's
     store, not through resident), then its wait(); the peer: a blocking recv, a host copy of
-    the data, the barrier. No resident call follows the isend before the barrier, so under
-    ``auto`` only the flusher thread can launch it (as an NCCL isend would just run).
+    the data, the barrier. No resident call follows the isend before the barrier: it must
+    have been launched when it was called (as an NCCL isend would just run);
+12. a ring's irecv and isend, then the first launch of a kernel that no other case runs,
+    then the waits: under CUDA's lazy module loading (torch's default) that launch loads the
+    kernel's code, which waits for the process's running kernels (the ring's recv, waiting
+    for the peer's send); a send not launched by then could not start until it ended, on
+    both ranks at once (docs/op_mix.md).
 
 Data: make_input with distinct keys; received data compared bitwise with the peer's input
 regenerated independently; every sent buffer must be unmodified; receive buffers start as
@@ -374,6 +379,42 @@ def _host_waits_on_peer(rank, ws):
     return errs, {}
 
 
+# ---- 12: a kernel's first launch between a ring's issue and its waits ---------------
+
+
+def _first_launches():
+    """One torch op per size that nothing else in these tests runs (float64 polynomials)."""
+    import torch
+
+    return (lambda x: torch.special.chebyshev_polynomial_t(x, 3),
+            lambda x: torch.special.hermite_polynomial_h(x, 2),
+            lambda x: torch.special.laguerre_polynomial_l(x, 4))
+
+
+def _first_launch_between(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    errs = []
+    left, right = _ring(rank, ws)
+    for si, (lab, first) in enumerate(zip(SIZES, _first_launches())):
+        m = _Msg(f"cuda/p2po/first_launch/{lab}", rank, lab, "float64")
+        x = torch.linspace(-1.0, 1.0, 257, dtype=torch.float64, device=m.buf.device)
+        wr = dist.irecv(m.buf, src=left, tag=70 + si)
+        wsend = dist.isend(m.src, dst=right, tag=70 + si)
+        y = first(x)  # its first launch in this process: a module load under lazy loading
+        wr.wait()
+        wsend.wait()
+        errs += m.received(left) + m.unmodified()
+        ref = first(x.cpu())
+        if not torch.allclose(y.cpu(), ref, rtol=1e-12, atol=1e-12):
+            errs.append(f"{lab}: the op launched between the ring's issue and its waits "
+                        f"differs from the CPU's result")
+        if errs:
+            return errs, {}
+    return errs, {}
+
+
 # ---- 9: the same inside a CUDA graph ------------------------------------------------
 
 
@@ -450,6 +491,7 @@ add("blocking_ping_pong_with_all_reduce[pair]", _ping_pong, identical=True)
 add("cuda_graph_ping_pong_and_irecv_first[pair-ring]", _graph)
 add("own_and_caller_stream_launches_one_direction[pair]", _mixed_launches)
 add("isend_then_host_waits_on_peer[pair]", _host_waits_on_peer)
+add("first_kernel_launch_between_ring_issue_and_waits[ring]", _first_launch_between)
 
 
 # ---- the jobs and the per-case tests ------------------------------------------------

@@ -7,13 +7,11 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <map>
 
 #include "c10d/synchronous_call.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "core/pending_flusher.hpp"
 #include "cuda/cuda_guards.hpp"
 
 namespace resident {
@@ -139,8 +137,6 @@ class CudaStreams {
   }
   const int device_;
   c10::cuda::CUDAStream side_;
-  // RESIDENT_GPU_P2P_STREAM=auto: the process's flusher thread, held while this group lives.
-  std::shared_ptr<PendingFlusher> flusher_;
   bool has_last_ = false;
   cudaStream_t last_ = nullptr;
 
@@ -161,52 +157,20 @@ struct WorkCuda::P2PLaunch {
   cudaEvent_t ready;               // recorded on `caller` then: the op's inputs are ready
   unsigned long long capture = 0;  // id of the capture under way on `caller` then (0: none)
   at::Tensor tensor;               // for the caching allocator, if it runs elsewhere
-  bool lazy;                       // RESIDENT_GPU_P2P_STREAM=auto: ordering with caller streams
+  bool lazy;                       // held until its wait (a capture under auto): see pointToPoint
 };
 
 namespace {
 
-// The one send/recv of this process not launched yet (every resident call launches the
-// previous one first, so there is never more than one).
-// Written under pending_mu; read without it first, so that ops with nothing pending (every op
-// under RESIDENT_GPU_P2P_STREAM=own) take no lock.
+// The one send/recv of this process not launched yet: one called during a graph capture
+// (every resident call launches the previous one first, so there is never more than one).
+// Written under pending_mu; read without it first, so that ops with nothing pending (every
+// eager op) take no lock.
 std::mutex pending_mu;
 std::atomic<WorkCuda*> pending_work{nullptr};
-// The pending op's number (0: none), for the flusher; numbers are never reused.
-std::atomic<uint64_t> pending_number{0};
-uint64_t last_number = 0;  // under pending_mu
-// Set at process exit (under pending_mu): the flusher launches nothing more, so an op held at
-// exit (its Work never waited on) is not launched while CUDA tears down.
-bool process_exiting = false;
-
-void stopFlushingAtExit() {
-  std::lock_guard<std::mutex> lock(pending_mu);  // waits for a launch in progress
-  process_exiting = true;
-}
 
 void clearPendingLocked() {
   pending_work.store(nullptr, std::memory_order_release);
-  pending_number.store(0);
-}
-
-// A lazy op nobody launched within a tick is launched by this thread (one per process,
-// running while a group with RESIDENT_GPU_P2P_STREAM=auto lives).
-constexpr std::chrono::microseconds kFlushTick{200};
-
-std::shared_ptr<PendingFlusher> sharedFlusher() {
-  static std::mutex mu;
-  static std::weak_ptr<PendingFlusher> weak;
-  std::lock_guard<std::mutex> lock(mu);
-  std::shared_ptr<PendingFlusher> f = weak.lock();
-  static const bool at_exit = std::atexit(stopFlushingAtExit) == 0;
-  (void)at_exit;
-  if (!f) {
-    f = std::make_shared<PendingFlusher>(
-        kFlushTick, [] { return pending_number.load(); },
-        [](uint64_t number) { flushStalePendingP2P(number); });
-    weak = f;
-  }
-  return f;
 }
 
 unsigned long long captureIdOf(cudaStream_t s) {
@@ -236,7 +200,7 @@ WorkCuda::WorkCuda(std::shared_ptr<GpuCommunicator> gpu, std::shared_ptr<CudaStr
 WorkCuda::~WorkCuda() {
   std::unique_ptr<P2PLaunch> spent;  // released after the lock (see launchP2P)
   if (lazy_p2p_) {
-    std::lock_guard<std::mutex> lock(pending_mu);  // the flusher may be launching it
+    std::lock_guard<std::mutex> lock(pending_mu);  // another thread's call may be launching it
     if (p2p_) {
       // Dropped before its wait: it must still run (the peer is matching it).
       try {
@@ -285,13 +249,14 @@ void WorkCuda::launchP2PNow(const P2PLaunch& p, bool on_caller, void* stream) {
     else
       gpu_->recv(p.data, p.bytes, p.peer, on);
   };
-  RLOG_DEBUG("%s %zu bytes with rank %d: launched on %s", p.send ? "send" : "recv", p.bytes, p.peer,
-             on_caller ? "the caller's stream" : "its own stream");
-  // Lazy launches: the direction's kernels share its round counter, so each starts after the
-  // previous one, wherever that ran (both inside one capture, or both outside captures; a flag
-  // is cleared only once a launch has waited for it). Without them every kernel of a
-  // direction is on its own stream, in order.
+  // Lazy launches (inside a capture): the direction's kernels share its round counter, so each
+  // starts after the previous one of the same capture, wherever that ran (a flag is cleared
+  // only once a launch has waited for it). Eager ones are all on the direction's own stream,
+  // in order.
   CudaStreams::P2PTail* tail = p.lazy ? &streams_->tail(p.peer, p.send) : nullptr;
+  RLOG_DEBUG("%s %zu bytes with rank %d: launched on %s%s", p.send ? "send" : "recv", p.bytes,
+             p.peer, on_caller ? "the caller's stream" : "its own stream",
+             p.capture != 0 ? " (in a capture)" : "");
   if (on_caller) {
     auto s = static_cast<cudaStream_t>(stream);
     if (tail->own_unjoined && tail->own_capture == p.capture) {
@@ -357,31 +322,9 @@ void flushPendingP2P() {
   spent = WorkCuda::launchPendingLocked();
 }
 
-void flushStalePendingP2P(uint64_t number) {
-  try {
-    std::lock_guard<std::mutex> lock(pending_mu);
-    WorkCuda* w = pending_work.load(std::memory_order_acquire);
-    if (w == nullptr || pending_number.load() != number) return;  // launched meanwhile
-    if (process_exiting) return;
-    c10::cuda::CUDAGuard guard(w->device_);
-    // This thread's calls must not count as unsafe during another thread's global-mode capture.
-    RelaxedCapture relaxed;
-    RLOG_DEBUG("a send/recv not waited on within %lld us: launched on its own stream",
-               static_cast<long long>(kFlushTick.count()));
-    // The spent launch stays with the Work: this thread never drops a tensor (its last
-    // reference can need the GIL, which a thread joining this one may hold).
-    w->parked_ = WorkCuda::launchPendingLocked();
-  } catch (const std::exception& e) {
-    // Its wait() raises the launch error (launch_error_).
-    RLOG_WARN("resident: launching a pending send/recv from the flusher failed: %s", e.what());
-  } catch (...) {
-    RLOG_WARN("resident: launching a pending send/recv from the flusher failed");
-  }
-}
-
 bool WorkCuda::isCompleted() {
   // Polled instead of waited on: what is pending (this op or a later one) runs. A lazy op
-  // takes the lock even with nothing pending: the flusher may be launching it right now.
+  // takes the lock even with nothing pending: another thread's call may be launching it.
   if (lazy_p2p_) {
     std::unique_ptr<P2PLaunch> spent;
     std::lock_guard<std::mutex> lock(pending_mu);
@@ -486,7 +429,6 @@ c10::Device CudaPath::deviceFor(const at::Tensor& first) {
     auto made = std::make_shared<CudaStreams>(device.index(), comm_.size());
     gpu_ = std::make_shared<GpuCommunicator>(comm_, device.index(), timeout_ms_);
     streams_ = std::move(made);
-    if (comm_.config().gpu_p2p_stream == P2PStream::kAuto) streams_->flusher_ = sharedFlusher();
   } else if (gpu_->device() != device.index()) {
     throw InvalidArgument(
         "resident: this group's CUDA path is on cuda:" + std::to_string(gpu_->device()) +
@@ -573,7 +515,7 @@ c10::intrusive_ptr<c10d::Work> CudaPath::pointToPoint(c10d::OpType type, const c
                         streams_->get(),
                         capture,
                         tensor,
-                        comm_.config().gpu_p2p_stream == P2PStream::kAuto};
+                        capture != 0 && comm_.config().gpu_p2p_stream == P2PStream::kAuto};
   C10_CUDA_CHECK(cudaEventRecord(p.ready, current));
   std::vector<at::Tensor> outputs;
   if (!send) outputs.push_back(tensor);
@@ -594,11 +536,7 @@ c10::intrusive_ptr<c10d::Work> CudaPath::pointToPoint(c10d::OpType type, const c
     spent = WorkCuda::launchPendingLocked();  // if it throws, this op is dropped unlaunched
     work->lazy_p2p_ = true;
     pending_work.store(work.get(), std::memory_order_release);
-    // Ops of a capture are not the flusher's: nothing runs before the graph does, so an early
-    // launch would unblock no peer, only change the graph's shape with timing.
-    pending_number.store(capture != 0 ? 0 : ++last_number);
   }
-  if (capture == 0) streams_->flusher_->notePending();
   return work;
 }
 
@@ -614,8 +552,6 @@ void CudaPath::shutdown() {
     RLOG_WARN("resident: launching a pending send/recv at shutdown failed: %s", e.what());
   }
   if (gpu_) gpu_->shutdown();
-  // The flusher thread ends with the last group that holds it, not with the last Work.
-  if (streams_) streams_->flusher_.reset();
   streams_.reset();
 }
 

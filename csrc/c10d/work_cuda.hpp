@@ -72,13 +72,11 @@ class WorkCuda : public c10d::Work {
   void launchP2PNow(const P2PLaunch& p, bool on_caller, void* stream);
   static std::unique_ptr<P2PLaunch> launchPendingLocked();
   // Set for a lazily launched send/recv: its wait, is_completed and destruction take the
-  // pending-op lock, since another thread (the flusher) may be launching it.
+  // pending-op lock, since another thread's resident call may be launching it.
   bool lazy_p2p_ = false;
-  // A launch spent on the flusher's thread, or one that failed: released with the Work, on its
-  // owner's thread.
+  // A launch that failed: released with the Work, on its owner's thread.
   std::unique_ptr<P2PLaunch> parked_;
   friend void flushPendingP2P();
-  friend void flushStalePendingP2P(uint64_t number);
   friend class CudaPath;
 };
 
@@ -98,17 +96,20 @@ class CudaPath {
       const std::vector<at::Tensor>& inputs, bool async_op,
       c10::function_ref<void(GpuCommunicator&, void*)> launch);
 
-  // A send (`send`) or recv of `tensor` with `peer`. Its kernel is launched lazily: if the
-  // next thing this process does with resident is this op's own wait() on the stream it was
-  // called on (c10d's blocking send/recv), the kernel runs on that stream, where it gets
-  // programmatic dependent launch; anything else first (another resident call, another Work's
-  // wait, is_completed(), dropping the Work, a stream switch) launches it on a stream of its
-  // own per peer and direction, ordered after the point it was called at and joined back on
-  // wait(), so that isend/irecv in any order cannot block each other (as ProcessGroupNCCL's
-  // p2p streams). An op still not launched after a tick (0.2-0.4 ms: its caller blocked the
-  // host on something else, say a peer waiting for this message) is launched the second way
-  // by the flusher thread, so every op starts without the caller's help, as with NCCL.
-  // RESIDENT_GPU_P2P_STREAM=own launches every send/recv the second way at once.
+  // A send (`send`) or recv of `tensor` with `peer`. Outside a graph capture its kernel is
+  // launched at once on a stream of its own per peer and direction, ordered after the point it
+  // was called at and joined back on wait(), so that isend/irecv in any order cannot block each
+  // other (as ProcessGroupNCCL's p2p streams). It is never held: a held op waits for its
+  // process's host, and a host thread can block inside CUDA while the peer waits for it (the
+  // first launch of any kernel under lazy module loading waits for the device's work to drain,
+  // holding the context's lock that a helper thread's launch would need; docs/op_mix.md).
+  // During a capture (RESIDENT_GPU_P2P_STREAM=auto) it is launched lazily: if the next thing
+  // this process does with resident is this op's own wait() on the capturing stream (c10d's
+  // blocking send/recv), the kernel joins that stream, where it gets programmatic dependent
+  // launch; anything else first (another resident call, another Work's wait, is_completed(),
+  // dropping the Work) puts it on its own stream, joined to the capture. No kernel runs during
+  // a capture, so holding one blocks nobody. RESIDENT_GPU_P2P_STREAM=own launches every
+  // send/recv the first way at once.
   c10::intrusive_ptr<c10d::Work> pointToPoint(c10d::OpType type, const char* title,
                                               const at::Tensor& tensor, bool send, int peer);
 
@@ -131,8 +132,5 @@ class CudaPath {
 // Launches the send/recv still waiting to be launched, if any (every resident call does this
 // first, in any group: at most one op is pending in the process).
 void flushPendingP2P();
-// The flusher thread's launch (core/pending_flusher.hpp): the pending op, if it is still op
-// `number` (a lazy op nobody launched within a tick, e.g. the host blocked on a peer instead).
-void flushStalePendingP2P(uint64_t number);
 
 }  // namespace resident
