@@ -202,10 +202,18 @@ def _alive(pid):
 HOST_METHODS = ["spin_recv", "epoll_recv"]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def _free_port(family=socket.AF_INET):
+    with socket.socket(family) as s:
+        s.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _has_ipv6_loopback():
+    try:
+        _free_port(socket.AF_INET6)
+        return True
+    except OSError:
+        return False
 
 
 def run_together(cmds, stagger_s=0.0, timeout=120):
@@ -227,14 +235,16 @@ def run_together(cmds, stagger_s=0.0, timeout=120):
     return [(p.returncode, o) for p, o in zip(procs, outs)]
 
 
-def _two_runs(program, tmp_path, *client_args, listen_first=True):
-    """--listen 127.0.0.1:PORT and --connect localhost:PORT as two runs; the connecting one
-    started first when not `listen_first` (it tries again while refused). Returns the two
-    (returncode, output), the listening run's first, the client's JSON and the port."""
-    port = _free_port()
+def _two_runs(program, tmp_path, *client_args, listen_first=True,
+              hosts=("127.0.0.1", "localhost")):
+    """--listen 127.0.0.1:PORT and --connect localhost:PORT (or the two `hosts`) as two runs;
+    the connecting one started first when not `listen_first` (it tries again while refused).
+    Returns the two (returncode, output), the listening run's first, the client's JSON and the
+    port."""
+    port = _free_port(socket.AF_INET6 if hosts[0].startswith("[") else socket.AF_INET)
     out = tmp_path / "hosts.json"
-    listen = [program, "--listen", f"127.0.0.1:{port}"]
-    connect = [program, "--connect", f"localhost:{port}", *client_args, "--json", str(out)]
+    listen = [program, "--listen", f"{hosts[0]}:{port}"]
+    connect = [program, "--connect", f"{hosts[1]}:{port}", *client_args, "--json", str(out)]
     if listen_first:
         server, client = run_together([listen, connect], stagger_s=0.3)
     else:
@@ -273,6 +283,18 @@ def test_two_host_rows_pass_and_are_the_benchs_tcp_floor(program, tmp_path, list
     assert bc.load_floors(str(loop))["tcp_one_way_name"] == "tcp_loopback"
 
 
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback address on this machine")
+def test_two_host_rows_over_ipv6(program, tmp_path):
+    (s_rc, s_out), (c_rc, c_out), doc, port = _two_runs(
+        program, tmp_path, "--iters", "50", hosts=("[::1]", "[::1]"))
+    assert s_rc == 0 and c_rc == 0, s_out + c_out
+    assert f"listening on [::1]:{port}" in s_out and "every check passed" in s_out, s_out
+    assert len(doc["results"]) == len(SIZES) * len(HOST_METHODS)
+    for r in doc["results"]:
+        assert r["ok"] is True and "client=ok server=ok" in r["note"], r
+    assert doc["peer"] == f"[::1]:{port}"
+
+
 def test_two_host_spoiled_message_fails_on_both_ends(program, tmp_path):
     """The echo end's checks reach the timing end's rows (its verdict after the last block)."""
     (s_rc, s_out), (c_rc, c_out), doc, _ = _two_runs(program, tmp_path, "--iters", "20",
@@ -289,6 +311,7 @@ def test_two_host_spoiled_message_fails_on_both_ends(program, tmp_path):
     (["--connect", "127.0.0.1:9", "--only", "tcp_loopback"], "usage: tcp_floor"),
     (["--connect", "127.0.0.1"], "expected HOST:PORT, got '127.0.0.1'"),
     (["--connect", "127.0.0.1:0"], "bad port '0'"),
+    (["--connect", "::1:7000"], "an IPv6 address goes in brackets: '[::1]:PORT'"),
     (["--connect", "no-such-host.invalid:7000"], "cannot resolve 'no-such-host.invalid'"),
     (["--listen", "127.0.0.1:99999"], "bad port '99999'"),
 ])

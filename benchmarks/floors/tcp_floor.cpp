@@ -320,12 +320,39 @@ bool WaitFd(int fd, short events, uint64_t end) {
   }
 }
 
-sockaddr_in Addr(const char* ip, int port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  inet_pton(AF_INET, ip, &a.sin_addr);
+// An IPv4 or IPv6 address (by its text) and port.
+struct SockAddr {
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  int family() const { return ss.ss_family; }
+  sockaddr* get() { return reinterpret_cast<sockaddr*>(&ss); }
+  int port() const {
+    return ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port
+                                          : reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
+  }
+};
+
+SockAddr Addr(const char* ip, int port) {
+  SockAddr a;
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&a.ss);
+  if (inet_pton(AF_INET6, ip, &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(uint16_t(port));
+    a.len = sizeof(sockaddr_in6);
+    return a;
+  }
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&a.ss);
+  v4->sin_family = AF_INET;
+  v4->sin_port = htons(uint16_t(port));
+  inet_pton(AF_INET, ip, &v4->sin_addr);
+  a.len = sizeof(sockaddr_in);
   return a;
+}
+
+// "ip:port", an IPv6 address in brackets.
+std::string HostPortText(const std::string& ip, int port) {
+  const bool v6 = ip.find(':') != std::string::npos;
+  return (v6 ? "[" + ip + "]" : ip) + ":" + std::to_string(port);
 }
 
 // The echo end: listens on `ip`:`port` (0: any), publishes its port, then for every block
@@ -333,19 +360,19 @@ sockaddr_in Addr(const char* ip, int port) {
 // the last), and sends it back; between hosts it then sends its verdict. 1 when a check failed.
 int ServerMain(Shared* sh, const char* ip, int port, const Ends& ends) {
   std::string why;
-  const int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  SockAddr a = Addr(ip, port);
+  const int lfd = socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
   const int one = 1;
   setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in a = Addr(ip, port);
-  socklen_t len = sizeof(a);
-  if (lfd < 0 || bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(lfd, 1) ||
-      getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+  socklen_t len = sizeof(a.ss);
+  if (lfd < 0 || bind(lfd, a.get(), a.len) != 0 || listen(lfd, 1) ||
+      getsockname(lfd, a.get(), &len) != 0) {
     SetMsg(&sh->setup_server, kSysError, std::string("listen on ") + ip + ": " + strerror(errno));
     sh->port.store(-1);
     return 1;
   }
-  sh->port.store(ntohs(a.sin_port));
-  if (ends.remote) printf("tcp_floor: listening on %s:%d\n", ip, int(ntohs(a.sin_port)));
+  sh->port.store(a.port());
+  if (ends.remote) printf("tcp_floor: listening on %s\n", HostPortText(ip, a.port()).c_str());
   if (!WaitFd(lfd, POLLIN, NowNs() + ends.accept_ns)) {
     SetMsg(&sh->setup_server, kTimeout,
            "no connection within " + std::to_string(ends.accept_ns / 1000000000ull) + " s");
@@ -404,16 +431,14 @@ int ServerMain(Shared* sh, const char* ip, int port, const Ends& ends) {
 // A connected socket to ip:port, or -1 with errno set; a refused connection is tried again
 // every 100 ms until `end` when `retry` (the other host's --listen may not be up yet).
 int ConnectTo(const char* ip, int port, uint64_t end, bool retry) {
-  const sockaddr_in a = Addr(ip, port);
+  SockAddr a = Addr(ip, port);
   for (;;) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    const int fd = socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return -1;
     int err = 0;
     socklen_t len = sizeof(err);
-    if ((connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) == 0 ||
-         errno == EINPROGRESS) &&
-        WaitFd(fd, POLLOUT, end) && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
-        err == 0) {
+    if ((connect(fd, a.get(), a.len) == 0 || errno == EINPROGRESS) && WaitFd(fd, POLLOUT, end) &&
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
       return fd;
     }
     err = err ? err : errno;
@@ -660,12 +685,18 @@ void RunPlacement(const char* name, bool netns, const Opts& o, std::vector<Resul
 
 // ---- between two hosts ----
 
-// "HOST:PORT" split, HOST resolved to an IPv4 address (a name through getaddrinfo); with
-// `host_optional` a bare "PORT" listens on every address. "" or what is wrong.
+// "HOST:PORT" split, HOST resolved to an IPv4 or IPv6 address (a name through getaddrinfo, its
+// first address; an IPv6 address in brackets: "[::1]:PORT"); with `host_optional` a bare "PORT"
+// listens on every IPv4 address. "" or what is wrong.
 std::string ParseHostPort(const std::string& arg, bool host_optional, std::string* ip, int* port) {
   const size_t c = arg.rfind(':');
   if (c == std::string::npos && !host_optional) return "expected HOST:PORT, got '" + arg + "'";
-  const std::string host = c == std::string::npos ? "0.0.0.0" : arg.substr(0, c);
+  std::string host = c == std::string::npos ? "0.0.0.0" : arg.substr(0, c);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string::npos) {
+    return "an IPv6 address goes in brackets: '[" + host + "]:PORT', got '" + arg + "'";
+  }
   const std::string p = c == std::string::npos ? arg : arg.substr(c + 1);
   char* end = nullptr;
   const long n = strtol(p.c_str(), &end, 10);
@@ -674,12 +705,18 @@ std::string ParseHostPort(const std::string& arg, bool host_optional, std::strin
   }
   *port = int(n);
   addrinfo hints{}, *found = nullptr;
-  hints.ai_family = AF_INET, hints.ai_socktype = SOCK_STREAM;
+  hints.ai_family = AF_UNSPEC, hints.ai_socktype = SOCK_STREAM;
   if (const int e = getaddrinfo(host.c_str(), nullptr, &hints, &found)) {
     return "cannot resolve '" + host + "': " + gai_strerror(e);
   }
-  char text[INET_ADDRSTRLEN] = "";
-  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, text, sizeof(text));
+  char text[INET6_ADDRSTRLEN] = "";
+  if (found->ai_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(found->ai_addr)->sin6_addr, text,
+              sizeof(text));
+  } else {
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, text,
+              sizeof(text));
+  }
   freeaddrinfo(found);
   *ip = text;
   return "";
@@ -706,7 +743,7 @@ int RunListen(const Opts& o) {
       }
     }
   }
-  printf("tcp_floor: served %s:%d: %s\n", ip.c_str(), sh->port.load(),
+  printf("tcp_floor: served %s: %s\n", HostPortText(ip, sh->port.load()).c_str(),
          status ? "failed" : "every check passed");
   FreeShared(sh, o);
   return status ? 1 : 0;
@@ -754,6 +791,7 @@ void Usage() {
           "       tcp_floor --listen [ADDR:]PORT      (on one host: the echo end of tcp_hosts)\n"
           "       tcp_floor --connect HOST:PORT [--iters N] [--json PATH] [--corrupt]\n"
           "                                           (on the other: the timing end)\n"
+          "  HOST, ADDR: a name, an IPv4 address or an IPv6 one in brackets ([::1]:7100)\n"
           "  names: tcp_loopback tcp_netns\n"
           "  --corrupt: spoil each block's last message (checks that the far side notices)\n");
   exit(2);
