@@ -15,8 +15,9 @@ enum class PathMode : uint8_t {
 };
 
 enum class P2PStream : uint8_t {
-  kAuto,  // launched lazily; a blocking send/recv on the caller's stream (c10d/work_cuda.hpp)
-  kOwn,   // launched when called, on a stream per peer and direction
+  kAuto,  // in a capture, launched lazily: a blocking send/recv on the capturing stream
+  kOwn,   // in a capture too, launched when called on a stream per peer and direction
+          // (outside captures every send/recv is; c10d/work_cuda.hpp)
 };
 
 enum class GpuProtocol : uint8_t {
