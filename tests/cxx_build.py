@@ -10,11 +10,15 @@ import subprocess
 import pytest
 
 
-def build_cxx(tmp_path_factory, src, name):
+CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+
+
+def build_cxx(tmp_path_factory, src, name, extra_sources=()):
+    """`extra_sources`: library files the program links (csrc/ is on the include path)."""
     cxx = os.environ.get("CXX", "g++")
     if shutil.which(cxx) is None:
         pytest.skip(f"no C++ compiler ({cxx})")
     exe = str(tmp_path_factory.mktemp(name) / name)
-    subprocess.run([cxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", exe, src],
-                   check=True, timeout=300)
+    subprocess.run([cxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-pthread", "-I", CSRC,
+                    "-o", exe, src, *extra_sources], check=True, timeout=300)
     return exe

@@ -23,6 +23,8 @@ from cxx_build import build_cxx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(REPO, "benchmarks", "floors", "tcp_floor.cpp")
+# the library's address helpers (written and parsed as the tcp transport does)
+LINKED = [os.path.join(REPO, "csrc", "core", "transport", "tcp_address.cpp")]
 SIZES = [8, 1024, 8192, 65536, 262144]
 METHODS = ["spin_recv", "epoll_recv", "uring", "uring_sqpoll"]
 URING = {"uring", "uring_sqpoll"}
@@ -31,7 +33,7 @@ NETNS = ["resident_floor_a", "resident_floor_b"]
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory):
-    return build_cxx(tmp_path_factory, SRC, "tcp_floor")
+    return build_cxx(tmp_path_factory, SRC, "tcp_floor", LINKED)
 
 
 def _run(program, tmp_path, *args, timeout=240, **kw):

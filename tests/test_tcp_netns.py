@@ -636,11 +636,10 @@ def _tcp_floor_between_hosts(hosts, tmp_path_factory, json_path):
     """benchmarks/floors/build/tcp_floor between the two hosts, as on two machines: --listen on
     host 1, --connect from host 0 (--json `json_path`)."""
     from cxx_build import build_cxx
-    from test_tcp_floor import run_together
+    from test_tcp_floor import LINKED, SRC, run_together
 
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    program = build_cxx(tmp_path_factory, os.path.join(os.path.dirname(tests_dir), "benchmarks",
-                                                       "floors", "tcp_floor.cpp"), "tcp_floor")
+    program = build_cxx(tmp_path_factory, SRC, "tcp_floor", LINKED)
     port = random.randint(40001, 60000)
     ends = [[hosts.names[1], program, "--listen", f"{hosts.ips[1]}:{port}"],
             [hosts.names[0], program, "--connect", f"{hosts.ips[1]}:{port}", "--iters", "300",

@@ -11,7 +11,9 @@ built=0
 
 CXX="${CXX:-g++}"
 if command -v "$CXX" > /dev/null; then
-  "$CXX" -O2 -std=c++17 -Wall -Wextra -o "$here/build/tcp_floor" "$here/tcp_floor.cpp"
+  csrc="$here/../../csrc"  # the library's address helpers, as the tcp transport writes them
+  "$CXX" -O2 -std=c++17 -Wall -Wextra -I "$csrc" -o "$here/build/tcp_floor" "$here/tcp_floor.cpp" \
+    "$csrc/core/transport/tcp_address.cpp"
   echo "built $here/build/tcp_floor"
   built=$((built + 1))
 else

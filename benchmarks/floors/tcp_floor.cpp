@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "core/transport/tcp_address.hpp"
 #include "floor_results.hpp"
 #include "io_uring_ring.hpp"
 #include "netns_rtnetlink.hpp"
@@ -320,48 +321,21 @@ bool WaitFd(int fd, short events, uint64_t end) {
   }
 }
 
-// An IPv4 or IPv6 address (by its text) and port.
+// A socket address of an IPv4 or IPv6 literal (resident::socketAddress) and port.
 struct SockAddr {
   sockaddr_storage ss{};
   socklen_t len = 0;
-  int family() const { return ss.ss_family; }
+  SockAddr(const char* ip, int port) { resident::socketAddress(ip, uint16_t(port), ss, len); }
   sockaddr* get() { return reinterpret_cast<sockaddr*>(&ss); }
-  int port() const {
-    return ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port
-                                          : reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
-  }
 };
-
-SockAddr Addr(const char* ip, int port) {
-  SockAddr a;
-  auto* v6 = reinterpret_cast<sockaddr_in6*>(&a.ss);
-  if (inet_pton(AF_INET6, ip, &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons(uint16_t(port));
-    a.len = sizeof(sockaddr_in6);
-    return a;
-  }
-  auto* v4 = reinterpret_cast<sockaddr_in*>(&a.ss);
-  v4->sin_family = AF_INET;
-  v4->sin_port = htons(uint16_t(port));
-  inet_pton(AF_INET, ip, &v4->sin_addr);
-  a.len = sizeof(sockaddr_in);
-  return a;
-}
-
-// "ip:port", an IPv6 address in brackets.
-std::string HostPortText(const std::string& ip, int port) {
-  const bool v6 = ip.find(':') != std::string::npos;
-  return (v6 ? "[" + ip + "]" : ip) + ":" + std::to_string(port);
-}
 
 // The echo end: listens on `ip`:`port` (0: any), publishes its port, then for every block
 // receives each message, checks its sequence number (every message) and its bytes (the first and
 // the last), and sends it back; between hosts it then sends its verdict. 1 when a check failed.
 int ServerMain(Shared* sh, const char* ip, int port, const Ends& ends) {
   std::string why;
-  SockAddr a = Addr(ip, port);
-  const int lfd = socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+  SockAddr a(ip, port);
+  const int lfd = socket(a.ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const int one = 1;
   setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   socklen_t len = sizeof(a.ss);
@@ -371,8 +345,8 @@ int ServerMain(Shared* sh, const char* ip, int port, const Ends& ends) {
     sh->port.store(-1);
     return 1;
   }
-  sh->port.store(a.port());
-  if (ends.remote) printf("tcp_floor: listening on %s\n", HostPortText(ip, a.port()).c_str());
+  sh->port.store(resident::portOf(a.get()));
+  if (ends.remote) printf("tcp_floor: listening on %s\n", resident::endpointText(a.get()).c_str());
   if (!WaitFd(lfd, POLLIN, NowNs() + ends.accept_ns)) {
     SetMsg(&sh->setup_server, kTimeout,
            "no connection within " + std::to_string(ends.accept_ns / 1000000000ull) + " s");
@@ -431,9 +405,9 @@ int ServerMain(Shared* sh, const char* ip, int port, const Ends& ends) {
 // A connected socket to ip:port, or -1 with errno set; a refused connection is tried again
 // every 100 ms until `end` when `retry` (the other host's --listen may not be up yet).
 int ConnectTo(const char* ip, int port, uint64_t end, bool retry) {
-  SockAddr a = Addr(ip, port);
+  SockAddr a(ip, port);
   for (;;) {
-    const int fd = socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    const int fd = socket(a.ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return -1;
     int err = 0;
     socklen_t len = sizeof(err);
@@ -709,16 +683,8 @@ std::string ParseHostPort(const std::string& arg, bool host_optional, std::strin
   if (const int e = getaddrinfo(host.c_str(), nullptr, &hints, &found)) {
     return "cannot resolve '" + host + "': " + gai_strerror(e);
   }
-  char text[INET6_ADDRSTRLEN] = "";
-  if (found->ai_family == AF_INET6) {
-    inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(found->ai_addr)->sin6_addr, text,
-              sizeof(text));
-  } else {
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, text,
-              sizeof(text));
-  }
+  *ip = resident::addressText(found->ai_addr);
   freeaddrinfo(found);
-  *ip = text;
   return "";
 }
 
@@ -743,7 +709,8 @@ int RunListen(const Opts& o) {
       }
     }
   }
-  printf("tcp_floor: served %s: %s\n", HostPortText(ip, sh->port.load()).c_str(),
+  printf("tcp_floor: served %s: %s\n",
+         resident::endpointText(ip, uint16_t(sh->port.load())).c_str(),
          status ? "failed" : "every check passed");
   FreeShared(sh, o);
   return status ? 1 : 0;

@@ -88,11 +88,14 @@ std::string addressText(const sockaddr* address) {
   return buf;
 }
 
+uint16_t portOf(const sockaddr* address) {
+  return ntohs(address->sa_family == AF_INET6
+                   ? reinterpret_cast<const sockaddr_in6*>(address)->sin6_port
+                   : reinterpret_cast<const sockaddr_in*>(address)->sin_port);
+}
+
 std::string endpointText(const sockaddr* address) {
-  const uint16_t port = address->sa_family == AF_INET6
-                            ? reinterpret_cast<const sockaddr_in6*>(address)->sin6_port
-                            : reinterpret_cast<const sockaddr_in*>(address)->sin_port;
-  return endpointText(addressText(address), ntohs(port));
+  return endpointText(addressText(address), portOf(address));
 }
 
 bool parseEndpoint(const std::string& endpoint, sockaddr_storage& out, socklen_t& len) {

@@ -41,6 +41,7 @@ bool socketAddress(const std::string& literal, uint16_t port, sockaddr_storage& 
 std::string endpointText(const std::string& literal, uint16_t port);
 std::string endpointText(const sockaddr* address);
 std::string addressText(const sockaddr* address);  // the literal alone
+uint16_t portOf(const sockaddr* address);          // in host order
 // Parses what endpointText writes; false if malformed (or port 0).
 bool parseEndpoint(const std::string& endpoint, sockaddr_storage& out, socklen_t& len);
 
