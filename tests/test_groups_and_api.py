@@ -447,10 +447,26 @@ def _pair_group_sum(rank, opts):
     return g, t.tolist()
 
 
+def _chunk_of(group):
+    import torch
+
+    cfg = group._get_backend(torch.device("cpu")).config()
+    return int(cfg.split("gpu_chunk_bytes=")[1].split()[0])
+
+
 def _rounds_agreement_job(rank, ws):
     out = {"chunk": _form_pair_group({"gpu_chunk_bytes": "131072"} if rank == 0 else None),
-           "first": _form_pair_group({"gpu_first_round": "7"} if rank == 1 else None)}
-    _g, out["sum"] = _pair_group_sum(rank, {"gpu_chunk_bytes": "131072", "gpu_first_round": "7"})
+           "first": _form_pair_group({"gpu_first_round": "7"} if rank == 1 else None),
+           # the automatic chunk over tcp is 256 KiB: a rank that asks for 64 KiB differs
+           "auto_tcp": _form_pair_group({"transport": "tcp",
+                                         **({"gpu_chunk_bytes": "65536"} if rank == 0 else {})}),
+           "auto_tcp_same": _form_pair_group({"transport": "tcp",
+                                              **({"gpu_chunk_bytes": "262144"} if rank == 1 else {})})}
+    g, out["sum"] = _pair_group_sum(rank, {"gpu_chunk_bytes": "131072", "gpu_first_round": "7"})
+    out["chunks"] = [_chunk_of(g)]
+    for opts in (None, {"transport": "tcp"}):
+        g, _ = _pair_group_sum(rank, opts)
+        out["chunks"].append(_chunk_of(g))
     return out
 
 
@@ -459,14 +475,21 @@ def test_gpu_rounds_must_agree():
     """Both ranks of a pair cut a CUDA message into rounds of RESIDENT_GPU_CHUNK_BYTES and number
     them from RESIDENT_GPU_FIRST_ROUND, so a group whose ranks differ on either fails to form on
     every rank with a message naming both settings (instead of pairs out of step until the
-    device's timeout); a group that agrees works."""
+    device's timeout), the automatic chunk compared as resolved; a group that agrees works. The
+    automatic chunk is 64 KiB within a host, 256 KiB where a pair talks over tcp."""
     for out in H.run_ranks(_rounds_agreement_job, 2, timeout_s=90):
         for key, differ in (("chunk", "RESIDENT_GPU_CHUNK_BYTES="), ("first", "RESIDENT_GPU_FIRST_ROUND=")):
             text = out[key]
             assert text.startswith("ValueError") and "all ranks must agree" in text, out
             want = ("131072", "65536") if key == "chunk" else ("7", "0")
             assert all(f"{differ}{v}" in text for v in want), out
+        text = out["auto_tcp"]
+        assert text.startswith("ValueError") and "all ranks must agree" in text, out
+        assert "RESIDENT_GPU_CHUNK_BYTES=65536" in text and "RESIDENT_GPU_CHUNK_BYTES=262144" in text, out
+        assert out["auto_tcp_same"] == "no error", out
         assert out["sum"] == [0, 7, 14, 21], out
+        # given, automatic within a host, automatic over tcp
+        assert out["chunks"] == [131072, 65536, 262144], out
 
 
 def _protocol_agreement_job(rank, ws):

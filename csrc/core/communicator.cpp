@@ -78,8 +78,7 @@ Communicator::Communicator(BootstrapStore& store, int rank, int nranks, const Co
       cfg_(cfg),
       global_ranks_(global_ranks.size() == static_cast<size_t>(nranks) ? std::move(global_ranks)
                                                                        : std::vector<int>{}),
-      layout_(nranks, cfg.slots, cfg.slot_bytes),
-      gpu_layout_(nranks, cfg.gpu_chunk_bytes) {
+      layout_(nranks, cfg.slots, cfg.slot_bytes) {
   if (nranks < 1 || rank < 0 || rank >= nranks) {
     throw InvalidArgument("resident: invalid rank " + std::to_string(rank) + " of " +
                           std::to_string(nranks));
@@ -128,6 +127,20 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   const int rank = rank_;
   const int nranks = nranks_;
   const Config& cfg = cfg_;
+  const std::string host_key = localHostKey();
+  // The automatic chunk (gpu_chunk_bytes 0) depends on whether a pair of the group talks over a
+  // network, which the ranks' hosts tell: one exchange before the segment, whose size follows
+  // from the chunk. Every rank takes part whatever its settings, so that ranks that differ fail
+  // at the descriptor check below, which names the setting, rather than wait for each other.
+  const auto hosts = allGatherStrings(store, rank, nranks, "resident/hosts", host_key);
+  if (cfg.gpu_chunk_bytes == 0) {
+    bool spans_hosts = false;
+    for (const std::string& h : hosts) spans_hosts = spans_hosts || h != hosts[0];
+    const bool network = cfg.transport == "tcp" || cfg.transport == "ib" ||
+                         (cfg.transport == "auto" && spans_hosts);
+    cfg_.gpu_chunk_bytes = GpuLayout::automaticChunk(network, nranks);
+  }
+  gpu_layout_ = GpuLayout(nranks, cfg.gpu_chunk_bytes);
   ShmSegment::removeStale();
   // The GPU region follows the CPU rings, page-aligned, when this process can use CUDA.
   gpu_region_offset_ = (layout_.totalBytes() + 4095) & ~size_t{4095};
@@ -162,7 +175,6 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   // One descriptor exchange: host key, pid, inbox name and size, ring geometry, transport
   // setting, tcp endpoint, RDMA port, path setting, the CUDA path's protocol key, the hand-off
   // threshold and the CUDA path's rounds key.
-  const std::string host_key = localHostKey();
   const std::string desc = host_key + "|" + std::to_string(getpid()) + "|" + inbox_.name() + "|" +
                            std::to_string(segment_bytes) + "|" + std::to_string(cfg.slots) + "|" +
                            std::to_string(cfg.slot_bytes) + "|" + cfg.transport + "|" +

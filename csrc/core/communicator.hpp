@@ -151,7 +151,7 @@ class Communicator : public ProxyHandler {
   bool proxyPass();  // one proxy pass; proxyPoll turns a transport's CommError into poison
 
   const int rank_, nranks_;
-  const Config cfg_;
+  Config cfg_;  // as given, but for gpu_chunk_bytes: 0 (automatic) resolved by install()
   const std::vector<int> global_ranks_;
   const InboxLayout layout_;
   ShmSegment inbox_;

@@ -146,6 +146,11 @@ Config Config::fromEnvironment(const std::map<std::string, std::string>& options
     if (const char* v = std::getenv(variableName(spec.key).c_str())) apply(c, spec.key, v);
   }
   for (const auto& kv : options) apply(c, kv.first, kv.second);
+  if (c.gpu_chunk_bytes != 0 && c.gpu_chunk_bytes < 2048) {
+    throw InvalidArgument("resident: invalid value '" + std::to_string(c.gpu_chunk_bytes) +
+                          "' for gpu_chunk_bytes (expected 0, automatic, or an integer in [2048, " +
+                          std::to_string(findOption("gpu_chunk_bytes")->max) + "])");
+  }
   roundSizes(c);
   c.spin_us_given =
       std::getenv(variableName("spin_us").c_str()) != nullptr || options.count("spin_us") != 0;

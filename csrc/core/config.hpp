@@ -40,7 +40,7 @@ struct Config {
   uint64_t max_sleep_us;
   uint64_t proxy_spin_us;
   int proxy_cpu;
-  uint32_t gpu_chunk_bytes;  // a multiple of the 2 KiB part a thread block moves per round
+  uint32_t gpu_chunk_bytes;  // a multiple of the 2 KiB part a block moves per round; 0: automatic
   uint32_t gpu_max_blocks;
   uint64_t gpu_proxy_spin_us;
   P2PStream gpu_p2p_stream;

@@ -31,6 +31,20 @@ struct GpuLayout {
   static constexpr size_t kAbortWord = 64;      // set by the host: kernels exit at once
   static constexpr size_t kFifoTailWord = 128;  // the proxy's consumer position
 
+  // The chunk where RESIDENT_GPU_CHUNK_BYTES is 0 (its default): 256 KiB for a group with a
+  // pair over a network transport (tcp, ib), where a round costs a proxied exchange whatever its
+  // size and fewer rounds made ops from 256 KiB per peer 1.1-1.7x faster and EP steps 1.1-1.5x
+  // with the decode sizes unchanged (docs/decisions.md); 64 KiB within a host, where 8 ranks
+  // sharing a GPU took longer EP steps with 256 KiB. Groups of more than 16 ranks keep 64 KiB:
+  // a proxied peer costs 16 chunks of pinned host memory (its inbox and outbox slots, sized for
+  // LL lines), 4 MiB at 256 KiB.
+  static constexpr uint32_t kHostChunk = 65536;
+  static constexpr uint32_t kNetworkChunk = 262144;
+  static constexpr int kNetworkChunkMaxRanks = 16;
+  static uint32_t automaticChunk(bool network_pair, int nranks) {
+    return network_pair && nranks <= kNetworkChunkMaxRanks ? kNetworkChunk : kHostChunk;
+  }
+
   GpuLayout() = default;
   GpuLayout(int nranks, uint32_t chunk_bytes)
       : nranks(static_cast<size_t>(nranks)), chunk(chunk_bytes) {}

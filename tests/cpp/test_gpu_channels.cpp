@@ -46,6 +46,15 @@ int main() {
     checkLayout(n, 64 * 1024);
   }
   checkLayout(64, 1u << 20);
+  // The automatic chunk: 256 KiB only for a group with a network pair and at most 16 ranks, and
+  // every chunk it picks lays out within the trigger fields at the largest such group.
+  CHECK(GpuLayout::automaticChunk(false, 2) == 64 * 1024);
+  CHECK(GpuLayout::automaticChunk(false, 8) == 64 * 1024);
+  CHECK(GpuLayout::automaticChunk(true, 2) == 256 * 1024);
+  CHECK(GpuLayout::automaticChunk(true, GpuLayout::kNetworkChunkMaxRanks) == 256 * 1024);
+  CHECK(GpuLayout::automaticChunk(true, GpuLayout::kNetworkChunkMaxRanks + 1) == 64 * 1024);
+  checkLayout(GpuLayout::kNetworkChunkMaxRanks, GpuLayout::kNetworkChunk);
+  checkLayout(64, GpuLayout::kHostChunk);
 
   // Encoding round trip, every kind, fields at their limits.
   {
