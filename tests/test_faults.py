@@ -363,3 +363,47 @@ def test_cuda_cpu_device_mix_raises():
     res = H.run_ranks_collect(_cuda_mix_job, 2, init_timeout_s=10, timeout_s=60, stop_when_done=[0, 1])
     for o in res:
         assert o.status == "ok" and o.value is not None, o.describe()
+
+
+def _small_dev_shm_job(rank, ws):
+    """In a mount namespace of its own, /dev/shm as a tmpfs of 64 KiB (less than a rank's
+    segment), then of 64 MiB: group creation fails naming /dev/shm, then works."""
+    import ctypes
+
+    import torch
+    import torch.distributed as dist
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newns, ms_rec, ms_private = 0x00020000, 0x4000, 0x40000
+    if libc.unshare(clone_newns) != 0 or libc.mount(b"none", b"/", None, ms_rec | ms_private, None) != 0:
+        return {"skip": f"no mount namespace here: {os.strerror(ctypes.get_errno())}"}
+    out = {}
+    for size, prefix in (("64k", "small"), ("64m", "large")):
+        if libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, f"size={size}".encode()) != 0:
+            return {"skip": f"mount of a tmpfs failed: {os.strerror(ctypes.get_errno())}"}
+        try:
+            H.init_pg(prefix=prefix)
+            t = torch.arange(5, dtype=torch.int64)
+            dist.all_reduce(t)
+            out[prefix] = t.tolist()
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001
+            out[prefix] = f"{type(e).__name__}: {e}"
+        out[prefix + "_left"] = sorted(os.listdir("/dev/shm"))
+    return out
+
+
+@pytest.mark.resident_only
+def test_small_dev_shm_fails_group_creation_clearly():
+    """A /dev/shm too small for a rank's segment (a container's default of 64 MiB against a
+    large group) fails group creation with an error that names /dev/shm and how to enlarge it,
+    leaving no segment behind, instead of a SIGBUS at the first write to a page past the limit."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a mount namespace")
+    out = H.run_ranks(_small_dev_shm_job, 1, init=False, timeout_s=60)[0]
+    if "skip" in out:
+        pytest.skip(out["skip"])
+    assert "/dev/shm has" in out["small"] and "--shm-size" in out["small"], out
+    assert out["small_left"] == [], out
+    assert out["large"] == [0, 1, 2, 3, 4], out
+    assert out["large_left"] == [], out

@@ -128,25 +128,32 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   const int nranks = nranks_;
   const Config& cfg = cfg_;
   const std::string host_key = localHostKey();
+  ShmSegment::removeStale();
+  // The GPU region follows the CPU rings, page-aligned, when this process can use CUDA.
+  gpu_region_offset_ = (layout_.totalBytes() + 4095) & ~size_t{4095};
+  auto segmentBytes = [&](uint32_t chunk) {
+    return cfg.gpu_region ? gpu_region_offset_ + GpuLayout(nranks, chunk).totalBytes()
+                          : layout_.totalBytes();
+  };
   // The automatic chunk (gpu_chunk_bytes 0) depends on whether a pair of the group talks over a
-  // network, which the ranks' hosts tell: one exchange before the segment, whose size follows
-  // from the chunk. Every rank takes part whatever its settings, so that ranks that differ fail
-  // at the descriptor check below, which names the setting, rather than wait for each other.
+  // network, which the ranks' hosts tell. The segment is made first for the chunk this rank's
+  // settings suggest, and made again at the chunk resolved if that differs (no peer knows its
+  // name yet). Every rank takes part in the exchange whatever its settings, so that ranks that
+  // differ fail at the descriptor check below, which names the setting.
+  const bool network_setting = cfg.transport == "tcp" || cfg.transport == "ib";
+  inbox_ = ShmSegment::create(
+      segmentBytes(cfg.gpu_chunk_bytes ? cfg.gpu_chunk_bytes
+                                       : GpuLayout::automaticChunk(network_setting, nranks)));
   const auto hosts = allGatherStrings(store, rank, nranks, "resident/hosts", host_key);
   if (cfg.gpu_chunk_bytes == 0) {
     bool spans_hosts = false;
     for (const std::string& h : hosts) spans_hosts = spans_hosts || h != hosts[0];
-    const bool network = cfg.transport == "tcp" || cfg.transport == "ib" ||
-                         (cfg.transport == "auto" && spans_hosts);
-    cfg_.gpu_chunk_bytes = GpuLayout::automaticChunk(network, nranks);
+    cfg_.gpu_chunk_bytes = GpuLayout::automaticChunk(
+        network_setting || (cfg.transport == "auto" && spans_hosts), nranks);
   }
   gpu_layout_ = GpuLayout(nranks, cfg.gpu_chunk_bytes);
-  ShmSegment::removeStale();
-  // The GPU region follows the CPU rings, page-aligned, when this process can use CUDA.
-  gpu_region_offset_ = (layout_.totalBytes() + 4095) & ~size_t{4095};
-  const size_t segment_bytes =
-      cfg.gpu_region ? gpu_region_offset_ + gpu_layout_.totalBytes() : layout_.totalBytes();
-  inbox_ = ShmSegment::create(segment_bytes);
+  const size_t segment_bytes = segmentBytes(cfg.gpu_chunk_bytes);
+  if (segment_bytes != inbox_.size()) inbox_ = ShmSegment::create(segment_bytes);
   auto* header = static_cast<InboxHeader*>(inbox_.data());
   header->magic = kInboxMagic;
   header->nranks = static_cast<uint32_t>(nranks);

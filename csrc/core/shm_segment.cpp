@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -89,6 +90,25 @@ ShmSegment ShmSegment::create(size_t bytes) {
     throw CommError("resident: sizing shared segment to " + std::to_string(bytes) +
                     " bytes failed: " + std::strerror(err) +
                     " (is /dev/shm large enough? try a smaller RESIDENT_SLOT_BYTES)");
+  }
+  // Reserve the pages now: a tmpfs past its size limit would otherwise hand out pages until a
+  // write (by this rank, a peer, or the GPU's registration) faults with SIGBUS.
+  int err = 0;
+  do err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  while (err == EINTR);
+  if (err != 0) {
+    struct statvfs fs {};
+    const unsigned long long free_bytes =
+        fstatvfs(fd, &fs) == 0 ? static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize : 0;
+    close(fd);
+    seg.release();
+    throw CommError(
+        "resident: reserving " + std::to_string(bytes) +
+        " bytes of shared memory for this rank's segment failed: " + std::strerror(err) +
+        " (/dev/shm has " + std::to_string(free_bytes) +
+        " bytes free; the segment grows with the group's size, RESIDENT_SLOTS, "
+        "RESIDENT_SLOT_BYTES and, with CUDA, RESIDENT_GPU_CHUNK_BYTES: enlarge /dev/shm, "
+        "e.g. docker run --shm-size=4g or --ipc=host)");
   }
   try {
     seg.data_ = mapFd(fd, bytes, seg.name_);
