@@ -136,20 +136,19 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
                           : layout_.totalBytes();
   };
   // The automatic chunk (gpu_chunk_bytes 0) depends on whether a pair of the group talks over a
-  // network, which the ranks' hosts tell. The segment is made first for the chunk this rank's
-  // settings suggest, and made again at the chunk resolved if that differs (no peer knows its
-  // name yet). Every rank takes part in the exchange whatever its settings, so that ranks that
-  // differ fail at the descriptor check below, which names the setting.
-  const bool network_setting = cfg.transport == "tcp" || cfg.transport == "ib";
+  // network, which the ranks' hosts tell. The segment is made first for the host chunk, and made
+  // again at the chunk resolved if that changes its size (no peer knows its name yet). Every
+  // rank takes part in the exchange whatever its settings, so that ranks that differ fail at the
+  // descriptor check below, which names the setting.
   inbox_ = ShmSegment::create(
-      segmentBytes(cfg.gpu_chunk_bytes ? cfg.gpu_chunk_bytes
-                                       : GpuLayout::automaticChunk(network_setting, nranks)));
+      segmentBytes(cfg.gpu_chunk_bytes ? cfg.gpu_chunk_bytes : GpuLayout::kHostChunk));
   const auto hosts = allGatherStrings(store, rank, nranks, "resident/hosts", host_key);
   if (cfg.gpu_chunk_bytes == 0) {
     bool spans_hosts = false;
     for (const std::string& h : hosts) spans_hosts = spans_hosts || h != hosts[0];
-    cfg_.gpu_chunk_bytes = GpuLayout::automaticChunk(
-        network_setting || (cfg.transport == "auto" && spans_hosts), nranks);
+    const bool network =
+        cfg.transport == "tcp" || cfg.transport == "ib" || (cfg.transport == "auto" && spans_hosts);
+    cfg_.gpu_chunk_bytes = GpuLayout::automaticChunk(network, nranks);
   }
   gpu_layout_ = GpuLayout(nranks, cfg.gpu_chunk_bytes);
   const size_t segment_bytes = segmentBytes(cfg.gpu_chunk_bytes);

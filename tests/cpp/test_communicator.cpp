@@ -276,6 +276,22 @@ int main() {
   tcp.transport = "tcp";  // every peer over tcp, through the proxy, on this host
   testCollectives(tcp, 3);
   std::puts("test_communicator: tcp ok");
+  // The automatic chunk of the CUDA rounds, and a segment that holds the GPU region at it: over
+  // tcp the segment is made at the host chunk first, then again at 256 KiB.
+  for (const char* transport : {"auto", "tcp"}) {
+    Config gpu = cfg;
+    gpu.gpu_region = true;
+    gpu.transport = transport;
+    const uint32_t want = std::string(transport) == "tcp" ? 262144u : 65536u;
+    runRanks(2, gpu, 20000, [&](Communicator& c) {
+      CHECK(c.config().gpu_chunk_bytes == want && c.gpuLayout().chunk == want);
+      CHECK(c.segmentBytes() == c.gpuRegionOffset() + c.gpuLayout().totalBytes());
+      std::vector<float> a(4096, 1.0f + static_cast<float>(c.rank())), b(a.size());
+      c.engine().wait(c.allReduce(a.data(), b.data(), a.size(), DType::kFloat32, RedOp::kSum));
+      CHECK(b[0] == 3.0f && b[4095] == 3.0f);
+    });
+  }
+  std::puts("test_communicator: automatic CUDA chunk ok");
   testAnySourceAndMonitoredBarrier(cfg, 3);
   testAnySourceAndMonitoredBarrier(proxied, 2);
   std::puts("test_communicator: any-source recv and monitored barrier ok");
