@@ -308,10 +308,13 @@ def diagnose(env=None, root="/"):
     try:
         st = os.statvfs(shm["path"])
         shm.update(size_bytes=st.f_blocks * st.f_frsize, free_bytes=st.f_bavail * st.f_frsize)
-        low = shm["free_bytes"] < 64 * 2**20
+        low = shm["free_bytes"] < 2**30
         add(S, "/dev/shm", "WARN" if low else "OK",
             f"{gib(shm['size_bytes'])}, {gib(shm['free_bytes'])} free", "enlarge it (docker: "
-            "--shm-size=1g): each channel takes RESIDENT_SLOTS x RESIDENT_SLOT_BYTES" if low else None)
+            "--shm-size=4g or --ipc=host): a rank's segment takes per peer 2 x RESIDENT_SLOTS x "
+            "RESIDENT_SLOT_BYTES (512 KiB by default) and, with CUDA, 8 chunks of its rounds "
+            "(512 KiB on one host, 2 MiB over a network); a group that does not fit fails at "
+            "creation, naming /dev/shm" if low else None)
     except OSError as e:
         add(S, "/dev/shm", "MISSING", f"not usable: {e}", "mount a tmpfs at /dev/shm (docker: "
             "--shm-size=1g or --ipc=host): the shm transport lives there", ALL)

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/clock.hpp"
 #include "core/error.hpp"
@@ -142,10 +143,28 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   // descriptor check below, which names the setting.
   inbox_ = ShmSegment::create(
       segmentBytes(cfg.gpu_chunk_bytes ? cfg.gpu_chunk_bytes : GpuLayout::kHostChunk));
-  const auto hosts = allGatherStrings(store, rank, nranks, "resident/hosts", host_key);
+  // Each rank's host key and pid: the pids let the descriptor exchange notice a same-host peer
+  // that dies before it has posted its descriptor.
+  const auto hosts = allGatherStrings(store, rank, nranks, "resident/hosts",
+                                      host_key + "|" + std::to_string(getpid()));
+  auto hostOf = [&](int p) {
+    const std::string& h = hosts[static_cast<size_t>(p)];
+    return h.substr(0, h.rfind('|'));
+  };
+  auto exitedBeforeItsDescriptor = [&](int p) {
+    const std::string& h = hosts[static_cast<size_t>(p)];
+    const int pid = std::atoi(h.c_str() + h.rfind('|') + 1);
+    if (hostOf(p) != host_key || !processHasExited(pid)) return;
+    throw CommError(
+        "resident: " +
+        resident::rankName(p, global_ranks_.empty() ? -1 : global_ranks_[static_cast<size_t>(p)]) +
+        " (pid " + std::to_string(pid) +
+        ") exited during process group creation (it crashed or was killed); rank " +
+        std::to_string(rank) + " stopped waiting for it");
+  };
   if (cfg.gpu_chunk_bytes == 0) {
     bool spans_hosts = false;
-    for (const std::string& h : hosts) spans_hosts = spans_hosts || h != hosts[0];
+    for (int p = 0; p < nranks; ++p) spans_hosts = spans_hosts || hostOf(p) != hostOf(0);
     const bool network =
         cfg.transport == "tcp" || cfg.transport == "ib" || (cfg.transport == "auto" && spans_hosts);
     cfg_.gpu_chunk_bytes = GpuLayout::automaticChunk(network, nranks);
@@ -188,7 +207,8 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
                            (ib_local_ ? "ib" : "-") + "|" + pathModeName(cfg.path) + "|" +
                            gpuProtocolKey(cfg) + "|" + std::to_string(cfg.handoff_bytes) + "|" +
                            gpuRoundsKey(cfg);
-  const auto all = allGatherStrings(store, rank, nranks, "resident/desc", desc);
+  const auto all = allGatherStrings(store, rank, nranks, "resident/desc", desc,
+                                    timeout_ms * 1000000ull, exitedBeforeItsDescriptor);
 
   peers_.resize(static_cast<size_t>(nranks));
   peer_inboxes_.resize(static_cast<size_t>(nranks));
