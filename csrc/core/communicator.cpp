@@ -143,28 +143,36 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   // descriptor check below, which names the setting.
   inbox_ = ShmSegment::create(
       segmentBytes(cfg.gpu_chunk_bytes ? cfg.gpu_chunk_bytes : GpuLayout::kHostChunk));
-  // Each rank's host key and pid: the pids let the descriptor exchange notice a same-host peer
-  // that dies before it has posted its descriptor.
+  // Each rank's host key and pid, before its descriptor: the pids let the descriptor exchange
+  // notice a same-host peer that dies before it has posted its descriptor.
   const auto hosts = allGatherStrings(store, rank, nranks, "resident/hosts",
                                       host_key + "|" + std::to_string(getpid()));
-  auto hostOf = [&](int p) {
+  peers_.resize(static_cast<size_t>(nranks));
+  const std::string key0 = hosts[0].substr(0, hosts[0].rfind('|'));
+  bool spans_hosts = false;
+  for (int p = 0; p < nranks; ++p) {
     const std::string& h = hosts[static_cast<size_t>(p)];
-    return h.substr(0, h.rfind('|'));
+    const std::string key = h.substr(0, h.rfind('|'));
+    PeerInfo& info = peers_[static_cast<size_t>(p)];
+    info.host = key.substr(0, key.find('/'));
+    info.pid = std::atoi(h.c_str() + h.rfind('|') + 1);
+    info.same_host = key == host_key;
+    info.name =
+        resident::rankName(p, global_ranks_.empty() ? -1 : global_ranks_[static_cast<size_t>(p)]);
+    spans_hosts = spans_hosts || key != key0;
+  }
+  auto exitedDuringCreation = [&](int p) {
+    const PeerInfo& info = peers_[static_cast<size_t>(p)];
+    return CommError("resident: " + info.name + " (pid " + std::to_string(info.pid) + " on " +
+                     info.host +
+                     ") exited during process group creation (it crashed or was killed); rank " +
+                     std::to_string(rank) + " stopped waiting for it");
   };
   auto exitedBeforeItsDescriptor = [&](int p) {
-    const std::string& h = hosts[static_cast<size_t>(p)];
-    const int pid = std::atoi(h.c_str() + h.rfind('|') + 1);
-    if (hostOf(p) != host_key || !processHasExited(pid)) return;
-    throw CommError(
-        "resident: " +
-        resident::rankName(p, global_ranks_.empty() ? -1 : global_ranks_[static_cast<size_t>(p)]) +
-        " (pid " + std::to_string(pid) +
-        ") exited during process group creation (it crashed or was killed); rank " +
-        std::to_string(rank) + " stopped waiting for it");
+    const PeerInfo& info = peers_[static_cast<size_t>(p)];
+    if (info.same_host && processHasExited(info.pid)) throw exitedDuringCreation(p);
   };
   if (cfg.gpu_chunk_bytes == 0) {
-    bool spans_hosts = false;
-    for (int p = 0; p < nranks; ++p) spans_hosts = spans_hosts || hostOf(p) != hostOf(0);
     const bool network =
         cfg.transport == "tcp" || cfg.transport == "ib" || (cfg.transport == "auto" && spans_hosts);
     cfg_.gpu_chunk_bytes = GpuLayout::automaticChunk(network, nranks);
@@ -197,74 +205,64 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   peer_ib_.assign(static_cast<size_t>(nranks), false);
   peer_proxies_.assign(static_cast<size_t>(nranks), false);
 
-  // One descriptor exchange: host key, pid, inbox name and size, ring geometry, transport
-  // setting, tcp endpoint, RDMA port, path setting, the CUDA path's protocol key, the hand-off
-  // threshold and the CUDA path's rounds key.
-  const std::string desc = host_key + "|" + std::to_string(getpid()) + "|" + inbox_.name() + "|" +
-                           std::to_string(segment_bytes) + "|" + std::to_string(cfg.slots) + "|" +
-                           std::to_string(cfg.slot_bytes) + "|" + cfg.transport + "|" +
-                           (tcp_ ? tcp_->endpoint() : std::string("-")) + "|" +
-                           (ib_local_ ? "ib" : "-") + "|" + pathModeName(cfg.path) + "|" +
+  // One descriptor exchange: inbox name and size, ring geometry, transport setting, tcp
+  // endpoint, RDMA port, path setting, the CUDA path's protocol key, the hand-off threshold and
+  // the CUDA path's rounds key.
+  const std::string desc = inbox_.name() + "|" + std::to_string(segment_bytes) + "|" +
+                           std::to_string(cfg.slots) + "|" + std::to_string(cfg.slot_bytes) + "|" +
+                           cfg.transport + "|" + (tcp_ ? tcp_->endpoint() : std::string("-")) +
+                           "|" + (ib_local_ ? "ib" : "-") + "|" + pathModeName(cfg.path) + "|" +
                            gpuProtocolKey(cfg) + "|" + std::to_string(cfg.handoff_bytes) + "|" +
                            gpuRoundsKey(cfg);
   const auto all = allGatherStrings(store, rank, nranks, "resident/desc", desc,
                                     timeout_ms * 1000000ull, exitedBeforeItsDescriptor);
 
-  peers_.resize(static_cast<size_t>(nranks));
   peer_inboxes_.resize(static_cast<size_t>(nranks));
   std::vector<std::vector<std::string>> fields(static_cast<size_t>(nranks));
   std::vector<std::string> endpoints(static_cast<size_t>(nranks));
-  bool group_tcp = cfg.transport == "tcp";  // does any pair of ranks talk over tcp?
-  const std::string key0 = all[0].substr(0, all[0].find('|'));
+  const bool group_tcp = cfg.transport == "tcp" || spans_hosts;  // a pair talks over tcp?
   for (int p = 0; p < nranks; ++p) {
     const auto f = split(all[static_cast<size_t>(p)], '|');
-    if (f.size() != 13)
+    if (f.size() != 11)
       throw CommError("resident: malformed descriptor from rank " + std::to_string(p));
-    PeerInfo& info = peers_[static_cast<size_t>(p)];
-    info.host = f[0].substr(0, f[0].find('/'));
-    info.pid = std::stoi(f[1]);
-    info.same_host = f[0] == host_key;
-    info.name =
-        resident::rankName(p, global_ranks_.empty() ? -1 : global_ranks_[static_cast<size_t>(p)]);
-    group_tcp = group_tcp || f[0] != key0;
-    if (std::to_string(cfg.slots) != f[4] || std::to_string(cfg.slot_bytes) != f[5]) {
-      throw InvalidArgument("resident: rank " + std::to_string(p) + " uses RESIDENT_SLOTS=" + f[4] +
-                            " RESIDENT_SLOT_BYTES=" + f[5] + " but rank " + std::to_string(rank) +
+    if (std::to_string(cfg.slots) != f[2] || std::to_string(cfg.slot_bytes) != f[3]) {
+      throw InvalidArgument("resident: rank " + std::to_string(p) + " uses RESIDENT_SLOTS=" + f[2] +
+                            " RESIDENT_SLOT_BYTES=" + f[3] + " but rank " + std::to_string(rank) +
                             " uses " + std::to_string(cfg.slots) + "/" +
                             std::to_string(cfg.slot_bytes) + "; all ranks must agree");
     }
-    if (f[6] != cfg.transport) {
+    if (f[4] != cfg.transport) {
       throw InvalidArgument("resident: rank " + std::to_string(p) + " uses RESIDENT_TRANSPORT=" +
-                            f[6] + " but rank " + std::to_string(rank) + " uses " + cfg.transport +
+                            f[4] + " but rank " + std::to_string(rank) + " uses " + cfg.transport +
                             "; all ranks must agree");
     }
-    if (f[10] != gpuProtocolKey(cfg)) {
+    if (f[8] != gpuProtocolKey(cfg)) {
       // The simple protocol is chosen per pair on the device from its path: both ranks of a
       // pair must see the same protocol and the same path (kernels/simple_device.cuh).
       throw InvalidArgument("resident: rank " + std::to_string(p) + " uses " +
-                            describeProtocolKey(f[10]) + " but rank " + std::to_string(rank) +
+                            describeProtocolKey(f[8]) + " but rank " + std::to_string(rank) +
                             " uses " + describeProtocolKey(gpuProtocolKey(cfg)) +
                             "; all ranks must agree");
     }
-    if (f[11] != std::to_string(cfg.handoff_bytes)) {
+    if (f[9] != std::to_string(cfg.handoff_bytes)) {
       // The hand-off's set-up (resident_pg/handoff.py) is one exchange that every rank joins,
       // or none: ranks that differ fail here, at once, instead of waiting for each other.
       throw InvalidArgument("resident: rank " + std::to_string(p) +
-                            " uses RESIDENT_HANDOFF_BYTES=" + f[11] + " but rank " +
+                            " uses RESIDENT_HANDOFF_BYTES=" + f[9] + " but rank " +
                             std::to_string(rank) + " uses " + std::to_string(cfg.handoff_bytes) +
                             "; all ranks must agree");
     }
-    if (f[12] != gpuRoundsKey(cfg)) {
+    if (f[10] != gpuRoundsKey(cfg)) {
       // Both ranks of a pair cut a CUDA message into rounds of the chunk and number the rounds
       // from the first one: ranks that differ would fall out of step until the device timeout.
       throw InvalidArgument("resident: rank " + std::to_string(p) + " uses " +
-                            describeRoundsKey(f[12]) + " but rank " + std::to_string(rank) +
+                            describeRoundsKey(f[10]) + " but rank " + std::to_string(rank) +
                             " uses " + describeRoundsKey(gpuRoundsKey(cfg)) +
                             "; all ranks must agree");
     }
-    endpoints[static_cast<size_t>(p)] = f[7];
-    peer_ib_[static_cast<size_t>(p)] = f[8] == "ib";
-    peer_proxies_[static_cast<size_t>(p)] = f[9] == pathModeName(PathMode::kProxy);
+    endpoints[static_cast<size_t>(p)] = f[5];
+    peer_ib_[static_cast<size_t>(p)] = f[6] == "ib";
+    peer_proxies_[static_cast<size_t>(p)] = f[7] == pathModeName(PathMode::kProxy);
     fields[static_cast<size_t>(p)] = f;
   }
   chooseTransports();
@@ -278,12 +276,7 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   monitor_ = std::make_unique<PeerMonitor>(
       rank, peers_, static_cast<const unsigned char*>(inbox_.data()), layout_);
   auto alive = [&](int p) {
-    if (!monitor_->exited(p)) return;
-    const PeerInfo& info = peers_[static_cast<size_t>(p)];
-    throw CommError("resident: " + info.name + " (pid " + std::to_string(info.pid) + " on " +
-                    info.host +
-                    ") exited during process group creation (it crashed or was killed); rank " +
-                    std::to_string(rank) + " stopped waiting for it");
+    if (monitor_->exited(p)) throw exitedDuringCreation(p);
   };
   for (int p = 0; p < nranks; ++p)
     if (p != rank) alive(p);
@@ -292,7 +285,7 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
     if (kinds_[static_cast<size_t>(p)] != "shm") continue;
     const auto& f = fields[static_cast<size_t>(p)];
     try {
-      peer_inboxes_[static_cast<size_t>(p)] = ShmSegment::open(f[2], std::stoull(f[3]));
+      peer_inboxes_[static_cast<size_t>(p)] = ShmSegment::open(f[0], std::stoull(f[1]));
     } catch (const CommError& e) {
       const PeerInfo& info = peers_[static_cast<size_t>(p)];
       throw CommError(std::string(e.what()) + " (the inbox of " + info.name + ", pid " +

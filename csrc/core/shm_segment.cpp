@@ -83,19 +83,13 @@ ShmSegment ShmSegment::create(size_t bytes) {
   }
   seg.owner_ = true;
   seg.linked_ = true;
-  if (fchmod(fd, 0600) != 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const int err = errno;
-    close(fd);
-    seg.release();
-    throw CommError("resident: sizing shared segment to " + std::to_string(bytes) +
-                    " bytes failed: " + std::strerror(err) +
-                    " (is /dev/shm large enough? try a smaller RESIDENT_SLOT_BYTES)");
+  // Sized by reserving its pages now: a tmpfs past its size limit would otherwise hand out pages
+  // until a write (by this rank, a peer, or the GPU's registration) faults with SIGBUS.
+  int err = fchmod(fd, 0600) != 0 ? errno : 0;
+  if (err == 0) {
+    do err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    while (err == EINTR);
   }
-  // Reserve the pages now: a tmpfs past its size limit would otherwise hand out pages until a
-  // write (by this rank, a peer, or the GPU's registration) faults with SIGBUS.
-  int err = 0;
-  do err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  while (err == EINTR);
   if (err != 0) {
     struct statvfs fs {};
     const unsigned long long free_bytes =
