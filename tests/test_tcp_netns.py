@@ -1019,7 +1019,8 @@ def _fuzz_job(rank, ws):
         secret = bytes.fromhex(store.get(secret_key).decode())
         victim = (rank + 1) % ws
         desc_key = next(k for k in keys if k.endswith(f"resident/desc/{victim}"))
-        endpoint = store.get(desc_key).decode().split("|")[7]  # host|pid|name|bytes|slots|slot_bytes|transport|endpoint|ib|protocol
+        # the descriptor: name|bytes|slots|slot_bytes|transport|endpoint|...
+        endpoint = store.get(desc_key).decode().split("|")[5]
         dist.barrier()
         made = _attack(endpoint, secret, ws, victim)
         dist.barrier()
