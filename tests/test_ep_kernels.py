@@ -77,3 +77,41 @@ def test_route_refuses_bad_fp8_rows(cast, hidden, row_bytes, match):
     with pytest.raises(ValueError, match=match):
         _C.ep_route(0, 8, 1, 1, 2, 2, 1, 0, hidden * 2, 0, row_bytes, 0, 0, 0, 0,
                     cast=cast, x_dtype=2, round_scale=True, hidden=hidden)
+
+
+def _route_phase(row_bytes, x=0, send_x=0, ranks=2, cast=0):
+    from resident_pg import _C
+
+    return _C.ep_route_phase(0, 8, 1, 1, 2, ranks, 1, x, row_bytes, send_x, row_bytes, 0, 0, 0,
+                             cast=cast, x_dtype=2, round_scale=True, hidden=128)
+
+
+def test_steps_run_in_the_exchange_only_where_they_fit():
+    """A step for the exchange's kernel is made where its copy unit is at least 4 bytes, its
+    ranks and top-k fit the kernel's static shared memory, and a reduction keeps its dtype;
+    elsewhere None, and the caller launches the step's own kernel."""
+    from resident_pg import _C
+
+    assert isinstance(_route_phase(64), _C.EpPhase)
+    assert isinstance(_route_phase(12), _C.EpPhase)           # 4-byte units
+    assert _route_phase(6) is None                            # 2-byte units
+    assert _route_phase(64, x=2) is None                      # an address of 2-byte alignment
+    assert _route_phase(64, ranks=65) is None                 # past the static shared memory
+    assert isinstance(_route_phase(132, cast=1), _C.EpPhase)  # an FP8 cast stores its own units
+    assert isinstance(_C.ep_unpack_phase(0, 2, 2, 4, 8, 0, 0, 32, 32, 0, 0, 0, 0), _C.EpPhase)
+    assert _C.ep_unpack_phase(0, 2, 2, 4, 8, 0, 0, 6, 6, 0, 0, 0, 0) is None
+    assert isinstance(_C.ep_combine_pack_phase(0, 2, 2, 4, 0, 0, 0, 16), _C.EpPhase)
+    assert isinstance(_C.ep_combine_reduce_phase(0, 0, 0, 0, 1, 8, 16, 2, 2, 2), _C.EpPhase)
+    assert _C.ep_combine_reduce_phase(0, 0, 0, 0, 1, 8, 16, 2, 2, 0) is None   # bf16 -> f32
+    assert _C.ep_combine_reduce_phase(0, 0, 0, 0, 1, 33, 16, 2, 2, 2) is None  # top-33
+    with pytest.raises(ValueError, match="head_bytes"):
+        _C.ep_unpack_phase(0, 2, 2, 4, 8, 0, 0, 24, 6, 1, 0, 0, 0)
+
+
+def test_kernel_limits_match_the_bindings():
+    """The steps' static shared memory (kernels/ep_args.hpp) holds what the bindings let in."""
+    text = (ROOT / "kernels" / "ep_args.hpp").read_text()
+    assert int(re.search(r"kPhaseMaxRanks = (\d+)", text).group(1)) == 64
+    assert int(re.search(r"kPhaseMaxTopk = (\d+)", text).group(1)) == 32
+    exchange = (ROOT / "kernels" / "exchange_args.hpp").read_text()
+    assert int(re.search(r"kMaxRanks = (\d+)", exchange).group(1)) <= 64
