@@ -6,10 +6,7 @@
 * ``moe``: resident_pg.moe.MoEDispatcher (counts, then all_to_all_single of the padded
   buffers of ``C = tokens * min(top_k, experts/rank)`` slots per peer, both ways);
 * ``a2a``: two plain all_to_all_single of the padded payload buffer (the data movement of
-  ``moe`` alone, without its index work);
-* ``ep3`` (CUDA): the ``ep`` step with each of its steps (route + pack, unpack; combine's pack
-  and reduction) in a kernel of its own around the exchange's, instead of inside it (``ep``:
-  one kernel per direction where dispatch's counts go with its rows, and for combine).
+  ``moe`` alone, without its index work).
 
 With ``--fp8`` also: ``ep8`` -- the ``ep`` step with FP8 dispatch (``use_fp8=True``: e4m3fn
 values plus one float32 scale per 128 channels, about half the bytes of bf16; combine in bf16,
@@ -130,11 +127,6 @@ def _case(rank, world, device, hidden, tokens, experts, top_k, iters, graph, fp8
         buf.low_latency_combine(recv_x, idx, w, handle)
     out["ep"] = _timed(ep_step, iters, device, graph)
     d = buf.dispatcher(top_k)
-    out["ep3"] = 0.0
-    if device == "cuda":  # the same step, its steps in kernels of their own
-        steps, d.exchange_steps = d.exchange_steps, None
-        out["ep3"] = _timed(ep_step, iters, device, graph)
-        d.exchange_steps = steps
     recv_x, _, handle, _, _ = buf.low_latency_dispatch(x, idx, tokens, experts)
     rows = handle.dispatch.send_counts.sum(1).float().mean().item()
     row_bytes = hidden * dtype.itemsize
@@ -189,15 +181,15 @@ def _rank(rank, world, port, env, args, queue):
                 r = _case(rank, world, device, hidden, tokens, experts, args.top_k, args.iters,
                           graph, args.fp8)
                 fp8 = [r.get(k, 0.0) for k in ("ep8", "d16", "d8", "ep8_bytes_per_peer")]
-                t = torch.tensor([r["ep"], r["moe"], r["a2a"], r["ep_bytes_per_peer"]] + fp8 +
-                                 [r["ep3"]], dtype=torch.float64, device=device)
+                t = torch.tensor([r["ep"], r["moe"], r["a2a"], r["ep_bytes_per_peer"]] + fp8,
+                                 dtype=torch.float64, device=device)
                 mx = t.clone()
                 dist.all_reduce(mx, op=dist.ReduceOp.MAX)
                 dist.all_reduce(t)
                 rows.append({"ranks": world, "hidden": hidden, "tokens": tokens,
                              "experts": experts, "top_k": args.top_k,
                              "ep_us": mx[0].item(), "moe_us": mx[1].item(),
-                             "a2a_us": mx[2].item(), "ep3_us": mx[8].item(),
+                             "a2a_us": mx[2].item(),
                              "ep_bytes_per_peer": t[3].item() / world,
                              "padded_bytes_per_peer": r["padded_bytes_per_peer"]})
                 if args.fp8:
@@ -255,8 +247,7 @@ def main():
           "median us per step (max over ranks); KiB per peer each way")
     fp8_head = (f" {'ep8':>9} {'d16':>9} {'d8':>9} {'ep8 KiB':>8}" if args.fp8 else "")
     print(f"{'hidden':>6} {'experts':>7} {'tokens':>6} {'ep':>9} {'moe':>9} {'a2a':>9} "
-          f"{'ep KiB':>8} {'padded KiB':>10} {'moe/ep':>7} {'ep3':>9} {'ep3/ep':>7}" + fp8_head,
-          flush=True)
+          f"{'ep KiB':>8} {'padded KiB':>10} {'moe/ep':>7}" + fp8_head, flush=True)
     rows, failure, all_exited = [], None, False
     while failure is None:
         try:
@@ -281,8 +272,8 @@ def main():
                     f"{r['ep8_bytes_per_peer'] / 1024:>8.1f}" if args.fp8 else "")
         print(f"{r['hidden']:>6} {r['experts']:>7} {r['tokens']:>6} {r['ep_us']:>9.1f} "
               f"{r['moe_us']:>9.1f} {r['a2a_us']:>9.1f} {r['ep_bytes_per_peer'] / 1024:>8.1f} "
-              f"{r['padded_bytes_per_peer'] / 1024:>10.1f} {r['moe_us'] / r['ep_us']:>7.2f} "
-              f"{r['ep3_us']:>9.1f} {r['ep3_us'] / r['ep_us']:>7.2f}" + fp8_cols, flush=True)
+              f"{r['padded_bytes_per_peer'] / 1024:>10.1f} {r['moe_us'] / r['ep_us']:>7.2f}"
+              + fp8_cols, flush=True)
     for proc in procs:
         if failure is not None and proc.is_alive():
             proc.terminate()

@@ -18,9 +18,6 @@ cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaSt
 // its blocks fit on one SM at once (its plan lives in shared memory).
 cudaError_t launchSplits(const SplitsArgs& args, unsigned blocks, cudaStream_t stream);
 int splitsBlocksPerSm(bool simple);
-// The same with EP steps before and after the exchange in its kernel (EpSplitsArgs).
-cudaError_t launchEpSplits(const EpSplitsArgs& args, unsigned blocks, cudaStream_t stream);
-int epSplitsBlocksPerSm(bool simple);
 // An op of one round with every partner (one_round_kernel.cu): a block per 2 KiB part of the
 // largest exchange, `threads` per block (a multiple of 32, at most kThreads: one per LL line).
 cudaError_t launchOneRound(const CollectiveArgs& args, unsigned blocks, unsigned threads,

@@ -11,7 +11,6 @@
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 #include <string>
 
 namespace resident {
@@ -91,46 +90,6 @@ struct CombineReduceArgs {
   int64_t no_slot;  // W*C
   Dtype in_dtype, out_dtype;
 };
-
-// A step of dispatch or combine run inside the kernel of the exchange it feeds or follows
-// (splits_kernel.cu, EpSplitsArgs): dispatch's route + pack before its exchange and unpack
-// after it, combine's pack before and its reduction after, each as the kernels below do it,
-// with the exchange's blocks taking the items in turn and a barrier of the grid between the
-// steps. One kernel per direction instead of three.
-enum class PhaseKind : int32_t {
-  kNone = 0,
-  kRoute = 1,
-  kUnpack = 2,
-  kCombinePack = 3,
-  kReduce = 4
-};
-
-// Top-k width, ranks and experts the in-exchange steps take (their shared memory is static).
-constexpr int kPhaseMaxTopk = 32;
-constexpr int kPhaseMaxRanks = 64;
-constexpr int kPhaseMaxExperts = 1024;
-
-struct Phase {
-  PhaseKind kind;
-  int32_t unit;  // bytes per copied unit: 16, 8 or 4 (route and unpack, combine pack)
-  union {
-    RouteArgs route;
-    UnpackArgs unpack;
-    CombinePackArgs pack;
-    CombineReduceArgs reduce;
-  };
-};
-
-// The widest copy unit (16, 8, 4, 2 or 1 bytes) that divides the row size and every address and
-// stride of the rows moved.
-inline int unitBytes(int64_t row_bytes, std::initializer_list<uintptr_t> addresses) {
-  for (int v : {16, 8, 4, 2}) {
-    bool ok = row_bytes % v == 0;
-    for (uintptr_t addr : addresses) ok = ok && addr % static_cast<uintptr_t>(v) == 0;
-    if (ok) return v;
-  }
-  return 1;
-}
 
 // True in a build with these kernels (false: built without nvcc; the launchers then fail).
 bool kernelsBuilt();

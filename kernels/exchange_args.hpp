@@ -6,8 +6,6 @@
 
 #include <cstdint>
 
-#include "ep_args.hpp"
-
 namespace resident {
 namespace gpu {
 
@@ -36,10 +34,6 @@ struct DeviceState {
   // The device-splits all_to_all with counts in the header (splits_kernel.cu): the mark of the
   // op whose peers' counts block 0 has put in recv_rows, for the kernel's other blocks.
   uint32_t splits_header;
-  // The barrier of the grid between an EP step and its exchange (splits_kernel.cu): blocks
-  // arrived, and the barriers passed.
-  uint32_t grid_arrived;
-  uint32_t grid_passed;
   unsigned long long fifo_head;        // trigger FIFO producer position
   unsigned long long fifo_tail_cache;  // last tail read from host memory
   unsigned char* remote[kMaxRanks];    // peer's GPU region mapped here (direct path) or null
@@ -142,14 +136,6 @@ struct SplitsArgs {
   // with send_rows[q]'s entries, zero-padded to header_bytes (a multiple of 8, at most one part),
   // and recv_rows is written from the peers' headers (splits_kernel.cu; LL lines only).
   uint32_t header_bytes;
-};
-
-// The device-splits all_to_all with an EP step before and after it in the same kernel
-// (ep_args.hpp, ep::Phase; kind kNone: no step).
-struct EpSplitsArgs {
-  SplitsArgs splits;
-  ep::Phase before;
-  ep::Phase after;
 };
 
 struct P2PArgs {

@@ -105,8 +105,7 @@ __device__ __forceinline__ void storeBytes(unsigned char* p, uint64_t v, uint32_
 }
 
 // What a kernel that gave up was waiting for (the error word's bits 32-39).
-constexpr uint32_t kWaitLine = 1, kWaitWord = 2, kWaitFlag = 3, kWaitFifo = 4, kWaitCredit = 5,
-                   kWaitBlocks = 6;
+constexpr uint32_t kWaitLine = 1, kWaitWord = 2, kWaitFlag = 3, kWaitFifo = 4, kWaitCredit = 5;
 
 // Waiting with a deadline. A block that gives up records why (the first one wins) in the
 // host-visible error word and raises `failed` so the other blocks stop polling. A poll is one

@@ -6,7 +6,6 @@
 
 #include "collective_body.cuh"
 #include "collective_launch.hpp"
-#include "ep_device.cuh"
 #include "launch_device.cuh"
 
 namespace resident {
@@ -47,9 +46,7 @@ __device__ __forceinline__ void clampRows(unsigned long long* sums, int n, uint6
 // Rows of each peer from the counts arrays, summed over the `per_peer` entries of each peer by
 // every thread of the block at once, then clamped. `sums` ([2][kMaxRanks], shared) ends with the
 // send and recv rows (the recv rows zero with the counts in the header).
-// `fresh`: the counts were written by this kernel's other blocks (an EP route step before).
-__device__ __forceinline__ void sumRows(const SplitsArgs& s, int nranks, unsigned long long* sums,
-                                        bool fresh) {
+__device__ __forceinline__ void sumRows(const SplitsArgs& s, int nranks, unsigned long long* sums) {
   for (int i = threadIdx.x; i < 2 * kMaxRanks; i += blockDim.x) sums[i] = 0;
   __syncthreads();
   const uint32_t n = static_cast<uint32_t>(nranks) * s.per_peer;
@@ -57,9 +54,9 @@ __device__ __forceinline__ void sumRows(const SplitsArgs& s, int nranks, unsigne
   const uint32_t entries = s.header_bytes ? n : 2 * n;
   for (uint32_t i = threadIdx.x; i < entries; i += blockDim.x) {
     if (i < n)
-      addCount(sums, s, s.send_rows, i, fresh);
+      addCount(sums, s, s.send_rows, i, false);
     else
-      addCount(sums + kMaxRanks, s, s.recv_rows, i - n, fresh);
+      addCount(sums + kMaxRanks, s, s.recv_rows, i - n, false);
   }
   clampRows(sums, 2 * kMaxRanks, s.max_rows);
 }
@@ -224,27 +221,22 @@ __device__ inline void headerExchange(CollectiveArgs& a, const SplitsArgs& s, Sh
   __syncthreads();
 }
 
-// The kernel's arguments into shared memory and its round state loaded; then the wait for the
-// stream's previous kernels (they write the counts, and the rows an EP step reads).
-__device__ __forceinline__ void enterSplits(const CollectiveArgs& coll, CollectiveArgs& a,
-                                            Shared& sh) {
+template <bool Simple>
+__global__ void __launch_bounds__(kThreads) splitsKernel(const __grid_constant__ SplitsArgs s) {
+  __shared__ Shared sh;
+  __shared__ CollectiveArgs a;
   {
-    const auto* from = reinterpret_cast<const uint64_t*>(&coll);
+    const auto* from = reinterpret_cast<const uint64_t*>(&s.coll);
     auto* to = reinterpret_cast<uint64_t*>(&a);
     for (uint32_t i = threadIdx.x; i < sizeof(CollectiveArgs) / 8; i += blockDim.x) to[i] = from[i];
   }
-  loadRoundState(coll, sh);
+  loadRoundState(s.coll, sh);
+  // The counts are written by the stream's previous kernels (the counts exchange): wait for
+  // them before reading. The round advance below needs the rounds they give.
   pdlWait();
-  __syncthreads();  // the copy of the args is complete
-}
-
-// The exchange of a device-splits all_to_all, from the counts to the last round. On return
-// (block-uniform) the block is done with its share; sh.stop when the op gave up.
-template <bool Simple>
-__device__ __forceinline__ void splitsExchange(const SplitsArgs& s, CollectiveArgs& a, Shared& sh,
-                                               bool fresh_counts) {
+  __syncthreads();                                    // the copy of the args is complete
   __shared__ unsigned long long rows[2 * kMaxRanks];  // send, then recv rows per peer
-  sumRows(s, a.nranks, rows, fresh_counts);  // header_bytes: the recv rows come from the headers
+  sumRows(s, a.nranks, rows);  // header_bytes: the recv rows come from the headers
   if (!Simple && s.header_bytes) {
     headerExchange(a, s, sh, rows);
     return;
@@ -280,160 +272,6 @@ __device__ __forceinline__ void splitsExchange(const SplitsArgs& s, CollectiveAr
   collectiveBody<Simple>(a, sh);
 }
 
-template <bool Simple>
-__global__ void __launch_bounds__(kThreads) splitsKernel(const __grid_constant__ SplitsArgs s) {
-  __shared__ Shared sh;
-  __shared__ CollectiveArgs a;
-  enterSplits(s.coll, a, sh);
-  splitsExchange<Simple>(s, a, sh, false);
-}
-
-// The EP steps (ep::Phase) around the exchange. Every block of the grid is resident at once
-// (the host's block budget: GpuCommunicator's fair share of the GPU per rank), so a barrier of
-// the grid can wait for all of them: a block sends rows that other blocks packed, and unpacks
-// rows that other blocks received.
-
-// Shared memory of the steps (one at a time).
-union PhaseShared {
-  ep::RouteBlockScratch route;
-  struct {
-    ep::UnpackScratch scratch;
-    int64_t per_source[3 * ep::kPhaseMaxRanks];
-  } unpack;
-  unsigned long long sum;
-  struct {
-    int64_t pair_rows[ep::kPhaseMaxTopk];
-    float weight[ep::kPhaseMaxTopk];
-  } reduce;
-};
-
-// Calls f with a value of the copy unit type of `unit` bytes (16, 8 or 4: ep::Phase::unit).
-template <typename F>
-__device__ __forceinline__ void byUnit(int unit, F&& f) {
-  if (unit == 16)
-    f(uint4{});
-  else if (unit == 8)
-    f(uint2{});
-  else
-    f(uint32_t{});
-}
-
-// Calls f with a value of the element type of `dtype`.
-template <typename F>
-__device__ __forceinline__ void byDtype(ep::Dtype dtype, F&& f) {
-  if (dtype == ep::Dtype::kFloat32)
-    f(float{});
-  else if (dtype == ep::Dtype::kFloat16)
-    f(__half{});
-  else
-    f(__nv_bfloat16{});
-}
-
-// Item `item`, part `part` of `parts`, of step `ph`. Block-uniform.
-__device__ __noinline__ void phaseItem(const ep::Phase& ph, int item, int part, int parts,
-                                       PhaseShared& ps) {
-  switch (ph.kind) {
-    case ep::PhaseKind::kUnpack:
-      byUnit(ph.unit, [&](auto u) {
-        ep::unpackItem<decltype(u)>(ph.unpack, item, part, parts, ps.unpack.scratch);
-      });
-      break;
-    case ep::PhaseKind::kCombinePack:
-      byUnit(ph.unit,
-             [&](auto u) { ep::combinePackItem<decltype(u)>(ph.pack, item, part, parts, ps.sum); });
-      break;
-    case ep::PhaseKind::kReduce:
-      byDtype(ph.reduce.in_dtype, [&](auto t) {
-        using T = decltype(t);
-        ep::combineReduceItem<T, T>(ph.reduce, item, part, parts, ps.reduce.pair_rows,
-                                    ps.reduce.weight);
-      });
-      break;
-    default:
-      break;
-  }
-}
-
-// Runs step `ph`: its items (and parts of an item, where the grid has more blocks than items)
-// taken by the blocks in turn. Block-uniform.
-__device__ inline void runPhase(const ep::Phase& ph, PhaseShared& ps) {
-  int64_t items = 0, most = 1;
-  switch (ph.kind) {
-    case ep::PhaseKind::kRoute:  // every block routes all pairs and copies its share
-      if (ph.route.cast != ep::RowCast::kCopy)
-        byDtype(ph.route.x_dtype,
-                [&](auto x) { ep::routeBlock<uint8_t, decltype(x)>(ph.route, ps.route); });
-      else
-        byUnit(ph.unit, [&](auto u) { ep::routeBlock<decltype(u), void>(ph.route, ps.route); });
-      return;
-    case ep::PhaseKind::kUnpack:
-      items = ph.unpack.local_experts;
-      most = ph.unpack.max_slots;
-      break;
-    case ep::PhaseKind::kCombinePack:
-      items = ph.pack.ranks;
-      most = ph.pack.slots;
-      break;
-    case ep::PhaseKind::kReduce:
-      items = ph.reduce.tokens;
-      most = (ph.reduce.hidden + ep::kEpThreads - 1) / ep::kEpThreads;
-      break;
-    default:
-      return;
-  }
-  if (items <= 0) return;
-  if (threadIdx.x == 0 && ph.kind == ep::PhaseKind::kUnpack)
-    ps.unpack.scratch.per_source = ps.unpack.per_source;
-  int64_t parts = gridDim.x / items;
-  parts = parts < most ? parts : most;
-  parts = parts > 1 ? parts : 1;
-  for (int64_t i = blockIdx.x; i < items * parts; i += gridDim.x) {
-    __syncthreads();  // the pointer set; the previous item done with the shared memory
-    phaseItem(ph, static_cast<int>(i / parts), static_cast<int>(i % parts), static_cast<int>(parts),
-              ps);
-  }
-}
-
-// Waits until every block of the grid has arrived; false (block-uniform) when the op gives up
-// (a block that gave up does not arrive: the others stop on its `failed`, or at the deadline).
-// Ends with a barrier. What the other blocks stored before they arrived is visible after it.
-__device__ inline bool gridBarrier(const CollectiveArgs& a, Shared& sh) {
-  __syncthreads();
-  if (sh.stop) return false;
-  if (threadIdx.x == 0) {
-    DeviceState* st = a.reg.state;
-    // Read before arriving: the barrier cannot pass without this block.
-    const uint32_t passed = *reinterpret_cast<volatile uint32_t*>(&st->grid_passed);
-    if (lastOf(&st->grid_arrived, gridDim.x)) {  // fences this block's stores first
-      atomicAdd(&st->grid_passed, 1u);
-    } else {
-      Waiter w(a.reg, a.op_id);
-      if (!w.until(
-              [&] { return *reinterpret_cast<volatile uint32_t*>(&st->grid_passed) != passed; },
-              a.rank, kWaitBlocks, passed))
-        sh.stop = 1;
-    }
-    __threadfence();
-  }
-  __syncthreads();
-  return !sh.stop;
-}
-
-template <bool Simple>
-__global__ void __launch_bounds__(kThreads) epSplitsKernel(const __grid_constant__ EpSplitsArgs e) {
-  __shared__ Shared sh;
-  __shared__ CollectiveArgs a;
-  __shared__ PhaseShared ps;
-  enterSplits(e.splits.coll, a, sh);
-  if (threadIdx.x == 0) sh.stop = 0;
-  runPhase(e.before, ps);
-  const bool before = e.before.kind != ep::PhaseKind::kNone;
-  if (before && !gridBarrier(a, sh)) return;
-  splitsExchange<Simple>(e.splits, a, sh, before);
-  if (e.after.kind == ep::PhaseKind::kNone || !gridBarrier(a, sh)) return;
-  runPhase(e.after, ps);
-}
-
 }  // namespace
 
 int splitsBlocksPerSm(bool simple) {
@@ -443,29 +281,14 @@ int splitsBlocksPerSm(bool simple) {
   return n;
 }
 
-int epSplitsBlocksPerSm(bool simple) {
-  int n = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &n, simple ? epSplitsKernel<true> : epSplitsKernel<false>, kThreads, 0);
-  return n;
-}
-
 cudaError_t loadSplitsKernels() {
   return loadFunctions({reinterpret_cast<const void*>(splitsKernel<false>),
-                        reinterpret_cast<const void*>(splitsKernel<true>),
-                        reinterpret_cast<const void*>(epSplitsKernel<false>),
-                        reinterpret_cast<const void*>(epSplitsKernel<true>)});
+                        reinterpret_cast<const void*>(splitsKernel<true>)});
 }
 
 cudaError_t launchSplits(const SplitsArgs& args, unsigned blocks, cudaStream_t stream) {
   if (args.coll.reg.simple != 0) return launchKernel(splitsKernel<true>, args, blocks, stream);
   return launchKernel(splitsKernel<false>, args, blocks, stream);
-}
-
-cudaError_t launchEpSplits(const EpSplitsArgs& args, unsigned blocks, cudaStream_t stream) {
-  if (args.splits.coll.reg.simple != 0)
-    return launchKernel(epSplitsKernel<true>, args, blocks, stream);
-  return launchKernel(epSplitsKernel<false>, args, blocks, stream);
 }
 
 }  // namespace gpu

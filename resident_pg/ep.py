@@ -245,13 +245,6 @@ class Buffer:
     def _exchange_counts_with_rows(self, output, input, send_rows, recv_rows):
         self._exchange(output, input, send_rows, recv_rows, counts_out=True)
 
-    def _exchange_steps(self, output, input, send_rows, recv_rows, counts_out, before, after):
-        # the exchange with EP steps in its kernel (resident_pg.ep_kernels' *_phase)
-        work = self._resident.all_to_all_device_splits(output, input, send_rows, recv_rows,
-                                                       False, counts_out, before, after)
-        if work is not None:
-            work.wait()
-
     def _counts_with_rows(self, d: MoEDispatcher) -> bool:
         """Whether CUDA dispatch sends each peer its counts ahead of its rows (one exchange;
         ``all_to_all_device_splits(counts_out=True)``) rather than in an exchange of their own
@@ -288,8 +281,6 @@ class Buffer:
                               payload_exchange=self._exchange if splits else None, **rows)
             if splits and self._counts_with_rows(d):
                 d.exchange_with_counts = self._exchange_counts_with_rows
-            if splits and self.device.type == "cuda":
-                d.exchange_steps = self._exchange_steps
             self._dispatchers[key] = d
             if num_topk not in self._unit_weights:
                 self._unit_weights[num_topk] = torch.ones(M, num_topk, dtype=torch.float32,

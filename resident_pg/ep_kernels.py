@@ -8,10 +8,6 @@ back.  The caller owns the buffers and their
 layout (resident_pg/moe.py); rows are moved as opaque bytes, so any payload dtype and the FP8
 rows of :mod:`resident_pg.ep_fp8` go through the same kernels.  The weighted combine reduces
 float32, float16 and bfloat16 payloads (:data:`REDUCE_DTYPES`).
-
-Each ``*_phase`` function makes the same step for the kernel of the exchange it feeds or
-follows instead (the resident backend's ``all_to_all_device_splits(before=, after=)``): one
-kernel for dispatch (route + pack, the exchange, unpack) and one for combine.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["REDUCE_DTYPES", "available", "combine_pack", "combine_pack_phase", "combine_reduce",
-           "combine_reduce_phase", "route", "route_phase", "unpack", "unpack_phase"]
+__all__ = ["REDUCE_DTYPES", "available", "combine_pack", "combine_reduce", "route", "unpack"]
 
 # payload / output dtypes of combine_reduce and their codes in kernels/ep_args.hpp (Dtype)
 REDUCE_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -40,19 +35,6 @@ def _row_bytes(t: torch.Tensor) -> int:
     return t.shape[-1] * t.element_size()
 
 
-def _route_args(topk_idx, x, send_x, send_counts, pair_slot, dropped, experts, ranks, slots,
-                fp8):
-    T, K = topk_idx.shape
-    cast, x_dtype, round_scale, hidden = 0, 0, False, 0
-    if fp8 is not None:
-        round_scale, use_ue8m0 = fp8
-        cast, x_dtype, hidden = (2 if use_ue8m0 else 1), REDUCE_DTYPES[x.dtype], x.shape[1]
-    return ((topk_idx.data_ptr(), topk_idx.element_size(), T, K, experts, ranks, slots,
-             x.data_ptr(), x.stride(0) * x.element_size(), send_x.data_ptr(), _row_bytes(send_x),
-             send_counts.data_ptr(), pair_slot.data_ptr(), dropped.data_ptr()),
-            (cast, x_dtype, bool(round_scale), hidden))
-
-
 def route(topk_idx: torch.Tensor, x: torch.Tensor, send_x: torch.Tensor,
           send_counts: torch.Tensor, pair_slot: torch.Tensor, dropped: torch.Tensor,
           experts: int, ranks: int, slots: int, stream: int,
@@ -65,29 +47,15 @@ def route(topk_idx: torch.Tensor, x: torch.Tensor, send_x: torch.Tensor,
     :mod:`resident_pg.ep_fp8` (``send_x`` rows of ``row_bytes(hidden, use_ue8m0)``)."""
     from resident_pg import _C
 
-    head, tail = _route_args(topk_idx, x, send_x, send_counts, pair_slot, dropped, experts,
-                             ranks, slots, fp8)
-    _C.ep_route(*head, stream, *tail)
-
-
-def route_phase(topk_idx, x, send_x, send_counts, pair_slot, dropped, experts: int, ranks: int,
-                slots: int, fp8: Optional[Tuple[bool, bool]] = None):
-    """:func:`route` as a step of the exchange's kernel (an ``EpPhase`` for the resident
-    backend's ``all_to_all_device_splits(before=...)``), or None where it cannot run there."""
-    from resident_pg import _C
-
-    head, tail = _route_args(topk_idx, x, send_x, send_counts, pair_slot, dropped, experts,
-                             ranks, slots, fp8)
-    return _C.ep_route_phase(*head, *tail)
-
-
-def _unpack_args(recv_counts, recv_x, expert_x, expert_counts, zero_from, back_index, slots,
-                 tail_out):
-    W, L = recv_counts.shape
-    return (recv_counts.data_ptr(), W, L, slots, expert_x.shape[1], recv_x.data_ptr(),
-            expert_x.data_ptr(), _row_bytes(recv_x), _row_bytes(expert_x),
-            0 if tail_out is None else tail_out.data_ptr(), expert_counts.data_ptr(),
-            zero_from.data_ptr(), back_index.data_ptr())
+    T, K = topk_idx.shape
+    cast, x_dtype, round_scale, hidden = 0, 0, False, 0
+    if fp8 is not None:
+        round_scale, use_ue8m0 = fp8
+        cast, x_dtype, hidden = (2 if use_ue8m0 else 1), REDUCE_DTYPES[x.dtype], x.shape[1]
+    _C.ep_route(topk_idx.data_ptr(), topk_idx.element_size(), T, K, experts, ranks, slots,
+                x.data_ptr(), x.stride(0) * x.element_size(), send_x.data_ptr(),
+                _row_bytes(send_x), send_counts.data_ptr(), pair_slot.data_ptr(),
+                dropped.data_ptr(), stream, cast, x_dtype, bool(round_scale), hidden)
 
 
 def unpack(recv_counts: torch.Tensor, recv_x: torch.Tensor, expert_x: torch.Tensor,
@@ -100,24 +68,11 @@ def unpack(recv_counts: torch.Tensor, recv_x: torch.Tensor, expert_x: torch.Tens
     4-byte words, to ``tail_out [L, (R - R') / 4, S]`` (column-major per expert)."""
     from resident_pg import _C
 
-    _C.ep_unpack(*_unpack_args(recv_counts, recv_x, expert_x, expert_counts, zero_from,
-                               back_index, slots, tail_out), stream)
-
-
-def unpack_phase(recv_counts, recv_x, expert_x, expert_counts, zero_from, back_index,
-                 slots: int, tail_out=None):
-    """:func:`unpack` as a step of the exchange's kernel (``all_to_all_device_splits(after=...)``),
-    or None."""
-    from resident_pg import _C
-
-    return _C.ep_unpack_phase(*_unpack_args(recv_counts, recv_x, expert_x, expert_counts,
-                                            zero_from, back_index, slots, tail_out))
-
-
-def _combine_pack_args(filled, back_index, expert_y, comb_send, slots):
-    W, L = filled.shape
-    return (filled.data_ptr(), W, L, slots, back_index.data_ptr(), expert_y.data_ptr(),
-            comb_send.data_ptr(), _row_bytes(comb_send))
+    W, L = recv_counts.shape
+    _C.ep_unpack(recv_counts.data_ptr(), W, L, slots, expert_x.shape[1], recv_x.data_ptr(),
+                 expert_x.data_ptr(), _row_bytes(recv_x), _row_bytes(expert_x),
+                 0 if tail_out is None else tail_out.data_ptr(), expert_counts.data_ptr(),
+                 zero_from.data_ptr(), back_index.data_ptr(), stream)
 
 
 def combine_pack(filled: torch.Tensor, back_index: torch.Tensor, expert_y: torch.Tensor,
@@ -127,22 +82,10 @@ def combine_pack(filled: torch.Tensor, back_index: torch.Tensor, expert_y: torch
     and expert, summed per source; ``expert_y [L*S, H]`` contiguous."""
     from resident_pg import _C
 
-    _C.ep_combine_pack(*_combine_pack_args(filled, back_index, expert_y, comb_send, slots),
-                       stream)
-
-
-def combine_pack_phase(filled, back_index, expert_y, comb_send, slots: int):
-    """:func:`combine_pack` as a step of the exchange's kernel (``before=``), or None."""
-    from resident_pg import _C
-
-    return _C.ep_combine_pack_phase(*_combine_pack_args(filled, back_index, expert_y, comb_send,
-                                                        slots))
-
-
-def _combine_reduce_args(comb_recv, pair_slot, weights, out, no_slot):
-    T, K = weights.shape
-    return (comb_recv.data_ptr(), pair_slot.data_ptr(), weights.data_ptr(), out.data_ptr(), T, K,
-            out.shape[1], no_slot, REDUCE_DTYPES[comb_recv.dtype], REDUCE_DTYPES[out.dtype])
+    W, L = filled.shape
+    _C.ep_combine_pack(filled.data_ptr(), W, L, slots,
+                       back_index.data_ptr(), expert_y.data_ptr(), comb_send.data_ptr(),
+                       _row_bytes(comb_send), stream)
 
 
 def combine_reduce(comb_recv: torch.Tensor, pair_slot: torch.Tensor, weights: torch.Tensor,
@@ -152,14 +95,7 @@ def combine_reduce(comb_recv: torch.Tensor, pair_slot: torch.Tensor, weights: to
     adds nothing)."""
     from resident_pg import _C
 
-    _C.ep_combine_reduce(*_combine_reduce_args(comb_recv, pair_slot, weights, out, no_slot),
-                         stream)
-
-
-def combine_reduce_phase(comb_recv, pair_slot, weights, out, no_slot: int):
-    """:func:`combine_reduce` as a step of the exchange's kernel (``after=``), or None (a
-    reduction into another dtype than the payload's, a top-k wider than 32)."""
-    from resident_pg import _C
-
-    return _C.ep_combine_reduce_phase(*_combine_reduce_args(comb_recv, pair_slot, weights, out,
-                                                            no_slot))
+    T, K = weights.shape
+    _C.ep_combine_reduce(comb_recv.data_ptr(), pair_slot.data_ptr(), weights.data_ptr(),
+                         out.data_ptr(), T, K, out.shape[1], no_slot,
+                         REDUCE_DTYPES[comb_recv.dtype], REDUCE_DTYPES[out.dtype], stream)

@@ -141,7 +141,6 @@ class MoEDispatcher:
                  top_k: int, dtype: torch.dtype = torch.bfloat16, device=None, *,
                  slots_per_rank: Optional[int] = None, check: Optional[bool] = None,
                  all_to_all=None, payload_exchange=None, exchange_with_counts=None,
-                 exchange_steps=None,
                  dispatch_dtype: Optional[torch.dtype] = None,
                  dispatch_hidden: Optional[int] = None,
                  unpack_into: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
@@ -160,13 +159,6 @@ class MoEDispatcher:
         # writing recv_counts from the peers' counts (resident_pg.ep: they travel ahead of the
         # rows); None: the counts go first, in an all_to_all of their own
         self.exchange_with_counts = exchange_with_counts
-        # the payload exchange with EP steps in its kernel (CUDA kernels only), called as
-        # exchange_steps(output, input, send_counts, recv_counts, counts_out, before, after)
-        # with the steps of resident_pg.ep_kernels' *_phase functions: dispatch (counts with
-        # the rows) and combine then take one kernel each (resident_pg.ep); None: a kernel per step
-        self.exchange_steps = exchange_steps
-        # whether the last dispatch / combine ran its steps in the exchange's kernel
-        self.steps_in_exchange = {"dispatch": False, "combine": False}
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         for name, v in (("num_experts", num_experts), ("hidden", hidden),
@@ -450,29 +442,16 @@ class MoEDispatcher:
         dropped = torch.empty((), dtype=torch.int64, device=dev)
         counts = torch.empty(2, W, self.local_experts, dtype=torch.int64, device=dev)
         send_counts, recv_counts = counts[0], counts[1]
+        ep_kernels.route(topk_idx, x, self._send_x, send_counts, pair_slot, dropped,
+                         self.num_experts, W, C, stream, fp8_cast)
+        if self.exchange_with_counts is None:
+            self.all_to_all(recv_counts, send_counts, group=self.group)
+        self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_counts,
+                               recv_counts, self.exchange_with_counts)
         back_index = torch.empty(W * C, dtype=torch.int64, device=dev)
         head, tail = self._unpack_into if self.unpacks_into else (self.expert_x, None)
-        route = (topk_idx, x, self._send_x, send_counts, pair_slot, dropped, self.num_experts,
-                 W, C)
-        unpack = (recv_counts, self._recv_x, head, self.expert_counts, self._zero_from,
-                  back_index, C)
-        steps = None
-        if self.exchange_steps is not None and self.exchange_with_counts is not None:
-            # one kernel: route + pack, the counts with the rows, unpack
-            steps = (ep_kernels.route_phase(*route, fp8_cast),
-                     ep_kernels.unpack_phase(*unpack, tail))
-        self.steps_in_exchange["dispatch"] = steps is not None and None not in steps
-        if self.steps_in_exchange["dispatch"]:
-            self.exchange_steps(self._recv_x[: W * C].view(W, C, self.dispatch_hidden),
-                                self._send_x[: W * C].view(W, C, self.dispatch_hidden),
-                                send_counts, recv_counts, True, *steps)
-        else:
-            ep_kernels.route(*route, stream, fp8_cast)
-            if self.exchange_with_counts is None:
-                self.all_to_all(recv_counts, send_counts, group=self.group)
-            self._exchange_payload(self._recv_x, self._send_x, self.dispatch_hidden, send_counts,
-                                   recv_counts, self.exchange_with_counts)
-            ep_kernels.unpack(*unpack, stream, tail)
+        ep_kernels.unpack(recv_counts, self._recv_x, head, self.expert_counts,
+                          self._zero_from, back_index, C, stream, tail)
         handle = DispatchHandle(num_tokens=T, pair_slot=pair_slot, topk_weights=topk_weights,
                                 back_index=back_index, dropped=dropped, seq=self._seq,
                                 send_counts=send_counts, recv_counts=recv_counts)
@@ -529,35 +508,21 @@ class MoEDispatcher:
 
     def _combine_kernels(self, expert_y, handle, w, out):
         """combine on CUDA: pack the filled slots, the exchange, the weighted reduction."""
-        T, H, C, W = handle.num_tokens, self.hidden, self.slots_per_rank, self.world
+        T, H, C = handle.num_tokens, self.hidden, self.slots_per_rank
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        pack = (handle.recv_counts, handle.back_index, expert_y.contiguous().view(-1, H),
-                self._comb_send, C)
+        ep_kernels.combine_pack(handle.recv_counts, handle.back_index,
+                                expert_y.contiguous().view(-1, H), self._comb_send, C, stream)
+        self._exchange_payload(self._comb_recv, self._comb_send, H, handle.recv_counts,
+                               handle.send_counts)
         out_dtype = self.dtype if out is None else out.dtype
-        reduces = self.dtype in ep_kernels.REDUCE_DTYPES and \
-            out_dtype in ep_kernels.REDUCE_DTYPES
-        target = None
-        if reduces:
-            target = out if out is not None and out.is_contiguous() else \
-                torch.empty(T, H, dtype=out_dtype, device=self.device)
-            reduce = (self._comb_recv, handle.pair_slot, w.to(torch.float32).contiguous(),
-                      target, W * C)
-        steps = None
-        if self.exchange_steps is not None and reduces:
-            # one kernel: pack, the rows back, the weighted reduction
-            steps = (ep_kernels.combine_pack_phase(*pack), ep_kernels.combine_reduce_phase(*reduce))
-        self.steps_in_exchange["combine"] = steps is not None and None not in steps
-        if self.steps_in_exchange["combine"]:
-            self.exchange_steps(self._comb_recv[: W * C].view(W, C, H),
-                                self._comb_send[: W * C].view(W, C, H), handle.recv_counts,
-                                handle.send_counts, False, *steps)
-        else:
-            ep_kernels.combine_pack(*pack, stream)
-            self._exchange_payload(self._comb_recv, self._comb_send, H, handle.recv_counts,
-                                   handle.send_counts)
-            if not reduces:
-                return self._reduce(handle, w, out)
-            ep_kernels.combine_reduce(*reduce, stream)
+        if self.dtype not in ep_kernels.REDUCE_DTYPES or \
+                out_dtype not in ep_kernels.REDUCE_DTYPES:
+            return self._reduce(handle, w, out)
+        target = out if out is not None and out.is_contiguous() else \
+            torch.empty(T, H, dtype=out_dtype, device=self.device)
+        ep_kernels.combine_reduce(self._comb_recv, handle.pair_slot,
+                                  w.to(torch.float32).contiguous(), target, self.world * C,
+                                  stream)
         if target is not out and out is not None:
             out.copy_(target)
             return out

@@ -45,14 +45,12 @@ PYBIND11_MODULE(_C, m) {
       .def("all_to_all_device_splits", &ProcessGroupResident::allToAllDeviceSplits,
            py::arg("output"), py::arg("input"), py::arg("send_rows"), py::arg("recv_rows"),
            py::arg("async_op") = false, py::arg("counts_out") = false,
-           py::arg("before") = py::none(), py::arg("after") = py::none(),
            py::call_guard<py::gil_scoped_release>(),
            "all_to_all of [group size, max_rows, ...] buffers moving only send_rows[p] rows to "
            "peer p and recv_rows[p] from it (counts [group size], or [group size, n] summed per "
            "peer); on CUDA the counts are read by the kernel; counts_out (CUDA): recv_rows is "
-           "written from counts sent ahead of the rows; before / after (CUDA, EpPhase from "
-           "ep_*_phase): an EP step run in the same kernel before / after the exchange "
-           "(resident_pg.ep.all_to_all_device_splits, resident_pg.moe).")
+           "written from counts sent ahead of the rows "
+           "(resident_pg.ep.all_to_all_device_splits).")
       .def("_set_handoff", &ProcessGroupResident::setHandoff, py::arg("backend"), py::arg("device"),
            py::arg("crossover_bytes"),
            "Hands ops on `device` tensors whose bytes reach crossover_bytes[op kind] to `backend` "

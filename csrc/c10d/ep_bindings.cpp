@@ -47,124 +47,36 @@ ep::RowCast castOf(int code, int64_t hidden, int64_t row_bytes) {
   return static_cast<ep::RowCast>(code);
 }
 
-// The arguments of each step from Python's ints (addresses as Tensor.data_ptr()).
-ep::RouteArgs routeArgs(uintptr_t topk_idx, int index_bytes, int tokens, int topk, int experts,
-                        int ranks, int64_t slots, uintptr_t x, int64_t x_stride, uintptr_t send_x,
-                        int64_t row_bytes, uintptr_t send_counts, uintptr_t pair_slot,
-                        uintptr_t dropped, int cast, int x_dtype, bool round_scale,
-                        int64_t hidden) {
-  ep::RouteArgs a{};
-  a.cast = castOf(cast, hidden, row_bytes);
-  a.x_dtype = dtypeOf(x_dtype);
-  a.round_scale = round_scale || a.cast == ep::RowCast::kFp8Ue8m0 ? 1 : 0;
-  a.hidden = hidden;
-  a.topk_idx = at<const void>(topk_idx);
-  a.index_bytes = index_bytes;
-  a.tokens = tokens;
-  a.topk = topk;
-  a.experts = experts;
-  a.ranks = ranks;
-  a.slots = slots;
-  a.x = at<const void>(x);
-  a.x_stride = x_stride;
-  a.send_x = at<void>(send_x);
-  a.row_bytes = row_bytes;
-  a.send_counts = at<int64_t>(send_counts);
-  a.pair_slot = at<int64_t>(pair_slot);
-  a.dropped = at<int64_t>(dropped);
-  return a;
-}
-
-ep::UnpackArgs unpackArgs(uintptr_t recv_counts, int ranks, int local_experts, int64_t slots,
-                          int64_t max_slots, uintptr_t recv_x, uintptr_t expert_x,
-                          int64_t row_bytes, int64_t head_bytes, uintptr_t tail_out,
-                          uintptr_t expert_counts, uintptr_t zero_from, uintptr_t back_index) {
-  const bool split = tail_out != 0;
-  if (head_bytes < 1 || head_bytes > row_bytes || (split != (head_bytes < row_bytes)) ||
-      (split && (head_bytes % 4 != 0 || row_bytes % 4 != 0)))
-    throw std::invalid_argument(
-        "resident ep unpack: head_bytes " + std::to_string(head_bytes) + " of rows of " +
-        std::to_string(row_bytes) +
-        " bytes: a split row needs tail_out and a head and tail of whole 4-byte words");
-  ep::UnpackArgs a{};
-  a.recv_counts = at<const int64_t>(recv_counts);
-  a.ranks = ranks;
-  a.local_experts = local_experts;
-  a.slots = slots;
-  a.max_slots = max_slots;
-  a.recv_x = at<const void>(recv_x);
-  a.expert_x = at<void>(expert_x);
-  a.row_bytes = row_bytes;
-  a.head_bytes = head_bytes;
-  a.tail_out = at<int32_t>(tail_out);
-  a.expert_counts = at<int32_t>(expert_counts);
-  a.zero_from = at<int32_t>(zero_from);
-  a.back_index = at<int64_t>(back_index);
-  return a;
-}
-
-ep::CombinePackArgs combinePackArgs(uintptr_t filled, int ranks, int per_source, int64_t slots,
-                                    uintptr_t back_index, uintptr_t expert_y, uintptr_t comb_send,
-                                    int64_t row_bytes) {
-  if (per_source < 1) throw py::value_error("ep_combine_pack: per_source must be >= 1");
-  ep::CombinePackArgs a{};
-  a.filled = at<const int64_t>(filled);
-  a.ranks = ranks;
-  a.per_source = per_source;
-  a.slots = slots;
-  a.back_index = at<const int64_t>(back_index);
-  a.expert_y = at<const void>(expert_y);
-  a.comb_send = at<void>(comb_send);
-  a.row_bytes = row_bytes;
-  return a;
-}
-
-ep::CombineReduceArgs reduceArgs(uintptr_t comb_recv, uintptr_t pair_slot, uintptr_t weights,
-                                 uintptr_t out, int tokens, int topk, int64_t hidden,
-                                 int64_t no_slot, int in_dtype, int out_dtype) {
-  ep::CombineReduceArgs a{};
-  a.comb_recv = at<const void>(comb_recv);
-  a.pair_slot = at<const int64_t>(pair_slot);
-  a.weights = at<const float>(weights);
-  a.out = at<void>(out);
-  a.tokens = tokens;
-  a.topk = topk;
-  a.hidden = hidden;
-  a.no_slot = no_slot;
-  a.in_dtype = dtypeOf(in_dtype);
-  a.out_dtype = dtypeOf(out_dtype);
-  return a;
-}
-
-// A step for the exchange's kernel (ep::Phase), or None where it cannot run there (a copy unit
-// below 4 bytes, more ranks or a wider top-k than its static shared memory holds, a reduction
-// into another dtype): the caller then launches the step's own kernel.
-py::object phaseOr(ep::PhaseKind kind, int unit, bool fits) {
-  if (!fits || unit < 4) return py::none();
-  ep::Phase ph{};
-  ph.kind = kind;
-  ph.unit = unit;
-  return py::cast(ph);
-}
-
 }  // namespace
 
 void bindEpKernels(py::module_& m) {
   m.def("ep_kernels_built", &ep::kernelsBuilt,
         "True when this build has the EP dispatch/combine kernels (built with nvcc).");
-  py::class_<ep::Phase>(m, "EpPhase",
-                        "A step of EP dispatch or combine run in the kernel of its exchange "
-                        "(kernels/ep_args.hpp, ep::Phase); made by ep_*_phase, passed to "
-                        "all_to_all_device_splits(before=, after=).");
   m.def(
       "ep_route",
       [](uintptr_t topk_idx, int index_bytes, int tokens, int topk, int experts, int ranks,
          int64_t slots, uintptr_t x, int64_t x_stride, uintptr_t send_x, int64_t row_bytes,
          uintptr_t send_counts, uintptr_t pair_slot, uintptr_t dropped, uintptr_t stream, int cast,
          int x_dtype, bool round_scale, int64_t hidden) {
-        const ep::RouteArgs a = routeArgs(topk_idx, index_bytes, tokens, topk, experts, ranks,
-                                          slots, x, x_stride, send_x, row_bytes, send_counts,
-                                          pair_slot, dropped, cast, x_dtype, round_scale, hidden);
+        ep::RouteArgs a{};
+        a.cast = castOf(cast, hidden, row_bytes);
+        a.x_dtype = dtypeOf(x_dtype);
+        a.round_scale = round_scale || a.cast == ep::RowCast::kFp8Ue8m0 ? 1 : 0;
+        a.hidden = hidden;
+        a.topk_idx = at<const void>(topk_idx);
+        a.index_bytes = index_bytes;
+        a.tokens = tokens;
+        a.topk = topk;
+        a.experts = experts;
+        a.ranks = ranks;
+        a.slots = slots;
+        a.x = at<const void>(x);
+        a.x_stride = x_stride;
+        a.send_x = at<void>(send_x);
+        a.row_bytes = row_bytes;
+        a.send_counts = at<int64_t>(send_counts);
+        a.pair_slot = at<int64_t>(pair_slot);
+        a.dropped = at<int64_t>(dropped);
         check("route", ep::launchRoute(a, at<void>(stream)));
       },
       "Dispatch's routing and packing kernel (kernels/ep_args.hpp, RouteArgs); addresses as "
@@ -176,99 +88,70 @@ void bindEpKernels(py::module_& m) {
       py::arg("dropped"), py::arg("stream"), py::arg("cast") = 0, py::arg("x_dtype") = 0,
       py::arg("round_scale") = false, py::arg("hidden") = 0);
   m.def(
-      "ep_route_phase",
-      [](uintptr_t topk_idx, int index_bytes, int tokens, int topk, int experts, int ranks,
-         int64_t slots, uintptr_t x, int64_t x_stride, uintptr_t send_x, int64_t row_bytes,
-         uintptr_t send_counts, uintptr_t pair_slot, uintptr_t dropped, int cast, int x_dtype,
-         bool round_scale, int64_t hidden) {
-        const ep::RouteArgs a = routeArgs(topk_idx, index_bytes, tokens, topk, experts, ranks,
-                                          slots, x, x_stride, send_x, row_bytes, send_counts,
-                                          pair_slot, dropped, cast, x_dtype, round_scale, hidden);
-        const int unit =
-            a.cast != ep::RowCast::kCopy
-                ? 16  // the cast's own stores (castGroup), whatever the unit
-                : ep::unitBytes(a.row_bytes, {x, send_x, static_cast<uintptr_t>(x_stride)});
-        py::object ph = phaseOr(ep::PhaseKind::kRoute, unit,
-                                ranks <= ep::kPhaseMaxRanks && experts <= ep::kPhaseMaxExperts);
-        if (!ph.is_none()) ph.cast<ep::Phase&>().route = a;
-        return ph;
-      },
-      "ep_route's step for the exchange's kernel (EpPhase), or None (then launch ep_route).",
-      py::arg("topk_idx"), py::arg("index_bytes"), py::arg("tokens"), py::arg("topk"),
-      py::arg("experts"), py::arg("ranks"), py::arg("slots"), py::arg("x"), py::arg("x_stride"),
-      py::arg("send_x"), py::arg("row_bytes"), py::arg("send_counts"), py::arg("pair_slot"),
-      py::arg("dropped"), py::arg("cast") = 0, py::arg("x_dtype") = 0,
-      py::arg("round_scale") = false, py::arg("hidden") = 0);
-  m.def(
       "ep_unpack",
       [](uintptr_t recv_counts, int ranks, int local_experts, int64_t slots, int64_t max_slots,
          uintptr_t recv_x, uintptr_t expert_x, int64_t row_bytes, int64_t head_bytes,
          uintptr_t tail_out, uintptr_t expert_counts, uintptr_t zero_from, uintptr_t back_index,
          uintptr_t stream) {
-        const ep::UnpackArgs a =
-            unpackArgs(recv_counts, ranks, local_experts, slots, max_slots, recv_x, expert_x,
-                       row_bytes, head_bytes, tail_out, expert_counts, zero_from, back_index);
+        const bool split = tail_out != 0;
+        if (head_bytes < 1 || head_bytes > row_bytes || (split != (head_bytes < row_bytes)) ||
+            (split && (head_bytes % 4 != 0 || row_bytes % 4 != 0)))
+          throw std::invalid_argument(
+              "resident ep unpack: head_bytes " + std::to_string(head_bytes) + " of rows of " +
+              std::to_string(row_bytes) +
+              " bytes: a split row needs tail_out and a head and tail of whole 4-byte words");
+        ep::UnpackArgs a{};
+        a.recv_counts = at<const int64_t>(recv_counts);
+        a.ranks = ranks;
+        a.local_experts = local_experts;
+        a.slots = slots;
+        a.max_slots = max_slots;
+        a.recv_x = at<const void>(recv_x);
+        a.expert_x = at<void>(expert_x);
+        a.row_bytes = row_bytes;
+        a.head_bytes = head_bytes;
+        a.tail_out = at<int32_t>(tail_out);
+        a.expert_counts = at<int32_t>(expert_counts);
+        a.zero_from = at<int32_t>(zero_from);
+        a.back_index = at<int64_t>(back_index);
         check("unpack", ep::launchUnpack(a, at<void>(stream)));
       },
       "Dispatch's receive-side kernel (UnpackArgs).");
   m.def(
-      "ep_unpack_phase",
-      [](uintptr_t recv_counts, int ranks, int local_experts, int64_t slots, int64_t max_slots,
-         uintptr_t recv_x, uintptr_t expert_x, int64_t row_bytes, int64_t head_bytes,
-         uintptr_t tail_out, uintptr_t expert_counts, uintptr_t zero_from, uintptr_t back_index) {
-        const ep::UnpackArgs a =
-            unpackArgs(recv_counts, ranks, local_experts, slots, max_slots, recv_x, expert_x,
-                       row_bytes, head_bytes, tail_out, expert_counts, zero_from, back_index);
-        const int unit =
-            ep::unitBytes(a.head_bytes, {recv_x, expert_x, static_cast<uintptr_t>(row_bytes)});
-        py::object ph = phaseOr(ep::PhaseKind::kUnpack, unit, ranks <= ep::kPhaseMaxRanks);
-        if (!ph.is_none()) ph.cast<ep::Phase&>().unpack = a;
-        return ph;
-      },
-      "ep_unpack's step for the exchange's kernel (EpPhase), or None (then launch ep_unpack).");
-  m.def(
       "ep_combine_pack",
       [](uintptr_t filled, int ranks, int per_source, int64_t slots, uintptr_t back_index,
          uintptr_t expert_y, uintptr_t comb_send, int64_t row_bytes, uintptr_t stream) {
-        const ep::CombinePackArgs a = combinePackArgs(filled, ranks, per_source, slots, back_index,
-                                                      expert_y, comb_send, row_bytes);
+        if (per_source < 1) throw py::value_error("ep_combine_pack: per_source must be >= 1");
+        ep::CombinePackArgs a{};
+        a.filled = at<const int64_t>(filled);
+        a.ranks = ranks;
+        a.per_source = per_source;
+        a.slots = slots;
+        a.back_index = at<const int64_t>(back_index);
+        a.expert_y = at<const void>(expert_y);
+        a.comb_send = at<void>(comb_send);
+        a.row_bytes = row_bytes;
         check("combine pack", ep::launchCombinePack(a, at<void>(stream)));
       },
       "Combine's packing kernel (CombinePackArgs).");
   m.def(
-      "ep_combine_pack_phase",
-      [](uintptr_t filled, int ranks, int per_source, int64_t slots, uintptr_t back_index,
-         uintptr_t expert_y, uintptr_t comb_send, int64_t row_bytes) {
-        const ep::CombinePackArgs a = combinePackArgs(filled, ranks, per_source, slots, back_index,
-                                                      expert_y, comb_send, row_bytes);
-        const int unit = ep::unitBytes(a.row_bytes, {expert_y, comb_send});
-        py::object ph = phaseOr(ep::PhaseKind::kCombinePack, unit, true);
-        if (!ph.is_none()) ph.cast<ep::Phase&>().pack = a;
-        return ph;
-      },
-      "ep_combine_pack's step for the exchange's kernel (EpPhase), or None.");
-  m.def(
       "ep_combine_reduce",
       [](uintptr_t comb_recv, uintptr_t pair_slot, uintptr_t weights, uintptr_t out, int tokens,
          int topk, int64_t hidden, int64_t no_slot, int in_dtype, int out_dtype, uintptr_t stream) {
-        const ep::CombineReduceArgs a = reduceArgs(comb_recv, pair_slot, weights, out, tokens, topk,
-                                                   hidden, no_slot, in_dtype, out_dtype);
+        ep::CombineReduceArgs a{};
+        a.comb_recv = at<const void>(comb_recv);
+        a.pair_slot = at<const int64_t>(pair_slot);
+        a.weights = at<const float>(weights);
+        a.out = at<void>(out);
+        a.tokens = tokens;
+        a.topk = topk;
+        a.hidden = hidden;
+        a.no_slot = no_slot;
+        a.in_dtype = dtypeOf(in_dtype);
+        a.out_dtype = dtypeOf(out_dtype);
         check("combine reduce", ep::launchCombineReduce(a, at<void>(stream)));
       },
       "Combine's weighted float32 reduction kernel (CombineReduceArgs).");
-  m.def(
-      "ep_combine_reduce_phase",
-      [](uintptr_t comb_recv, uintptr_t pair_slot, uintptr_t weights, uintptr_t out, int tokens,
-         int topk, int64_t hidden, int64_t no_slot, int in_dtype, int out_dtype) {
-        const ep::CombineReduceArgs a = reduceArgs(comb_recv, pair_slot, weights, out, tokens, topk,
-                                                   hidden, no_slot, in_dtype, out_dtype);
-        // the unit is not used: the reduction reads and writes elements
-        py::object ph = phaseOr(ep::PhaseKind::kReduce, 16,
-                                a.in_dtype == a.out_dtype && topk <= ep::kPhaseMaxTopk);
-        if (!ph.is_none()) ph.cast<ep::Phase&>().reduce = a;
-        return ph;
-      },
-      "ep_combine_reduce's step for the exchange's kernel (EpPhase), or None.");
 }
 
 }  // namespace resident

@@ -909,11 +909,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(std::vector<at::Te
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allToAllDeviceSplits(
     at::Tensor& output, at::Tensor& input, const at::Tensor& send_rows, const at::Tensor& recv_rows,
-    bool async_op, bool counts_out, const ep::Phase* before, const ep::Phase* after) {
+    bool async_op, bool counts_out) {
   const char* op = "all_to_all_device_splits";
   checkTensor(input, op);
-  RESIDENT_CHECK_VALUE(input.is_cuda() || (before == nullptr && after == nullptr), "resident: ", op,
-                       ": EP steps (before=, after=) need CUDA tensors");
   RESIDENT_CHECK_VALUE(input.is_cuda() || !counts_out, "resident: ", op,
                        ": counts_out needs CUDA tensors (on CPU, exchange the counts first: "
                        "resident_pg.ep.all_to_all_device_splits does)");
@@ -954,9 +952,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allToAllDeviceSplits(
     const uint32_t count_bytes = static_cast<uint32_t>(send_rows.element_size());
     return cudaOp(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_device_splits", {output},
                   {input, send_rows, recv_rows}, async_op, [&](GpuCommunicator& g, void* s) {
-                    g.allToAllDeviceSplits(
-                        in, out, max_rows, row_bytes, send_rows.data_ptr(), recv_rows.data_ptr(),
-                        count_bytes, static_cast<uint32_t>(per_peer), counts_out, s, before, after);
+                    g.allToAllDeviceSplits(in, out, max_rows, row_bytes, send_rows.data_ptr(),
+                                           recv_rows.data_ptr(), count_bytes,
+                                           static_cast<uint32_t>(per_peer), counts_out, s);
                   });
   }
   // CPU: the counts are host memory, read now (in place, either dtype), as the kernel reads

@@ -16,7 +16,6 @@
 #include "c10d/work_cuda.hpp"
 #include "c10d/work_resident.hpp"
 #include "core/communicator.hpp"
-#include "ep_args.hpp"
 
 namespace resident {
 
@@ -84,9 +83,7 @@ class ProcessGroupResident : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allToAllDeviceSplits(at::Tensor& output, at::Tensor& input,
                                                       const at::Tensor& send_rows,
                                                       const at::Tensor& recv_rows, bool async_op,
-                                                      bool counts_out,
-                                                      const ep::Phase* before = nullptr,
-                                                      const ep::Phase* after = nullptr);
+                                                      bool counts_out);
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;

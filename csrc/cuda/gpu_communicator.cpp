@@ -34,9 +34,7 @@ const char* GpuCommunicator::opName(uint32_t id) {
                                  "broadcast",
                                  "send",
                                  "recv",
-                                 "all_to_all (device splits)",
-                                 "EP dispatch",
-                                 "EP combine"};
+                                 "all_to_all (device splits)"};
   return id < sizeof(kNames) / sizeof(kNames[0]) ? kNames[id] : "op";
 }
 
@@ -224,8 +222,6 @@ GpuCommunicator::GpuCommunicator(Communicator& comm, int device, uint64_t timeou
   // rule, never above the collectives'.
   split_max_blocks_ =
       std::min(max_blocks_, fairShare(gpu::splitsBlocksPerSm(simple_possible) * sms));
-  ep_split_max_blocks_ =
-      std::min(split_max_blocks_, fairShare(gpu::epSplitsBlocksPerSm(simple_possible) * sms));
   RLOG_INFO("rank %d: %d SMs, %d resident blocks, %d ranks per GPU -> at most %u blocks per op",
             rank_, sms, capacity, per_gpu, max_blocks_);
   comm.setExtraPoller(this);
@@ -380,11 +376,10 @@ std::string GpuCommunicator::deviceError() const {
                                       " (a word of value ",
                                       " (a flag of value ",
                                       " (room in the trigger FIFO at ",
-                                      " (a credit for round ",
-                                      " (its op's other thread blocks, at barrier "};
+                                      " (a credit for round "};
   const uint32_t what = static_cast<uint32_t>(word >> 32) & 0xff;
   const std::string waited =
-      what > 0 && what < 7 ? kWhat[what] + std::to_string(word >> 40) + ")" : std::string();
+      what > 0 && what < 6 ? kWhat[what] + std::to_string(word >> 40) + ")" : std::string();
   std::string msg = std::string("resident: a CUDA ") + opName(op) + " on " + comm_.rankName(rank_) +
                     " gave up waiting for " + comm_.rankName(static_cast<int>(peer)) + waited;
   if (code == gpu::ErrorCode::kTimeout)

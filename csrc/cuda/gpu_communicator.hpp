@@ -55,13 +55,9 @@ class GpuCommunicator : public ProxyHandler {
   // the counts, which must agree across each pair (send_rows[q] here == recv_rows[this rank]
   // on q). counts_out: recv_rows is written instead, each message carrying its counts ahead
   // of its rows (one exchange where counts, then rows, would take two).
-  // `before` / `after` (or null): an EP step (ep::Phase) run in the same kernel before the
-  // exchange (its rows and send counts) and after it (on the received rows): one kernel for
-  // dispatch or combine; the op is then named after `before` (EP dispatch or EP combine).
   void allToAllDeviceSplits(const void* send, void* recv, size_t max_rows, size_t row_bytes,
                             const void* send_rows, const void* recv_rows, uint32_t count_bytes,
-                            uint32_t per_peer, bool counts_out, void* stream,
-                            const ep::Phase* before = nullptr, const ep::Phase* after = nullptr);
+                            uint32_t per_peer, bool counts_out, void* stream);
   void send(const void* buf, size_t bytes, int peer, void* stream);
   void recv(void* buf, size_t bytes, int peer, void* stream);
 
@@ -91,9 +87,7 @@ class GpuCommunicator : public ProxyHandler {
     kBroadcast,
     kSend,
     kRecv,
-    kAllToAllDeviceSplits,
-    kEpDispatch,
-    kEpCombine
+    kAllToAllDeviceSplits
   };
   gpu::CollectiveArgs& begin(OpId op);
   // The region as an op's kernel sees it: the group's, with the group's current timeout.
@@ -174,9 +168,8 @@ class GpuCommunicator : public ProxyHandler {
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;
-  uint32_t split_max_blocks_ = 1;     // the same for the device-splits all_to_all's kernel
-  uint32_t ep_split_max_blocks_ = 1;  // and for that kernel with EP steps
-  gpu::Region region_{};              // written only at set-up: launches on other threads copy it
+  uint32_t split_max_blocks_ = 1;  // the same for the device-splits all_to_all's kernel
+  gpu::Region region_{};           // written only at set-up: launches on other threads copy it
   // The device-side timeout (region_.timeout_ns of each launch): set by any thread at any time.
   std::atomic<uint64_t> timeout_ns_{0};
   gpu::DeviceState* state_ = nullptr;

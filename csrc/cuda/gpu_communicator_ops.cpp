@@ -285,8 +285,7 @@ void GpuCommunicator::allToAll(const void* const* ins, const size_t* in_bytes, v
 void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t max_rows,
                                            size_t row_bytes, const void* send_rows,
                                            const void* recv_rows, uint32_t count_bytes,
-                                           uint32_t per_peer, bool counts_out, void* stream,
-                                           const ep::Phase* before, const ep::Phase* after) {
+                                           uint32_t per_peer, bool counts_out, void* stream) {
   if (count_bytes != 4 && count_bytes != 8)
     throw InvalidArgument("resident: all_to_all_device_splits: counts must be int32 or int64");
   if (per_peer == 0)
@@ -300,14 +299,9 @@ void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t 
                           std::to_string(header_max) + " bytes of counts per peer (" +
                           std::to_string(per_peer) + " of " + std::to_string(count_bytes) +
                           " bytes given)");
-  const bool steps = (before != nullptr && before->kind != ep::PhaseKind::kNone) ||
-                     (after != nullptr && after->kind != ep::PhaseKind::kNone);
   const uint64_t cap = static_cast<uint64_t>(max_rows) * row_bytes;
-  const OpId op = !steps ? kAllToAllDeviceSplits
-                  : before != nullptr && before->kind == ep::PhaseKind::kRoute ? kEpDispatch
-                                                                               : kEpCombine;
-  auto& a = begin(op);
-  if (cap == 0 && header == 0 && !steps) return;
+  auto& a = begin(kAllToAllDeviceSplits);
+  if (cap == 0 && header == 0) return;
   // The capacity plan: the pointers stay, the kernel puts the counts' bytes and rounds in.
   for (int p = 0; p < nranks_; ++p)
     partner(p, static_cast<const unsigned char*>(send) + p * cap, header + cap,
@@ -329,11 +323,8 @@ void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t 
   a.rounds_max = roundsFor(header + cap, chunk);
   a.reg.simple = any_simple ? 1u : 0u;
   a.reg.trigger_fence = fenceTriggers(first);  // replaced on the device from the counts
-  // With EP steps the whole budget: the steps' items spread over the blocks (and every block
-  // waits at the barriers of the grid, so all of them must be resident at once).
-  const uint32_t most = steps ? ep_split_max_blocks_ : split_max_blocks_;
-  const uint32_t want = steps ? most : blocksFor(first);
-  const uint32_t blocks = want < most ? want : most;
+  const uint32_t want = blocksFor(first);
+  const uint32_t blocks = want < split_max_blocks_ ? want : split_max_blocks_;
   a.parts_per_block = partsFor(first, blocks);
   // Not logRounds: the rounds with each peer are known only on the device.
   RLOG_TRACE(
@@ -350,17 +341,8 @@ void GpuCommunicator::allToAllDeviceSplits(const void* send, void* recv, size_t 
   s.per_peer = per_peer;
   s.fence_from_bytes = static_cast<uint32_t>(kFenceFromBytes);
   s.header_bytes = static_cast<uint32_t>(header);
-  if (!steps) {
-    checkCuda(gpu::launchSplits(s, blocks, static_cast<cudaStream_t>(stream)),
-              "launching the device-splits all_to_all kernel");
-    return;
-  }
-  gpu::EpSplitsArgs e{};
-  e.splits = s;
-  if (before != nullptr) e.before = *before;
-  if (after != nullptr) e.after = *after;
-  checkCuda(gpu::launchEpSplits(e, blocks, static_cast<cudaStream_t>(stream)),
-            "launching the EP exchange kernel");
+  checkCuda(gpu::launchSplits(s, blocks, static_cast<cudaStream_t>(stream)),
+            "launching the device-splits all_to_all kernel");
 }
 
 void GpuCommunicator::broadcast(void* buf, size_t bytes, int root, void* stream) {
