@@ -21,6 +21,21 @@ namespace resident {
 namespace {
 
 constexpr uint32_t kFifoCapacity = 4096;
+// The fields of a rank's descriptor ("resident/desc"), in order.
+enum DescField : size_t {
+  kDescInbox,      // its segment's name
+  kDescBytes,      // and size
+  kDescSlots,      // RESIDENT_SLOTS
+  kDescSlotBytes,  // RESIDENT_SLOT_BYTES
+  kDescTransport,  // RESIDENT_TRANSPORT
+  kDescEndpoint,   // tcp endpoint, or "-"
+  kDescIb,         // "ib" with an RDMA port, or "-"
+  kDescPath,       // the path setting
+  kDescProtocol,   // the CUDA path's protocol key
+  kDescHandoff,    // RESIDENT_HANDOFF_BYTES
+  kDescRounds,     // the CUDA path's rounds key
+  kDescFields
+};
 // How often the proxy looks for peers that are gone (a poll() over pidfds, a load per peer).
 constexpr uint64_t kPeerCheckPeriodNs = 5ull * 1000 * 1000;
 
@@ -152,10 +167,11 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   bool spans_hosts = false;
   for (int p = 0; p < nranks; ++p) {
     const std::string& h = hosts[static_cast<size_t>(p)];
-    const std::string key = h.substr(0, h.rfind('|'));
+    const size_t bar = h.rfind('|');  // host key|pid
+    const std::string key = h.substr(0, bar);
     PeerInfo& info = peers_[static_cast<size_t>(p)];
     info.host = key.substr(0, key.find('/'));
-    info.pid = std::atoi(h.c_str() + h.rfind('|') + 1);
+    info.pid = std::atoi(h.c_str() + bar + 1);
     info.same_host = key == host_key;
     info.name =
         resident::rankName(p, global_ranks_.empty() ? -1 : global_ranks_[static_cast<size_t>(p)]);
@@ -223,46 +239,48 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   const bool group_tcp = cfg.transport == "tcp" || spans_hosts;  // a pair talks over tcp?
   for (int p = 0; p < nranks; ++p) {
     const auto f = split(all[static_cast<size_t>(p)], '|');
-    if (f.size() != 11)
+    if (f.size() != kDescFields)
       throw CommError("resident: malformed descriptor from rank " + std::to_string(p));
-    if (std::to_string(cfg.slots) != f[2] || std::to_string(cfg.slot_bytes) != f[3]) {
-      throw InvalidArgument("resident: rank " + std::to_string(p) + " uses RESIDENT_SLOTS=" + f[2] +
-                            " RESIDENT_SLOT_BYTES=" + f[3] + " but rank " + std::to_string(rank) +
-                            " uses " + std::to_string(cfg.slots) + "/" +
+    if (std::to_string(cfg.slots) != f[kDescSlots] ||
+        std::to_string(cfg.slot_bytes) != f[kDescSlotBytes]) {
+      throw InvalidArgument("resident: rank " + std::to_string(p) +
+                            " uses RESIDENT_SLOTS=" + f[kDescSlots] +
+                            " RESIDENT_SLOT_BYTES=" + f[kDescSlotBytes] + " but rank " +
+                            std::to_string(rank) + " uses " + std::to_string(cfg.slots) + "/" +
                             std::to_string(cfg.slot_bytes) + "; all ranks must agree");
     }
-    if (f[4] != cfg.transport) {
+    if (f[kDescTransport] != cfg.transport) {
       throw InvalidArgument("resident: rank " + std::to_string(p) + " uses RESIDENT_TRANSPORT=" +
-                            f[4] + " but rank " + std::to_string(rank) + " uses " + cfg.transport +
-                            "; all ranks must agree");
+                            f[kDescTransport] + " but rank " + std::to_string(rank) + " uses " +
+                            cfg.transport + "; all ranks must agree");
     }
-    if (f[8] != gpuProtocolKey(cfg)) {
+    if (f[kDescProtocol] != gpuProtocolKey(cfg)) {
       // The simple protocol is chosen per pair on the device from its path: both ranks of a
       // pair must see the same protocol and the same path (kernels/simple_device.cuh).
       throw InvalidArgument("resident: rank " + std::to_string(p) + " uses " +
-                            describeProtocolKey(f[8]) + " but rank " + std::to_string(rank) +
-                            " uses " + describeProtocolKey(gpuProtocolKey(cfg)) +
-                            "; all ranks must agree");
+                            describeProtocolKey(f[kDescProtocol]) + " but rank " +
+                            std::to_string(rank) + " uses " +
+                            describeProtocolKey(gpuProtocolKey(cfg)) + "; all ranks must agree");
     }
-    if (f[9] != std::to_string(cfg.handoff_bytes)) {
+    if (f[kDescHandoff] != std::to_string(cfg.handoff_bytes)) {
       // The hand-off's set-up (resident_pg/handoff.py) is one exchange that every rank joins,
       // or none: ranks that differ fail here, at once, instead of waiting for each other.
       throw InvalidArgument("resident: rank " + std::to_string(p) +
-                            " uses RESIDENT_HANDOFF_BYTES=" + f[9] + " but rank " +
+                            " uses RESIDENT_HANDOFF_BYTES=" + f[kDescHandoff] + " but rank " +
                             std::to_string(rank) + " uses " + std::to_string(cfg.handoff_bytes) +
                             "; all ranks must agree");
     }
-    if (f[10] != gpuRoundsKey(cfg)) {
+    if (f[kDescRounds] != gpuRoundsKey(cfg)) {
       // Both ranks of a pair cut a CUDA message into rounds of the chunk and number the rounds
       // from the first one: ranks that differ would fall out of step until the device timeout.
       throw InvalidArgument("resident: rank " + std::to_string(p) + " uses " +
-                            describeRoundsKey(f[10]) + " but rank " + std::to_string(rank) +
-                            " uses " + describeRoundsKey(gpuRoundsKey(cfg)) +
+                            describeRoundsKey(f[kDescRounds]) + " but rank " +
+                            std::to_string(rank) + " uses " + describeRoundsKey(gpuRoundsKey(cfg)) +
                             "; all ranks must agree");
     }
-    endpoints[static_cast<size_t>(p)] = f[5];
-    peer_ib_[static_cast<size_t>(p)] = f[6] == "ib";
-    peer_proxies_[static_cast<size_t>(p)] = f[7] == pathModeName(PathMode::kProxy);
+    endpoints[static_cast<size_t>(p)] = f[kDescEndpoint];
+    peer_ib_[static_cast<size_t>(p)] = f[kDescIb] == "ib";
+    peer_proxies_[static_cast<size_t>(p)] = f[kDescPath] == pathModeName(PathMode::kProxy);
     fields[static_cast<size_t>(p)] = f;
   }
   chooseTransports();
@@ -285,7 +303,8 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
     if (kinds_[static_cast<size_t>(p)] != "shm") continue;
     const auto& f = fields[static_cast<size_t>(p)];
     try {
-      peer_inboxes_[static_cast<size_t>(p)] = ShmSegment::open(f[0], std::stoull(f[1]));
+      peer_inboxes_[static_cast<size_t>(p)] =
+          ShmSegment::open(f[kDescInbox], std::stoull(f[kDescBytes]));
     } catch (const CommError& e) {
       const PeerInfo& info = peers_[static_cast<size_t>(p)];
       throw CommError(std::string(e.what()) + " (the inbox of " + info.name + ", pid " +
