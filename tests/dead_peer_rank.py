@@ -98,9 +98,13 @@ def main():
             op(sub)
     if victim < 0:  # a healthy job: the GPU (and MPS) still serve a fresh job after a kill
         expected = torch.arange(1, 1 + 1031, dtype=torch.float64) * (ws * (ws + 1) // 2)
-        ok = torch.equal(t.cpu().double(), expected) and group_error() == "SUCCESS"
+        got = t.cpu().double()
+        same, error = torch.equal(got, expected), group_error()
+        wrong = (got != expected).nonzero().flatten().tolist()
         dist.destroy_process_group()
-        say(result={"raised": False, "healthy": ok})
+        say(result={"raised": False, "healthy": same and error == "SUCCESS", "error": error,
+                    "wrong_elements": len(wrong),
+                    "first_wrong": [[i, got[i].item(), expected[i].item()] for i in wrong[:3]]})
         return
     if rank == victim:
         say(ready=True)

@@ -219,7 +219,9 @@ def test_killed_peer_noticed_cuda(scenario, op, reap, mode):
     ``during_ep``: the survivors run EP dispatch + combine (the counts-with-rows exchange)."""
     ranks, t_kill = run_job(scenario, device="cuda", env_extra=MODES[mode], reap=reap, op=op)
     problems = check_survivors(ranks, t_kill)
-    after, _ = run_job("healthy", device="cuda", env_extra=MODES[mode], victim=-1)
+    # A fresh job's ranks log what failed their group, if anything did (in describe()).
+    after, _ = run_job("healthy", device="cuda", env_extra={**MODES[mode], "RESIDENT_DEBUG": "warn"},
+                       victim=-1)
     for r in after:
         if not (r.result and r.result.get("healthy")):
             problems.append(f"a fresh job after the kill failed:\n{r.describe()}")
