@@ -23,6 +23,12 @@ group (direct) and a proxy-path subgroup, then torch.distributed's _abort_proces
 returns in time, the device drains, nothing is left in /dev/shm, and a second world in the same
 process works.
 
+Destroy right after the last op (3 ranks, proxy path, one job): in each cycle one rank joins a
+checked all_reduce 20 ms after the others (they wait inside it for its share; its proxy has
+backed off meanwhile: RESIDENT_GPU_PROXY_SPIN_US=0), synchronizes and destroys its group at once.
+A kernel ends once it has its peers' data, not once its own share is out: every rank's result
+must still be complete and the other groups healthy.
+
 Dry run (RESIDENT_GPU_TESTS_DEVICE=cpu): the timeout and abort jobs run on CPU tensors (no
 device checks) and the device-mix cases are skipped.
 """
@@ -311,4 +317,57 @@ def test_abort_process_group_with_cuda_ops(shm_snapshot):
         if slow:
             problems.append(f"rank {o.rank}: _abort_process_group() took {slow} s")
     problems += H.shm_left_problems(shm_snapshot, "after _abort_process_group()")
+    assert not problems, "\n".join(problems)
+
+
+DESTROY_CYCLES = 6
+
+
+def _destroy_after_last_op_job(rank, ws):
+    """Per cycle a new world on the proxy path: a checked warm-up all_reduce, then one that
+    rank ``last`` (in turn) joins 20 ms late and destroys its group right after; the others
+    read get_error() before they destroy theirs."""
+    import torch
+    import torch.distributed as dist
+
+    C.setup_rank(rank, ws, init=False)
+    H.connect_store()
+    out = {"errors": []}
+    for c in range(DESTROY_CYCLES):
+        H.init_pg(prefix=f"cuda_destroy{c}/", timeout_s=10 * C.TIME_SCALE)
+        last = c % ws
+        try:
+            C.check_all_reduce(rank, ws, f"cuda/destroy/{c}/warm", None)
+        except AssertionError as e:
+            out["errors"].append(f"cycle {c} warm-up: {e}")
+        ins = [make_input(f"cuda/destroy/{c}", r, 4099, "float32") for r in range(ws)]
+        t = dev(ins[rank])
+        dist.barrier()
+        if rank == last:
+            time.sleep(0.02)  # the others wait inside the op; this rank's proxy backs off
+        dist.all_reduce(t)
+        if C.ON_GPU:
+            torch.cuda.synchronize()
+        error = None
+        if rank != last:
+            error = dist.group.WORLD._get_backend(torch.device(C.DEVICE)).get_error().name
+        dist.destroy_process_group()
+        out["errors"] += H.compare_reduction(C.host(t), H.reference_reduce(ins, "SUM", "float32"),
+                                             ins, "SUM", "float32", f"cycle {c} (rank {last} last)")
+        if error not in (None, "SUCCESS"):
+            out["errors"].append(f"cycle {c}: get_error() {error} after rank {last} destroyed "
+                                 "its group right after the op")
+    return out
+
+
+def test_destroy_right_after_the_last_op():
+    env = {**C.path_env("proxy"), "RESIDENT_GPU_PROXY_SPIN_US": "0"}
+    outcomes = H.run_ranks_collect(_destroy_after_last_op_job, 3, env=env, init=False,
+                                   init_timeout_s=30, timeout_s=180 * C.TIME_SCALE)
+    problems = []
+    for o in outcomes:
+        if o.status != "ok":
+            problems.append(o.describe())
+            continue
+        problems += [f"rank {o.rank}: {e}" for e in o.value["errors"]]
     assert not problems, "\n".join(problems)

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "collective_launch.hpp"
+#include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "cuda/cuda_guards.hpp"
@@ -294,6 +295,7 @@ void GpuCommunicator::shutdown() {
   if (shut_down_) return;
   // A Work may outlive its group and ask for its error after the segments are gone.
   if (region_.local != nullptr) final_error_ = deviceError();
+  drainTriggers();
   shut_down_ = true;
   // Abort first: a proxy pass waiting for lines of a kernel that stopped ends on the abort word,
   // so detaching the proxy (which waits until it is outside proxyPoll) cannot hang on it.
@@ -316,6 +318,27 @@ void GpuCommunicator::shutdown() {
   state_ = nullptr;
   if (stamps_ != nullptr) cudaFree(stamps_);
   stamps_ = nullptr;
+}
+
+void GpuCommunicator::drainTriggers() {
+  // A peer's last op may still wait on this rank's share of it: without the drain, a rank that
+  // destroys its group right after its last op (its kernel done, the proxy not yet past its
+  // triggers) leaves the peers waiting until their timeout. Not for a failed group (nothing
+  // more reaches the peers), and bounded: a kernel still running may never push what it
+  // announced (the abort word below then ends it).
+  if (!any_proxied_ || comm_.proxy() == nullptr || region_.local == nullptr ||
+      comm_.engine().poisoned() || comm_.engine().anyPeerFailed())
+    return;
+  const uint64_t deadline = nowNs() + kDrainNs;
+  while (ring_.readyBeyondPublished()) {
+    if (nowNs() > deadline) {
+      RLOG_WARN("rank %d: the proxy did not forward every trigger within %llu ms of shutdown",
+                rank_, static_cast<unsigned long long>(kDrainNs / 1000000));
+      return;
+    }
+    comm_.proxy()->wake();  // it may be in a standby sleep
+    sched_yield();          // its core may be this one
+  }
 }
 
 void GpuCommunicator::writeTrace() {

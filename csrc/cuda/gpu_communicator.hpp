@@ -75,6 +75,9 @@ class GpuCommunicator : public ProxyHandler {
   bool proxyPoll() override;
 
  private:
+  // An orderly shutdown: the proxy forwards what this rank's finished kernels pushed before the
+  // peers are told it left (a kernel ends once it has its peers' data, not once its own is out).
+  void drainTriggers();
   uint64_t deviceErrorWord() const;  // the word a kernel that gave up wrote (0: none)
   enum OpId : uint8_t {
     kAllReduce,
@@ -165,6 +168,9 @@ class GpuCommunicator : public ProxyHandler {
   // at once (a held credit would slow the sender, which has two slots).
   static constexpr uint64_t kCreditHoldNs = 5000;
   static constexpr uint64_t kCreditHoldRecentNs = 100000;
+  // drainTriggers' bound: the proxy is hot for gpu_proxy_spin_us after a trigger, so a healthy
+  // drain takes microseconds; a kernel that never pushes what it announced ends the wait.
+  static constexpr uint64_t kDrainNs = 1000000000ull;
   // Blocks per kernel: every rank sharing this GPU must have all blocks of its current op
   // (and, with PDL, of its next one) resident at once, or the lockstep could deadlock.
   uint32_t max_blocks_ = gpu::kMaxBlocks;

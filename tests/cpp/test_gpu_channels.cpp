@@ -98,6 +98,29 @@ int main() {
     CHECK(!ring.tryPop(t));
   }
 
+  // readyBeyondPublished (a shutdown's drain): a complete trigger counts as waiting until the
+  // pass that popped it has published the tail; a half-written one does not; nor do the
+  // previous lap's slots.
+  {
+    std::vector<uint64_t> slots(2 * 4, 0);
+    uint64_t tail_word = 0;
+    resident::TriggerRingView ring(slots.data(), &tail_word, 4);
+    resident::Trigger t;
+    CHECK(!ring.readyBeyondPublished());
+    for (uint64_t pos = 0; pos < 6; ++pos) {  // over a lap: slots 0 and 1 hold lap 0's words
+      const uint64_t lap = resident::triggerLapBit(pos, 4);
+      uint64_t* slot = slots.data() + 2 * (pos % 4);
+      slot[1] = resident::encodeWriteSnd(1, 16, resident::TriggerKind::kFlag, 1) | lap;
+      CHECK(!ring.readyBeyondPublished());  // the first word still of the previous lap
+      slot[0] = resident::encodeWriteFst(0, 0) | lap;
+      CHECK(ring.readyBeyondPublished());
+      CHECK(ring.tryPop(t));
+      CHECK(ring.readyBeyondPublished());  // popped, not yet published
+      ring.publishTail();
+      CHECK(!ring.readyBeyondPublished());
+    }
+  }
+
   // A producer thread writes triggers as a kernel does (fst, then snd with the lap bit by
   // release; the kinds in turn), over many laps of a small ring; the consumer view
   // sees each once, in order, and the producer respects the published tail.

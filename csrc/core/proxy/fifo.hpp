@@ -109,6 +109,15 @@ class TriggerRingView {
   }
   // Publishes consumption (batched: once per drained batch).
   void publishTail() { __atomic_store_n(tail_word_, tail_, __ATOMIC_RELEASE); }
+  // Any thread: whether a complete trigger waits beyond the published tail, i.e. one not yet
+  // consumed by a pass that has finished with what it popped (it publishes after posting).
+  bool readyBeyondPublished() const {
+    const uint64_t tail = __atomic_load_n(tail_word_, __ATOMIC_ACQUIRE);
+    const uint64_t* s = slots_ + 2 * (tail & mask_);
+    const uint64_t lap = lapBit(tail);
+    return (__atomic_load_n(s + 1, __ATOMIC_ACQUIRE) & TriggerFifo::kLapBit) == lap &&
+           (__atomic_load_n(s, __ATOMIC_ACQUIRE) & TriggerFifo::kLapBit) == lap;
+  }
 
  private:
   uint64_t lapBit(uint64_t pos) const { return triggerLapBit(pos, mask_ + 1); }
