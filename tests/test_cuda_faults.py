@@ -304,16 +304,23 @@ def _abort_job(rank, ws):
     return out
 
 
-def test_abort_process_group_with_cuda_ops(shm_snapshot):
-    outcomes = H.run_ranks_collect(_abort_job, 2, env=C.path_env("direct"), init=False,
-                                   init_timeout_s=30, timeout_s=120 * C.TIME_SCALE)
+def _job_errors(outcomes) -> list:
+    """Each rank that did not finish, and the errors each finished rank listed."""
     problems = []
     for o in outcomes:
         if o.status != "ok":
             problems.append(o.describe())
-            continue
-        problems += [f"rank {o.rank}: {e}" for e in o.value["errors"]]
-        slow = [s for s in o.value["abort_s"] if s > ABORT_LIMIT_S]
+        else:
+            problems += [f"rank {o.rank}: {e}" for e in o.value["errors"]]
+    return problems
+
+
+def test_abort_process_group_with_cuda_ops(shm_snapshot):
+    outcomes = H.run_ranks_collect(_abort_job, 2, env=C.path_env("direct"), init=False,
+                                   init_timeout_s=30, timeout_s=120 * C.TIME_SCALE)
+    problems = _job_errors(outcomes)
+    for o in outcomes:
+        slow = [s for s in o.value["abort_s"] if s > ABORT_LIMIT_S] if o.status == "ok" else []
         if slow:
             problems.append(f"rank {o.rank}: _abort_process_group() took {slow} s")
     problems += H.shm_left_problems(shm_snapshot, "after _abort_process_group()")
@@ -364,10 +371,5 @@ def test_destroy_right_after_the_last_op():
     env = {**C.path_env("proxy"), "RESIDENT_GPU_PROXY_SPIN_US": "0"}
     outcomes = H.run_ranks_collect(_destroy_after_last_op_job, 3, env=env, init=False,
                                    init_timeout_s=30, timeout_s=180 * C.TIME_SCALE)
-    problems = []
-    for o in outcomes:
-        if o.status != "ok":
-            problems.append(o.describe())
-            continue
-        problems += [f"rank {o.rank}: {e}" for e in o.value["errors"]]
+    problems = _job_errors(outcomes)
     assert not problems, "\n".join(problems)
