@@ -715,6 +715,18 @@ def run_ranks(
     return [o.value for o in outcomes]
 
 
+def job_errors(outcomes) -> list:
+    """Of run_ranks_collect's outcomes whose values are {"errors": [...]}: each rank that did
+    not finish, and the errors each finished rank listed."""
+    found = []
+    for o in outcomes:
+        if o.status != "ok":
+            found.append(o.describe())
+        else:
+            found += [f"rank {o.rank}: {e}" for e in o.value["errors"]]
+    return found
+
+
 def run_ranks_collect(
     fn: Callable,
     world_size: int,

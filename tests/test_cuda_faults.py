@@ -23,12 +23,9 @@ group (direct) and a proxy-path subgroup, then torch.distributed's _abort_proces
 returns in time, the device drains, nothing is left in /dev/shm, and a second world in the same
 process works.
 
-Destroy right after the last op (3 ranks, the proxy path over shm and over tcp, one job each):
-in each cycle one rank joins a checked all_reduce, or sends to each other rank, 20 ms after the
-others (they wait inside the op for its share; its proxy has backed off meanwhile:
-RESIDENT_GPU_PROXY_SPIN_US=0), synchronizes and destroys its group at once.
-A kernel ends once it has its peers' data, not once its own share is out: every rank's result
-must still be complete and the other groups healthy.
+Destroy right after the last op (3 ranks, the proxy path over shm and over tcp): one rank joins
+an all_reduce, or sends to the others, 20 ms late and destroys its group at once; the others'
+results must be complete and their groups healthy (tests/destroy_after_last_op.py).
 
 Dry run (RESIDENT_GPU_TESTS_DEVICE=cpu): the timeout and abort jobs run on CPU tensors (no
 device checks) and the device-mix cases are skipped.
@@ -43,6 +40,7 @@ import time
 import pytest
 
 import cuda_harness as C
+import destroy_after_last_op
 import dist_harness as H
 from cuda_harness import dev, sentinel
 from dist_harness import make_input
@@ -305,21 +303,10 @@ def _abort_job(rank, ws):
     return out
 
 
-def _job_errors(outcomes) -> list:
-    """Each rank that did not finish, and the errors each finished rank listed."""
-    problems = []
-    for o in outcomes:
-        if o.status != "ok":
-            problems.append(o.describe())
-        else:
-            problems += [f"rank {o.rank}: {e}" for e in o.value["errors"]]
-    return problems
-
-
 def test_abort_process_group_with_cuda_ops(shm_snapshot):
     outcomes = H.run_ranks_collect(_abort_job, 2, env=C.path_env("direct"), init=False,
                                    init_timeout_s=30, timeout_s=120 * C.TIME_SCALE)
-    problems = _job_errors(outcomes)
+    problems = H.job_errors(outcomes)
     for o in outcomes:
         slow = [s for s in o.value["abort_s"] if s > ABORT_LIMIT_S] if o.status == "ok" else []
         if slow:
@@ -328,66 +315,8 @@ def test_abort_process_group_with_cuda_ops(shm_snapshot):
     assert not problems, "\n".join(problems)
 
 
-DESTROY_CYCLES = 6
-DESTROY_MODES = {  # how the late rank's share leaves: its proxy over shm, or over tcp
-    "proxy": {**C.path_env("proxy"), "RESIDENT_GPU_PROXY_SPIN_US": "0"},
-    "tcp": {"RESIDENT_TRANSPORT": "tcp", "RESIDENT_GPU_PROXY_SPIN_US": "0"},
-}
-
-
-def _destroy_after_last_op_job(rank, ws, op):
-    """Per cycle a new world: a checked warm-up all_reduce, then rank ``last`` (in turn) joins
-    20 ms late — an all_reduce, or (``send``) a send to each other rank, which wait in recv —
-    and destroys its group right after; the others read get_error() before destroying theirs."""
-    import torch
-    import torch.distributed as dist
-
-    C.setup_rank(rank, ws, init=False)
-    H.connect_store()
-    out = {"errors": []}
-    for c in range(DESTROY_CYCLES):
-        H.init_pg(prefix=f"cuda_destroy{c}/", timeout_s=10 * C.TIME_SCALE)
-        last = c % ws
-        try:
-            C.check_all_reduce(rank, ws, f"cuda/destroy/{c}/warm", None)
-        except AssertionError as e:
-            out["errors"].append(f"cycle {c} warm-up: {e}")
-        ins = [make_input(f"cuda/destroy/{op}/{c}", r, 4099, "float32") for r in range(ws)]
-        t = dev(ins[rank])
-        dist.barrier()
-        if rank == last:
-            time.sleep(0.02)  # the others wait inside the op; this rank's proxy backs off
-        if op == "all_reduce":
-            dist.all_reduce(t)
-            expected = H.reference_reduce(ins, "SUM", "float32")
-        elif rank == last:
-            for peer in range(ws):
-                if peer != last:
-                    dist.send(t, peer)
-            expected = ins[rank]
-        else:
-            dist.recv(t, last)
-            expected = ins[last]
-        if C.ON_GPU:
-            torch.cuda.synchronize()
-        error = None
-        if rank != last:
-            error = dist.group.WORLD._get_backend(torch.device(C.DEVICE)).get_error().name
-        dist.destroy_process_group()
-        label = f"cycle {c} (rank {last} last)"
-        out["errors"] += (H.compare_reduction(C.host(t), expected, ins, "SUM", "float32", label)
-                          if op == "all_reduce" else H.compare_exact(C.host(t), expected, label))
-        if error not in (None, "SUCCESS"):
-            out["errors"].append(f"cycle {c}: get_error() {error} after rank {last} destroyed "
-                                 "its group right after the op")
-    return out
-
-
-@pytest.mark.parametrize("mode", list(DESTROY_MODES))
+@pytest.mark.parametrize("mode", ["proxy", "tcp"])
 @pytest.mark.parametrize("op", ["all_reduce", "send"])
 def test_destroy_right_after_the_last_op(op, mode):
-    outcomes = H.run_ranks_collect(_destroy_after_last_op_job, 3, args=(op,),
-                                   env=DESTROY_MODES[mode], init=False, init_timeout_s=30,
-                                   timeout_s=180 * C.TIME_SCALE)
-    problems = _job_errors(outcomes)
+    problems = destroy_after_last_op.run(op, mode, C.DEVICE, timeout_s=180 * C.TIME_SCALE)
     assert not problems, "\n".join(problems)

@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+import destroy_after_last_op
 import dist_harness as H
 from dist_harness import compare_exact, compare_reduction, make_input, reference_reduce
 
@@ -407,3 +408,13 @@ def test_small_dev_shm_fails_group_creation_clearly():
     assert out["small_left"] == [], out
     assert out["large"] == [0, 1, 2, 3, 4], out
     assert out["large_left"] == [], out
+
+
+@pytest.mark.resident_only
+@pytest.mark.parametrize("mode", list(destroy_after_last_op.MODES))
+@pytest.mark.parametrize("op", ["all_reduce", "send"])
+def test_destroy_right_after_the_last_op(op, mode):
+    """A rank that destroys its group right after its last op, the others still waiting inside
+    it for its share: they complete (tests/destroy_after_last_op.py)."""
+    problems = destroy_after_last_op.run(op, mode, "cpu")
+    assert not problems, "\n".join(problems)
