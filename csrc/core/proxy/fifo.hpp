@@ -93,15 +93,9 @@ class TriggerRingView {
   TriggerRingView(void* slots, uint64_t* tail_word, uint32_t capacity_pow2)
       : slots_(static_cast<uint64_t*>(slots)), tail_word_(tail_word), mask_(capacity_pow2 - 1) {}
 
-  // A slot is complete when both words carry the lap parity: a producer may write it as one
-  // 16-byte store without a fence, which the reader may see half done.
   bool tryPop(Trigger& out) {
-    uint64_t* s = slots_ + 2 * (tail_ & mask_);
-    const uint64_t lap = lapBit(tail_);
-    const uint64_t snd = __atomic_load_n(s + 1, __ATOMIC_ACQUIRE);
-    if ((snd & TriggerFifo::kLapBit) != lap) return false;
-    const uint64_t fst = __atomic_load_n(s, __ATOMIC_ACQUIRE);
-    if ((fst & TriggerFifo::kLapBit) != lap) return false;
+    uint64_t fst, snd;
+    if (!complete(tail_, fst, snd)) return false;
     out.fst = fst & ~TriggerFifo::kLapBit;
     out.snd = snd & ~TriggerFifo::kLapBit;
     ++tail_;
@@ -112,15 +106,22 @@ class TriggerRingView {
   // Any thread: whether a complete trigger waits beyond the published tail, i.e. one not yet
   // consumed by a pass that has finished with what it popped (it publishes after posting).
   bool readyBeyondPublished() const {
-    const uint64_t tail = __atomic_load_n(tail_word_, __ATOMIC_ACQUIRE);
-    const uint64_t* s = slots_ + 2 * (tail & mask_);
-    const uint64_t lap = lapBit(tail);
-    return (__atomic_load_n(s + 1, __ATOMIC_ACQUIRE) & TriggerFifo::kLapBit) == lap &&
-           (__atomic_load_n(s, __ATOMIC_ACQUIRE) & TriggerFifo::kLapBit) == lap;
+    uint64_t fst, snd;
+    return complete(__atomic_load_n(tail_word_, __ATOMIC_ACQUIRE), fst, snd);
   }
 
  private:
   uint64_t lapBit(uint64_t pos) const { return triggerLapBit(pos, mask_ + 1); }
+  // Whether the slot of `pos` is complete: both words carry its lap parity (a producer may
+  // write it as one 16-byte store without a fence, which the reader may see half done).
+  bool complete(uint64_t pos, uint64_t& fst, uint64_t& snd) const {
+    const uint64_t* s = slots_ + 2 * (pos & mask_);
+    const uint64_t lap = lapBit(pos);
+    snd = __atomic_load_n(s + 1, __ATOMIC_ACQUIRE);
+    if ((snd & TriggerFifo::kLapBit) != lap) return false;
+    fst = __atomic_load_n(s, __ATOMIC_ACQUIRE);
+    return (fst & TriggerFifo::kLapBit) == lap;
+  }
   uint64_t* slots_ = nullptr;
   uint64_t* tail_word_ = nullptr;
   uint64_t mask_ = 0;
