@@ -15,7 +15,8 @@ constexpr uint32_t kPartPayload = kThreads * 8;  // payload bytes of one part (2
 constexpr int kMaxBlocks = 64;
 
 enum class Mode : uint8_t { kCopy = 0, kReduce = 1 };
-enum class ErrorCode : uint32_t { kNone = 0, kTimeout = 1, kAborted = 2 };
+// kPeerLeft: the peer waited for left the group (GpuLayout::kPeersLeftWord) before it came.
+enum class ErrorCode : uint32_t { kNone = 0, kTimeout = 1, kAborted = 2, kPeerLeft = 3 };
 
 // Per-peer state that persists across ops (device memory, zeroed at install).
 struct DeviceState {

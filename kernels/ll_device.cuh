@@ -125,9 +125,19 @@ struct Waiter {
   __device__ bool shouldStop(int peer, uint32_t what = 0, uint32_t expected = 0) {
     if (*reinterpret_cast<volatile uint32_t*>(&reg.state->failed)) return true;
     const uint64_t abort_word = loadVolatile64(reg.local + 64);  // GpuLayout::kAbortWord
-    const bool timed_out = globalTimerNs() > deadline;
-    if (abort_word == 0 && !timed_out) return false;
-    const ErrorCode code = abort_word ? ErrorCode::kAborted : ErrorCode::kTimeout;
+    const uint64_t now = globalTimerNs();
+    const bool left = peerLeft(peer, what);
+    if (abort_word == 0 && now <= deadline) {
+      if (!left) return false;
+      // The peer left in order: what it sent before is in memory already (its host published
+      // the departure after it), visible after this fence. Polled until the next check, then
+      // the op gives up.
+      __threadfence_system();
+      deadline = now;
+      return false;
+    }
+    const ErrorCode code =
+        abort_word ? ErrorCode::kAborted : (left ? ErrorCode::kPeerLeft : ErrorCode::kTimeout);
     if (atomicCAS(&reg.state->failed, 0u, 1u) == 0u) {
       // code | op | peer + 1 | what | expected, so that zero means "no error".
       const uint64_t word = static_cast<uint64_t>(code) | (static_cast<uint64_t>(op_id) << 8) |
@@ -137,6 +147,13 @@ struct Waiter {
       storeRelease64(reg.local + 0, word);  // GpuLayout::kErrorWord
     }
     return true;
+  }
+
+  // Whether `peer` left the group (GpuLayout::kPeersLeftWord), for a wait on something that
+  // peer sends (a line, a flag, a credit); not for one on this rank's proxy or own blocks.
+  __device__ bool peerLeft(int peer, uint32_t what) const {
+    if (what == 0 || what == kWaitFifo || peer < 0 || peer >= kMaxRanks) return false;
+    return (loadVolatile64(reg.local + 72) >> peer) & 1;  // GpuLayout::kPeersLeftWord
   }
 
   // Polls until ready() holds, checking every 128 polls whether to give up; false then.

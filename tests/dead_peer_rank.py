@@ -2,9 +2,10 @@
 test decides whether and when a killed rank is reaped).
 
 argv: a JSON object: rank, world_size, store_port, scenario, device, victim, timeout_s, op
-("all_reduce", or "ep": one resident_pg.ep.Buffer dispatch + combine).
+("all_reduce"; "ep": one resident_pg.ep.Buffer dispatch + combine; "recv": every other rank
+receives from the victim, which sends to each).
 Prints JSON lines on stdout: {"ready": ...} when the rank reached the point where it may be
-killed, and, for a survivor, {"result": {...}} with the wall-clock time it raised and what the
+killed (scenario "left": {"left": wall-clock time} once the victim destroyed its group), and, for a survivor, {"result": {...}} with the wall-clock time it raised and what the
 group's Backend.get_error() said: between ops once the victim died (polled until it is no longer
 SUCCESS, with the time), and after the op raised.
 """
@@ -91,6 +92,19 @@ def main():
 
     if cfg.get("op") == "ep":
         op = ep_step(rank, ws, device)
+    if cfg.get("op") == "recv":
+
+        def op(group=None):
+            t = x.clone()
+            if rank == victim:
+                for p in range(ws):
+                    if p != victim:
+                        dist.send(t, p)
+            else:
+                dist.recv(t, victim)
+                if device == "cuda":
+                    t.cpu()
+            return t
 
     for _ in range(3):  # every rank warms up on every group it belongs to
         t = op()
@@ -108,6 +122,12 @@ def main():
         return
     if rank == victim:
         say(ready=True)
+        if scenario == "left":
+            # Destroys its group in order while the others wait inside an op it never joins;
+            # stays alive (the parent kills it at the end).
+            time.sleep(0.5)
+            dist.destroy_process_group()
+            say(left=time.time())
         time.sleep(600)  # stops calling; the parent kills it
         return
     if scenario == "stuck":

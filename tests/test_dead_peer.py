@@ -11,7 +11,10 @@ it died while they were outside any op):
 - creation: the victim is killed while it creates the group, before the others start theirs;
 - stuck (alive, never calls): rank 0 gives up at its own short timeout, and rank 1, whose
   timeout is long, learns it from rank 0 at once;
-- during EP: the survivors run resident_pg.ep.Buffer dispatch + combine when the victim dies.
+- during EP: the survivors run resident_pg.ep.Buffer dispatch + combine when the victim dies;
+- left (alive, destroys its group in order while the others wait inside an op it never joins):
+  the survivors raise as for a death; get_error() says COMM_ERROR (the victim did not fail) or
+  REMOTE_ERROR (another survivor's failure reached it first).
 The group's Backend.get_error() then says REMOTE_ERROR (between ops: before any op, within
 DETECT_S of the death); the rank that timed out says TIMEOUT.
 """
@@ -49,6 +52,8 @@ class _Rank:
         self.result = None
         self.done = threading.Event()
         self.exit_s = None  # a killed victim: how long its exit took after SIGKILL
+        self.left = threading.Event()  # scenario "left": the victim destroyed its group
+        self.left_at = None
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "dead_peer_rank.py"), json.dumps(cfg)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -65,6 +70,9 @@ class _Rank:
                 continue
             if msg.get("ready"):
                 self.ready.set()
+            if "left" in msg:
+                self.left_at = msg["left"]
+                self.left.set()
             if "result" in msg:
                 self.result = msg["result"]
                 self.done.set()
@@ -99,8 +107,12 @@ def run_job(scenario, device="cpu", env_extra=None, reap=True, victim=VICTIM, ti
         if victim >= 0:
             v = ranks[victim]
             assert v.ready.wait(90), "the victim never got ready:\n" + v.describe()
-            time.sleep(0.3)
-            if scenario != "stuck":
+            if scenario == "left":
+                assert v.left.wait(90), "the victim never destroyed its group:\n" + v.describe()
+                t_kill = v.left_at
+            else:
+                time.sleep(0.3)
+            if scenario not in ("stuck", "left"):
                 v.proc.send_signal(signal.SIGKILL)
                 t_signal = time.time()
                 # The death is the end of the victim's exit, which a loaded host can take seconds
@@ -119,7 +131,8 @@ def run_job(scenario, device="cpu", env_extra=None, reap=True, victim=VICTIM, ti
         return ranks, t_kill
     finally:
         for r in ranks:
-            if r.proc.poll() is None and (r.rank != victim or reap or scenario == "stuck"):
+            killable = r.rank != victim or reap or scenario in ("stuck", "left")
+            if r.proc.poll() is None and killable:
                 r.proc.kill()
         for r in ranks:
             if r.proc.poll() is None:
@@ -130,8 +143,9 @@ def run_job(scenario, device="cpu", env_extra=None, reap=True, victim=VICTIM, ti
 
 def check_survivors(ranks, t_kill, victim=VICTIM, name=None, error="REMOTE_ERROR"):
     """Each survivor raised a DistBackendError naming the victim within DETECT_S, and its group's
-    get_error() then said `error` (and between ops, before any op, within DETECT_S)."""
+    get_error() then said `error` (or one of them; between ops, before any op, within DETECT_S)."""
     name = f"rank {victim}" if name is None else name
+    allowed = (error,) if isinstance(error, str) else error
     problems = []
     for r in ranks:
         if r.rank == victim:
@@ -152,10 +166,10 @@ def check_survivors(ranks, t_kill, victim=VICTIM, name=None, error="REMOTE_ERROR
         if res["type"] != "DistBackendError":
             problems.append(f"rank {r.rank} raised {res['type']}, not DistBackendError: "
                             f"{res['message']}")
-        if res["where"] == "op" and res.get("error") != error:
+        if res["where"] == "op" and res.get("error") not in allowed:
             problems.append(f"rank {r.rank}: get_error() after the op raised is "
                             f"{res.get('error')}, expected {error}")
-        if "error_between" in res and (res["error_between"] != error
+        if "error_between" in res and (res["error_between"] not in allowed
                                        or res["error_between_s"] > DETECT_S):
             problems.append(f"rank {r.rank}: get_error() between ops was {res['error_between']} "
                             f"{res['error_between_s']:.2f} s after the death, expected {error} "
@@ -203,6 +217,34 @@ def test_stuck_peer_times_out_and_the_failure_spreads(mode):
     assert "rank 0" in r1["message"], r1["message"]
     # get_error(): rank 0 gave up waiting; rank 1 failed because rank 0's group did
     assert (r0["error"], r1["error"]) == ("TIMEOUT", "REMOTE_ERROR"), (r0, r1)
+
+
+# A survivor whose op failed on the departed peer tells the others its group failed: whichever
+# they learn first decides, so COMM_ERROR (the peer left) or REMOTE_ERROR (a survivor failed).
+LEFT_ERRORS = ("COMM_ERROR", "REMOTE_ERROR")
+
+
+@pytest.mark.resident_only
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("op", ["all_reduce", "recv"])
+def test_left_peer_noticed_at_once(op, mode):
+    """A peer that destroyed its group in order while the others wait inside an op it never
+    joins (a different number of calls): they raise naming it at once, not at their timeout."""
+    ranks, t_left = run_job("left", env_extra=MODES[mode], op=op)
+    problems = check_survivors(ranks, t_left, error=LEFT_ERRORS)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.gpu
+@pytest.mark.resident_only
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("op", ["all_reduce", "recv", "ep"])
+def test_left_peer_noticed_cuda(op, mode):
+    """CUDA tensors: the survivors' kernels waiting on a peer that left in order give up at once
+    (GpuLayout::kPeersLeftWord), and the host raises naming it."""
+    ranks, t_left = run_job("left", device="cuda", env_extra=MODES[mode], op=op)
+    problems = check_survivors(ranks, t_left, error=LEFT_ERRORS)
+    assert not problems, "\n".join(problems)
 
 
 CUDA_CASES = [("during_op", "all_reduce"), ("between_ops", "all_reduce"), ("during_op", "ep")]

@@ -434,7 +434,7 @@ void Communicator::deliverTcpEvents() {
       peerFailed(e.peer, e.reason, e.unreachable);  // what it wrote may be torn: the group stops
     } else {
       if (!e.goodbye) noteDead(e.peer, e.unreachable);
-      engine_->markPeerLost(e.peer, e.reason, !e.goodbye);
+      peerLost(e.peer, e.reason, !e.goodbye);
     }
   }
 }
@@ -456,8 +456,17 @@ void Communicator::checkPeers() {
   monitor_->poll(peer_events_);
   for (const auto& e : peer_events_) {
     if (e.failed && e.dead >= 0) noteDead(e.dead, e.unreachable);
-    engine_->markPeerLost(e.peer, e.reason, e.failed);
+    peerLost(e.peer, e.reason, e.failed);
   }
+}
+
+void Communicator::peerLost(int peer, const std::string& why, bool failed) {
+  engine_->markPeerLost(peer, why, failed);
+  // A failed peer aborts the kernels instead; CUDA groups have at most 64 ranks.
+  if (failed || !cfg_.gpu_region || peer >= 64) return;
+  auto* left =
+      reinterpret_cast<uint64_t*>(segmentBase() + gpu_region_offset_ + GpuLayout::kPeersLeftWord);
+  __atomic_fetch_or(left, uint64_t{1} << peer, __ATOMIC_RELEASE);
 }
 
 void Communicator::tellPeers(uint64_t state) {

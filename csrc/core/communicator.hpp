@@ -141,6 +141,11 @@ class Communicator : public ProxyHandler {
   // Peers gone (core/peer_monitor.hpp, tcp's closed connections): the ops that still need one
   // fail (Engine::markPeerLost). Proxy pass only.
   void checkPeers();
+  // Engine::markPeerLost, and for a peer that left in order its bit in the GPU region's
+  // kPeersLeftWord: a CUDA kernel still waiting for something from it gives up. Everything the
+  // peer sent came before its state word (on its connection, or into the segment), so it has
+  // landed by now.
+  void peerLost(int peer, const std::string& why, bool failed);
   void peerFailed(int dead, const std::string& reason, bool unreachable);
   void noteDead(int dead, bool unreachable);
   // Writes this rank's state word into every peer's inbox (kPeerStateLeft or failedState()).

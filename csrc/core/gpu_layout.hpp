@@ -27,8 +27,11 @@ struct GpuLayout {
   static constexpr uint32_t kFifoCapacity = 4096;
   static constexpr size_t kControlBytes = 256;
   // Control words (each on its own 64-byte line).
-  static constexpr size_t kErrorWord = 0;       // set by a kernel that gave up (timeout)
-  static constexpr size_t kAbortWord = 64;      // set by the host: kernels exit at once
+  static constexpr size_t kErrorWord = 0;   // set by a kernel that gave up (timeout)
+  static constexpr size_t kAbortWord = 64;  // set by the host: kernels exit at once
+  // Bit p set by the host once peer p left the group in order (destroyed it): a kernel still
+  // waiting for something from p gives up (CUDA groups have at most 64 ranks).
+  static constexpr size_t kPeersLeftWord = 72;
   static constexpr size_t kFifoTailWord = 128;  // the proxy's consumer position
 
   // The chunk where RESIDENT_GPU_CHUNK_BYTES is 0 (its default): 256 KiB for a group with a

@@ -409,6 +409,10 @@ std::string GpuCommunicator::deviceError() const {
     msg += ": timed out on the device after " +
            std::to_string(timeout_ns_.load(std::memory_order_relaxed) / 1000000) +
            " ms (the peer is dead, stuck, or called a different op)";
+  else if (code == gpu::ErrorCode::kPeerLeft)
+    msg += ": " + comm_.rankName(static_cast<int>(peer)) +
+           " destroyed its process group (or exited) before its part of this op came (the ranks "
+           "called a different number of ops, or it left with this op in flight)";
   else if (comm_.engine().poisoned())
     msg += ": " + comm_.engine().poisonReason();
   else

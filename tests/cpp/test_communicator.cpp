@@ -292,6 +292,30 @@ int main() {
     });
   }
   std::puts("test_communicator: automatic CUDA chunk ok");
+  // A peer that leaves in order (shuts its group down) gets its bit in the others' GPU region
+  // (GpuLayout::kPeersLeftWord), where a CUDA kernel still waiting for it reads it and gives up.
+  for (const char* transport : {"auto", "tcp"}) {
+    Config gpu = cfg;
+    gpu.gpu_region = true;
+    gpu.transport = transport;
+    runRanks(3, gpu, 20000, [&](Communicator& c) {
+      std::vector<float> a(64, 1.0f), b(a.size());
+      c.engine().wait(c.allReduce(a.data(), b.data(), a.size(), DType::kFloat32, RedOp::kSum));
+      const auto* left = reinterpret_cast<const uint64_t*>(c.segmentBase() + c.gpuRegionOffset() +
+                                                           GpuLayout::kPeersLeftWord);
+      CHECK(__atomic_load_n(left, __ATOMIC_ACQUIRE) == 0);
+      if (c.rank() == 2) {
+        c.shutdown();
+        return;
+      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (__atomic_load_n(left, __ATOMIC_ACQUIRE) == 0 &&
+             std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      CHECK(__atomic_load_n(left, __ATOMIC_ACQUIRE) == uint64_t{1} << 2);
+    });
+  }
+  std::puts("test_communicator: a peer that left is marked for the kernels ok");
   testAnySourceAndMonitoredBarrier(cfg, 3);
   testAnySourceAndMonitoredBarrier(proxied, 2);
   std::puts("test_communicator: any-source recv and monitored barrier ok");
