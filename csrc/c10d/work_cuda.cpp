@@ -350,7 +350,7 @@ bool WorkCuda::isSuccess() const {
 }
 
 std::exception_ptr WorkCuda::exception() const {
-  const std::string err = gpu_->deviceError();
+  const std::string err = gpu_->deviceErrorFailingGroup();
   if (err.empty()) return nullptr;
   return std::make_exception_ptr(
       c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, err));
@@ -399,7 +399,7 @@ void WorkCuda::streamWait() {
 bool WorkCuda::wait(std::chrono::milliseconds /*timeout*/) {
   streamWait();
   record_.end();  // launched
-  const std::string err = gpu_->deviceError();
+  const std::string err = gpu_->deviceErrorFailingGroup();
   if (!err.empty()) C10_THROW_ERROR(DistBackendError, err);
   return true;
 }

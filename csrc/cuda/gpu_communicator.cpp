@@ -420,9 +420,16 @@ std::string GpuCommunicator::deviceError() const {
   return msg + "; this process group can no longer be used";
 }
 
+std::string GpuCommunicator::deviceErrorFailingGroup() const {
+  std::string err = deviceError();
+  if (!err.empty() && !shut_down_ && !comm_.engine().poisoned())
+    comm_.engine().poison(err, deviceTimedOut() ? ErrorKind::kTimeout : ErrorKind::kComm);
+  return err;
+}
+
 void GpuCommunicator::checkUsable() const {
   if (shut_down_) throw CommError("resident: the process group was shut down");
-  const std::string err = deviceError();
+  const std::string err = deviceErrorFailingGroup();
   if (!err.empty()) throw CommError(err);
   if (comm_.engine().poisoned())
     throw CommError("resident: the process group is unusable after an earlier error: " +

@@ -64,6 +64,9 @@ class GpuCommunicator : public ProxyHandler {
   void setTimeoutMs(uint64_t ms) { timeout_ns_.store(ms * 1000000ull, std::memory_order_relaxed); }
   // Empty while no kernel gave up; otherwise why, naming the op and the peer.
   std::string deviceError() const;
+  // deviceError(), and when it is not empty the group fails with it now (as the proxy pass
+  // would at its next check), so that get_error() agrees with the error the caller raises.
+  std::string deviceErrorFailingGroup() const;
   // Whether that error is a kernel's own timeout (the group's error kind: Communicator::error).
   bool deviceTimedOut() const;
   // Makes every kernel of this communicator still waiting give up (shutdown, abort).
