@@ -690,6 +690,7 @@ void Engine::checkDeadline(Op& op, uint64_t now) {
                                                    (lost == kFailed || !restArrived(op, p))) ||
                                                       (t.sends && t.sent < t.send_chunks);
     if (!needs) continue;
+    if (lost == kLeft) noteLeftPeerNeeded(p);
     // Name the other peers gone as well: the first one to go is often the root cause.
     std::string also;
     for (int q = 0; q < nranks_; ++q) {

@@ -114,6 +114,13 @@ class Engine {
   bool anyPeerFailed() const { return any_failed_.load(std::memory_order_acquire); }
   // Why the first peer that failed is gone (empty if none did). Any thread.
   std::string firstPeerFailure() const;
+  // The first peer that left in order while an op still needed it (the group then failed), so
+  // that the peers told of the failure learn its cause; -1 if none. Any thread.
+  void noteLeftPeerNeeded(int peer) {
+    int none = -1;
+    left_peer_needed_.compare_exchange_strong(none, peer);
+  }
+  int leftPeerNeeded() const { return left_peer_needed_.load(std::memory_order_acquire); }
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
   // What poisoned it: kTimeout or kComm (kNone while it is not). Any thread.
   ErrorKind poisonKind() const {
@@ -213,6 +220,7 @@ class Engine {
   enum Lost : uint8_t { kPresent, kLeft, kFailed };
   std::unique_ptr<std::atomic<uint8_t>[]> lost_;
   std::atomic<bool> any_failed_{false};
+  std::atomic<int> left_peer_needed_{-1};
   std::vector<std::string> lost_why_;
 };
 

@@ -58,10 +58,12 @@ constexpr uint64_t kPeerStateUp = 0;
 constexpr uint64_t kPeerStateLeft = 1;  // the peer shut its group down (destroy, exit)
 // The peer's group failed; bits 8-39: 1 + the rank it found dead (0: none, e.g. a timeout or a
 // mismatch); bit 40 set when that rank stopped answering over the network (its host or the
-// network down, or it hung) rather than exited.
+// network down, or it hung) rather than exited; bit 41 set when that rank left the group in order
+// while an op still needed it (it did not die).
 constexpr uint64_t kPeerStateFailed = 2;
 constexpr uint64_t kPeerStateDeadMask = 0xffffffffull << 8;
 constexpr uint64_t kPeerStateUnreachable = 1ull << 40;
+constexpr uint64_t kPeerStateCauseLeft = 1ull << 41;
 
 class InboxLayout {
  public:

@@ -79,17 +79,20 @@ void PeerMonitor::poll(std::vector<Event>& out) {
         reinterpret_cast<const uint64_t*>(inbox_ + layout_.peerStateOffset(p)), __ATOMIC_ACQUIRE);
     if ((word & 0xff) == kPeerStateFailed) {
       failed_[i] = 1;
-      const int dead = static_cast<int>((word & kPeerStateDeadMask) >> 8) - 1;
+      const int named = static_cast<int>((word & kPeerStateDeadMask) >> 8) - 1;
       const bool unreachable = (word & kPeerStateUnreachable) != 0;
+      const bool left = (word & kPeerStateCauseLeft) != 0;  // `named` left: it is not dead
       std::string reason = "resident: the process group of " + who(p) + " failed";
-      if (dead >= 0 && dead < static_cast<int>(peers_.size()) && dead != rank_) {
-        const std::string& name = peers_[static_cast<size_t>(dead)].name;
-        reason += unreachable ? " after " + name +
-                                    " stopped answering over the network (its host or the "
-                                    "network down, or it hung)"
-                              : " after it found " + name + " dead";
+      if (named >= 0 && named < static_cast<int>(peers_.size()) && named != rank_) {
+        const std::string& name = peers_[static_cast<size_t>(named)].name;
+        reason +=
+            left ? " after " + name + " destroyed its process group while an op still needed it"
+            : unreachable ? " after " + name +
+                                " stopped answering over the network (its host or the "
+                                "network down, or it hung)"
+                          : " after it found " + name + " dead";
       }
-      out.push_back(Event{p, true, dead, reason, unreachable});
+      out.push_back(Event{p, true, left ? -1 : named, reason, unreachable});
       continue;
     }
     if (word == kPeerStateLeft && !left_[i]) {

@@ -422,9 +422,16 @@ std::string GpuCommunicator::deviceError() const {
 
 std::string GpuCommunicator::deviceErrorFailingGroup() const {
   std::string err = deviceError();
-  if (!err.empty() && !shut_down_ && !comm_.engine().poisoned())
-    comm_.engine().poison(err, deviceTimedOut() ? ErrorKind::kTimeout : ErrorKind::kComm);
+  if (!err.empty() && !shut_down_ && !comm_.engine().poisoned()) failGroup(err);
   return err;
+}
+
+void GpuCommunicator::failGroup(const std::string& err) const {
+  // A peer that left is the cause the peers are told (Communicator::failedState), set first.
+  const uint64_t word = deviceErrorWord();
+  if (static_cast<gpu::ErrorCode>(word & 0xff) == gpu::ErrorCode::kPeerLeft)
+    comm_.engine().noteLeftPeerNeeded(static_cast<int>((word >> 16) & 0xffff) - 1);
+  comm_.engine().poison(err, deviceTimedOut() ? ErrorKind::kTimeout : ErrorKind::kComm);
 }
 
 void GpuCommunicator::checkUsable() const {

@@ -67,6 +67,8 @@ class GpuCommunicator : public ProxyHandler {
   // deviceError(), and when it is not empty the group fails with it now (as the proxy pass
   // would at its next check), so that get_error() agrees with the error the caller raises.
   std::string deviceErrorFailingGroup() const;
+  // Poisons the group with a kernel's error `err` (a peer that left noted as its cause).
+  void failGroup(const std::string& err) const;
   // Whether that error is a kernel's own timeout (the group's error kind: Communicator::error).
   bool deviceTimedOut() const;
   // Makes every kernel of this communicator still waiting give up (shutdown, abort).

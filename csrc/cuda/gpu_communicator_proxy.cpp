@@ -304,7 +304,7 @@ bool GpuCommunicator::proxyPoll() {
       error_logged_.store(true);
       RLOG_ERROR("%s", err.c_str());
       logWaitState();
-      comm_.engine().poison(err, deviceTimedOut() ? ErrorKind::kTimeout : ErrorKind::kComm);
+      failGroup(err);
     }
   }
   return popped > 0 || credited;

@@ -73,6 +73,18 @@ int main() {
   std::vector<pid_t> pids = {getpid(), sleeper(), sleeper(), sleeper(), sleeper()};
   PeerMonitor mon(0, peersOf(pids), inbox.data(), lay);
   std::vector<PeerMonitor::Event> ev;
+  {
+    // A peer whose group failed because rank 2 left in order while an op still needed it: the
+    // reason names rank 2 as gone that way, and rank 2 is not reported dead.
+    std::vector<unsigned char> inbox2(lay.totalBytes(), 0);
+    PeerMonitor mon2(0, peersOf(pids), inbox2.data(), lay);
+    setState(inbox2, lay, 1,
+             resident::kPeerStateFailed | (uint64_t{2 + 1} << 8) | resident::kPeerStateCauseLeft);
+    ev = pollFor(mon2, 1);
+    CHECK(ev.size() == 1 && ev[0].peer == 1 && ev[0].failed && ev[0].dead == -1);
+    CHECK(ev[0].reason.find("after rank 2 destroyed its process group") != std::string::npos);
+    ev.clear();
+  }
   mon.poll(ev);
   CHECK(ev.empty());  // everyone alive
   CHECK(!resident::processHasExited(pids[1]));
