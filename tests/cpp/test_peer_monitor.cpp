@@ -4,6 +4,7 @@
 // "failed" is reported with the rank it found dead and how (exited, or stopped answering over the
 // network); processHasExited agrees with the kernel.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,9 +27,14 @@ using resident::PeerInfo;
 using resident::PeerMonitor;
 
 pid_t sleeper() {
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   CHECK(pid >= 0);
   if (pid == 0) {
+    // Dies with this process: a failed CHECK exits it, and a child left sleeping would keep the
+    // test's output pipe open (the runner would wait for its timeout instead of failing).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(0);
     pause();
     _exit(0);
   }
