@@ -298,6 +298,7 @@ int main() {
     Config gpu = cfg;
     gpu.gpu_region = true;
     gpu.transport = transport;
+    std::atomic<int> seen{0};  // survivors that checked the word: neither leaves before both did
     runRanks(3, gpu, 20000, [&](Communicator& c) {
       std::vector<float> a(64, 1.0f), b(a.size());
       c.engine().wait(c.allReduce(a.data(), b.data(), a.size(), DType::kFloat32, RedOp::kSum));
@@ -313,6 +314,8 @@ int main() {
              std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       CHECK(__atomic_load_n(left, __ATOMIC_ACQUIRE) == uint64_t{1} << 2);
+      seen.fetch_add(1);
+      while (seen.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     });
   }
   std::puts("test_communicator: a peer that left is marked for the kernels ok");
