@@ -298,14 +298,21 @@ int main() {
     Config gpu = cfg;
     gpu.gpu_region = true;
     gpu.transport = transport;
-    std::atomic<int> seen{0};  // survivors that checked the word: neither leaves before both did
+    // Ranks that read the word while nobody had left (rank 2 leaves only after all three did),
+    // and survivors that saw rank 2's bit (neither leaves before both did).
+    std::atomic<int> clean{0}, seen{0};
+    auto waitFor = [](const std::atomic<int>& n, int want) {
+      while (n.load() < want) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    };
     runRanks(3, gpu, 20000, [&](Communicator& c) {
       std::vector<float> a(64, 1.0f), b(a.size());
       c.engine().wait(c.allReduce(a.data(), b.data(), a.size(), DType::kFloat32, RedOp::kSum));
       const auto* left = reinterpret_cast<const uint64_t*>(c.segmentBase() + c.gpuRegionOffset() +
                                                            GpuLayout::kPeersLeftWord);
       CHECK(__atomic_load_n(left, __ATOMIC_ACQUIRE) == 0);
+      clean.fetch_add(1);
       if (c.rank() == 2) {
+        waitFor(clean, 3);
         c.shutdown();
         return;
       }
@@ -315,7 +322,7 @@ int main() {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       CHECK(__atomic_load_n(left, __ATOMIC_ACQUIRE) == uint64_t{1} << 2);
       seen.fetch_add(1);
-      while (seen.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      waitFor(seen, 2);
     });
   }
   std::puts("test_communicator: a peer that left is marked for the kernels ok");
