@@ -462,8 +462,8 @@ void Communicator::checkPeers() {
 
 void Communicator::peerLost(int peer, const std::string& why, bool failed) {
   engine_->markPeerLost(peer, why, failed);
-  // A failed peer aborts the kernels instead; CUDA groups have at most 64 ranks.
-  if (failed || !cfg_.gpu_region || peer >= 64) return;
+  // A failed peer aborts the kernels instead.
+  if (failed || !cfg_.gpu_region || peer >= GpuLayout::kPeersLeftBits) return;
   auto* left =
       reinterpret_cast<uint64_t*>(segmentBase() + gpu_region_offset_ + GpuLayout::kPeersLeftWord);
   __atomic_fetch_or(left, uint64_t{1} << peer, __ATOMIC_RELEASE);

@@ -30,8 +30,9 @@ struct GpuLayout {
   static constexpr size_t kErrorWord = 0;   // set by a kernel that gave up (timeout)
   static constexpr size_t kAbortWord = 64;  // set by the host: kernels exit at once
   // Bit p set by the host once peer p left the group in order (destroyed it): a kernel still
-  // waiting for something from p gives up (CUDA groups have at most 64 ranks).
+  // waiting for something from p gives up. One bit per rank of a CUDA group (gpu::kMaxRanks).
   static constexpr size_t kPeersLeftWord = 72;
+  static constexpr int kPeersLeftBits = 64;
   static constexpr size_t kFifoTailWord = 128;  // the proxy's consumer position
 
   // The chunk where RESIDENT_GPU_CHUNK_BYTES is 0 (its default): 256 KiB for a group with a
