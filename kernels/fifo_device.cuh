@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/gpu_layout.hpp"
 #include "core/proxy/trigger_encoding.hpp"
 #include "exchange_args.hpp"
 #include "ll_device.cuh"
@@ -43,7 +44,7 @@ inline __device__ __noinline__ bool waitFifoRoom(Waiter w, unsigned long long po
   const Region& reg = w.reg;
   const unsigned long long cap = reg.fifo_mask + 1ull;
   for (uint32_t spins = 0;;) {
-    const unsigned long long tail = loadVolatile64(reg.local + 128);  // kFifoTailWord
+    const unsigned long long tail = loadVolatile64(reg.local + GpuLayout::kFifoTailWord);
     atomicMax(&reg.state->fifo_tail_cache, tail);
     if (pos - tail < cap) return true;
     if (++spins == 16) {

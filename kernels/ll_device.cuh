@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/gpu_layout.hpp"
 #include "exchange_args.hpp"
 
 namespace resident {
@@ -124,7 +125,7 @@ struct Waiter {
   // `expected` (its low 24 bits: the flag or round awaited) go into the error word.
   __device__ bool shouldStop(int peer, uint32_t what = 0, uint32_t expected = 0) {
     if (*reinterpret_cast<volatile uint32_t*>(&reg.state->failed)) return true;
-    const uint64_t abort_word = loadVolatile64(reg.local + 64);  // GpuLayout::kAbortWord
+    const uint64_t abort_word = loadVolatile64(reg.local + GpuLayout::kAbortWord);
     const uint64_t now = globalTimerNs();
     const bool left = peerLeft(peer, what);
     if (abort_word == 0 && now <= deadline) {
@@ -144,7 +145,7 @@ struct Waiter {
                             (static_cast<uint64_t>(peer + 1 & 0xffff) << 16) |
                             (static_cast<uint64_t>(what & 0xff) << 32) |
                             (static_cast<uint64_t>(expected & 0xffffff) << 40);
-      storeRelease64(reg.local + 0, word);  // GpuLayout::kErrorWord
+      storeRelease64(reg.local + GpuLayout::kErrorWord, word);
     }
     return true;
   }
@@ -153,7 +154,7 @@ struct Waiter {
   // peer sends (a line, a flag, a credit); not for one on this rank's proxy or own blocks.
   __device__ bool peerLeft(int peer, uint32_t what) const {
     if (what == 0 || what == kWaitFifo || peer < 0 || peer >= kMaxRanks) return false;
-    return (loadVolatile64(reg.local + 72) >> peer) & 1;  // GpuLayout::kPeersLeftWord
+    return (loadVolatile64(reg.local + GpuLayout::kPeersLeftWord) >> peer) & 1;
   }
 
   // Polls until ready() holds, checking every 128 polls whether to give up; false then.
