@@ -1,7 +1,8 @@
 // ProcessGroupResident: the c10d::Backend adapter. It validates tensors (contiguous, device,
 // dtype, sizes), turns each call into core ops on the group's Communicator and returns a
 // WorkResident. Works are kept alive here until their ops finished, so dropping an async
-// Work never frees tensors the op still writes.
+// Work never frees tensors the op still writes. The all-to-all family is in
+// process_group_alltoall.cpp, the argument checks in call_checks.hpp.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "c10d/call_checks.hpp"
 #include "c10d/handoff.hpp"
 #include "c10d/work_cuda.hpp"
 #include "c10d/work_resident.hpp"
@@ -175,5 +177,28 @@ class ProcessGroupResident : public c10d::Backend {
   uint64_t seq_ = 0;  // collectives issued (getSequenceNumberForGroup)
   Handoff handoff_;
 };
+
+// The op paths shared by the adapter's files (process_group_resident.cpp,
+// process_group_alltoall.cpp).
+template <typename F>
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::cudaOp(c10d::OpType type, const char* title,
+                                                            const std::vector<at::Tensor>& outputs,
+                                                            const std::vector<at::Tensor>& inputs,
+                                                            bool async_op, F&& launch) {
+  auto work = translateErrors(
+      [&] { return cuda_->collective(type, title, outputs, inputs, async_op, launch); });
+  ++seq_;
+  return work;
+}
+
+template <typename F>
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::handOff(HandoffOp op, const char* title,
+                                                             c10::ArrayRef<at::Tensor> inputs,
+                                                             F&& call) {
+  flushPendingP2P();  // a CUDA send/recv called before this op runs before it
+  auto work = handoff_.forward(op, title, inputs, std::forward<F>(call));
+  if (op != HandoffOp::kSendRecv) ++seq_;
+  return work;
+}
 
 }  // namespace resident
