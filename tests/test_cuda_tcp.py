@@ -16,7 +16,7 @@ knob variants ``proxy+KNOB+tcp``); ``direct+tcp`` must refuse to form with a cle
    replayed with fresh data, eager ops between replays), and a subgroups case: subgroups
    alive at once (every rank, halves, even ranks, an odd-sized group), eager, async in flight
    together and captured into CUDA graphs, each op checked against an independent reference.
-2. Network namespaces (tests/test_tcp_netns.py's ``hosts`` fixture, made over rtnetlink by
+2. Network namespaces (tests/test_tcp_netns.py's hosts, made over rtnetlink by
    tests/netns.py; skips, saying why, without root or the right to make them): 2 ranks in 2 namespaces (tcp between them) and 4 ranks laid out [0, 0, 1, 1]
    (shm and the direct path inside a namespace, tcp and the proxy across), RESIDENT_PATH=auto,
    a selection of the collectives suite's cases (every op, several dtypes), the subgroups case
@@ -45,9 +45,16 @@ from cuda_harness import dev, host, sentinel
 from dist_harness import a2a_split, compare_exact, compare_reduction, digest, make_input, reference_reduce
 from op_mix_run import OpMixJobs
 import test_tcp_netns as TN
-from test_tcp_netns import hosts  # noqa: F401  (the network namespaces fixture)
 
 pytestmark = C.module_marks()
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Three hosts as in test_tcp_netns.py, under names and a subnet of their own (the kernel
+    removes another module's namespaces asynchronously: the same names made again at once can
+    still exist)."""
+    yield from TN._hosts_for_module(3, 215, "rpc", 40, decoy=False)
 
 WS = C.WORLD_SIZES
 TCP = "proxy+tcp"
