@@ -117,6 +117,9 @@ def _make_hosts(count, net, bridge, names, decoy):
             N.set_up("lo", netns=name)
     except OSError as e:
         _teardown(bridge, names)
+        if e.errno == errno.EEXIST:  # another fixture's names still there: a test bug
+            pytest.fail(f"network namespace hosts: a name is taken ({e}); each module's hosts "
+                        "need names of their own", pytrace=False)
         reason = "not permitted (EPERM)" if e.errno == errno.EPERM else "failed"
         pytest.skip(f"cannot create network namespaces here ({reason}): {e}")
     return Hosts(names, bridge_ip, ips)
