@@ -80,7 +80,7 @@ def _remove_stale():
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
             N.del_netns(name)
     for name in N.links():
-        m = re.fullmatch(r"rp[bd6fc](\d+)", name)
+        m = re.fullmatch(r"rp[a-z0-9](\d+)", name)  # any module's bridge: "rp", one character, the pid
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
             with contextlib.suppress(OSError):
                 N.del_link(name)

@@ -28,7 +28,7 @@ inline void append(std::string& s, const std::string& v) {
   s += v;
 }
 template <typename T, std::enable_if_t<std::is_integral<T>::value, int> = 0>
-inline void append(std::string& s, T v) {
+void append(std::string& s, T v) {
   s += std::to_string(v);
 }
 inline void append(std::string& s, c10::ScalarType t) {
@@ -61,7 +61,7 @@ inline void append(std::string& s, c10::IntArrayRef a) {
   s += "]";
 }
 template <typename... Args>
-inline std::string cat(const Args&... args) {
+std::string cat(const Args&... args) {
   std::string s;
   (append(s, args), ...);
   return s;
@@ -74,7 +74,7 @@ inline std::string cat(const Args&... args) {
 
 // Core errors become the exceptions torch.distributed users expect.
 template <typename F>
-inline auto translateErrors(F&& f) -> decltype(f()) {
+auto translateErrors(F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const InvalidArgument& e) {

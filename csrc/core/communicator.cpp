@@ -625,9 +625,9 @@ bool Communicator::proxyPass() {
 }
 
 uint64_t Communicator::failedState() const {
-  if (dead_rank_ < 0 && engine_->leftPeerNeeded() >= 0)
-    return kPeerStateFailed | (static_cast<uint64_t>(engine_->leftPeerNeeded() + 1) << 8) |
-           kPeerStateCauseLeft;
+  const int left = engine_->leftPeerNeeded();
+  if (dead_rank_ < 0 && left >= 0)
+    return kPeerStateFailed | (static_cast<uint64_t>(left + 1) << 8) | kPeerStateCauseLeft;
   return kPeerStateFailed | (static_cast<uint64_t>(dead_rank_ + 1) << 8) |
          (dead_unreachable_ ? kPeerStateUnreachable : 0);
 }

@@ -41,6 +41,24 @@ const char* GpuCommunicator::opName(uint32_t id) {
 
 namespace {
 
+static_assert(GpuLayout::kPeersLeftBits >= gpu::kMaxRanks,
+              "the left-peer word needs a bit per rank of a CUDA group");
+
+// The word a kernel that gave up writes (Waiter::shouldStop, kernels/ll_device.cuh):
+// code | op << 8 | (peer + 1) << 16 | what << 32 | expected << 40; 0: no error.
+struct KernelError {
+  gpu::ErrorCode code;
+  uint32_t op;
+  int peer;  // -1: none
+  uint32_t what;
+  uint64_t expected;
+};
+KernelError decodeKernelError(uint64_t word) {
+  return {static_cast<gpu::ErrorCode>(word & 0xff), static_cast<uint32_t>(word >> 8) & 0xff,
+          static_cast<int>((word >> 16) & 0xffff) - 1, static_cast<uint32_t>(word >> 32) & 0xff,
+          word >> 40};
+}
+
 std::vector<int> parseCpuList(const std::string& text) {
   std::vector<int> cpus;
   size_t i = 0;
@@ -383,34 +401,31 @@ uint64_t GpuCommunicator::deviceErrorWord() const {
 }
 
 bool GpuCommunicator::deviceTimedOut() const {
-  return !shut_down_ &&
-         static_cast<gpu::ErrorCode>(deviceErrorWord() & 0xff) == gpu::ErrorCode::kTimeout;
+  return !shut_down_ && decodeKernelError(deviceErrorWord()).code == gpu::ErrorCode::kTimeout;
 }
 
 std::string GpuCommunicator::deviceError() const {
   if (shut_down_) return final_error_;
   const uint64_t word = deviceErrorWord();
   if (word == 0) return {};
-  const auto code = static_cast<gpu::ErrorCode>(word & 0xff);
-  const uint32_t op = (word >> 8) & 0xff;
-  const int64_t peer = static_cast<int64_t>((word >> 16) & 0xffff) - 1;
+  const KernelError e = decodeKernelError(word);
   static const char* const kWhat[] = {"",
                                       " (a line with flag ",
                                       " (a word of value ",
                                       " (a flag of value ",
                                       " (room in the trigger FIFO at ",
                                       " (a credit for round "};
-  const uint32_t what = static_cast<uint32_t>(word >> 32) & 0xff;
   const std::string waited =
-      what > 0 && what < 6 ? kWhat[what] + std::to_string(word >> 40) + ")" : std::string();
-  std::string msg = std::string("resident: a CUDA ") + opName(op) + " on " + comm_.rankName(rank_) +
-                    " gave up waiting for " + comm_.rankName(static_cast<int>(peer)) + waited;
-  if (code == gpu::ErrorCode::kTimeout)
+      e.what > 0 && e.what < 6 ? kWhat[e.what] + std::to_string(e.expected) + ")" : std::string();
+  std::string msg = std::string("resident: a CUDA ") + opName(e.op) + " on " +
+                    comm_.rankName(rank_) + " gave up waiting for " + comm_.rankName(e.peer) +
+                    waited;
+  if (e.code == gpu::ErrorCode::kTimeout)
     msg += ": timed out on the device after " +
            std::to_string(timeout_ns_.load(std::memory_order_relaxed) / 1000000) +
            " ms (the peer is dead, stuck, or called a different op)";
-  else if (code == gpu::ErrorCode::kPeerLeft)
-    msg += ": " + comm_.rankName(static_cast<int>(peer)) +
+  else if (e.code == gpu::ErrorCode::kPeerLeft)
+    msg += ": " + comm_.rankName(e.peer) +
            " destroyed its process group (or exited) before its part of this op came (the ranks "
            "called a different number of ops, or it left with this op in flight)";
   else if (comm_.engine().poisoned())
@@ -428,10 +443,10 @@ std::string GpuCommunicator::deviceErrorFailingGroup() const {
 
 void GpuCommunicator::failGroup(const std::string& err) const {
   // A peer that left is the cause the peers are told (Communicator::failedState), set first.
-  const uint64_t word = deviceErrorWord();
-  if (static_cast<gpu::ErrorCode>(word & 0xff) == gpu::ErrorCode::kPeerLeft)
-    comm_.engine().noteLeftPeerNeeded(static_cast<int>((word >> 16) & 0xffff) - 1);
-  comm_.engine().poison(err, deviceTimedOut() ? ErrorKind::kTimeout : ErrorKind::kComm);
+  const KernelError e = decodeKernelError(deviceErrorWord());
+  if (e.code == gpu::ErrorCode::kPeerLeft) comm_.engine().noteLeftPeerNeeded(e.peer);
+  comm_.engine().poison(
+      err, e.code == gpu::ErrorCode::kTimeout ? ErrorKind::kTimeout : ErrorKind::kComm);
 }
 
 void GpuCommunicator::checkUsable() const {
