@@ -17,18 +17,16 @@ Entry points (parent side):
   A rank may ask the parent to SIGKILL it (:func:`request_sigkill`), or die by
   itself (``os._exit``).
 
-Inside a rank, :data:`CTX` describes the job, and :func:`connect_store` /
-:func:`init_pg` let a test do its own (repeated) initialisation when the
-harness is told not to initialise (``init=False``).
-
-Deterministic data generation and the independent (numpy / float64) references live in
-reference_data.py; this module re-exports them.
+What runs inside a rank (:data:`CTX`, :func:`connect_store`, :func:`init_pg`,
+:func:`request_sigkill`) is in rank_process.py; deterministic data and the independent
+(numpy / float64) references in reference_data.py; many cases in one job (:class:`CaseRegistry`,
+:class:`JobCache`) in case_jobs.py. This module re-exports them, so that a test module imports
+one name.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import datetime
 import multiprocessing as mp
@@ -36,16 +34,26 @@ import multiprocessing.connection as mpc
 import os
 import signal
 import socket
-import tempfile
 import threading
 import time
-import traceback
 from typing import Any, Callable, Optional, Sequence
 
-import netns
+from rank_process import (  # noqa: F401  (the rank side, re-exported for the test modules)
+    BACKEND,
+    CTX,
+    IS_RESIDENT,
+    RankContext,
+    _rank_main,
+    _stack_file,
+    connect_store,
+    import_backend_module,
+    init_outcome_job,
+    init_pg,
+    needs_resident_import,
+    request_kill_of,
+    request_sigkill,
+)
 
-BACKEND: str = os.environ.get("RESIDENT_TEST_BACKEND", "resident").strip() or "resident"
-IS_RESIDENT: bool = BACKEND == "resident"
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "resident"
 
@@ -124,35 +132,8 @@ def _indent(text: str, prefix: str = "    ") -> str:
 
 
 # --------------------------------------------------------------------------
-# Child-side context and helpers
+# Threads and shared-memory entries (leak checks); all_to_all split sizes
 # --------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class RankContext:
-    rank: int = -1
-    world_size: int = 0
-    backend: str = BACKEND
-    store_port: Optional[int] = None
-    rendezvous: str = "store"
-    rdzv_port: Optional[int] = None
-    init_timeout_s: float = 20.0
-    store_timeout_s: float = 30.0
-    conn: Any = None
-    _store: Any = None
-    _store_lock: Any = dataclasses.field(default_factory=threading.Lock)
-
-
-CTX = RankContext()
-
-
-def needs_resident_import(backend: str) -> bool:
-    return "resident" in backend
-
-
-def import_backend_module(backend: str) -> None:
-    if needs_resident_import(backend):
-        import resident_pg  # noqa: F401  (registers the backend)
 
 
 def task_count() -> int:
@@ -218,140 +199,9 @@ def a2a_split(src: int, dst: int, m: int, variant: str) -> int:
     return ((src * 5 + dst * 3) % 7 + 1) * m
 
 
-def connect_store(timeout_s: Optional[float] = None):
-    """A client of the parent's TCPStore (one per process, reused).
-
-    The parent's store listens on every address; ``RESIDENT_TEST_STORE_HOST`` (default
-    127.0.0.1) is the one ranks use, e.g. a bridge address when they run in network namespaces.
-    """
-    import torch.distributed as dist
-
-    with CTX._store_lock:
-        if CTX._store is None:
-            if CTX.store_port is None:
-                raise RuntimeError("harness: no parent store in this rendezvous mode")
-            CTX._store = dist.TCPStore(
-                os.environ.get("RESIDENT_TEST_STORE_HOST", "127.0.0.1"),
-                CTX.store_port,
-                None,
-                is_master=False,
-                timeout=datetime.timedelta(seconds=timeout_s or CTX.store_timeout_s),
-            )
-        return CTX._store
-
-
-def init_pg(
-    backend: Optional[str] = None,
-    *,
-    prefix: str = "",
-    timeout_s: Optional[float] = None,
-    rendezvous: Optional[str] = None,
-) -> None:
-    """init_process_group for this rank, as the harness would do it.
-
-    ``prefix`` namespaces the parent's store so that the same process can
-    initialise several times (each cycle must use a distinct prefix).
-    """
-    import torch.distributed as dist
-
-    backend = backend or CTX.backend
-    import_backend_module(backend)
-    timeout = datetime.timedelta(seconds=timeout_s if timeout_s is not None else CTX.init_timeout_s)
-    rendezvous = rendezvous or CTX.rendezvous
-    if rendezvous == "store":
-        store = connect_store()
-        if prefix:
-            store = dist.PrefixStore(prefix, store)
-        dist.init_process_group(
-            backend, store=store, rank=CTX.rank, world_size=CTX.world_size, timeout=timeout
-        )
-    elif rendezvous == "tcp":
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{CTX.rdzv_port}",
-            rank=CTX.rank,
-            world_size=CTX.world_size,
-            timeout=timeout,
-        )
-    elif rendezvous == "env":
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(CTX.rdzv_port)
-        os.environ["RANK"] = str(CTX.rank)
-        os.environ["WORLD_SIZE"] = str(CTX.world_size)
-        dist.init_process_group(backend, init_method="env://", timeout=timeout)
-    else:
-        raise ValueError(f"unknown rendezvous {rendezvous!r}")
-
-
-def init_outcome_job(rank, ws):
-    """A rank job that creates and destroys the default group; returns "no error" or the
-    exception's type and message (for tests of how creation treats a setting)."""
-    import torch.distributed as dist
-
-    try:
-        init_pg(CTX.backend)
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}"
-    dist.destroy_process_group()
-    return "no error"
-
-
-def request_sigkill(note: str = "") -> None:
-    """Ask the parent to SIGKILL this rank; never returns."""
-    CTX.conn.send(("kill_me", CTX.rank, note))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-    os._exit(99)  # the parent did not kill us: make it visible
-
-
-def request_kill_of(target_rank: int, note: str = "") -> None:
-    """Ask the parent to SIGKILL another rank (returns at once)."""
-    CTX.conn.send(("kill_rank", CTX.rank, target_rank, note))
-
-
-def _set_pdeathsig() -> None:
-    """Die with the parent (pytest killed -> no orphaned ranks)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:
-        pass
-
-
-def _enter_rank_netns(rank: int) -> None:
-    """``RESIDENT_TEST_NETNS``: comma-separated namespaces by rank ('' stays put)."""
-    spec = os.environ.get("RESIDENT_TEST_NETNS", "")
-    names = spec.split(",") if spec else []
-    if rank < len(names) and names[rank]:
-        netns.enter(names[rank])
-
-
-def _exc_fields(e: BaseException) -> tuple:
-    return (
-        type(e).__name__,
-        isinstance(e, RuntimeError),
-        isinstance(e, ValueError),
-        str(e),
-        "".join(traceback.format_exception(type(e), e, e.__traceback__)),
-    )
-
-
-def _stack_file(pid: int) -> str:
-    return os.path.join(tempfile.gettempdir(), f"resident_test_stack_{pid}.txt")
-
-
-def _arm_stack_dump() -> None:
-    """SIGUSR1 makes this rank write every thread's Python stack to _stack_file(pid): the
-    parent asks for it before killing a rank that timed out, so the report says where it hung."""
-    import faulthandler
-
-    try:
-        f = open(_stack_file(os.getpid()), "w")
-        faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
-    except (OSError, ValueError, AttributeError):
-        pass
+# --------------------------------------------------------------------------
+# Parent side
+# --------------------------------------------------------------------------
 
 
 def _collect_stack(proc, wait_s: float = 1.0) -> Optional[str]:
@@ -378,68 +228,6 @@ def _collect_stack(proc, wait_s: float = 1.0) -> Optional[str]:
             return f.read().strip() or None
     except OSError:
         return None
-
-
-def _rank_main(fn, rank, world_size, args, backend, store_port, rendezvous, rdzv_port,
-               init_timeout_s, store_timeout_s, do_init, conn, do_destroy=True):
-    _set_pdeathsig()
-    CTX.rank = rank
-    CTX.world_size = world_size
-    CTX.backend = backend
-    CTX.store_port = store_port
-    CTX.rendezvous = rendezvous
-    CTX.rdzv_port = rdzv_port
-    CTX.init_timeout_s = init_timeout_s
-    CTX.store_timeout_s = store_timeout_s
-    CTX.conn = conn
-    _arm_stack_dump()
-    conn.send(("pid", rank, os.getpid()))
-    try:
-        _enter_rank_netns(rank)
-        import torch
-
-        torch.set_num_threads(1)
-        import torch.distributed as dist
-
-        import_backend_module(backend)
-        if do_init:
-            init_pg(backend)
-        value = fn(rank, world_size, *args)
-    except BaseException as e:  # noqa: BLE001 - report everything
-        conn.send(("error", rank) + _exc_fields(e))
-        # Best effort: the group may be broken; the parent kills us if this hangs.
-        try:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            conn.send(("destroyed", rank, "ok", None))
-        except BaseException as e2:  # noqa: BLE001
-            conn.send(("destroyed", rank, "error", f"{type(e2).__name__}: {e2}"))
-        conn.close()
-        return
-    try:
-        conn.send(("result", rank, value))
-    except Exception as e:  # unpicklable result
-        conn.send(("error", rank) + _exc_fields(e))
-        return
-    if not do_destroy:
-        # the rank leaves its groups as they are: a normal interpreter exit follows
-        conn.send(("destroyed", rank, "skipped", None))
-        conn.close()
-        return
-    try:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        conn.send(("destroyed", rank, "ok", None))
-    except BaseException as e:  # noqa: BLE001
-        conn.send(("destroyed", rank, "error", "".join(traceback.format_exception(e))))
-    conn.close()
-
-
-# --------------------------------------------------------------------------
-# Parent side
-# --------------------------------------------------------------------------
 
 
 def reserve_port() -> socket.socket:
@@ -758,8 +546,7 @@ def run_ranks_collect(
 
 
 # --------------------------------------------------------------------------
-# Deterministic data and independent references: tests/reference_data.py (re-exported here,
-# where the test modules have always imported them from)
+# Deterministic data and independent references: tests/reference_data.py (re-exported)
 # --------------------------------------------------------------------------
 
 from reference_data import (  # noqa: E402,F401
@@ -783,131 +570,11 @@ from reference_data import (  # noqa: E402,F401
 )
 
 
-# --------------------------------------------------------------------------
-# "Many cases in one job" helpers
-# --------------------------------------------------------------------------
-
-
-class Case:
-    """A check run inside every rank: fn(rank, ws) -> (errors, digests).
-
-    ``digests`` (a dict) must be identical on all ranks when ``identical`` is set.
-    """
-
-    def __init__(self, cid, fn, resident_only=False, identical=True, min_ws=2):
-        self.id = cid
-        self.fn = fn
-        self.resident_only = resident_only
-        self.identical = identical
-        self.min_ws = min_ws
-
-
-class CaseRegistry(dict):
-    def add(self, cid, fn, resident_only=False, identical=True, min_ws=2):
-        assert cid not in self, cid
-        self[cid] = Case(cid, fn, resident_only, identical, min_ws)
-
-    def case(self, cid, resident_only=False, identical=True, min_ws=2):
-        def deco(fn):
-            self.add(cid, fn, resident_only, identical, min_ws)
-            return fn
-
-        return deco
-
-    def runnable(self, ws):
-        return [c.id for c in self.values()
-                if (IS_RESIDENT or not c.resident_only) and ws >= c.min_ws]
-
-
-def execute_cases(registry, ids, rank, ws) -> dict:
-    """Run the cases `ids` in order inside a rank; exceptions are recorded per case."""
-    out = {}
-    for cid in ids:
-        t0 = time.monotonic()
-        try:
-            errs, digs = registry[cid].fn(rank, ws)
-            out[cid] = {"errors": list(errs), "digests": dict(digs or {}), "exc": None}
-        except Exception as e:  # noqa: BLE001
-            out[cid] = {"errors": [], "digests": {},
-                        "exc": f"{type(e).__name__}: {e}\n" + traceback.format_exc(limit=8)}
-        out[cid]["seconds"] = time.monotonic() - t0
-    return out
-
-
-def case_problems(per_rank, registry, cid) -> list:
-    problems = []
-    for r, res in enumerate(per_rank):
-        rc = res.get(cid)
-        if rc is None:
-            problems.append(f"rank {r}: case did not run")
-            continue
-        if rc["exc"]:
-            problems.append(f"rank {r} raised {rc['exc']}")
-        for e in rc["errors"]:
-            problems.append(f"rank {r}: {e}")
-    if registry[cid].identical and not problems:
-        d0 = per_rank[0][cid]["digests"]
-        for r in range(1, len(per_rank)):
-            dr = per_rank[r][cid]["digests"]
-            for k in d0:
-                if dr.get(k) != d0[k]:
-                    problems.append(f"{k}: rank {r} result {dr.get(k)} differs from rank 0 result {d0[k]}")
-    return problems
-
-
-class JobCache:
-    """Runs one spawned job per world size with exactly the cases pytest selected."""
-
-    def __init__(self, registry, job_fn, test_name, timeout_s=300, init_timeout_s=60, env=None):
-        self.registry = registry
-        self.job_fn = job_fn
-        self.test_name = test_name
-        self.timeout_s = timeout_s
-        self.init_timeout_s = init_timeout_s
-        self.env = env  # extra environment of the ranks (may be set before the first get)
-        self.results = {}
-
-    def get(self, ws, session):
-        if ws not in self.results:
-            selected = {
-                it.callspec.params["cid"]
-                for it in session.items
-                if getattr(it, "originalname", None) == self.test_name
-                and hasattr(it, "callspec")
-                and it.callspec.params.get("ws") == ws
-            }
-            ids = [c for c in self.registry.runnable(ws) if c in selected]
-            try:
-                per_rank = run_ranks(self.job_fn, ws, args=(ids,), timeout_s=self.timeout_s,
-                                     init_timeout_s=self.init_timeout_s, env=self.env)
-                self.results[ws] = (per_rank, None)
-            except RanksFailed as e:
-                self.results[ws] = (None, str(e))
-        return self.results[ws]
-
-    def check(self, cid, ws, session):
-        import pytest
-
-        c = self.registry[cid]
-        if c.resident_only and not IS_RESIDENT:
-            pytest.skip(f"not supported by {BACKEND!r}; promised by resident")
-        if ws < c.min_ws:
-            pytest.skip(f"needs world size >= {c.min_ws}")
-        per_rank, job_err = self.get(ws, session)
-        if job_err is not None:
-            pytest.fail(f"the ws={ws} job of {self.test_name} failed as a whole:\n{job_err}", pytrace=False)
-        problems = case_problems(per_rank, self.registry, cid)
-        if problems:
-            pytest.fail(f"{cid} ws={ws}:\n" + "\n".join(problems[:40]), pytrace=False)
-
-
-def expect_error(results, label, fn, fragment, exc=ValueError):
-    """Calls ``fn`` and records in ``results[label]`` "ok" when it raised ``exc`` with
-    ``fragment`` in its message, else what happened instead."""
-    try:
-        fn()
-        results[label] = f"no error (expected {exc.__name__} containing {fragment!r})"
-    except exc as e:
-        results[label] = "ok" if fragment in str(e) else f"{exc.__name__} without {fragment!r}: {e}"
-    except Exception as e:  # noqa: BLE001
-        results[label] = f"{type(e).__name__} instead of {exc.__name__}: {e}"
+from case_jobs import (  # noqa: E402,F401  (re-exported for the test modules)
+    Case,
+    CaseRegistry,
+    JobCache,
+    case_problems,
+    execute_cases,
+    expect_error,
+)
