@@ -1,8 +1,8 @@
-"""Reference computations shared by the EP tests (test_ep.py, test_ep_vllm.py, the op mixes'
-op_mix_ep.py), in numpy: rounding to a payload dtype, where dispatch puts each routed row, DeepEP's
-FP8 cast (an fp8 e4m3fn encoder written from the format's definition) with test tokens that
-reach its edges, and the output of a combine of scaled stand-in experts.  Nothing here calls
-resident_pg."""
+"""Reference computations shared by the EP tests (test_ep.py, test_ep_fp8.py, test_ep_vllm*.py
+and their ep_*.py modules; the op mixes' op_mix_ep.py), in numpy: rounding to a payload dtype,
+where dispatch puts each routed row, DeepEP's FP8 cast (an fp8 e4m3fn encoder written from the
+format's definition) with test tokens that reach its edges, and the output of a combine of
+scaled stand-in experts.  Nothing here calls resident_pg."""
 
 from __future__ import annotations
 

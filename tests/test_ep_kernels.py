@@ -1,7 +1,7 @@
 """resident_pg.ep_kernels and the EP kernels' entry points in resident_pg._C, without a GPU: the
 dtype codes agree with kernels/ep_args.hpp, the kernels are offered only for CUDA devices, and
 bad arguments raise ValueError before anything is launched.  The kernels themselves run in the
-GPU suites (tests/test_moe.py and tests/test_ep.py, ``-m gpu``)."""
+GPU suites (tests/test_moe.py, tests/test_ep.py and tests/test_ep_fp8.py, ``-m gpu``)."""
 
 from __future__ import annotations
 

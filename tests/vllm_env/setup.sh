@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The environment that runs tests/test_vllm_installed.py and tests/test_ep_vllm.py: a venv at
+# The environment that runs tests/test_vllm_installed.py and tests/test_ep_vllm*.py: a venv at
 # $1 (default .venv-vllm) that sees this Python's packages (torch 2.14.1 and resident_pg's
 # editable install) and adds vLLM 0.33.0 with the packages that importing its distributed layer
 # and its modular MoE kernel needs, pinned in
