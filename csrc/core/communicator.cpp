@@ -8,6 +8,7 @@
 #include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/first_line.hpp"
+#include "core/group_descriptor.hpp"
 #include "core/host_cpus.hpp"
 #include "core/log.hpp"
 #include "core/peer_monitor.hpp"
@@ -21,59 +22,8 @@ namespace resident {
 namespace {
 
 constexpr uint32_t kFifoCapacity = 4096;
-// The fields of a rank's descriptor ("resident/desc"), in order.
-enum DescField : size_t {
-  kDescInbox,      // its segment's name
-  kDescBytes,      // and size
-  kDescSlots,      // RESIDENT_SLOTS
-  kDescSlotBytes,  // RESIDENT_SLOT_BYTES
-  kDescTransport,  // RESIDENT_TRANSPORT
-  kDescEndpoint,   // tcp endpoint, or "-"
-  kDescIb,         // "ib" with an RDMA port, or "-"
-  kDescPath,       // the path setting
-  kDescProtocol,   // the CUDA path's protocol key
-  kDescHandoff,    // RESIDENT_HANDOFF_BYTES
-  kDescRounds,     // the CUDA path's rounds key
-  kDescFields
-};
 // How often the proxy looks for peers that are gone (a poll() over pidfds, a load per peer).
 constexpr uint64_t kPeerCheckPeriodNs = 5ull * 1000 * 1000;
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  for (size_t pos; (pos = s.find(sep, start)) != std::string::npos; start = pos + 1)
-    out.push_back(s.substr(start, pos - start));
-  out.push_back(s.substr(start));
-  return out;
-}
-
-// What every rank must agree on for the CUDA path's protocol: "ll" or "simple/<path>" for
-// direct pairs (the direct rule applies only to pairs direct both ways): one field of the setup
-// descriptor. Both ranks of a pair pick its protocol from the byte counts alone, so they must
-// apply the same rule.
-std::string gpuProtocolKey(const Config& cfg) {
-  return cfg.gpu_protocol == GpuProtocol::kSimple ? std::string("simple/") + pathModeName(cfg.path)
-                                                  : "ll";
-}
-
-std::string describeProtocolKey(const std::string& key) {
-  if (key.rfind("simple/", 0) == 0)
-    return "RESIDENT_GPU_PROTOCOL=simple with RESIDENT_PATH=" + key.substr(7);
-  return "RESIDENT_GPU_PROTOCOL=" + key;
-}
-
-// What every rank must agree on for the CUDA path's rounds: the chunk and the first round
-// number, "<chunk>/<first round>": one field of the setup descriptor.
-std::string gpuRoundsKey(const Config& cfg) {
-  return std::to_string(cfg.gpu_chunk_bytes) + "/" + std::to_string(cfg.gpu_first_round);
-}
-
-std::string describeRoundsKey(const std::string& key) {
-  const size_t slash = key.find('/');
-  return "RESIDENT_GPU_CHUNK_BYTES=" + key.substr(0, slash) +
-         " RESIDENT_GPU_FIRST_ROUND=" + (slash == std::string::npos ? "?" : key.substr(slash + 1));
-}
 
 }  // namespace
 
@@ -221,67 +171,24 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   peer_ib_.assign(static_cast<size_t>(nranks), false);
   peer_proxies_.assign(static_cast<size_t>(nranks), false);
 
-  // One descriptor exchange: inbox name and size, ring geometry, transport setting, tcp
-  // endpoint, RDMA port, path setting, the CUDA path's protocol key, the hand-off threshold and
-  // the CUDA path's rounds key.
-  const std::string desc = inbox_.name() + "|" + std::to_string(segment_bytes) + "|" +
-                           std::to_string(cfg.slots) + "|" + std::to_string(cfg.slot_bytes) + "|" +
-                           cfg.transport + "|" + (tcp_ ? tcp_->endpoint() : std::string("-")) +
-                           "|" + (ib_local_ ? "ib" : "-") + "|" + pathModeName(cfg.path) + "|" +
-                           gpuProtocolKey(cfg) + "|" + std::to_string(cfg.handoff_bytes) + "|" +
-                           gpuRoundsKey(cfg);
-  const auto all = allGatherStrings(store, rank, nranks, "resident/desc", desc,
+  // One descriptor exchange: where each rank's inbox is, how to reach it, and the settings
+  // every rank must share (core/group_descriptor.hpp).
+  const GroupDescriptor mine = localDescriptor(
+      cfg, inbox_.name(), segment_bytes, tcp_ ? tcp_->endpoint() : std::string("-"), ib_local_);
+  const auto all = allGatherStrings(store, rank, nranks, "resident/desc", encodeDescriptor(mine),
                                     timeout_ms * 1000000ull, exitedBeforeItsDescriptor);
 
   peer_inboxes_.resize(static_cast<size_t>(nranks));
-  std::vector<std::vector<std::string>> fields(static_cast<size_t>(nranks));
+  std::vector<GroupDescriptor> descs(static_cast<size_t>(nranks));
   std::vector<std::string> endpoints(static_cast<size_t>(nranks));
   const bool group_tcp = cfg.transport == "tcp" || spans_hosts;  // a pair talks over tcp?
   for (int p = 0; p < nranks; ++p) {
-    const auto f = split(all[static_cast<size_t>(p)], '|');
-    if (f.size() != kDescFields)
-      throw CommError("resident: malformed descriptor from rank " + std::to_string(p));
-    if (std::to_string(cfg.slots) != f[kDescSlots] ||
-        std::to_string(cfg.slot_bytes) != f[kDescSlotBytes]) {
-      throw InvalidArgument("resident: rank " + std::to_string(p) +
-                            " uses RESIDENT_SLOTS=" + f[kDescSlots] +
-                            " RESIDENT_SLOT_BYTES=" + f[kDescSlotBytes] + " but rank " +
-                            std::to_string(rank) + " uses " + std::to_string(cfg.slots) + "/" +
-                            std::to_string(cfg.slot_bytes) + "; all ranks must agree");
-    }
-    if (f[kDescTransport] != cfg.transport) {
-      throw InvalidArgument("resident: rank " + std::to_string(p) + " uses RESIDENT_TRANSPORT=" +
-                            f[kDescTransport] + " but rank " + std::to_string(rank) + " uses " +
-                            cfg.transport + "; all ranks must agree");
-    }
-    if (f[kDescProtocol] != gpuProtocolKey(cfg)) {
-      // The simple protocol is chosen per pair on the device from its path: both ranks of a
-      // pair must see the same protocol and the same path (kernels/simple_device.cuh).
-      throw InvalidArgument("resident: rank " + std::to_string(p) + " uses " +
-                            describeProtocolKey(f[kDescProtocol]) + " but rank " +
-                            std::to_string(rank) + " uses " +
-                            describeProtocolKey(gpuProtocolKey(cfg)) + "; all ranks must agree");
-    }
-    if (f[kDescHandoff] != std::to_string(cfg.handoff_bytes)) {
-      // The hand-off's set-up (resident_pg/handoff.py) is one exchange that every rank joins,
-      // or none: ranks that differ fail here, at once, instead of waiting for each other.
-      throw InvalidArgument("resident: rank " + std::to_string(p) +
-                            " uses RESIDENT_HANDOFF_BYTES=" + f[kDescHandoff] + " but rank " +
-                            std::to_string(rank) + " uses " + std::to_string(cfg.handoff_bytes) +
-                            "; all ranks must agree");
-    }
-    if (f[kDescRounds] != gpuRoundsKey(cfg)) {
-      // Both ranks of a pair cut a CUDA message into rounds of the chunk and number the rounds
-      // from the first one: ranks that differ would fall out of step until the device timeout.
-      throw InvalidArgument("resident: rank " + std::to_string(p) + " uses " +
-                            describeRoundsKey(f[kDescRounds]) + " but rank " +
-                            std::to_string(rank) + " uses " + describeRoundsKey(gpuRoundsKey(cfg)) +
-                            "; all ranks must agree");
-    }
-    endpoints[static_cast<size_t>(p)] = f[kDescEndpoint];
-    peer_ib_[static_cast<size_t>(p)] = f[kDescIb] == "ib";
-    peer_proxies_[static_cast<size_t>(p)] = f[kDescPath] == pathModeName(PathMode::kProxy);
-    fields[static_cast<size_t>(p)] = f;
+    GroupDescriptor& d = descs[static_cast<size_t>(p)];
+    d = decodeDescriptor(all[static_cast<size_t>(p)], p);
+    checkSharedSettings(mine, rank, d, p);
+    endpoints[static_cast<size_t>(p)] = d.tcp_endpoint;
+    peer_ib_[static_cast<size_t>(p)] = d.ib;
+    peer_proxies_[static_cast<size_t>(p)] = d.path == pathModeName(PathMode::kProxy);
   }
   chooseTransports();
   if (tcp_) {
@@ -301,10 +208,9 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   std::vector<unsigned char*> bases(static_cast<size_t>(nranks), nullptr);
   for (int p = 0; p < nranks; ++p) {
     if (kinds_[static_cast<size_t>(p)] != "shm") continue;
-    const auto& f = fields[static_cast<size_t>(p)];
+    const GroupDescriptor& d = descs[static_cast<size_t>(p)];
     try {
-      peer_inboxes_[static_cast<size_t>(p)] =
-          ShmSegment::open(f[kDescInbox], std::stoull(f[kDescBytes]));
+      peer_inboxes_[static_cast<size_t>(p)] = ShmSegment::open(d.inbox, d.inbox_bytes);
     } catch (const CommError& e) {
       const PeerInfo& info = peers_[static_cast<size_t>(p)];
       throw CommError(std::string(e.what()) + " (the inbox of " + info.name + ", pid " +
@@ -323,7 +229,26 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   connectTcp(store, endpoints, group_tcp, timeout_ms);
   connectIb(store);
 
-  // One transport for the engine: the only kind in use, or a router when kinds mix.
+  selectEngineTransport();
+  proxied_.assign(static_cast<size_t>(nranks), false);
+  for (int p = 0; p < nranks; ++p) {
+    if (p == rank) continue;
+    const bool direct_ok = transport_->directCapable(p);
+    if (cfg.path == PathMode::kDirect && !direct_ok) {
+      throw InvalidArgument("resident: RESIDENT_PATH=direct but rank " + std::to_string(p) +
+                            " is not reachable by direct stores");
+    }
+    proxied_[static_cast<size_t>(p)] = cfg.path == PathMode::kProxy || !direct_ok;
+  }
+  fifo_ = std::make_unique<TriggerFifo>(kFifoCapacity);
+  engine_ = std::make_unique<Engine>(rank, nranks, cfg, layout_,
+                                     static_cast<unsigned char*>(inbox_.data()), transport_, peers_,
+                                     proxied_, fifo_.get(), timeout_ms * 1000000ull);
+}
+
+// One transport for the engine: the only kind in use, or a router when kinds mix.
+void Communicator::selectEngineTransport() {
+  const int nranks = nranks_;
   std::vector<Transport*> by_peer(static_cast<size_t>(nranks), nullptr);
   bool any_shm = false, any_tcp = false, any_ib = false;
   for (int p = 0; p < nranks; ++p) {
@@ -355,20 +280,6 @@ void Communicator::install(BootstrapStore& store, uint64_t timeout_ms) {
   } else {
     transport_ = shm_.get();
   }
-  proxied_.assign(static_cast<size_t>(nranks), false);
-  for (int p = 0; p < nranks; ++p) {
-    if (p == rank) continue;
-    const bool direct_ok = transport_->directCapable(p);
-    if (cfg.path == PathMode::kDirect && !direct_ok) {
-      throw InvalidArgument("resident: RESIDENT_PATH=direct but rank " + std::to_string(p) +
-                            " is not reachable by direct stores");
-    }
-    proxied_[static_cast<size_t>(p)] = cfg.path == PathMode::kProxy || !direct_ok;
-  }
-  fifo_ = std::make_unique<TriggerFifo>(kFifoCapacity);
-  engine_ = std::make_unique<Engine>(rank, nranks, cfg, layout_,
-                                     static_cast<unsigned char*>(inbox_.data()), transport_, peers_,
-                                     proxied_, fifo_.get(), timeout_ms * 1000000ull);
 }
 
 void Communicator::chooseTransports() {

@@ -135,6 +135,7 @@ class Communicator : public ProxyHandler {
   void install(BootstrapStore& store, uint64_t timeout_ms);  // segments, peers, engine
   // Per peer: "shm", "tcp" (or "self"), from the descriptors all ranks exchanged.
   void chooseTransports();
+  void selectEngineTransport();  // transport_ from kinds_: one transport, or a router
   void connectTcp(BootstrapStore& store, const std::vector<std::string>& endpoints, bool group_tcp,
                   uint64_t timeout_ms);
   void deliverTcpEvents();
