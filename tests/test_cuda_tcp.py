@@ -44,7 +44,7 @@ import test_cuda_p2p_order as CP
 from cuda_harness import dev, host, sentinel
 from dist_harness import a2a_split, compare_exact, compare_reduction, digest, make_input, reference_reduce
 from op_mix_run import OpMixJobs
-import test_tcp_netns as TN
+import tcp_hosts as TH
 
 pytestmark = C.module_marks()
 
@@ -54,7 +54,7 @@ def hosts():
     """Three hosts as in test_tcp_netns.py, under names and a subnet of their own (the kernel
     removes another module's namespaces asynchronously: the same names made again at once can
     still exist)."""
-    yield from TN._hosts_for_module(3, 215, "rpc", 40, decoy=False)
+    yield from TH.hosts_for_module(3, 215, "rpc", 40, decoy=False)
 
 WS = C.WORLD_SIZES
 TCP = "proxy+tcp"
@@ -446,8 +446,8 @@ def test_cuda_tcp_netns_graph(item, ws, hosts):
 
 # The seeded CUDA op mixes (test_cuda_op_mix.py: eager steps, async ops, graph captures replayed
 # with fresh data) in the 4-rank layout: the default of a group spanning two hosts.
-NETNS_MIX_MODES = [m for m in TN.NETNS_MIX_MODES if len(TN.mix_layout(m[1])) == 4]
-NETNS_MIX_ENV = TN.NetnsMixEnv(C.path_env("auto"))
+NETNS_MIX_MODES = [m for m in TH.NETNS_MIX_MODES if len(TH.mix_layout(m[1])) == 4]
+NETNS_MIX_ENV = TH.NetnsMixEnv(C.path_env("auto"))
 
 
 NETNS_MIX_JOBS = OpMixJobs(COM.cuda_op_mix_job, "test_cuda_tcp_netns_op_mix",

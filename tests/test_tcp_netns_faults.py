@@ -27,8 +27,8 @@ import pytest
 import dist_harness as H
 import netns as N
 from dist_harness import compare_exact, compare_reduction, make_input, reference_reduce
-import test_tcp_netns as TN
-from test_tcp_netns import GROUP_TIMEOUT_S, NAMES_RANK_1, ONE_HOST_TCP, SLACK_S
+import tcp_hosts as TH
+from tcp_hosts import GROUP_TIMEOUT_S, NAMES_RANK_1, ONE_HOST_TCP, SLACK_S
 
 pytestmark = pytest.mark.resident_only
 
@@ -38,7 +38,7 @@ def hosts():
     """Three hosts as in test_tcp_netns.py, under names and a subnet of their own: the kernel
     removes the namespaces of that module's hosts (and their veth pairs) asynchronously, so the
     same names made again at once can still exist."""
-    yield from TN._hosts_for_module(3, 214, "rpf", 30, decoy=False)
+    yield from TH.hosts_for_module(3, 214, "rpf", 30, decoy=False)
 
 
 # --------------------------------------------------------------------------
