@@ -38,18 +38,15 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from rank_process import _rank_main, _stack_file  # what the parent starts in a rank, and asks of it
 from rank_process import (  # noqa: F401  (the rank side, re-exported for the test modules)
     BACKEND,
     CTX,
     IS_RESIDENT,
-    RankContext,
-    _rank_main,
-    _stack_file,
     connect_store,
     import_backend_module,
     init_outcome_job,
     init_pg,
-    needs_resident_import,
     request_kill_of,
     request_sigkill,
 )
@@ -205,7 +202,7 @@ def a2a_split(src: int, dst: int, m: int, variant: str) -> int:
 
 
 def _collect_stack(proc, wait_s: float = 1.0) -> Optional[str]:
-    """Ask a live rank for its stacks (see _arm_stack_dump); the dump's text, or None."""
+    """Ask a live rank for its stacks (rank_process._arm_stack_dump); the dump's text, or None."""
     path = _stack_file(proc.pid)
     try:
         os.kill(proc.pid, signal.SIGUSR1)
@@ -571,7 +568,6 @@ from reference_data import (  # noqa: E402,F401
 
 
 from case_jobs import (  # noqa: E402,F401  (re-exported for the test modules)
-    Case,
     CaseRegistry,
     JobCache,
     case_problems,

@@ -45,6 +45,18 @@ std::string describeRoundsKey(const std::string& key) {
          " RESIDENT_GPU_FIRST_ROUND=" + (slash == std::string::npos ? "?" : key.substr(slash + 1));
 }
 
+// The simple protocol is chosen per pair on the device from its path, so both ranks of a pair
+// must see the same rule.
+std::string gpuProtocolKey(const Config& cfg) {
+  return cfg.gpu_protocol == GpuProtocol::kSimple ? std::string("simple/") + pathModeName(cfg.path)
+                                                  : "ll";
+}
+
+// Both ranks of a pair cut a message into rounds of the chunk and number them from the first.
+std::string gpuRoundsKey(const Config& cfg) {
+  return std::to_string(cfg.gpu_chunk_bytes) + "/" + std::to_string(cfg.gpu_first_round);
+}
+
 [[noreturn]] void differ(int their_rank, const std::string& theirs, int my_rank,
                          const std::string& mine) {
   throw InvalidArgument("resident: rank " + std::to_string(their_rank) + " uses " + theirs +
@@ -53,15 +65,6 @@ std::string describeRoundsKey(const std::string& key) {
 }
 
 }  // namespace
-
-std::string gpuProtocolKey(const Config& cfg) {
-  return cfg.gpu_protocol == GpuProtocol::kSimple ? std::string("simple/") + pathModeName(cfg.path)
-                                                  : "ll";
-}
-
-std::string gpuRoundsKey(const Config& cfg) {
-  return std::to_string(cfg.gpu_chunk_bytes) + "/" + std::to_string(cfg.gpu_first_round);
-}
 
 GroupDescriptor localDescriptor(const Config& cfg, const std::string& inbox, uint64_t inbox_bytes,
                                 const std::string& tcp_endpoint, bool ib) {

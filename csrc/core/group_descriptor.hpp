@@ -23,9 +23,9 @@ struct GroupDescriptor {
   std::string slots;          // RESIDENT_SLOTS
   std::string slot_bytes;     // RESIDENT_SLOT_BYTES
   std::string transport;      // RESIDENT_TRANSPORT
-  std::string gpu_protocol;   // "ll" or "simple/<path>" (gpuProtocolKey)
+  std::string gpu_protocol;   // the CUDA path's protocol rule: "ll" or "simple/<path>"
   std::string handoff_bytes;  // RESIDENT_HANDOFF_BYTES
-  std::string gpu_rounds;     // "<chunk>/<first round>" (gpuRoundsKey)
+  std::string gpu_rounds;     // the CUDA path's rounds: "<chunk>/<first round>"
 };
 
 // This rank's descriptor from its settings and its inbox.
@@ -41,12 +41,5 @@ GroupDescriptor decodeDescriptor(const std::string& text, int from_rank);
 // differs from `mine` (rank my_rank), with both values.
 void checkSharedSettings(const GroupDescriptor& mine, int my_rank, const GroupDescriptor& theirs,
                          int their_rank);
-
-// The CUDA path's protocol rule: "ll", or "simple/<path>" (the simple protocol is chosen per
-// pair on the device from its path, so both ranks of a pair must see the same rule).
-std::string gpuProtocolKey(const Config& cfg);
-// The CUDA path's rounds: "<chunk>/<first round>" (both ranks of a pair cut a message into
-// rounds of the chunk and number them from the first).
-std::string gpuRoundsKey(const Config& cfg);
 
 }  // namespace resident

@@ -68,34 +68,34 @@ int main() {
   }
 
   // Each shared setting that differs names itself, the other rank's value and this rank's.
-  GroupDescriptor d = mine;
-  d.slot_bytes = "4096";
-  std::string m = mismatch(mine, d);
-  CHECK(
-      contains(m, "rank 3 uses RESIDENT_SLOTS=8 RESIDENT_SLOT_BYTES=4096 but rank 0 uses 8/65536"));
-  d = mine;
-  d.transport = "tcp";
-  m = mismatch(mine, d);
-  CHECK(contains(m, "rank 3 uses RESIDENT_TRANSPORT=tcp but rank 0 uses auto"));
-  d = mine;
-  d.gpu_protocol = "ll";
-  m = mismatch(mine, d);
-  CHECK(contains(m,
-                 "RESIDENT_GPU_PROTOCOL=ll but rank 0 uses RESIDENT_GPU_PROTOCOL=simple with "
-                 "RESIDENT_PATH=proxy"));
-  d = mine;
-  d.handoff_bytes = "1024";
-  m = mismatch(mine, d);
-  CHECK(contains(m, "rank 3 uses RESIDENT_HANDOFF_BYTES=1024 but rank 0 uses 0"));
-  d = mine;
-  d.gpu_rounds = "65536/7";
-  m = mismatch(mine, d);
-  CHECK(contains(m,
-                 "RESIDENT_GPU_CHUNK_BYTES=65536 RESIDENT_GPU_FIRST_ROUND=7 but rank 0 uses "
-                 "RESIDENT_GPU_CHUNK_BYTES=262144 RESIDENT_GPU_FIRST_ROUND=7"));
-  CHECK(contains(m, "all ranks must agree"));
+  struct Differing {
+    std::string GroupDescriptor::*field;
+    const char* theirs;
+    const char* message;
+  };
+  const Differing differing[] = {
+      {&GroupDescriptor::slot_bytes, "4096",
+       "rank 3 uses RESIDENT_SLOTS=8 RESIDENT_SLOT_BYTES=4096 but rank 0 uses 8/65536"},
+      {&GroupDescriptor::transport, "tcp",
+       "rank 3 uses RESIDENT_TRANSPORT=tcp but rank 0 uses auto"},
+      {&GroupDescriptor::gpu_protocol, "ll",
+       "RESIDENT_GPU_PROTOCOL=ll but rank 0 uses RESIDENT_GPU_PROTOCOL=simple with "
+       "RESIDENT_PATH=proxy"},
+      {&GroupDescriptor::handoff_bytes, "1024",
+       "rank 3 uses RESIDENT_HANDOFF_BYTES=1024 but rank 0 uses 0"},
+      {&GroupDescriptor::gpu_rounds, "65536/7",
+       "RESIDENT_GPU_CHUNK_BYTES=65536 RESIDENT_GPU_FIRST_ROUND=7 but rank 0 uses "
+       "RESIDENT_GPU_CHUNK_BYTES=262144 RESIDENT_GPU_FIRST_ROUND=7"},
+  };
+  for (const Differing& c : differing) {
+    GroupDescriptor d = mine;
+    d.*c.field = c.theirs;
+    const std::string m = mismatch(mine, d);
+    CHECK(contains(m, c.message));
+    CHECK(contains(m, "all ranks must agree"));
+  }
   // What a rank may choose for itself is not a shared setting.
-  d = mine;
+  GroupDescriptor d = mine;
   d.path = "direct";
   d.tcp_endpoint = "-";
   d.ib = false;
