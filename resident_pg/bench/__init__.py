@@ -5,7 +5,8 @@ parent: plans a run, launches one set of rank processes per group, collects rows
 (the rank processes: devices, eager and graph modes, timing of a cell), ``ops`` (each op with its
 correctness check), ``report`` (rows, tables, metadata, JSON), ``cuda`` (CUDA devices, graphs,
 floors and targets), ``common`` (parsing and formatting helpers), ``interference`` (a
-communicator beside a decode GEMM, ``python -m resident_pg.bench.interference``).
+communicator beside a decode GEMM, ``python -m resident_pg.bench.interference``; its rank
+processes in ``interference_rank``, its table and JSON in ``interference_report``).
 ``benchmarks/conftest.py`` runs the same ladder as pytest cases. Importing this package imports
 none of them.
 """
