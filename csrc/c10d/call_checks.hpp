@@ -2,7 +2,7 @@
 // ValueError that names the op and the problem), how a c10d reduction maps onto the core's
 // (dtype, op, values per element), and how core errors become the exceptions torch.distributed
 // users expect. Shared by the adapter's files (process_group_resident.cpp,
-// process_group_alltoall.cpp).
+// process_group_alltoall.cpp, process_group_rooted.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -2,7 +2,8 @@
 // dtype, sizes), turns each call into core ops on the group's Communicator and returns a
 // WorkResident. Works are kept alive here until their ops finished, so dropping an async
 // Work never frees tensors the op still writes. The all-to-all family is in
-// process_group_alltoall.cpp, the argument checks in call_checks.hpp.
+// process_group_alltoall.cpp, the rooted ops (broadcast, reduce, gather, scatter) in
+// process_group_rooted.cpp, the argument checks in call_checks.hpp.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -179,7 +180,7 @@ class ProcessGroupResident : public c10d::Backend {
 };
 
 // The op paths shared by the adapter's files (process_group_resident.cpp,
-// process_group_alltoall.cpp).
+// process_group_alltoall.cpp, process_group_rooted.cpp).
 template <typename F>
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::cudaOp(c10d::OpType type, const char* title,
                                                             const std::vector<at::Tensor>& outputs,
