@@ -354,6 +354,30 @@ def is_variant(path) -> bool:
     return any(k not in TRANSPORT_KNOBS for k in path.split("+")[1:])
 
 
+# The jobs of the collectives matrix (test_cuda_collectives, test_cuda_async_ops): both paths at
+# 2, 4 and 8 ranks; the knobs' non-default settings (one block per op, LL lines for every direct
+# op, round numbers that wrap) at 2 ranks (LL lines also 4 and 8), over the reduced dtypes.
+COLLECTIVE_KEYS = [(ws, p) for ws in (2, 4, 8) for p in PATHS]
+COLLECTIVE_JOB_KEYS = [k for k in COLLECTIVE_KEYS if k[0] in WORLD_SIZES]
+COLLECTIVE_VARIANT_KEYS = [(2, v) for v in PATH_VARIANTS if 2 in WORLD_SIZES]
+COLLECTIVE_VARIANT_KEYS += [(ws, v) for ws, v in WIDE_VARIANTS if ws in WORLD_SIZES]
+
+
+def collective_params(cases, keys, case_dtype=None):
+    """pytest params (cid, ws, path) of the collectives matrix at ``keys``: 8-rank jobs and knob
+    variants run only the cases of REDUCED_DTYPES and the dtype-free ones (``case_dtype``: cid ->
+    dtype name, None or absent for a dtype-free case)."""
+    case_dtype = case_dtype or {}
+    out = []
+    for ws, path in keys:
+        for cid in cases:
+            reduced = ws >= 8 or is_variant(path)
+            if reduced and case_dtype.get(cid) not in (None,) + REDUCED_DTYPES:
+                continue
+            out.append(pytest.param(cid, ws, path, id=f"{cid}-ws{ws}-{path}"))
+    return out
+
+
 class GpuJobCache:
     """Like dist_harness.JobCache, keyed by (ws, path): each job runs with
     RESIDENT_PATH=path, init=False (the rank sets its device, then initialises),
@@ -423,8 +447,6 @@ class GpuJobCache:
         if problems:
             pytest.fail(f"{cid} ws={key[0]} path={key[1]}:\n" + "\n".join(problems[:40]),
                         pytrace=False)
-
-
 
 
 def device_timeout_problems(v: dict, desc: str, limit_s: float, what: str) -> tuple:

@@ -10,7 +10,7 @@ group is a constant of the graph, so this recompiles).
 Backend: the default inductor backend.  Where inductor is unavailable on the machine
 (no triton for CUDA; no C++ compiler in the CPU dry run) the test falls back to
 backend="aot_eager" and emits a warning saying so (the result still says which backend
-ran).  Functional collectives without compile are covered in test_cuda_collectives.py
+ran).  Functional collectives without compile are covered in test_cuda_async_ops.py
 (case functional_collectives, every world size and path).
 
 The multiplications are by powers of two, so fused (FMA) and unfused code give the

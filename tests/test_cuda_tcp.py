@@ -2,8 +2,8 @@
 subgroups, and ranks in separate network namespaces (hosts played on one machine).
 
 Design: the cases have one source, the suites that own them. This module runs their case
-registries and job functions (test_cuda_collectives, test_cuda_p2p_order, test_cuda_graphs)
-under job keys whose path carries the ``tcp`` knob of cuda_harness.PATH_KNOBS
+registries and job functions (test_cuda_collectives, test_cuda_async_ops, test_cuda_p2p_order,
+test_cuda_graphs) under job keys whose path carries the ``tcp`` knob of cuda_harness.PATH_KNOBS
 (RESIDENT_TRANSPORT=tcp, every peer over tcp even on one host), as the suites run their other
 knobs; it adds only what those suites lack: the transport and path every peer reports, and
 subgroups. With tcp every peer is proxied, so the keys use the proxy path (``proxy+tcp``,
@@ -37,6 +37,7 @@ import pytest
 
 import cuda_harness as C
 import dist_harness as H
+import test_cuda_async_ops as CA
 import test_cuda_collectives as CC
 import test_cuda_graphs as CG
 import test_cuda_op_mix as COM
@@ -319,7 +320,7 @@ def _subgroups(rank, ws):
     return errs, digs
 
 
-CASES = H.CaseRegistry(CC.CASES)
+CASES = H.CaseRegistry({**CC.CASES, **CA.CASES})
 CASES.add("tcp[describe-transport-and-path]", _describe, identical=False)
 CASES.add("subgroups[eager-async-graph]", _subgroups)
 OWN_CASES = ("tcp[describe-transport-and-path]", "subgroups[eager-async-graph]")
@@ -339,7 +340,7 @@ COLL_JOBS = C.GpuJobCache(CASES, cuda_tcp_job, "test_cuda_tcp_collective", timeo
 
 def _collective_params():
     out = []
-    for p in CC._params(COLL_KEYS):
+    for p in CC._params(COLL_KEYS) + CA._params(COLL_KEYS):
         cid, ws, path = p.values
         out.append(pytest.param(cid, ws, path, id=p.id, marks=_marks(ws)))
     for ws, path in COLL_KEYS:

@@ -8,15 +8,16 @@ different hosts (localHostKey) and pick tcp with RESIDENT_TRANSPORT=auto. The na
 afterwards, also when a test fails; without root or the right to create namespaces the tests
 that need them skip, saying why.
 
-Every op on CPU tensors runs through the proxy and tcp at 2 and 3 ranks, reusing the cases
-of test_collectives_cpu.py and test_p2p_cpu.py (random data, numpy references, bitwise for
-integers), plus describe() (transport "tcp", path "proxy"), the coalesced and list forms,
-messages over 1 MiB, a group that mixes shm and tcp (and the seeded random op mixes in such
-groups: 3 ranks on two hosts, 4 ranks two per host), torchrun on two hosts of two ranks each
-(`--nnodes 2`, static rendezvous), hosts on an IPv6-only network, file descriptors and threads
-back to baseline after destroy, and each peer connection's 5 ms minimum RTO (where the kernel
-takes it). Network faults (a killed peer, a vanished host, a lossy network, a fuzzed listener):
-test_tcp_netns_faults.py. RESIDENT_TRANSPORT=tcp on one host (no namespaces) runs everywhere.
+Every op on CPU tensors runs through the proxy and tcp at 2 and 3 ranks, reusing the cases of
+test_collectives_cpu.py, test_async_ops_cpu.py and test_p2p_cpu.py (random data, numpy
+references, bitwise for integers), plus describe() (transport "tcp", path "proxy"), the
+coalesced and list forms, messages over 1 MiB, a group that mixes shm and tcp (and the seeded
+random op mixes in such groups: 3 ranks on two hosts, 4 ranks two per host), torchrun on two
+hosts of two ranks each (`--nnodes 2`, static rendezvous), hosts on an IPv6-only network, file
+descriptors and threads back to baseline after destroy, and each peer connection's 5 ms minimum
+RTO (where the kernel takes it). Network faults (a killed peer, a vanished host, a lossy
+network, a fuzzed listener): test_tcp_netns_faults.py. RESIDENT_TRANSPORT=tcp on one host (no
+namespaces) runs everywhere.
 """
 
 from __future__ import annotations
@@ -35,17 +36,15 @@ import pytest
 
 import dist_harness as H
 import op_mix
+import test_async_ops_cpu as A
 import test_collectives_cpu as C
 import test_p2p_cpu as P
 from resident_pg import doctor
 from dist_harness import compare_exact, compare_reduction, digest, make_input, reference_reduce
 from op_mix_run import Hooks, OpMixJobs, run_modes
 from tcp_hosts import (
-    GROUP_TIMEOUT_S,
-    NAMES_RANK_1,
     NETNS_MIX_MODES,
     ONE_HOST_TCP,
-    SLACK_S,
     NetnsMixEnv,
     hosts_for_module,
     mix_layout,
@@ -109,7 +108,7 @@ COLLECTIVE_IDS = (
 
 CASES = H.CaseRegistry()
 for _cid in COLLECTIVE_IDS:
-    CASES[_cid] = C.CASES[_cid]
+    CASES[_cid] = C.CASES[_cid] if _cid in C.CASES else A.CASES[_cid]
 for _cid in P.CASES:
     CASES[_cid] = P.CASES[_cid]
 

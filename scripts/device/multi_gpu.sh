@@ -14,7 +14,8 @@ if has multi-gpu; then
     mkdir -p /tmp/no-mps
     CUDA_MPS_PIPE_DIRECTORY=/tmp/no-mps RESIDENT_GPU_TESTS_WS=$ngpu \
       bounded "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" env $(all_gpus_env) python3 -m pytest -q -m gpu \
-      tests/test_cuda_collectives.py tests/test_cuda_graphs.py -p no:cacheprovider \
+      tests/test_cuda_collectives.py tests/test_cuda_async_ops.py tests/test_cuda_graphs.py \
+      -p no:cacheprovider \
       > "$OUT/multi_gpu_tests.log" 2>&1 || status=1
     tail -5 "$OUT/multi_gpu_tests.log"
     ws_list=2; (( ngpu >= 4 )) && ws_list=2,4; (( ngpu >= 8 )) && ws_list=2,4,8

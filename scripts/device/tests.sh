@@ -4,8 +4,8 @@
 # stage tests: the whole suite, GPU-marked tests included ($OUT/tests.log).
 # stage gpu-tests: the GPU-marked tests but test_cuda_tcp.py ($OUT/gpu_tests.log; limit default 480 s; RESIDENT_GPU_TESTS_K selects).
 # stage gpu-tests-tcp: tests/test_cuda_tcp.py, CUDA tensors over tcp at RESIDENT_GPU_TESTS_WS (default 2,4,8) ranks, network namespaces where this machine can make them ($OUT/gpu_tests_tcp.log; limit default 480 s).
-# stage gpu-tests-ws2: the collectives, send/recv call-order and graph suites at 2 ranks ($OUT/gpu_tests_ws2.log; limit default 150 s).
-# stage gpu-tests-own: those three suites at 2 and 4 ranks with RESIDENT_GPU_P2P_STREAM=own ($OUT/gpu_tests_own.log; limit default 300 s).
+# stage gpu-tests-ws2: the collectives (test_cuda_collectives, test_cuda_async_ops), send/recv call-order and graph suites at 2 ranks ($OUT/gpu_tests_ws2.log; limit default 150 s).
+# stage gpu-tests-own: those suites at 2 and 4 ranks with RESIDENT_GPU_P2P_STREAM=own ($OUT/gpu_tests_own.log; limit default 300 s).
 # stage p2p-order-suite: tests/test_cuda_p2p_order.py at 2 ranks, -x, -k "$RESIDENT_ORDER_K" (default ws2) ($OUT/p2p_order_suite.log; limit default 200 s).
 
 if has tests; then
@@ -49,8 +49,8 @@ fi
 if has gpu-tests-ws2; then
   step "gpu tests, 2 ranks"
   RESIDENT_GPU_TESTS_WS=2 bounded "${RESIDENT_GPU_TESTS_LIMIT_S:-150}" python3 -m pytest -q -m gpu \
-    tests/test_cuda_collectives.py tests/test_cuda_p2p_order.py tests/test_cuda_graphs.py \
-    -p no:cacheprovider -rf > "$OUT/gpu_tests_ws2.log" 2>&1 || status=1
+    tests/test_cuda_collectives.py tests/test_cuda_async_ops.py tests/test_cuda_p2p_order.py \
+    tests/test_cuda_graphs.py -p no:cacheprovider -rf > "$OUT/gpu_tests_ws2.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests_ws2.log"
 fi
 
@@ -58,8 +58,9 @@ fi
 if has gpu-tests-own; then
   step "gpu tests, 2 and 4 ranks, RESIDENT_GPU_P2P_STREAM=own"
   RESIDENT_GPU_P2P_STREAM=own RESIDENT_GPU_TESTS_WS=2,4 bounded "${RESIDENT_GPU_TESTS_LIMIT_S:-300}" \
-    python3 -m pytest -q -m gpu tests/test_cuda_collectives.py tests/test_cuda_p2p_order.py \
-    tests/test_cuda_graphs.py -p no:cacheprovider -rf > "$OUT/gpu_tests_own.log" 2>&1 || status=1
+    python3 -m pytest -q -m gpu tests/test_cuda_collectives.py tests/test_cuda_async_ops.py \
+    tests/test_cuda_p2p_order.py tests/test_cuda_graphs.py -p no:cacheprovider -rf \
+    > "$OUT/gpu_tests_own.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_tests_own.log"
 fi
 
