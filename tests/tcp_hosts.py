@@ -1,5 +1,6 @@
 """Hosts for the tcp tests, played by Linux network namespaces (test_tcp_netns.py,
-test_tcp_netns_faults.py, test_cuda_tcp.py), and the settings those modules share.
+test_tcp_netns_torchrun.py, test_tcp_netns_faults.py, test_cuda_tcp.py), and the settings those
+modules share.
 
 hosts_for_module makes one namespace per "host", each joined by a veth pair to a bridge in the
 root namespace, and removes them afterwards, also when a test fails; each module's fixture gives

@@ -273,7 +273,7 @@ def _torchrun_bench(tmp_path, nproc, extra):
 def test_bench_under_torchrun(tmp_path):
     """Under a launcher the bench spawns nothing: the launcher's processes are the ranks, rank 0
     reports every rank's results (here torchrun on one host; between hosts in
-    test_tcp_netns.py)."""
+    test_tcp_netns_torchrun.py)."""
     if not _resident_registered():
         pytest.skip("resident backend not importable/registered (pip install -e . first)")
     proc, out = _torchrun_bench(tmp_path, 2, ["--backends", "resident,gloo"])

@@ -198,7 +198,7 @@ def _alive(pid):
 
 # --------------------------------------------------------------------------
 # Between two hosts: one run listening (the echo end), one connecting (the timing end), here both
-# on loopback; tests/test_tcp_netns.py runs them in two namespace hosts.
+# on loopback; tests/test_tcp_netns_torchrun.py runs them in two namespace hosts.
 # --------------------------------------------------------------------------
 
 HOST_METHODS = ["spin_recv", "epoll_recv"]
