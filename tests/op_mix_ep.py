@@ -1,6 +1,6 @@
-"""The EP kind of an op mix (op_mix.KINDS "ep_dispatch_combine"): one
+"""The EP kind of an op mix (op_mix_plan.KINDS "ep_dispatch_combine"): one
 ``resident_pg.ep.Buffer.low_latency_dispatch``, stand-in experts, and one
-``low_latency_combine`` on a group, with a random routing (op_mix.EpCall), checked against
+``low_latency_combine`` on a group, with a random routing (op_mix_plan.EpCall), checked against
 references computed from the inputs alone (ep_reference.py): the received rows and counts
 bitwise (FP8: the fp8 bytes and the scales, float32 or packed UE8M0), the combined output within
 the payload dtype's rounding, ``cumulative_local_expert_recv_stats``, the returned events and
@@ -32,7 +32,7 @@ from ep_reference import (
     to_dtype,
     ue8m0_packed,
 )
-from op_mix_ops import MixOp
+from op_mix_base import MixOp
 from reference_data import rng_for
 
 FP8_GROUP = 128  # channels per FP8 scale

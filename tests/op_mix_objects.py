@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from op_mix_ops import MixOp
+from op_mix_base import MixOp
 from reference_data import rng_for
 
 

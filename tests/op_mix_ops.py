@@ -1,16 +1,7 @@
-"""The tensor op kinds of an op mix (op_mix.KINDS; the object collectives: op_mix_objects.py;
-resident_pg.ep.Buffer: op_mix_ep.py):
-each issues its torch.distributed call on static buffers and checks what it got against a
-reference it computes itself.
-
-An op object lives on one rank of its group. ``fill(key)`` generates every member's input from
-(key, global rank) with reference_data.make_input, copies this rank's into the
-static buffers (created on the first fill, reused afterwards: a captured CUDA graph reads them)
-and resets the outputs to a sentinel; ``issue(async_op)`` makes the call and returns the Works
-still to wait on (none when synchronous); ``check()`` returns the mismatches, references in
-numpy / float64 (reductions in rank order 0..n-1, float16 / bfloat16 accumulated in float32 and
-rounded once, integers bitwise, data movement bitwise). ``digests`` holds the outputs every
-member of the group must have bitwise alike.
+"""The collective op kinds of an op mix (op_mix_plan.KINDS; point-to-point: op_mix_p2p.py; the
+object collectives: op_mix_objects.py; resident_pg.ep.Buffer: op_mix_ep.py), and
+:func:`make_op`, which picks an op's class: each issues its torch.distributed call on static
+buffers and checks what it got against a reference it computes itself (how: op_mix_base.py).
 """
 
 from __future__ import annotations
@@ -21,18 +12,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from reference_data import (
-    compare_exact,
-    compare_reduction,
-    count_parts,
-    digest,
-    make_input,
-    reference_reduce,
-)
-
-from op_mix import FLOAT_DTYPES
-
-SENTINEL = {"uint8": 123, "int8": -77, "bool": True, "int32": -77, "int64": -77}
+from op_mix_base import SENTINEL, Member, MixOp
+from op_mix_ep import EP_OPS
+from op_mix_objects import OBJECT_OPS
+from op_mix_p2p import BatchIsendIrecv, P2PPairs, P2PRing, P2PTagged
+from op_mix_plan import FLOAT_DTYPES
+from reference_data import compare_exact, count_parts
 
 
 def data_kind(op: str, dtype: str) -> str:
@@ -41,101 +26,6 @@ def data_kind(op: str, dtype: str) -> str:
     if op == "AVG" and dtype not in FLOAT_DTYPES:
         return "avg"
     return "normal"
-
-
-class Member:
-    """Where an op runs: this rank's place in the op's group, the device, the data key."""
-
-    def __init__(self, plan, spec, rank: int, pg, device: str, key: str, local_rng,
-                 cache=None):
-        self.ranks = plan.groups[spec.group].ranks
-        self.rank = rank
-        self.me = self.ranks.index(rank)
-        self.size = len(self.ranks)
-        self.pg = pg  # None: the default group
-        self.device = device
-        self.key = key
-        self.rng = local_rng  # this rank's own choices (posting orders)
-        # objects kept across the ops of a seed (op_mix_ep: a Buffer per group and shape);
-        # None: the op's own
-        self.cache = {} if cache is None else cache
-
-    def glob(self, group_rank: int) -> int:
-        return self.ranks[group_rank]
-
-
-class MixOp:
-    def __init__(self, spec, m: Member):
-        self.spec, self.m = spec, m
-        self.buf = {}
-        self.outputs = []  # names of the buffers the op writes (in creation order)
-        self.digests = {}
-        self.errors = []
-
-    # ---- helpers -------------------------------------------------------------
-
-    def data(self, fill_key, tag, group_rank, n, dtype=None, kind="normal"):
-        return make_input(f"{self.m.key}/{fill_key}/{tag}", self.m.glob(group_rank), n,
-                         dtype or self.spec.dtype, kind)
-
-    def put(self, name, host_tensor):
-        """Static buffer ``name`` holding a copy of host_tensor (same shape on every fill)."""
-        if name in self.buf:
-            self.buf[name].copy_(host_tensor)
-        else:
-            self.buf[name] = host_tensor.to(self.m.device, copy=True)
-        return self.buf[name]
-
-    def out(self, name, shape, dtype=None):
-        dtype = dtype or self.spec.dtype
-        value = SENTINEL.get(dtype, -77.25)
-        if name in self.buf:
-            self.buf[name].fill_(value)
-        else:
-            self.buf[name] = torch.full(shape, value, dtype=getattr(torch, dtype),
-                                        device=self.m.device)
-            self.outputs.append(name)
-        return self.buf[name]
-
-    @staticmethod
-    def host(t):
-        return t.detach().to("cpu", copy=True)
-
-    def same(self, name, ref, what):
-        self.errors += compare_exact(self.host(self.buf[name]), ref, what)
-
-    def unchanged(self, name, ref):
-        self.errors += compare_exact(self.host(self.buf[name]), ref, f"input {name} modified")
-
-    def reduced(self, name, inputs, op, dtype, what, shared=True):
-        got = self.host(self.buf[name])
-        self.errors += compare_reduction(got, reference_reduce(inputs, op, dtype), inputs, op,
-                                         dtype, what)
-        if shared:
-            self.digests[what] = digest(got)
-
-    @property
-    def pg(self):
-        return self.m.pg
-
-    def redop(self):
-        return getattr(dist.ReduceOp, self.spec.redop)
-
-    def check(self):
-        self.errors, self.digests = [], {}
-        self.verify()
-        return self.errors
-
-    # ---- per kind --------------------------------------------------------------
-
-    def fill(self, fill_key):
-        raise NotImplementedError
-
-    def issue(self, async_op):
-        raise NotImplementedError
-
-    def verify(self):
-        raise NotImplementedError
 
 
 def _works(w):
@@ -498,124 +388,6 @@ class AllToAllDeviceSplits(MixOp):
         self.unchanged("x", self.ins[me])
 
 
-def _wait_all(works):
-    for w in works:
-        w.wait()
-    return []
-
-
-class P2PPairs(MixOp):
-    """Disjoint pairs exchange one message each way; the pair's first rank sends first."""
-
-    def fill(self, k):
-        self.peer = self.first = None
-        for a, b in self.spec.pairs:
-            if self.m.me in (a, b):
-                self.first = self.m.me == a
-                self.peer = b if self.first else a
-        if self.peer is None:
-            return
-        self.ref = self.data(k, "x", self.peer, self.spec.n)
-        self.mine = self.data(k, "x", self.m.me, self.spec.n)
-        self.put("x", self.mine)
-        self.out("o", (self.spec.n,))
-
-    def issue(self, a):
-        if self.peer is None:
-            return []
-        peer, tag = self.m.glob(self.peer), self.spec.tags[0]
-        x, o = self.buf["x"], self.buf["o"]
-        if not a:
-            if self.first:
-                dist.send(x, dst=peer, group=self.pg, tag=tag)
-                dist.recv(o, src=peer, group=self.pg, tag=tag)
-            else:
-                dist.recv(o, src=peer, group=self.pg, tag=tag)
-                dist.send(x, dst=peer, group=self.pg, tag=tag)
-            return []
-        if self.first:
-            return [dist.isend(x, dst=peer, group=self.pg, tag=tag),
-                    dist.irecv(o, src=peer, group=self.pg, tag=tag)]
-        return [dist.irecv(o, src=peer, group=self.pg, tag=tag),
-                dist.isend(x, dst=peer, group=self.pg, tag=tag)]
-
-    def verify(self):
-        if self.peer is not None:
-            self.same("o", self.ref, f"from group rank {self.peer}")
-            self.unchanged("x", self.mine)
-
-
-class P2PRing(MixOp):
-    """isend to rank + shift, irecv from rank - shift; this rank picks which to post first."""
-
-    def fill(self, k):
-        s, gs, me = self.spec, self.m.size, self.m.me
-        self.right, self.left = (me + s.shift) % gs, (me - s.shift) % gs
-        self.recv_first = bool(self.m.rng.integers(2))
-        self.ref = self.data(k, "x", self.left, s.n)
-        self.mine = self.data(k, "x", me, s.n)
-        self.put("x", self.mine)
-        self.out("o", (s.n,))
-
-    def post(self):
-        tag = self.spec.tags[0]
-        recv = (dist.irecv, self.buf["o"], self.m.glob(self.left))
-        send = (dist.isend, self.buf["x"], self.m.glob(self.right))
-        order = (recv, send) if self.recv_first else (send, recv)
-        return [fn(t, peer, group=self.pg, tag=tag) for fn, t, peer in order]
-
-    def issue(self, a):
-        works = self.post()
-        return works if a else _wait_all(works)
-
-    def verify(self):
-        self.same("o", self.ref, f"from group rank {self.left}")
-        self.unchanged("x", self.mine)
-
-
-class BatchIsendIrecv(P2PRing):
-    def post(self):
-        tag = self.spec.tags[0]
-        recv = dist.P2POp(dist.irecv, self.buf["o"], self.m.glob(self.left), self.pg, tag)
-        send = dist.P2POp(dist.isend, self.buf["x"], self.m.glob(self.right), self.pg, tag)
-        return dist.batch_isend_irecv([recv, send] if self.recv_first else [send, recv])
-
-
-class P2PTagged(MixOp):
-    """One sender, one receiver, several messages with distinct tags; the receiver posts its
-    irecvs in another order than the sends (CPU: tags match them)."""
-
-    def fill(self, k):
-        s = self.spec
-        (self.src, self.dst), = s.pairs
-        self.msgs = [self.data(k, f"m{i}", self.src, n) for i, n in enumerate(s.sizes)]
-        if self.m.me == self.src:
-            for i, t in enumerate(self.msgs):
-                self.put(f"m{i}", t)
-        elif self.m.me == self.dst:
-            for i, n in enumerate(s.sizes):
-                self.out(f"o{i}", (n,))
-
-    def issue(self, a):
-        s, works = self.spec, []
-        if self.m.me == self.src:
-            peer = self.m.glob(self.dst)
-            works = [dist.isend(self.buf[f"m{i}"], dst=peer, group=self.pg, tag=s.tags[i])
-                     for i in range(len(s.sizes))]
-        elif self.m.me == self.dst:
-            peer = self.m.glob(self.src)
-            works = [dist.irecv(self.buf[f"o{i}"], src=peer, group=self.pg, tag=s.tags[i])
-                     for i in s.order]
-        return works if a else _wait_all(works)
-
-    def verify(self):
-        for i, t in enumerate(self.msgs):
-            if self.m.me == self.dst:
-                self.same(f"o{i}", t, f"message {i} (tag {self.spec.tags[i]})")
-            elif self.m.me == self.src:
-                self.unchanged(f"m{i}", t)
-
-
 class Barrier(MixOp):
     def fill(self, k):
         pass
@@ -653,7 +425,4 @@ OPS = {
 
 
 def make_op(spec, member: Member) -> MixOp:
-    from op_mix_ep import EP_OPS
-    from op_mix_objects import OBJECT_OPS
-
     return (OPS.get(spec.kind) or OBJECT_OPS.get(spec.kind) or EP_OPS[spec.kind])(spec, member)

@@ -27,6 +27,7 @@ import pytest
 
 import dist_harness as H
 import op_mix
+import op_mix_plan
 
 WAIT_STYLES = ("wait", "wait", "wait", "future", "future", "poll")
 
@@ -83,7 +84,7 @@ def run_modes(rank, ws, job: dict, hooks: Hooks) -> dict:
     Returns {"<mode>/<seed>": the result of run_seed}."""
     import torch.distributed as dist
 
-    caps = op_mix.CPU_CAPS if job["caps"] == "cpu" else op_mix.CUDA_CAPS
+    caps = op_mix_plan.CPU_CAPS if job["caps"] == "cpu" else op_mix_plan.CUDA_CAPS
     caps = dataclasses.replace(caps, resident_ops=H.BACKEND == "resident")
     out = {}
     for mode_id, env in job["modes"]:
@@ -173,7 +174,7 @@ class _Seed:
         self.ops = 0
 
     def member(self, spec, key, local):
-        from op_mix_ops import Member
+        from op_mix_base import Member
 
         return Member(self.plan, spec, self.rank, self.handles[spec.group], self.device, key, local,
                       self.cache)

@@ -20,6 +20,7 @@ import pytest
 
 import dist_harness as H
 import op_mix
+import op_mix_plan
 from op_mix_run import Hooks, OpMixJobs, problems_of, run_modes
 
 WORLD_SIZES = (2, 3, 4)
@@ -82,22 +83,22 @@ def test_every_kind_has_an_op_and_the_left_out_ones_are_named():
     from op_mix_ops import OPS
 
     tables = [set(OPS), set(OBJECT_OPS), set(EP_OPS)]
-    assert set.union(*tables) == set(op_mix.KINDS)
-    assert sum(len(t) for t in tables) == len(op_mix.KINDS)  # no kind in two tables
-    assert not set(op_mix.UNSUPPORTED) & set(op_mix.KINDS)
+    assert set.union(*tables) == set(op_mix_plan.KINDS)
+    assert sum(len(t) for t in tables) == len(op_mix_plan.KINDS)  # no kind in two tables
+    assert not set(op_mix_plan.UNSUPPORTED) & set(op_mix_plan.KINDS)
 
 
 def test_plan_is_a_function_of_its_seed():
-    a = op_mix.make_plan(11, 4, op_mix.CPU_CAPS)
-    b = op_mix.make_plan(11, 4, op_mix.CPU_CAPS)
-    c = op_mix.make_plan(12, 4, op_mix.CPU_CAPS)
+    a = op_mix.make_plan(11, 4, op_mix_plan.CPU_CAPS)
+    b = op_mix.make_plan(11, 4, op_mix_plan.CPU_CAPS)
+    c = op_mix.make_plan(12, 4, op_mix_plan.CPU_CAPS)
     assert a.text() == b.text()
     assert a.text() != c.text()
 
 
-@pytest.mark.parametrize("caps", [op_mix.CPU_CAPS, op_mix.CUDA_CAPS], ids=["cpu", "cuda"])
+@pytest.mark.parametrize("caps", [op_mix_plan.CPU_CAPS, op_mix_plan.CUDA_CAPS], ids=["cpu", "cuda"])
 def test_plans_cover_every_kind_dtype_op_and_group_shape(caps):
-    expected = {k for k, v in op_mix.KINDS.items() if not v.needs or getattr(caps, v.needs)}
+    expected = {k for k, v in op_mix_plan.KINDS.items() if not v.needs or getattr(caps, v.needs)}
     reductions, moved, modes, shapes, waits = set(), set(), set(), set(), 0
     # all_to_all_device_splits: one count per peer, or k per peer; recv_rows given or written
     split_counts = set()
@@ -107,7 +108,7 @@ def test_plans_cover_every_kind_dtype_op_and_group_shape(caps):
             missing = expected - _kinds(plan)
             assert not missing, f"seed {seed} ws {ws}: kinds {missing} not drawn"
             assert any(op.kind == "all_reduce" and op.group == 0 and op.n for op, _a in plan.graph)
-            assert all(op_mix.KINDS[op.kind].capturable for op, _a in plan.graph)
+            assert all(op_mix_plan.KINDS[op.kind].capturable for op, _a in plan.graph)
             if ws >= 3:
                 sub = plan.groups[1].ranks
                 assert sub[-1] - sub[0] + 1 != len(sub), f"{sub} is contiguous"
@@ -124,12 +125,12 @@ def test_plans_cover_every_kind_dtype_op_and_group_shape(caps):
                         reductions.add((op.redop, op.dtype))
                     elif op.dtype:
                         moved.add(op.dtype)
-                    assert not (s.mode != "sync" and not op_mix.KINDS[op.kind].batchable)
+                    assert not (s.mode != "sync" and not op_mix_plan.KINDS[op.kind].batchable)
                     if caps.device == "cuda" and op.dtypes:
                         assert len(set(op.dtypes)) == 1, "CUDA coalesced ops take one dtype"
-    valid = {(o, d) for d in caps.reduce_dtypes for o in op_mix.reduce_ops_for([d])}
+    valid = {(o, d) for d in caps.reduce_dtypes for o in op_mix_plan.reduce_ops_for([d])}
     assert reductions == valid, f"never drawn: {sorted(valid - reductions)}"
-    assert moved == set(op_mix.MOVE_DTYPES)
+    assert moved == set(op_mix_plan.MOVE_DTYPES)
     assert modes == {"sync", "async", "batch"} and waits > 50
     assert {1, 2, 3, 4, 8} <= shapes
     if caps.resident_ops:
@@ -142,7 +143,7 @@ def test_plans_cover_the_ep_buffer_modes():
     calls, reused, in_graph, on_subgroup = [], 0, 0, 0
     for ws in (2, 3, 4, 8):
         for seed in range(1, 17):
-            plan = op_mix.make_plan(seed, ws, op_mix.CPU_CAPS)
+            plan = op_mix.make_plan(seed, ws, op_mix_plan.CPU_CAPS)
             ops = [op for s in plan.steps for op in s.ops] + [op for op, _a in plan.graph]
             ep = [op for op in ops if op.kind == "ep_dispatch_combine"]
             calls += [op.ep for op in ep]
@@ -151,10 +152,10 @@ def test_plans_cover_the_ep_buffer_modes():
             in_graph += sum(op.kind == "ep_dispatch_combine" for op, _a in plan.graph)
             on_subgroup += sum(op.group != 0 for op in ep)
     assert reused > 5 and in_graph > 3 and on_subgroup > 5
-    assert {c.fp8 for c in calls} == set(op_mix.EP_FP8)
-    assert {c.shape.dtype for c in calls} == set(op_mix.EP_DTYPES)
-    assert {c.shape.transport for c in calls} == set(op_mix.EP_TRANSPORTS)
-    assert {c.routing for c in calls} == set(op_mix.EP_ROUTINGS)
+    assert {c.fp8 for c in calls} == set(op_mix_plan.EP_FP8)
+    assert {c.shape.dtype for c in calls} == set(op_mix_plan.EP_DTYPES)
+    assert {c.shape.transport for c in calls} == set(op_mix_plan.EP_TRANSPORTS)
+    assert {c.routing for c in calls} == set(op_mix_plan.EP_ROUTINGS)
     flags = [c.async_finish + c.recv_hook + (c.stats, c.out) for c in calls]
     assert all({f[i] for f in flags} == {False, True} for i in range(6))
     for c in calls:
@@ -170,7 +171,8 @@ def test_plans_cover_the_ep_buffer_modes():
 
 
 def test_sizes_span_empty_to_100k_with_odd_and_boundary_sizes():
-    sizes = [op.n for seed in range(1, 11) for s in op_mix.make_plan(seed, 3, op_mix.CPU_CAPS).steps
+    sizes = [op.n for seed in range(1, 11)
+             for s in op_mix.make_plan(seed, 3, op_mix_plan.CPU_CAPS).steps
              for op in s.ops if op.kind in ("all_reduce", "broadcast", "p2p_ring")]
     assert 0 in sizes and 1 in sizes and max(sizes) > 50_000 and max(sizes) <= op_mix.MAX_ELEMS
     assert sum(n % 2 for n in sizes) > len(sizes) // 3
@@ -217,7 +219,7 @@ def test_problems_of_reports_fatal_first_and_digests_that_differ():
 def _spec_with_data(gen, kind, groups):
     """An op of ``kind`` on the 2-rank world whose data is not empty."""
     for _ in range(100):
-        spec = op_mix.OpSpec(kind, 0)
+        spec = op_mix_plan.OpSpec(kind, 0)
         getattr(gen, "_" + kind)(spec, 2)
         if kind == "all_to_all_single" and spec.variant != "even":
             if any(spec.splits[s][d] for s in range(2) for d in range(2) if s != d):
@@ -262,22 +264,22 @@ def _corrupt(op):
 
 def _corruption_job(rank, ws):
     import numpy as np
-    import torch
-    import torch.distributed as dist
 
-    from op_mix_ops import Member, make_op
+    from op_mix_base import Member
+    from op_mix_ops import make_op
 
     out = {"detected": {}}
-    plan = op_mix.Plan(5, ws, op_mix.CPU_CAPS, [op_mix.Group(0, tuple(range(ws)))], [], [])
-    gen = op_mix._Gen(5, ws, op_mix.CPU_CAPS)
-    for kind in op_mix.KINDS:
+    world = op_mix_plan.Group(0, tuple(range(ws)))
+    plan = op_mix_plan.Plan(5, ws, op_mix_plan.CPU_CAPS, [world], [], [])
+    gen = op_mix._Gen(5, ws, op_mix_plan.CPU_CAPS)
+    for kind in op_mix_plan.KINDS:
         if kind == "barrier":
             continue
         spec = _spec_with_data(gen, kind, plan.groups)
         local = np.random.default_rng([rank, 3])
         op = make_op(spec, Member(plan, spec, rank, None, "cpu", f"corrupt/{kind}", local))
         op.fill("in")
-        for w in op.issue(op_mix.KINDS[kind].batchable):
+        for w in op.issue(op_mix_plan.KINDS[kind].batchable):
             w.wait()
         clean = op.check()
         _corrupt(op)
@@ -288,7 +290,7 @@ def _corruption_job(rank, ws):
 def test_checks_report_a_corrupted_output_and_no_kind_is_left_out():
     per_rank = H.run_ranks(_corruption_job, 2, timeout_s=240, init_timeout_s=GROUP_TIMEOUT_S)
     problems = []
-    for kind in op_mix.KINDS:
+    for kind in op_mix_plan.KINDS:
         if kind == "barrier":
             continue
         for r in range(2):
@@ -298,7 +300,7 @@ def test_checks_report_a_corrupted_output_and_no_kind_is_left_out():
         if not any(per_rank[r]["detected"][kind][1] for r in range(2)):
             problems.append(f"{kind}: a corrupted output passed the check ({desc})")
     # every op kind of torch.distributed the backend serves is in the mix
-    assert not op_mix.UNSUPPORTED, op_mix.UNSUPPORTED
+    assert not op_mix_plan.UNSUPPORTED, op_mix_plan.UNSUPPORTED
     assert not problems, "\n".join(problems)
 
 
@@ -308,14 +310,16 @@ def _ep_on_gloo_job(rank, ws):
     import numpy as np
     import torch.distributed as dist
 
-    from op_mix_ops import Member, make_op
+    from op_mix_base import Member
+    from op_mix_ops import make_op
 
     gloo = dist.new_group(backend="gloo")
-    plan = op_mix.Plan(7, ws, op_mix.CPU_CAPS, [op_mix.Group(0, tuple(range(ws)))], [], [])
-    gen = op_mix._Gen(7, ws, op_mix.CPU_CAPS)
+    world = op_mix_plan.Group(0, tuple(range(ws)))
+    plan = op_mix_plan.Plan(7, ws, op_mix_plan.CPU_CAPS, [world], [], [])
+    gen = op_mix._Gen(7, ws, op_mix_plan.CPU_CAPS)
     cache, problems = {}, []
     for i in range(10):
-        spec = op_mix.OpSpec("ep_dispatch_combine", 0)
+        spec = op_mix_plan.OpSpec("ep_dispatch_combine", 0)
         gen._ep_dispatch_combine(spec, ws)
         local = np.random.default_rng([rank, i])
         op = make_op(spec, Member(plan, spec, rank, gloo, "cpu", f"gloo/{i}", local, cache))
@@ -331,4 +335,4 @@ def test_ep_kind_on_a_gloo_group():
     for problems, transports in per_rank:
         assert not problems, "\n".join(problems)
         assert {t for _drawn, t in transports} == {"padded"}
-        assert {d for d, _t in transports} == set(op_mix.EP_TRANSPORTS)
+        assert {d for d, _t in transports} == set(op_mix_plan.EP_TRANSPORTS)
