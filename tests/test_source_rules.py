@@ -194,3 +194,20 @@ def test_every_kernel_is_loaded_ahead():
     for fn in ("loadCollectiveKernels", "loadSplitsKernels", "loadOneRoundKernels",
                "loadP2PKernels", "ep::loadKernels"):
         assert f"{fn}()" in body, f"loadKernelsOnce does not call {fn}"
+
+
+# One concept per file: code (C++, CUDA, Python, shell) stays under ~600 lines, so a file that
+# grows past it is split by concept rather than left to grow. Docs and data are not code.
+CODE_SUFFIXES = (".cpp", ".hpp", ".cu", ".cuh", ".h", ".cc", ".py", ".sh")
+MAX_CODE_LINES = 600
+
+
+def test_code_files_stay_under_the_line_limit():
+    files = [(rel, text) for rel, text in _tracked_text_files() if rel.endswith(CODE_SUFFIXES)]
+    names = {rel for rel, _ in files}
+    assert {"csrc/core/communicator.cpp", "kernels/collective_kernel.cu", "tests/op_mix.py",
+            "scripts/device_run.sh"} <= names
+    long = sorted(f"{rel}: {text.count(chr(10))} lines" for rel, text in files
+                  if text.count("\n") > MAX_CODE_LINES)
+    assert not long, (f"code files over {MAX_CODE_LINES} lines (split them by concept):\n"
+                      + "\n".join(long))
