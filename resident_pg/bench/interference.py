@@ -292,7 +292,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config = {**cfg_base, "ws": args.ws, "modes": args.modes,
                   "mode_env": {m: MODES[m] for m in args.modes}, "time_limit_s": args.time_limit}
         write_json(args.json, config, rows, launches, errors, total, gpu, argv, torch.__version__)
-        common._log(f"wrote {args.json}")
     return 1 if errors else 0
 
 

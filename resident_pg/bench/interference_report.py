@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import io
-import json
 import os
 import platform
 import socket
@@ -117,7 +116,8 @@ def write_json(path: str, config: Dict[str, Any], rows: Sequence[Dict[str, Any]]
                launches: Sequence[Dict[str, Any]], errors: Sequence[Dict[str, Any]], total: float,
                gpu: Optional[Dict[str, Any]], argv: Sequence[str], torch_version: str) -> None:
     """The rows, each launch's raw results, the errors, the configuration and the metadata of
-    the run, written to `path` through a .tmp file (a reader never sees half a document)."""
+    the run, written to `path` as report.write_json writes the ladder's (a reader never sees half
+    a document)."""
     doc = {
         "schema": SCHEMA,
         "metadata": {
@@ -137,9 +137,4 @@ def write_json(path: str, config: Dict[str, Any], rows: Sequence[Dict[str, Any]]
         "errors": list(errors),
         "total_s": total,
     }
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, allow_nan=True)
-    os.replace(tmp, path)
+    report.write_json(doc, path)
