@@ -13,6 +13,8 @@ member of the group must have bitwise alike.
 
 from __future__ import annotations
 
+import abc
+
 import torch
 import torch.distributed as dist
 
@@ -42,7 +44,7 @@ class Member:
         return self.ranks[group_rank]
 
 
-class MixOp:
+class MixOp(abc.ABC):
     def __init__(self, spec, m: Member):
         self.spec, self.m = spec, m
         self.buf = {}
@@ -106,11 +108,14 @@ class MixOp:
 
     # ---- per kind --------------------------------------------------------------
 
+    @abc.abstractmethod
     def fill(self, fill_key):
-        raise NotImplementedError
+        """This rank's inputs of ``fill_key`` in the static buffers, the outputs reset."""
 
+    @abc.abstractmethod
     def issue(self, async_op):
-        raise NotImplementedError
+        """The call; the Works still to wait on."""
 
+    @abc.abstractmethod
     def verify(self):
-        raise NotImplementedError
+        """Appends mismatches to ``errors`` and shared outputs to ``digests``."""

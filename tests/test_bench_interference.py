@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from resident_pg.bench import interference as BI
+from resident_pg.bench import interference_rank as BR
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,23 +32,23 @@ def test_parse_args_defaults_and_errors(capsys):
 
 
 def test_plan_replays():
-    assert BI.plan_replays(1000.0, 100.0) == 16          # ceil(1.5 * 10) + 1
-    assert BI.plan_replays(1000.0, 100.0, margin=1.0) == 11
-    assert BI.plan_replays(1.0, 1000.0) == 2              # at least 2
-    assert BI.plan_replays(1e9, 1.0, max_replays=50) == 50
-    assert BI.plan_replays(1000.0, 0.0) == 2
+    assert BR.plan_replays(1000.0, 100.0) == 16          # ceil(1.5 * 10) + 1
+    assert BR.plan_replays(1000.0, 100.0, margin=1.0) == 11
+    assert BR.plan_replays(1.0, 1000.0) == 2              # at least 2
+    assert BR.plan_replays(1e9, 1.0, max_replays=50) == 50
+    assert BR.plan_replays(1000.0, 0.0) == 2
 
 
 def test_window_stats():
     marks = [0.0, 1.0, 2.0, 3.0, 4.0]  # ms: start, then the end of each of 4 replays
-    st = BI.window_stats(marks, 0.5, 3.5, ops_per_replay=8)
+    st = BR.window_stats(marks, 0.5, 3.5, ops_per_replay=8)
     assert st["coverage"] == 1.0 and st["replays_inside"] == 2 and st["replays"] == 4
     assert st["per_op_us"] == pytest.approx(1000.0 / 8)
-    st = BI.window_stats([0.0, 1.0, 3.0], 2.0, 6.0, ops_per_replay=1)  # covers 2..3 of 2..6
+    st = BR.window_stats([0.0, 1.0, 3.0], 2.0, 6.0, ops_per_replay=1)  # covers 2..3 of 2..6
     assert st["coverage"] == pytest.approx(0.25) and st["replays_inside"] == 0
     assert st["per_op_us"] == pytest.approx(1500.0)  # none inside: all replays
     with pytest.raises(ValueError):
-        BI.window_stats([0.0], 0.0, 1.0, 1)
+        BR.window_stats([0.0], 0.0, 1.0, 1)
 
 
 def _rank(times_gemm, scale, check_errors=()):

@@ -40,8 +40,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import common
-# plan_replays and window_stats: the rank side's pure parts, tested through this module
-from .interference_rank import plan_replays, rank_main, window_stats  # noqa: F401
+from .interference_rank import rank_main
 from .interference_report import format_table, summarize, write_json
 
 # Settings each mode adds to the rank processes' environment.
