@@ -1,8 +1,9 @@
 """The c10d::Backend methods beyond the common collectives on CUDA tensors (docs/ops.md):
 all_gather_coalesced and gather_single run on the device, checked bitwise against the inputs;
 a recv from any source into a CUDA tensor raises ValueError naming the reason; a call with asyncOp
-off returns no Work, its result ordered on the current stream (synchronous_calls.py). 2 ranks, both
-paths. In the dry run (RESIDENT_GPU_TESTS_DEVICE=cpu, see cuda_harness.py) the same bodies run
+off returns no Work, its result ordered on the current stream (synchronous_calls.py); a group of
+one rank (each rank's own, as a TP group of one) gives back its input from every collective, eager,
+async and (on the GPU) replayed from a captured graph. 2 ranks, both paths. In the dry run (RESIDENT_GPU_TESTS_DEVICE=cpu, see cuda_harness.py) the same bodies run
 on CPU tensors, where the any-source recv is served."""
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from dist_harness import compare_exact, make_input
 pytestmark = C.module_marks()
 
 WS = 2
-ITEMS = ("all_gather_coalesced", "gather_single", "recv_any_source", "synchronous_calls")
+ITEMS = ("all_gather_coalesced", "gather_single", "recv_any_source", "synchronous_calls",
+         "group_of_one")
 
 
 def _all_gather_coalesced(rank, ws):
@@ -98,11 +100,63 @@ def _synchronous_calls(rank, ws):
     return synchronous_call_problems(rank, ws, dev, host, sync)
 
 
+def _group_of_one(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    errs = []
+    solo = [dist.new_group([r]) for r in range(ws)][rank]  # new_group is collective
+    for dt, n in (("float32", 1031), ("int64", 3), ("bfloat16", (1 << 16) + 5)):
+        x = make_input(f"cuda/solo/{dt}/{n}", rank, n, dt)
+        for async_op in (False, True):
+            what = f"{dt} n={n} async={async_op}"
+            ops = []
+            t = dev(x)
+            ops.append(("all_reduce SUM", t, dist.all_reduce(t, group=solo, async_op=async_op)))
+            if dt != "int64":
+                a = dev(x)
+                ops.append(("all_reduce AVG",
+                            a, dist.all_reduce(a, op=dist.ReduceOp.AVG, group=solo, async_op=async_op)))
+            g = C.sentinel(n, dt)
+            ops.append(("all_gather_into_tensor",
+                        g, dist.all_gather_into_tensor(g, dev(x), group=solo, async_op=async_op)))
+            rs = C.sentinel(n, dt)
+            ops.append(("reduce_scatter_tensor",
+                        rs, dist.reduce_scatter_tensor(rs, dev(x), group=solo, async_op=async_op)))
+            a2a = C.sentinel(n, dt)
+            ops.append(("all_to_all_single",
+                        a2a, dist.all_to_all_single(a2a, dev(x), group=solo, async_op=async_op)))
+            b = dev(x)
+            ops.append(("broadcast", b, dist.broadcast(b, src=rank, group=solo, async_op=async_op)))
+            for name, out, work in ops:
+                if async_op:
+                    work.wait()
+                errs += compare_exact(host(out), x, f"{name} {what}")
+    if C.ON_GPU:
+        # Captured on a side stream, replayed with fresh inputs.
+        n, dt = 4099, "float32"
+        src, out = C.sentinel(n, dt), C.sentinel(n, dt)
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            dist.all_reduce(src, group=solo)
+            dist.all_gather_into_tensor(out, src, group=solo)
+        torch.cuda.current_stream().wait_stream(stream)
+        for replay in range(3):
+            x = make_input(f"cuda/solo/graph/{replay}", rank, n, dt)
+            src.copy_(dev(x))
+            out.fill_(C.sentinel_value(dt))
+            graph.replay()
+            errs += compare_exact(host(out), x, f"graph replay {replay}")
+    dist.barrier()
+    return errs
+
+
 def methods_job(rank, ws):
     C.setup_rank(rank, ws)
     out = {}
     for item, fn in zip(ITEMS, (_all_gather_coalesced, _gather_single, _recv_any_source,
-                                  _synchronous_calls)):
+                                  _synchronous_calls, _group_of_one)):
         try:
             out[item] = fn(rank, ws)
         except Exception as e:  # noqa: BLE001
