@@ -4,8 +4,9 @@
 // a launch with the library's launch helper (programmatic dependent launch) of a kernel taking
 // the library's CollectiveArgs by value (~2.8 KB of parameters) and of one taking 24 bytes, a
 // plain <<<>>> launch, and each call around the launch: the capture check, the event record of
-// the op's end, the device guard's get/set. Each kernel counts its runs; a count short of the
-// launches fails the probe (exit status 1).
+// the op's end, the device guard's get/set. Rows `launch_args_<N>_bytes_pdl` take N bytes of
+// parameters (the cost of a launch by the size of its arguments). Each kernel counts its runs; a
+// count short of the launches fails the probe (exit status 1).
 //
 //   nvcc -std=c++17 -O2 -arch=sm_90 -Ikernels -Icsrc benchmarks/probes/launch_cost_probe.cu \
 //     -o /tmp/launch_cost_probe && /tmp/launch_cost_probe [batches]
@@ -33,6 +34,18 @@ struct SmallArgs {
 };
 
 __global__ void countSmall(SmallArgs a) {
+  if (threadIdx.x == 0) atomicAdd(a.count, 1ull);
+}
+
+// N bytes of parameters, the counter first.
+template <size_t N>
+struct ArgsOfSize {
+  unsigned long long* count;
+  unsigned char rest[N - sizeof(unsigned long long*)];
+};
+
+template <size_t N>
+__global__ void countSized(ArgsOfSize<N> a) {
   if (threadIdx.x == 0) atomicAdd(a.count, 1ull);
 }
 
@@ -79,6 +92,16 @@ int main(int argc, char** argv) {
     probe::check(launchKernel(countCollective, coll, 1, s), "launch");
     ++launched;
   };
+  ArgsOfSize<512> args512{count, {}};
+  ArgsOfSize<1024> args1024{count, {}};
+  ArgsOfSize<2048> args2048{count, {}};
+  ArgsOfSize<4096> args4096{count, {}};
+  auto launchSized = [&](auto kernel, const auto& args) {
+    return [&, kernel] {
+      probe::check(launchKernel(kernel, args, 1, s), "launch");
+      ++launched;
+    };
+  };
   auto launchPlain = [&] {
     countSmall<<<1, 256, 0, s>>>(small);
     ++launched;
@@ -105,12 +128,20 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   probe::check(cudaSetDevice(0), "set device");
   for (int pass = 0; pass < 2; ++pass) {  // the first pass warms up; the second is reported
-    rows = {{"launch_small_args_pdl", perCall(launchSmall, s, batches)},
-            {"launch_collective_args_pdl", perCall(launchColl, s, batches)},
-            {"launch_small_args_plain", perCall(launchPlain, s, batches)},
-            {"capture_check_then_launch", perCall(captureCheckThenLaunch, s, batches)},
-            {"launch_then_event_record", perCall(launchThenRecord, s, batches)},
-            {"device_guard_then_launch", perCall(guardThenLaunch, s, batches)}};
+    rows = {
+        {"launch_small_args_pdl", perCall(launchSmall, s, batches)},
+        {"launch_collective_args_pdl", perCall(launchColl, s, batches)},
+        {"launch_small_args_plain", perCall(launchPlain, s, batches)},
+        {"capture_check_then_launch", perCall(captureCheckThenLaunch, s, batches)},
+        {"launch_then_event_record", perCall(launchThenRecord, s, batches)},
+        {"device_guard_then_launch", perCall(guardThenLaunch, s, batches)},
+        {"launch_args_512_bytes_pdl", perCall(launchSized(countSized<512>, args512), s, batches)},
+        {"launch_args_1024_bytes_pdl",
+         perCall(launchSized(countSized<1024>, args1024), s, batches)},
+        {"launch_args_2048_bytes_pdl",
+         perCall(launchSized(countSized<2048>, args2048), s, batches)},
+        {"launch_args_4096_bytes_pdl",
+         perCall(launchSized(countSized<4096>, args4096), s, batches)}};
   }
   probe::check(cudaStreamSynchronize(s), "sync");
   unsigned long long counted = 0;
