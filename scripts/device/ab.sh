@@ -1,7 +1,8 @@
 # Sourced by scripts/device_run.sh: variants side by side in one run (2 ranks, graph mode unless
 # said, ratios to this call's floors), so that machine noise between runs cannot decide.
 # stage bench-ab: backends side by side, each twice (default: the direct and proxy paths and tcp; RESIDENT_AB_BACKENDS, RESIDENT_AB_SIZES) ($OUT/bench_ab.json, ~1 min).
-# stage bench-ab-tree: this tree against the one in RESIDENT_AB_TREE, alternately, RESIDENT_AB_TREE_RUNS rounds (default 2) ($OUT/bench_ab_tree_{this,other}_N.json, ~1.5 min to build the other tree).
+# stage bench-ab-tree: this tree against the one in RESIDENT_AB_TREE, alternately, RESIDENT_AB_TREE_RUNS rounds (default 2) ($OUT/bench_ab_tree_{this,other}_N.json, ~1.5 min to build the other tree unless its extension imports already).
+# stage overhead-ab-tree: benchmarks/overhead.py's CUDA part (the eager op's host time beside a bare kernel) in this tree and in the one in RESIDENT_AB_TREE, alternately, RESIDENT_AB_TREE_RUNS rounds (default 2) of 2 process pairs each ($OUT/overhead_ab_{this,other}_N.json; the other tree is built unless its extension imports already).
 # stage bench-protocol: RESIDENT_GPU_PROTOCOL simple (the default) beside ll, twice each, direct path, 2/4/8 ranks, 64 KiB..1 MiB ($OUT/bench_protocol.json; RESIDENT_BENCH_LIMIT_S).
 # stage bench-p2p: send/recv (and all_reduce) 8 B..1 MiB, eager and graph, direct, direct with RESIDENT_GPU_P2P_STREAM=own, proxy ($OUT/bench_p2p.json, ~1 min; RESIDENT_P2P_BACKENDS, RESIDENT_P2P_SIZES).
 
@@ -26,12 +27,21 @@ fi
 # RESIDENT_AB_TREE: a directory in this tree holding the other revision's setup.py, csrc,
 # kernels and resident_pg (`git archive REV setup.py pyproject.toml csrc kernels resident_pg |
 # tar -x -C abold`), built in place there; the first side changes every round.
+# The tree in RESIDENT_AB_TREE built unless its extension imports already (e.g. one built by
+# scripts/build_for_device.sh, carried): false, and the build's tail printed, if the build fails.
+ab_tree_built() {
+  (cd "$RESIDENT_AB_TREE" && python3 -c 'import resident_pg._C') > /dev/null 2>&1 && return 0
+  (cd "$RESIDENT_AB_TREE" && MAX_JOBS=16 python3 setup.py build_ext --inplace) \
+    > "$OUT/build_ab_tree.log" 2>&1 && return 0
+  echo "build of $RESIDENT_AB_TREE failed"; tail -30 "$OUT/build_ab_tree.log"
+  return 1
+}
+
 if has bench-ab-tree; then
   step "bench (this tree against $RESIDENT_AB_TREE)"
   need_floors
-  if ! (cd "$RESIDENT_AB_TREE" && MAX_JOBS=16 python3 setup.py build_ext --inplace) \
-      > "$OUT/build_ab_tree.log" 2>&1; then
-    echo "build of $RESIDENT_AB_TREE failed"; tail -30 "$OUT/build_ab_tree.log"; status=1
+  if ! ab_tree_built; then
+    status=1
   else
     for ((round = 1; round <= ${RESIDENT_AB_TREE_RUNS:-2}; ++round)); do
       sides="this other"; ((round % 2 == 0)) && sides="other this"  # neither always first
@@ -51,6 +61,28 @@ fi
 
 # Sizes where a round to one peer carries over 32 KiB at some rank count (those go simple;
 # smaller ones are LL lines under both settings).
+if has overhead-ab-tree; then
+  step "overhead (this tree against $RESIDENT_AB_TREE)"
+  if ! ab_tree_built; then
+    status=1
+  else
+    for ((round = 1; round <= ${RESIDENT_AB_TREE_RUNS:-2}; ++round)); do
+      sides="this other"; ((round % 2 == 0)) && sides="other this"  # neither always first
+      for side in $sides; do
+        dir=.; [[ $side == other ]] && dir=$RESIDENT_AB_TREE
+        # a script's own directory comes first on sys.path, then PYTHONPATH: each run (and its
+        # spawned ranks) imports its own tree's package
+        (cd "$dir" && export PYTHONPATH=$PWD &&
+          python3 -c 'import resident_pg._C as c; print("module:", c.__file__)' &&
+          python3 benchmarks/overhead.py --device cuda --backends resident --iters 4000 \
+            --spawns 2 --json "$OUT/overhead_ab_${side}_$round.json") \
+          > "$OUT/overhead_ab_${side}_$round.log" 2>&1 || status=1
+        grep -E "^module:|^TARGET|^the vLLM" "$OUT/overhead_ab_${side}_$round.log"
+      done
+    done
+  fi
+fi
+
 if has bench-protocol; then
   step "bench (cuda, protocol A/B)"
   need_floors
