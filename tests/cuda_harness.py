@@ -22,7 +22,8 @@ Shared helpers besides the data ones: :func:`warm_up_on_side_stream` and
 0's side of a device-side timeout, :func:`timeout_phase` (test_cuda_faults).
 
 ``RESIDENT_GPU_TESTS_WS`` (default ``2,4,8``) limits the world sizes of the
-collective and graph jobs.  ``RESIDENT_GPU_TESTS_TIME_SCALE`` multiplies every job timeout (default 1 on
+collective and graph jobs (the collectives' 9-rank jobs run with the 8-rank ones).
+``RESIDENT_GPU_TESTS_TIME_SCALE`` multiplies every job timeout (default 1 on
 the GPU, 6 in the dry run, whose 8-rank jobs share a 2-core machine).
 """
 
@@ -355,10 +356,15 @@ def is_variant(path) -> bool:
 
 
 # The jobs of the collectives matrix (test_cuda_collectives, test_cuda_async_ops): both paths at
-# 2, 4 and 8 ranks; the knobs' non-default settings (one block per op, LL lines for every direct
-# op, round numbers that wrap) at 2 ranks (LL lines also 4 and 8), over the reduced dtypes.
-COLLECTIVE_KEYS = [(ws, p) for ws in (2, 4, 8) for p in PATHS]
-COLLECTIVE_JOB_KEYS = [k for k in COLLECTIVE_KEYS if k[0] in WORLD_SIZES]
+# 2, 4, 8 and WIDE_GROUP_WS ranks; the knobs' non-default settings (one block per op, LL lines
+# for every direct op, round numbers that wrap) at 2 ranks (LL lines also 4 and 8), over the
+# reduced dtypes.
+# WIDE_GROUP_WS ranks: a group of an odd size, larger than one host's 8 GPUs (the other jobs'
+# sizes are powers of two); its jobs run with the 8-rank ones.
+WIDE_GROUP_WS = 9
+COLLECTIVE_KEYS = [(ws, p) for ws in (2, 4, 8, WIDE_GROUP_WS) for p in PATHS]
+COLLECTIVE_JOB_KEYS = [k for k in COLLECTIVE_KEYS
+                       if k[0] in WORLD_SIZES or (k[0] == WIDE_GROUP_WS and 8 in WORLD_SIZES)]
 COLLECTIVE_VARIANT_KEYS = [(2, v) for v in PATH_VARIANTS if 2 in WORLD_SIZES]
 COLLECTIVE_VARIANT_KEYS += [(ws, v) for ws, v in WIDE_VARIANTS if ws in WORLD_SIZES]
 

@@ -5,7 +5,7 @@ back to back across the one-round kernel's limits, and the functional collective
 (wait_tensor) at every size.
 
 These cases take no dtype, so they run in every job of the collectives suite's matrix
-(cuda_harness.COLLECTIVE_JOB_KEYS and COLLECTIVE_VARIANT_KEYS: 2, 4 and 8 ranks, the knob
+(cuda_harness.COLLECTIVE_JOB_KEYS and COLLECTIVE_VARIANT_KEYS: 2, 4, 8 and 9 ranks, the knob
 variants): one spawned job per (world size, RESIDENT_PATH), each case its own pytest item (see
 cuda_harness.GpuJobCache). Inputs, references and comparisons as in test_cuda_collectives.py.
 """

@@ -2,8 +2,9 @@
 
 One spawned job per (world size, RESIDENT_PATH) runs every selected case and
 returns per-case problem lists (see cuda_harness.GpuJobCache); each case is its
-own pytest item.  World sizes 2 and 4 run the whole matrix; 8 ranks run only the
-cases of float32 / bfloat16 / int64 (and the dtype-free sanity case), on both paths.
+own pytest item.  World sizes 2 and 4 run the whole matrix; 8 and 9 ranks (an odd size,
+larger than one host's GPUs) run only the cases of float32 / bfloat16 / int64 (and the
+dtype-free sanity case), on both paths.
 
 Sizes per op x dtype: 8 B, 4 KiB, 64 KiB and 1 MiB + 3 elements, measured as the
 tensor each rank contributes (all_reduce, broadcast, reduce, all_gather, gather,
