@@ -419,8 +419,7 @@ __device__ inline void runRounds(const CollectiveArgs& a, Shared& sh, Waiter& w,
 // Called by one thread once every block of the op has loaded its round state: the next op
 // continues the round numbering with each partner. Every block read the same numbers into
 // sh.base (nothing else changes them), so this stores without reading them again.
-template <typename Args>  // a CollectiveArgsOf
-__device__ inline void advanceRounds(const Args& a, const Shared& sh) {
+__device__ inline void advanceRounds(const CollectiveArgs& a, const Shared& sh) {
   DeviceState* st = a.reg.state;
   for (int p = 0; p < a.nranks; ++p) {
     if (p == a.rank) continue;
@@ -433,8 +432,7 @@ __device__ inline void advanceRounds(const Args& a, const Shared& sh) {
 // Once every block of the op loaded its round state into `sh`: the last block to have done so
 // advances the round numbers for the next op, before any thread of this kernel lets that one
 // launch (pdlEnter). Block-uniform (barriers).
-template <typename Args>
-__device__ __forceinline__ void advanceOnceLoaded(const Args& a, const Shared& sh) {
+__device__ __forceinline__ void advanceOnceLoaded(const CollectiveArgs& a, const Shared& sh) {
   __syncthreads();
   if (threadIdx.x == 0 && lastBlockOf(&a.reg.state->coll_blocks_done)) {
     advanceRounds(a, sh);

@@ -97,8 +97,7 @@ enum StampPoint : uint32_t {
 
 constexpr uint32_t kSimpleNever = 0xffffffffu;
 
-// A collective's arguments but its per-peer plans.
-struct CollectiveHead {
+struct CollectiveArgs {
   Region reg;
   const void* local_in;  // reduce mode: this rank's contribution
   void* out;             // reduce mode: the result
@@ -112,21 +111,8 @@ struct CollectiveHead {
   // barrier instead of following them.
   const void* common_send;
   uint64_t common_send_bytes;
+  PeerPlan peers[kMaxRanks];
 };
-
-// A collective's arguments with a plan for each of up to Ranks ranks (indexed by rank).
-template <int Ranks>
-struct CollectiveArgsOf : CollectiveHead {
-  static constexpr int kRanks = Ranks;
-  PeerPlan peers[Ranks];
-};
-
-using CollectiveArgs = CollectiveArgsOf<kMaxRanks>;
-
-// The one-round kernel's arguments for a group of at most kSmallGroupRanks: a launch copies its
-// arguments into the launch (2,776 bytes against 536).
-constexpr int kSmallGroupRanks = 8;
-using SmallGroupArgs = CollectiveArgsOf<kSmallGroupRanks>;
 
 // An all_to_all whose per-peer byte counts are read on the device (splits_kernel.cu): `coll`
 // holds the capacity plan (peer p's send and recv pointers at p * max_rows rows, rounds_max

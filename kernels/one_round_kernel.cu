@@ -52,28 +52,26 @@ struct SimpleRoute {
   const unsigned char* from_slot;
 };
 
-// What the block does after the wait for the previous kernel, resolved before it, in a group
-// of at most Ranks ranks.
-template <int Ranks>
+// What the block does after the wait for the previous kernel, resolved before it.
 struct Plan {
-  Route route[Ranks - 1];           // partners, in rank order
-  TriggerWords trigger[Ranks - 1];  // thread 0's pushes, one per proxied partner
-  const unsigned char* common;      // the part every partner is sent, or null
-  const unsigned char* self_send;   // reduce: this rank's input; copy: its own part's source
-  unsigned char* self_recv;         // reduce: the output; copy: own part's target, or null
+  Route route[kMaxRanks - 1];           // partners, in rank order
+  TriggerWords trigger[kMaxRanks - 1];  // thread 0's pushes, one per proxied partner
+  const unsigned char* common;          // the part every partner is sent, or null
+  const unsigned char* self_send;       // reduce: this rank's input; copy: its own part's source
+  unsigned char* self_recv;             // reduce: the output; copy: own part's target, or null
   uint32_t common_bytes, self_bytes;
   uint32_t n;           // routes
   uint32_t below;       // routes to lower ranks: where this rank's own bytes fold in (reduce)
   uint32_t triggers;    // proxied routes
   bool mine_is_common;  // reduce: this rank's input is the common part (all_reduce)
-  SimpleRoute simple[Ranks - 1];  // per route; written by the kernel built with Simple only
+  SimpleRoute simple[kMaxRanks - 1];  // per route; written by the kernel built with Simple only
 };
 
 // Warp 0 (32 ranks per pass): the round state of every rank into `sh` (for advanceRounds), and
 // the block's partners, compacted in rank order, into the plan; lane 0 the rest of the plan.
 // Simple: routes of simple pairs address the slots' payload words (simpleWordOffset) and flags.
-template <bool Simple, int Ranks>
-__device__ inline void planBlock(const CollectiveArgsOf<Ranks>& a, Shared& sh, Plan<Ranks>& plan) {
+template <bool Simple>
+__device__ inline void planBlock(const CollectiveArgs& a, Shared& sh, Plan& plan) {
   const Region& reg = a.reg;
   const uint32_t j = blockIdx.x, lane = threadIdx.x;
   const uint64_t first_line = static_cast<uint64_t>(j) * kThreads * 16;
@@ -171,8 +169,8 @@ struct Lane {
 };
 
 // Route i of the plan for thread t. Simple: the route may be a simple pair's.
-template <bool Simple, int Ranks>
-__device__ __forceinline__ Lane laneOf(const Plan<Ranks>& plan, uint32_t i, uint32_t t) {
+template <bool Simple>
+__device__ __forceinline__ Lane laneOf(const Plan& plan, uint32_t i, uint32_t t) {
   const Route& r = plan.route[i];
   Lane l;
   l.simple = Simple && plan.simple[i].to_slot != nullptr;
@@ -207,8 +205,7 @@ struct ThreadPlan {
   Lane first{};
   TriggerWords trigger0{};
 
-  template <int Ranks>
-  __device__ ThreadPlan(const Plan<Ranks>& plan, uint32_t t)
+  __device__ ThreadPlan(const Plan& plan, uint32_t t)
       : common(plan.common != nullptr ? plan.common + t * 8 : nullptr),
         self_send(plan.self_send != nullptr ? plan.self_send + t * 8 : nullptr),
         self_recv(plan.self_recv != nullptr ? plan.self_recv + t * 8 : nullptr),
@@ -222,8 +219,7 @@ struct ThreadPlan {
     if (triggers > 0 && t == 0) trigger0 = plan.trigger[0];
   }
 
-  template <int Ranks>
-  __device__ Lane lane(const Plan<Ranks>& plan, uint32_t i, uint32_t t) const {
+  __device__ Lane lane(const Plan& plan, uint32_t i, uint32_t t) const {
     return i == 0 ? first : laneOf<Simple>(plan, i, t);
   }
 };
@@ -231,9 +227,9 @@ struct ThreadPlan {
 // The op's start: the plan and the round state (warp 0), the advance of the round numbers by
 // the last block to have read them, this thread's share of the plan, then the wait for the
 // previous kernel (pdlEnter), as enterCollective does for the general kernel.
-template <bool Simple, int Ranks>
-__device__ __forceinline__ ThreadPlan<Simple> enterOneRound(const CollectiveArgsOf<Ranks>& a,
-                                                            Shared& sh, Plan<Ranks>& plan) {
+template <bool Simple>
+__device__ __forceinline__ ThreadPlan<Simple> enterOneRound(const CollectiveArgs& a, Shared& sh,
+                                                            Plan& plan) {
   if (threadIdx.x < 32) planBlock<Simple>(a, sh, plan);
   advanceOnceLoaded(a, sh);
   const ThreadPlan<Simple> tp(plan, threadIdx.x);
@@ -269,9 +265,8 @@ __device__ __forceinline__ void sendLane(const Lane& l, uint64_t common) {
 // barrier behind the block's payload words, a thread per simple partner raises the part's
 // flag (storeSimpleFlag: its system-scope fence covers every thread's words). Returns the op's
 // Waiter.
-template <bool Simple, int Ranks>
-__device__ __forceinline__ Waiter sendOneRound(const CollectiveArgsOf<Ranks>& a,
-                                               const Plan<Ranks>& plan,
+template <bool Simple>
+__device__ __forceinline__ Waiter sendOneRound(const CollectiveArgs& a, const Plan& plan,
                                                const ThreadPlan<Simple>& tp, uint32_t t,
                                                uint64_t& common) {
   const TriggerSpan span(a.reg, tp.triggers);
@@ -298,8 +293,8 @@ __device__ __forceinline__ Waiter sendOneRound(const CollectiveArgsOf<Ranks>& a,
 // Simple: the block waits (a thread per simple partner) for the partners' flags of its part,
 // acquire loads, then a barrier, after which every thread may load their payload words.
 // Block-uniform; false in every thread when the op gives up.
-template <bool Simple, int Ranks>
-__device__ __forceinline__ bool waitSimpleRoutes(Waiter& w, const Plan<Ranks>& plan,
+template <bool Simple>
+__device__ __forceinline__ bool waitSimpleRoutes(Waiter& w, const Plan& plan,
                                                  const ThreadPlan<Simple>& tp, uint32_t t) {
   if constexpr (Simple) {
     bool fail = false;
@@ -323,11 +318,11 @@ __device__ __forceinline__ bool receiveLane(Waiter& w, const Lane& l, uint64_t& 
   return w.line(l.from, l.g, v, l.peer);
 }
 
-template <typename Acc, bool Simple, int Ranks>
+template <typename Acc, bool Simple>
 __global__ void __launch_bounds__(kThreads)
-    oneRoundReduce(const __grid_constant__ CollectiveArgsOf<Ranks> a) {
+    oneRoundReduce(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
-  __shared__ Plan<Ranks> plan;
+  __shared__ Plan plan;
   const uint32_t t = threadIdx.x;
   const ThreadPlan<Simple> tp = enterOneRound<Simple>(a, sh, plan);
   const uint64_t own = tp.self_nb && !tp.mine_is_common ? loadBytes(tp.self_send, tp.self_nb) : 0;
@@ -363,11 +358,10 @@ __global__ void __launch_bounds__(kThreads)
   storeBytes(tp.self_recv, acc.result(a.redop, a.nranks), tp.self_nb);
 }
 
-template <bool Simple, int Ranks>
-__global__ void __launch_bounds__(kThreads)
-    oneRoundCopy(const __grid_constant__ CollectiveArgsOf<Ranks> a) {
+template <bool Simple>
+__global__ void __launch_bounds__(kThreads) oneRoundCopy(const __grid_constant__ CollectiveArgs a) {
   __shared__ Shared sh;
-  __shared__ Plan<Ranks> plan;
+  __shared__ Plan plan;
   const uint32_t t = threadIdx.x;
   const ThreadPlan<Simple> tp = enterOneRound<Simple>(a, sh, plan);
   uint64_t common;
@@ -384,50 +378,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int Ranks>
-cudaError_t loadOneRoundKernelsOf() {
-  cudaError_t err = loadFunctions({reinterpret_cast<const void*>(oneRoundCopy<false, Ranks>),
-                                   reinterpret_cast<const void*>(oneRoundCopy<true, Ranks>)});
+}  // namespace
+
+cudaError_t loadOneRoundKernels() {
+  cudaError_t err = loadFunctions({reinterpret_cast<const void*>(oneRoundCopy<false>),
+                                   reinterpret_cast<const void*>(oneRoundCopy<true>)});
   for (uint8_t code = kF32; err == cudaSuccess && code <= kI8; ++code) {
     err = withAcc(code, [](auto acc) {
       using Acc = decltype(acc);
-      return loadFunctions({reinterpret_cast<const void*>(oneRoundReduce<Acc, false, Ranks>),
-                            reinterpret_cast<const void*>(oneRoundReduce<Acc, true, Ranks>)});
+      return loadFunctions({reinterpret_cast<const void*>(oneRoundReduce<Acc, false>),
+                            reinterpret_cast<const void*>(oneRoundReduce<Acc, true>)});
     });
   }
   return err;
 }
 
-template <int Ranks>
-cudaError_t launchOneRoundOf(const CollectiveArgsOf<Ranks>& args, unsigned blocks, unsigned threads,
-                             cudaStream_t stream) {
-  const bool simple = args.reg.simple != 0;
-  if (args.mode != static_cast<uint8_t>(Mode::kReduce))
-    return launchKernel(simple ? oneRoundCopy<true, Ranks> : oneRoundCopy<false, Ranks>, args,
-                        blocks, stream, threads);
-  return withAcc(args.dtype, [&](auto acc) {
-    using Acc = decltype(acc);
-    return launchKernel(
-        simple ? oneRoundReduce<Acc, true, Ranks> : oneRoundReduce<Acc, false, Ranks>, args, blocks,
-        stream, threads);
-  });
-}
-
-}  // namespace
-
-cudaError_t loadOneRoundKernels() {
-  const cudaError_t err = loadOneRoundKernelsOf<kSmallGroupRanks>();
-  return err != cudaSuccess ? err : loadOneRoundKernelsOf<kMaxRanks>();
-}
-
-// A group of up to kSmallGroupRanks launches with the plans of its ranks only (SmallGroupArgs).
 cudaError_t launchOneRound(const CollectiveArgs& args, unsigned blocks, unsigned threads,
                            cudaStream_t stream) {
-  if (args.nranks > kSmallGroupRanks) return launchOneRoundOf(args, blocks, threads, stream);
-  SmallGroupArgs small{};
-  static_cast<CollectiveHead&>(small) = args;
-  for (int p = 0; p < args.nranks; ++p) small.peers[p] = args.peers[p];
-  return launchOneRoundOf(small, blocks, threads, stream);
+  const bool simple = args.reg.simple != 0;
+  if (args.mode != static_cast<uint8_t>(Mode::kReduce))
+    return launchKernel(simple ? oneRoundCopy<true> : oneRoundCopy<false>, args, blocks, stream,
+                        threads);
+  return withAcc(args.dtype, [&](auto acc) {
+    using Acc = decltype(acc);
+    return launchKernel(simple ? oneRoundReduce<Acc, true> : oneRoundReduce<Acc, false>, args,
+                        blocks, stream, threads);
+  });
 }
 
 }  // namespace gpu
