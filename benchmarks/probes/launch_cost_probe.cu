@@ -3,17 +3,21 @@
 // calls on one stream then one synchronize (as benchmarks/overhead.py times an eager op):
 // a launch with the library's launch helper (programmatic dependent launch) of a kernel taking
 // the library's CollectiveArgs by value (~2.8 KB of parameters) and of one taking 24 bytes, a
-// plain <<<>>> launch, and each call around the launch: the capture check, the event record of
-// the op's end, the device guard's get/set. Rows `launch_args_<N>_bytes_pdl` take N bytes of
-// parameters (the cost of a launch by the size of its arguments). Each kernel counts its runs; a
-// count short of the launches fails the probe (exit status 1).
+// plain <<<>>> launch, the same launch through the driver's cuLaunchKernelEx (the function
+// handle looked up once), and each call around the launch: the capture check, the event record
+// of the op's end, the device guard's get/set. Rows `launch_args_<N>_bytes_pdl` take N bytes of
+// parameters (the cost of a launch by the size of its arguments). The rows' batches alternate,
+// one batch of each row per round, so that the host's drift moves every row alike. Each kernel
+// counts its runs; a count short of the launches fails the probe (exit status 1).
 //
 //   nvcc -std=c++17 -O2 -arch=sm_90 -Ikernels -Icsrc benchmarks/probes/launch_cost_probe.cu \
 //     -o /tmp/launch_cost_probe && /tmp/launch_cost_probe [batches]
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <vector>
 
 #include "exchange_args.hpp"
@@ -54,19 +58,27 @@ __global__ void countCollective(CollectiveArgs a) {
   if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(a.out), 1ull);
 }
 
-// Median µs per call of `call`, over `batches` batches of kBatch calls then a synchronize.
-template <typename F>
-double perCall(F call, cudaStream_t s, int batches) {
-  std::vector<double> v;
+// Median µs per call of each row, over `batches` rounds; in each round every row runs one
+// batch of kBatch calls then a synchronize.
+struct Row {
+  const char* name;
+  std::function<void()> call;
+  double us = 0;
+};
+
+void timeRows(std::vector<Row>& rows, cudaStream_t s, int batches) {
+  std::vector<std::vector<double>> v(rows.size());
   for (int b = 0; b < batches; ++b) {
-    probe::check(cudaStreamSynchronize(s), "sync");
-    const double t0 = probe::nowUs();
-    for (int i = 0; i < kBatch; ++i) call();
-    const double t1 = probe::nowUs();
-    probe::check(cudaStreamSynchronize(s), "sync");
-    v.push_back((t1 - t0) / kBatch);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      probe::check(cudaStreamSynchronize(s), "sync");
+      const double t0 = probe::nowUs();
+      for (int i = 0; i < kBatch; ++i) rows[r].call();
+      const double t1 = probe::nowUs();
+      probe::check(cudaStreamSynchronize(s), "sync");
+      v[r].push_back((t1 - t0) / kBatch);
+    }
   }
-  return probe::median(v);
+  for (size_t r = 0; r < rows.size(); ++r) rows[r].us = probe::median(v[r]);
 }
 
 }  // namespace
@@ -121,28 +133,48 @@ int main(int argc, char** argv) {
     probe::check(cudaSetDevice(d), "set device");
     launchColl();
   };
-  struct Row {
-    const char* name;
-    double us;
+  // The launch helper's call through the driver: the function handle looked up once.
+  using LaunchEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  probe::check(cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &entry, 12000,
+                                                cudaEnableDefault, &found),
+               "driver entry point");
+  const auto driverLaunch = reinterpret_cast<LaunchEx>(entry);
+  cudaFunction_t collFn;
+  probe::check(cudaGetFuncBySymbol(&collFn, reinterpret_cast<const void*>(countCollective)),
+               "function handle");
+  auto launchCollDriver = [&] {
+    CUlaunchAttribute attr[1];
+    attr[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr[0].value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg = {};
+    cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = 256;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.hStream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    void* params[] = {&coll};
+    if (found != cudaDriverEntryPointSuccess ||
+        driverLaunch(&cfg, reinterpret_cast<CUfunction>(collFn), params, nullptr) != CUDA_SUCCESS)
+      probe::check(cudaErrorLaunchFailure, "driver launch");
+    ++launched;
   };
-  std::vector<Row> rows;
+  std::vector<Row> rows = {{"launch_small_args_pdl", launchSmall},
+                           {"launch_collective_args_pdl", launchColl},
+                           {"launch_small_args_plain", launchPlain},
+                           {"launch_collective_args_pdl_driver", launchCollDriver},
+                           {"capture_check_then_launch", captureCheckThenLaunch},
+                           {"launch_then_event_record", launchThenRecord},
+                           {"device_guard_then_launch", guardThenLaunch},
+                           {"launch_args_512_bytes_pdl", launchSized(countSized<512>, args512)},
+                           {"launch_args_1024_bytes_pdl", launchSized(countSized<1024>, args1024)},
+                           {"launch_args_2048_bytes_pdl", launchSized(countSized<2048>, args2048)},
+                           {"launch_args_4096_bytes_pdl", launchSized(countSized<4096>, args4096)}};
   probe::check(cudaSetDevice(0), "set device");
-  for (int pass = 0; pass < 2; ++pass) {  // the first pass warms up; the second is reported
-    rows = {
-        {"launch_small_args_pdl", perCall(launchSmall, s, batches)},
-        {"launch_collective_args_pdl", perCall(launchColl, s, batches)},
-        {"launch_small_args_plain", perCall(launchPlain, s, batches)},
-        {"capture_check_then_launch", perCall(captureCheckThenLaunch, s, batches)},
-        {"launch_then_event_record", perCall(launchThenRecord, s, batches)},
-        {"device_guard_then_launch", perCall(guardThenLaunch, s, batches)},
-        {"launch_args_512_bytes_pdl", perCall(launchSized(countSized<512>, args512), s, batches)},
-        {"launch_args_1024_bytes_pdl",
-         perCall(launchSized(countSized<1024>, args1024), s, batches)},
-        {"launch_args_2048_bytes_pdl",
-         perCall(launchSized(countSized<2048>, args2048), s, batches)},
-        {"launch_args_4096_bytes_pdl",
-         perCall(launchSized(countSized<4096>, args4096), s, batches)}};
-  }
+  timeRows(rows, s, 3);  // warm-up
+  timeRows(rows, s, batches);
   probe::check(cudaStreamSynchronize(s), "sync");
   unsigned long long counted = 0;
   probe::check(cudaMemcpy(&counted, count, sizeof(counted), cudaMemcpyDeviceToHost), "copy");
