@@ -2,9 +2,10 @@
 all_gather_coalesced and gather_single run on the device, checked bitwise against the inputs;
 a recv from any source into a CUDA tensor raises ValueError naming the reason; a call with asyncOp
 off returns no Work, its result ordered on the current stream (synchronous_calls.py); a group of
-one rank (each rank's own, as a TP group of one) gives back its input from every collective, eager,
-async and (on the GPU) replayed from a captured graph. 2 ranks, both paths. In the dry run (RESIDENT_GPU_TESTS_DEVICE=cpu, see cuda_harness.py) the same bodies run
-on CPU tensors, where the any-source recv is served."""
+one rank (each rank's own, as a TP group of one) gives back its input from every collective,
+eager, async and (on the GPU) replayed from a captured graph. 2 ranks, both paths. In the dry
+run (RESIDENT_GPU_TESTS_DEVICE=cpu, see cuda_harness.py) the same bodies run on CPU tensors,
+where the any-source recv is served."""
 
 from __future__ import annotations
 
@@ -115,8 +116,8 @@ def _group_of_one(rank, ws):
             ops.append(("all_reduce SUM", t, dist.all_reduce(t, group=solo, async_op=async_op)))
             if dt != "int64":
                 a = dev(x)
-                ops.append(("all_reduce AVG",
-                            a, dist.all_reduce(a, op=dist.ReduceOp.AVG, group=solo, async_op=async_op)))
+                avg = dist.all_reduce(a, op=dist.ReduceOp.AVG, group=solo, async_op=async_op)
+                ops.append(("all_reduce AVG", a, avg))
             g = C.sentinel(n, dt)
             ops.append(("all_gather_into_tensor",
                         g, dist.all_gather_into_tensor(g, dev(x), group=solo, async_op=async_op)))

@@ -59,8 +59,6 @@ if has bench-ab-tree; then
   fi
 fi
 
-# Sizes where a round to one peer carries over 32 KiB at some rank count (those go simple;
-# smaller ones are LL lines under both settings).
 if has overhead-ab-tree; then
   step "overhead (this tree against $RESIDENT_AB_TREE)"
   if ! ab_tree_built; then
@@ -83,6 +81,8 @@ if has overhead-ab-tree; then
   fi
 fi
 
+# Sizes where a round to one peer carries over 32 KiB at some rank count (those go simple;
+# smaller ones are LL lines under both settings).
 if has bench-protocol; then
   step "bench (cuda, protocol A/B)"
   need_floors
