@@ -24,11 +24,11 @@ if has bench-ab; then
   tail -n 70 "$OUT/bench_ab.log"
 fi
 
-# RESIDENT_AB_TREE: a directory in this tree holding the other revision's setup.py, csrc,
-# kernels and resident_pg (`git archive REV setup.py pyproject.toml csrc kernels resident_pg |
-# tar -x -C abold`), built in place there; the first side changes every round.
-# The tree in RESIDENT_AB_TREE built unless its extension imports already (e.g. one built by
-# scripts/build_for_device.sh, carried): false, and the build's tail printed, if the build fails.
+# RESIDENT_AB_TREE: a directory holding the other revision's setup.py, csrc, kernels and
+# resident_pg (`git archive REV setup.py pyproject.toml csrc kernels resident_pg | tar -x -C
+# abold`). ab_tree_built: that tree built in place unless its extension imports already (e.g.
+# one built by scripts/build_for_device.sh, carried); false, and the build's tail printed, if the
+# build fails.
 ab_tree_built() {
   (cd "$RESIDENT_AB_TREE" && python3 -c 'import resident_pg._C') > /dev/null 2>&1 && return 0
   (cd "$RESIDENT_AB_TREE" && MAX_JOBS=16 python3 setup.py build_ext --inplace) \
@@ -37,47 +37,53 @@ ab_tree_built() {
   return 1
 }
 
+# ab_tree_rounds TAG PATTERN FUNCTION: RESIDENT_AB_TREE_RUNS rounds (default 2) of FUNCTION in
+# this tree and in RESIDENT_AB_TREE, the first side changing every round (neither always first).
+# FUNCTION runs in the side's tree with the run's name (TAG_<side>_<round>) as $1; its log is
+# $OUT/<name>.log, whose lines matching PATTERN are printed. The side's tree comes first on
+# sys.path (PYTHONPATH; a script's own directory and python -m's working directory only before
+# it), so each run and its spawned ranks import that tree's package; the log says which file.
+ab_tree_rounds() {
+  local tag=$1 pattern=$2 fn=$3 round side sides dir name
+  for ((round = 1; round <= ${RESIDENT_AB_TREE_RUNS:-2}; ++round)); do
+    sides="this other"; ((round % 2 == 0)) && sides="other this"
+    for side in $sides; do
+      dir=.; [[ $side == other ]] && dir=$RESIDENT_AB_TREE
+      name=${tag}_${side}_$round
+      (cd "$dir" && export PYTHONPATH=$PWD &&
+        python3 -c 'import resident_pg._C as c; print("module:", c.__file__)' && "$fn" "$name") \
+        > "$OUT/$name.log" 2>&1 || status=1
+      grep -E "^module:|$pattern" "$OUT/$name.log"
+    done
+  done
+}
+
+tree_bench() {
+  ab_bench 8,16K,64K "resident:path=direct,resident:path=proxy" 120 "$1"
+}
+
+AB_THIS_TREE=$PWD
+tree_overhead() {  # this tree's script on both sides: only the library differs
+  python3 "$AB_THIS_TREE/benchmarks/overhead.py" --device cuda --backends resident --iters 4000 \
+    --spawns 2 --json "$OUT/$1.json"
+}
+
 if has bench-ab-tree; then
   step "bench (this tree against $RESIDENT_AB_TREE)"
   need_floors
-  if ! ab_tree_built; then
-    status=1
+  if ab_tree_built; then
+    ab_tree_rounds bench_ab_tree "^all_reduce|^send_recv" tree_bench
   else
-    for ((round = 1; round <= ${RESIDENT_AB_TREE_RUNS:-2}; ++round)); do
-      sides="this other"; ((round % 2 == 0)) && sides="other this"  # neither always first
-      for side in $sides; do
-        dir=.; [[ $side == other ]] && dir=$RESIDENT_AB_TREE
-        # python -m puts the working directory first on sys.path (the spawned ranks inherit it),
-        # so each run imports the package of its own tree; the log says which file it loaded.
-        (cd "$dir" && python3 -c 'import resident_pg._C as c; print("module:", c.__file__)' &&
-          ab_bench 8,16K,64K "resident:path=direct,resident:path=proxy" 120 \
-            "bench_ab_tree_${side}_$round") > "$OUT/bench_ab_tree_${side}_$round.log" 2>&1 ||
-          status=1
-        grep -E "^module:|^all_reduce|^send_recv" "$OUT/bench_ab_tree_${side}_$round.log"
-      done
-    done
+    status=1
   fi
 fi
 
 if has overhead-ab-tree; then
   step "overhead (this tree against $RESIDENT_AB_TREE)"
-  if ! ab_tree_built; then
-    status=1
+  if ab_tree_built; then
+    ab_tree_rounds overhead_ab "^TARGET|^the vLLM" tree_overhead
   else
-    for ((round = 1; round <= ${RESIDENT_AB_TREE_RUNS:-2}; ++round)); do
-      sides="this other"; ((round % 2 == 0)) && sides="other this"  # neither always first
-      for side in $sides; do
-        dir=.; [[ $side == other ]] && dir=$RESIDENT_AB_TREE
-        # a script's own directory comes first on sys.path, then PYTHONPATH: each run (and its
-        # spawned ranks) imports its own tree's package
-        (cd "$dir" && export PYTHONPATH=$PWD &&
-          python3 -c 'import resident_pg._C as c; print("module:", c.__file__)' &&
-          python3 benchmarks/overhead.py --device cuda --backends resident --iters 4000 \
-            --spawns 2 --json "$OUT/overhead_ab_${side}_$round.json") \
-          > "$OUT/overhead_ab_${side}_$round.log" 2>&1 || status=1
-        grep -E "^module:|^TARGET|^the vLLM" "$OUT/overhead_ab_${side}_$round.log"
-      done
-    done
+    status=1
   fi
 fi
 
