@@ -37,8 +37,8 @@ cudaError_t loadCollectiveKernels() {
 }
 
 cudaError_t launchCollective(const CollectiveArgs& args, unsigned blocks, cudaStream_t stream) {
-  if (args.reg.simple != 0) return launchKernel(collectiveKernel<true>, args, blocks, stream);
-  return launchKernel(collectiveKernel<false>, args, blocks, stream);
+  if (args.reg.simple != 0) return launchKernel<collectiveKernel<true>>(args, blocks, stream);
+  return launchKernel<collectiveKernel<false>>(args, blocks, stream);
 }
 
 }  // namespace gpu

@@ -3,8 +3,10 @@
 // ops on a stream (and in a captured graph) do not pay the full launch gap.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <initializer_list>
 
 #include "exchange_args.hpp"
@@ -52,9 +54,31 @@ inline cudaError_t loadFunctions(std::initializer_list<const void*> kernels) {
   return cudaSuccess;
 }
 
-// Every kernel goes out with programmatic dependent launch: the next op's kernel is scheduled
-// while the previous one drains (a graph node boundary 0.61 instead of 0.87 us on the H200, a
-// probe of 200-node graphs; docs/decisions.md).
+namespace detail {
+
+using DriverLaunchEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+
+// The driver's cuLaunchKernelEx, handed out by the runtime (no link to libcuda); null where
+// this driver has none.
+inline DriverLaunchEx driverLaunchEx() {
+  static const DriverLaunchEx fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &p, 12000, cudaEnableDefault, &found);
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<DriverLaunchEx>(p)
+               : nullptr;
+  }();
+  return fn;
+}
+
+constexpr int kMaxDevices = 64;  // devices whose function handles a kernel caches
+
+}  // namespace detail
+
+// A launch with programmatic dependent launch through the runtime's call, of a kernel chosen at
+// run time (the probes; the library's launches take launchKernel<Kernel> below).
 template <typename Args>
 cudaError_t launchKernel(void (*kernel)(Args), const Args& args, unsigned blocks,
                          cudaStream_t stream, unsigned threads = kThreads) {
@@ -68,6 +92,48 @@ cudaError_t launchKernel(void (*kernel)(Args), const Args& args, unsigned blocks
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, args);
+}
+
+// Every kernel goes out with programmatic dependent launch: the next op's kernel is scheduled
+// while the previous one drains (a graph node boundary 0.61 instead of 0.87 us on the H200, a
+// probe of 200-node graphs; docs/decisions.md). It goes through the driver's cuLaunchKernelEx
+// with the kernel's function handle in the device's primary context, looked up once: the
+// runtime's cudaLaunchKernelEx looks the kernel up on every launch, 0.16-0.36 us more per launch
+// on an H100 host (the launch-probe stage of scripts/device_run.sh). Should the driver's call
+// fail (no handle, another context current), the runtime's call launches it and says why not.
+template <auto Kernel, typename Args>
+cudaError_t launchKernel(const Args& args, unsigned blocks, cudaStream_t stream,
+                         unsigned threads = kThreads) {
+  static std::atomic<CUfunction> handles[detail::kMaxDevices];
+  const detail::DriverLaunchEx driver = detail::driverLaunchEx();
+  int device = -1;
+  if (driver != nullptr && cudaGetDevice(&device) == cudaSuccess && device >= 0 &&
+      device < detail::kMaxDevices) {
+    CUfunction f = handles[device].load(std::memory_order_acquire);
+    if (f == nullptr) {
+      cudaFunction_t h = nullptr;
+      if (cudaGetFuncBySymbol(&h, reinterpret_cast<const void*>(Kernel)) == cudaSuccess) {
+        f = reinterpret_cast<CUfunction>(h);
+        handles[device].store(f, std::memory_order_release);
+      }
+    }
+    if (f != nullptr) {
+      CUlaunchAttribute attr[1];
+      attr[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attr[0].value.programmaticStreamSerializationAllowed = 1;
+      CUlaunchConfig cfg = {};
+      cfg.gridDimX = blocks;
+      cfg.gridDimY = cfg.gridDimZ = 1;
+      cfg.blockDimX = threads;
+      cfg.blockDimY = cfg.blockDimZ = 1;
+      cfg.hStream = stream;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      void* params[] = {const_cast<Args*>(&args)};
+      if (driver(&cfg, f, params, nullptr) == CUDA_SUCCESS) return cudaSuccess;
+    }
+  }
+  return launchKernel(Kernel, args, blocks, stream, threads);
 }
 
 }  // namespace gpu

@@ -397,12 +397,12 @@ cudaError_t launchOneRound(const CollectiveArgs& args, unsigned blocks, unsigned
                            cudaStream_t stream) {
   const bool simple = args.reg.simple != 0;
   if (args.mode != static_cast<uint8_t>(Mode::kReduce))
-    return launchKernel(simple ? oneRoundCopy<true> : oneRoundCopy<false>, args, blocks, stream,
-                        threads);
+    return simple ? launchKernel<oneRoundCopy<true>>(args, blocks, stream, threads)
+                  : launchKernel<oneRoundCopy<false>>(args, blocks, stream, threads);
   return withAcc(args.dtype, [&](auto acc) {
     using Acc = decltype(acc);
-    return launchKernel(simple ? oneRoundReduce<Acc, true> : oneRoundReduce<Acc, false>, args,
-                        blocks, stream, threads);
+    return simple ? launchKernel<oneRoundReduce<Acc, true>>(args, blocks, stream, threads)
+                  : launchKernel<oneRoundReduce<Acc, false>>(args, blocks, stream, threads);
   });
 }
 

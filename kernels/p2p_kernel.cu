@@ -260,13 +260,13 @@ cudaError_t loadP2PKernels() {
 }
 
 cudaError_t launchSend(const P2PArgs& args, unsigned blocks, cudaStream_t stream) {
-  return simpleOp(args) ? launchKernel(sendKernel<true>, args, blocks, stream)
-                        : launchKernel(sendKernel<false>, args, blocks, stream);
+  return simpleOp(args) ? launchKernel<sendKernel<true>>(args, blocks, stream)
+                        : launchKernel<sendKernel<false>>(args, blocks, stream);
 }
 
 cudaError_t launchRecv(const P2PArgs& args, unsigned blocks, cudaStream_t stream) {
-  return simpleOp(args) ? launchKernel(recvKernel<true>, args, blocks, stream)
-                        : launchKernel(recvKernel<false>, args, blocks, stream);
+  return simpleOp(args) ? launchKernel<recvKernel<true>>(args, blocks, stream)
+                        : launchKernel<recvKernel<false>>(args, blocks, stream);
 }
 
 }  // namespace gpu

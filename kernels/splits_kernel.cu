@@ -287,8 +287,8 @@ cudaError_t loadSplitsKernels() {
 }
 
 cudaError_t launchSplits(const SplitsArgs& args, unsigned blocks, cudaStream_t stream) {
-  if (args.coll.reg.simple != 0) return launchKernel(splitsKernel<true>, args, blocks, stream);
-  return launchKernel(splitsKernel<false>, args, blocks, stream);
+  if (args.coll.reg.simple != 0) return launchKernel<splitsKernel<true>>(args, blocks, stream);
+  return launchKernel<splitsKernel<false>>(args, blocks, stream);
 }
 
 }  // namespace gpu

@@ -1,18 +1,18 @@
 // launch_cost_probe.cu: the host's cost of each CUDA call an eager op of the CUDA path makes
 // (csrc/c10d/work_cuda.cpp, CudaPath::collective), one process, as batches of 200 back-to-back
 // calls on one stream then one synchronize (as benchmarks/overhead.py times an eager op):
-// a launch with the library's launch helper (programmatic dependent launch) of a kernel taking
-// the library's CollectiveArgs by value (~2.8 KB of parameters) and of one taking 24 bytes, a
-// plain <<<>>> launch, the same launch through the driver's cuLaunchKernelEx (the function
-// handle looked up once), and each call around the launch: the capture check, the event record
-// of the op's end, the device guard's get/set. Rows `launch_args_<N>_bytes_pdl` take N bytes of
-// parameters (the cost of a launch by the size of its arguments). The rows' batches alternate,
-// one batch of each row per round, so that the host's drift moves every row alike. Each kernel
-// counts its runs; a count short of the launches fails the probe (exit status 1).
+// a launch with the library's launch helper (programmatic dependent launch, through the
+// driver's cuLaunchKernelEx with the kernel's handle looked up once) of a kernel taking the
+// library's CollectiveArgs by value (~2.8 KB of parameters) and of one taking 24 bytes, a
+// plain <<<>>> launch, the same launch through the runtime's cudaLaunchKernelEx, and each call
+// around the launch: the capture check, the event record of the op's end, the device guard's
+// get/set. Rows `launch_args_<N>_bytes_pdl` take N bytes of parameters (the cost of a launch by
+// the size of its arguments). The rows' batches alternate, one batch of each row per round, so
+// that the host's drift moves every row alike. Each kernel counts its runs; a count short of
+// the launches fails the probe (exit status 1).
 //
 //   nvcc -std=c++17 -O2 -arch=sm_90 -Ikernels -Icsrc benchmarks/probes/launch_cost_probe.cu \
 //     -o /tmp/launch_cost_probe && /tmp/launch_cost_probe [batches]
-#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -97,10 +97,14 @@ int main(int argc, char** argv) {
   coll.out = count;
   unsigned long long launched = 0;
   auto launchSmall = [&] {
-    probe::check(launchKernel(countSmall, small, 1, s), "launch");
+    probe::check(launchKernel<countSmall>(small, 1, s), "launch");
     ++launched;
   };
   auto launchColl = [&] {
+    probe::check(launchKernel<countCollective>(coll, 1, s), "launch");
+    ++launched;
+  };
+  auto launchCollRuntime = [&] {
     probe::check(launchKernel(countCollective, coll, 1, s), "launch");
     ++launched;
   };
@@ -108,9 +112,9 @@ int main(int argc, char** argv) {
   ArgsOfSize<1024> args1024{count, {}};
   ArgsOfSize<2048> args2048{count, {}};
   ArgsOfSize<4096> args4096{count, {}};
-  auto launchSized = [&](auto kernel, const auto& args) {
-    return [&, kernel] {
-      probe::check(launchKernel(kernel, args, 1, s), "launch");
+  auto launchSized = [&](const auto& args) {
+    return [&] {
+      probe::check(launchKernel<countSized<sizeof(args)>>(args, 1, s), "launch");
       ++launched;
     };
   };
@@ -133,45 +137,17 @@ int main(int argc, char** argv) {
     probe::check(cudaSetDevice(d), "set device");
     launchColl();
   };
-  // The launch helper's call through the driver: the function handle looked up once.
-  using LaunchEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
-  void* entry = nullptr;
-  cudaDriverEntryPointQueryResult found;
-  probe::check(cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &entry, 12000,
-                                                cudaEnableDefault, &found),
-               "driver entry point");
-  const auto driverLaunch = reinterpret_cast<LaunchEx>(entry);
-  cudaFunction_t collFn;
-  probe::check(cudaGetFuncBySymbol(&collFn, reinterpret_cast<const void*>(countCollective)),
-               "function handle");
-  auto launchCollDriver = [&] {
-    CUlaunchAttribute attr[1];
-    attr[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr[0].value.programmaticStreamSerializationAllowed = 1;
-    CUlaunchConfig cfg = {};
-    cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
-    cfg.blockDimX = 256;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.hStream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    void* params[] = {&coll};
-    if (found != cudaDriverEntryPointSuccess ||
-        driverLaunch(&cfg, reinterpret_cast<CUfunction>(collFn), params, nullptr) != CUDA_SUCCESS)
-      probe::check(cudaErrorLaunchFailure, "driver launch");
-    ++launched;
-  };
   std::vector<Row> rows = {{"launch_small_args_pdl", launchSmall},
                            {"launch_collective_args_pdl", launchColl},
                            {"launch_small_args_plain", launchPlain},
-                           {"launch_collective_args_pdl_driver", launchCollDriver},
+                           {"launch_collective_args_pdl_runtime", launchCollRuntime},
                            {"capture_check_then_launch", captureCheckThenLaunch},
                            {"launch_then_event_record", launchThenRecord},
                            {"device_guard_then_launch", guardThenLaunch},
-                           {"launch_args_512_bytes_pdl", launchSized(countSized<512>, args512)},
-                           {"launch_args_1024_bytes_pdl", launchSized(countSized<1024>, args1024)},
-                           {"launch_args_2048_bytes_pdl", launchSized(countSized<2048>, args2048)},
-                           {"launch_args_4096_bytes_pdl", launchSized(countSized<4096>, args4096)}};
+                           {"launch_args_512_bytes_pdl", launchSized(args512)},
+                           {"launch_args_1024_bytes_pdl", launchSized(args1024)},
+                           {"launch_args_2048_bytes_pdl", launchSized(args2048)},
+                           {"launch_args_4096_bytes_pdl", launchSized(args4096)}};
   probe::check(cudaSetDevice(0), "set device");
   timeRows(rows, s, 3);  // warm-up
   timeRows(rows, s, batches);
