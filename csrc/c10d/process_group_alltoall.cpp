@@ -68,21 +68,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall_base(
                     g.allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data(), s);
                   });
   }
-  return submitAllToAll(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_single", {output},
-                        {input}, ins.data(), in_bytes.data(), outs.data(), out_bytes.data(),
-                        opts.asyncOp);
+  return cpuAllToAll(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_single", {output}, {input},
+                     ins.data(), in_bytes.data(), outs.data(), out_bytes.data(), opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupResident::submitAllToAll(
-    c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-    std::vector<at::Tensor> inputs, const void* const* ins, const size_t* in_bytes,
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::cpuAllToAll(
+    c10d::OpType type, const char* title, c10::ArrayRef<at::Tensor> outputs,
+    c10::ArrayRef<at::Tensor> inputs, const void* const* ins, const size_t* in_bytes,
     void* const* outs, const size_t* out_bytes, bool async_op) {
-  auto work = makeWork(type, title, std::move(outputs), std::move(inputs));
-  translateErrors([&] {
-    work->addOp(comm_->allToAll(ins, in_bytes, outs, out_bytes));
-    return 0;
+  return cpuOp(type, title, outputs, inputs, async_op, [&](OpList& ops) {
+    ops.push_back(comm_->allToAll(ins, in_bytes, outs, out_bytes));
   });
-  return submit(work, async_op);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(std::vector<at::Tensor>& outputs,
@@ -110,8 +106,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::alltoall(std::vector<at::Te
                     g.allToAll(ins.data(), in_bytes.data(), outs.data(), out_bytes.data(), s);
                   });
   }
-  return submitAllToAll(c10d::OpType::ALLTOALL, "resident:all_to_all", outputs, inputs, ins.data(),
-                        in_bytes.data(), outs.data(), out_bytes.data(), opts.asyncOp);
+  return cpuAllToAll(c10d::OpType::ALLTOALL, "resident:all_to_all", outputs, inputs, ins.data(),
+                     in_bytes.data(), outs.data(), out_bytes.data(), opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allToAllDeviceSplits(
@@ -185,9 +181,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allToAllDeviceSplits(
     // This rank's own rows: what it sends itself (as on the device).
     out_bytes.push_back(rowsOf(p == rank_ ? send_rows : recv_rows, p) * row_bytes);
   }
-  return submitAllToAll(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_device_splits", {output},
-                        {input}, ins.data(), in_bytes.data(), outs.data(), out_bytes.data(),
-                        async_op);
+  return cpuAllToAll(c10d::OpType::ALLTOALL_BASE, "resident:all_to_all_device_splits", {output},
+                     {input}, ins.data(), in_bytes.data(), outs.data(), out_bytes.data(), async_op);
 }
 
 }  // namespace resident

@@ -8,7 +8,6 @@
 #include <string>
 
 #include "c10d/store_bootstrap.hpp"
-#include "c10d/synchronous_call.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -121,14 +120,6 @@ c10d::ErrorType ProcessGroupResident::getError() {
   }
 }
 
-c10::intrusive_ptr<WorkResident> ProcessGroupResident::makeWork(
-    c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-    std::vector<at::Tensor> keep_alive) {
-  flushPendingP2P();  // a CUDA send/recv called before this op runs before it
-  return c10::make_intrusive<WorkResident>(comm_, rank_, type, title, std::move(outputs),
-                                           std::move(keep_alive));
-}
-
 void ProcessGroupResident::dropFinished() {
   inflight_.erase(std::remove_if(inflight_.begin(), inflight_.end(),
                                  [](const c10::intrusive_ptr<WorkResident>& w) {
@@ -139,17 +130,19 @@ void ProcessGroupResident::dropFinished() {
                   inflight_.end());
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupResident::submit(c10::intrusive_ptr<WorkResident> work,
-                                                            bool async_op) {
-  // Drop works whose ops finished; keep the new one until its ops have.
-  dropFinished();
-  if (!c10d::isP2POp(work->retrieveOpType())) ++seq_;
-  if (synchronousCall(async_op)) {
-    work->wait();  // done (or failed, thrown from here) on return, as torch's caller expects
-    return {};
+void ProcessGroupResident::waitSynchronous(const OpList& ops) {
+  Engine& engine = comm_->engine();
+  std::string error;  // the first failed op's
+  for (const OpHandle& h : ops) {
+    try {
+      engine.wait(h);
+    } catch (const CommError& e) {
+      // Stuck past the group's timeout with no progress pass to fail it: still in flight.
+      if (!engine.test(h)) C10_THROW_ERROR(DistBackendError, e.what());
+      if (error.empty()) error = e.what();
+    }
   }
-  inflight_.push_back(work);
-  return work;
+  if (!error.empty()) C10_THROW_ERROR(DistBackendError, error);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce(std::vector<at::Tensor>& tensors,
@@ -165,12 +158,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce(std::vector<at::T
                     g.allReduce(t.data_ptr(), t.data_ptr(), red.count(t), red.dtype, red.op, s);
                   });
   }
-  auto work = makeWork(c10d::OpType::ALLREDUCE, "resident:all_reduce", tensors, {});
-  translateErrors([&] {
-    work->addOp(comm_->allReduce(t.data_ptr(), t.data_ptr(), red.count(t), red.dtype, red.op));
-    return 0;
-  });
-  return submit(work, opts.asyncOp);
+  return cpuOp(c10d::OpType::ALLREDUCE, "resident:all_reduce", tensors, {}, opts.asyncOp,
+               [&](OpList& ops) {
+                 ops.push_back(
+                     comm_->allReduce(t.data_ptr(), t.data_ptr(), red.count(t), red.dtype, red.op));
+               });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce_coalesced(
@@ -190,17 +182,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce_coalesced(
                                   reds[i].count(tensors[i]), reds[i].dtype, reds[i].op, s);
                   });
   }
-  auto work =
-      makeWork(c10d::OpType::ALLREDUCE_COALESCED, "resident:all_reduce_coalesced", tensors, {});
-  translateErrors([&] {
-    for (const auto i : c10::irange(tensors.size())) {
-      at::Tensor& t = tensors[i];
-      work->addOp(comm_->allReduce(t.data_ptr(), t.data_ptr(), reds[i].count(t), reds[i].dtype,
-                                   reds[i].op));
-    }
-    return 0;
-  });
-  return submit(work, opts.asyncOp);
+  return cpuOp(c10d::OpType::ALLREDUCE_COALESCED, "resident:all_reduce_coalesced", tensors, {},
+               opts.asyncOp, [&](OpList& ops) {
+                 for (const auto i : c10::irange(tensors.size())) {
+                   at::Tensor& t = tensors[i];
+                   ops.push_back(comm_->allReduce(t.data_ptr(), t.data_ptr(), reds[i].count(t),
+                                                  reds[i].dtype, reds[i].op));
+                 }
+               });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather(
@@ -224,12 +213,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather(
                     g.allGather(in.data_ptr(), outs.data(), nbytes(in), s);
                   });
   }
-  auto work = makeWork(c10d::OpType::ALLGATHER, "resident:all_gather", outputs[0], inputs);
-  translateErrors([&] {
-    work->addOp(comm_->allGather(in.data_ptr(), outs.data(), nbytes(in)));
-    return 0;
-  });
-  return submit(work, opts.asyncOp);
+  return cpuOp(c10d::OpType::ALLGATHER, "resident:all_gather", outputs[0], inputs, opts.asyncOp,
+               [&](OpList& ops) {
+                 ops.push_back(comm_->allGather(in.data_ptr(), outs.data(), nbytes(in)));
+               });
 }
 
 void ProcessGroupResident::checkAllGatherBase(const at::Tensor& output, const at::Tensor& input) {
@@ -241,16 +228,12 @@ void ProcessGroupResident::checkAllGatherBase(const at::Tensor& output, const at
                        " (size mismatch)");
 }
 
-void ProcessGroupResident::addAllGatherBase(WorkResident& work, at::Tensor& output,
-                                            at::Tensor& input) {
-  checkAllGatherBase(output, input);
+void ProcessGroupResident::addAllGatherBase(OpList& ops, const at::Tensor& output,
+                                            const at::Tensor& input) {
   c10::SmallVector<void*, 16> outs;
   auto* base = static_cast<unsigned char*>(output.data_ptr());
   for (int p = 0; p < size_; ++p) outs.push_back(base + p * nbytes(input));
-  translateErrors([&] {
-    work.addOp(comm_->allGather(input.data_ptr(), outs.data(), nbytes(input)));
-    return 0;
-  });
+  ops.push_back(comm_->allGather(input.data_ptr(), outs.data(), nbytes(input)));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allGatherBaseCuda(
@@ -280,10 +263,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_allgather_base(
   if (input.is_cuda())
     return allGatherBaseCuda(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor",
                              {output}, {input}, opts.asyncOp);
-  auto work =
-      makeWork(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor", {output}, {input});
-  addAllGatherBase(*work, output, input);
-  return submit(work, opts.asyncOp);
+  checkAllGatherBase(output, input);
+  return cpuOp(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor", {output}, {input},
+               opts.asyncOp, [&](OpList& ops) { addAllGatherBase(ops, output, input); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_into_tensor_coalesced(
@@ -295,10 +277,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_into_tensor_coale
   if (!inputs.empty() && inputs[0].is_cuda())
     return allGatherBaseCuda(c10d::OpType::COALESCED, "resident:all_gather_into_tensor_coalesced",
                              outputs, inputs, opts.asyncOp);
-  auto work = makeWork(c10d::OpType::COALESCED, "resident:all_gather_into_tensor_coalesced",
-                       outputs, inputs);
-  for (const auto i : c10::irange(inputs.size())) addAllGatherBase(*work, outputs[i], inputs[i]);
-  return submit(work, opts.asyncOp);
+  // Every pair checked before any op starts: a partial start would desynchronise ranks.
+  for (const auto i : c10::irange(inputs.size())) checkAllGatherBase(outputs[i], inputs[i]);
+  return cpuOp(c10d::OpType::COALESCED, "resident:all_gather_into_tensor_coalesced", outputs,
+               inputs, opts.asyncOp, [&](OpList& ops) {
+                 for (const auto i : c10::irange(inputs.size()))
+                   addAllGatherBase(ops, outputs[i], inputs[i]);
+               });
 }
 
 // outputs[r][i] receives rank r's inputs[i]; each input is gathered as its own op (dtypes and
@@ -339,14 +324,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_coalesced(
                       g.allGather(inputs[i].data_ptr(), outs[i].data(), nbytes(inputs[i]), s);
                   });
   }
-  auto work = makeWork(c10d::OpType::ALLGATHER_COALESCED, "resident:all_gather_coalesced",
-                       flat_outputs, inputs);
-  translateErrors([&] {
-    for (const auto i : c10::irange(inputs.size()))
-      work->addOp(comm_->allGather(inputs[i].data_ptr(), outs[i].data(), nbytes(inputs[i])));
-    return 0;
-  });
-  return submit(work, opts.asyncOp);
+  return cpuOp(
+      c10d::OpType::ALLGATHER_COALESCED, "resident:all_gather_coalesced", flat_outputs, inputs,
+      opts.asyncOp, [&](OpList& ops) {
+        for (const auto i : c10::irange(inputs.size()))
+          ops.push_back(comm_->allGather(inputs[i].data_ptr(), outs[i].data(), nbytes(inputs[i])));
+      });
 }
 
 void ProcessGroupResident::checkReduceScatterBase(const at::Tensor& output,
@@ -357,17 +340,6 @@ void ProcessGroupResident::checkReduceScatterBase(const at::Tensor& output,
                        "resident: reduce_scatter_tensor: input has ", input.numel(),
                        " elements, expected world size x output = ", output.numel() * size_,
                        " (size mismatch)");
-}
-
-void ProcessGroupResident::addReduceScatterBase(WorkResident& work, at::Tensor& output,
-                                                at::Tensor& input, const c10d::ReduceOp& op) {
-  checkReduceScatterBase(output, input);
-  const Reduction red = reductionOf(output, op, "reduce_scatter_tensor");
-  translateErrors([&] {
-    work.addOp(comm_->reduceScatter(input.data_ptr(), output.data_ptr(), red.count(output),
-                                    red.dtype, red.op));
-    return 0;
-  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduceScatterBaseCuda(
@@ -385,6 +357,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduceScatterBaseCuda(
   });
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduceScatterBaseCpu(
+    c10d::OpType type, const char* title, const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  // Every pair checked before any op starts: a partial start would desynchronise ranks.
+  c10::SmallVector<Reduction, 8> reds;
+  for (const auto i : c10::irange(inputs.size())) {
+    checkReduceScatterBase(outputs[i], inputs[i]);
+    reds.push_back(reductionOf(outputs[i], opts.reduceOp, "reduce_scatter_tensor"));
+  }
+  return cpuOp(type, title, outputs, inputs, opts.asyncOp, [&](OpList& ops) {
+    for (const auto i : c10::irange(inputs.size()))
+      ops.push_back(comm_->reduceScatter(inputs[i].data_ptr(), outputs[i].data_ptr(),
+                                         reds[i].count(outputs[i]), reds[i].dtype, reds[i].op));
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   if (handoff_.takes(HandoffOp::kReduceScatterTensor, output, nbytes(output))) {
@@ -397,10 +385,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_reduce_scatter_base(
   if (input.is_cuda())
     return reduceScatterBaseCuda(c10d::OpType::_REDUCE_SCATTER_BASE,
                                  "resident:reduce_scatter_tensor", {output}, {input}, opts);
-  auto work = makeWork(c10d::OpType::_REDUCE_SCATTER_BASE, "resident:reduce_scatter_tensor",
-                       {output}, {input});
-  addReduceScatterBase(*work, output, input, opts.reduceOp);
-  return submit(work, opts.asyncOp);
+  return reduceScatterBaseCpu(c10d::OpType::_REDUCE_SCATTER_BASE, "resident:reduce_scatter_tensor",
+                              {output}, {input}, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter_tensor_coalesced(
@@ -412,11 +398,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter_tensor_coale
   if (!inputs.empty() && inputs[0].is_cuda())
     return reduceScatterBaseCuda(c10d::OpType::COALESCED,
                                  "resident:reduce_scatter_tensor_coalesced", outputs, inputs, opts);
-  auto work = makeWork(c10d::OpType::COALESCED, "resident:reduce_scatter_tensor_coalesced", outputs,
-                       inputs);
-  for (const auto i : c10::irange(inputs.size()))
-    addReduceScatterBase(*work, outputs[i], inputs[i], opts.reduceOp);
-  return submit(work, opts.asyncOp);
+  return reduceScatterBaseCpu(c10d::OpType::COALESCED, "resident:reduce_scatter_tensor_coalesced",
+                              outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter(
@@ -442,13 +425,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter(
                                      s);
                   });
   }
-  auto work = makeWork(c10d::OpType::REDUCE_SCATTER, "resident:reduce_scatter", outputs, inputs[0]);
-  translateErrors([&] {
-    work->addOp(
-        comm_->reduceScatterV(ins.data(), out.data_ptr(), red.count(out), red.dtype, red.op));
-    return 0;
-  });
-  return submit(work, opts.asyncOp);
+  return cpuOp(c10d::OpType::REDUCE_SCATTER, "resident:reduce_scatter", outputs, inputs[0],
+               opts.asyncOp, [&](OpList& ops) {
+                 ops.push_back(comm_->reduceScatterV(ins.data(), out.data_ptr(), red.count(out),
+                                                     red.dtype, red.op));
+               });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor>& tensors, int dst,
@@ -461,12 +442,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::send(std::vector<at::Tensor
     return translateErrors(
         [&] { return cuda_->pointToPoint(c10d::OpType::SEND, "resident:send", t, true, dst); });
   }
-  auto work = makeWork(c10d::OpType::SEND, "resident:send", {}, tensors);
-  translateErrors([&] {
-    work->addOp(comm_->send(t.data_ptr(), nbytes(t), dst, static_cast<uint64_t>(tag)));
-    return 0;
+  return cpuOp(c10d::OpType::SEND, "resident:send", {}, tensors, true, [&](OpList& ops) {
+    ops.push_back(comm_->send(t.data_ptr(), nbytes(t), dst, static_cast<uint64_t>(tag)));
   });
-  return submit(work, true);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recv(std::vector<at::Tensor>& tensors, int src,
@@ -479,12 +457,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recv(std::vector<at::Tensor
     return translateErrors(
         [&] { return cuda_->pointToPoint(c10d::OpType::RECV, "resident:recv", t, false, src); });
   }
-  auto work = makeWork(c10d::OpType::RECV, "resident:recv", tensors, {});
-  translateErrors([&] {
-    work->addOp(comm_->recv(t.data_ptr(), nbytes(t), src, static_cast<uint64_t>(tag)));
-    return 0;
+  return cpuOp(c10d::OpType::RECV, "resident:recv", tensors, {}, true, [&](OpList& ops) {
+    ops.push_back(comm_->recv(t.data_ptr(), nbytes(t), src, static_cast<uint64_t>(tag)));
   });
-  return submit(work, true);
 }
 
 // The engine matches the oldest message with this tag from whichever peer; the Work's
@@ -498,23 +473,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::recvAnysource(std::vector<a
                        "resident: recv from any source is not supported on CUDA tensors (the "
                        "CUDA path pairs each peer's messages in issue order on the device); "
                        "pass src, or receive into a CPU tensor");
-  auto work = makeWork(c10d::OpType::RECVANYSOURCE, "resident:recvAnySource", tensors, {});
-  translateErrors([&] {
-    work->addOp(comm_->recvAnySource(t.data_ptr(), nbytes(t), static_cast<uint64_t>(tag)));
-    return 0;
-  });
-  return submit(work, true);
+  return cpuOp(
+      c10d::OpType::RECVANYSOURCE, "resident:recvAnySource", tensors, {}, true, [&](OpList& ops) {
+        ops.push_back(comm_->recvAnySource(t.data_ptr(), nbytes(t), static_cast<uint64_t>(tag)));
+      });
 }
 
 // A barrier is a host-level synchronisation (torch hands non-NCCL backends a CPU tensor):
 // it always takes the CPU path, also in groups that move CUDA tensors.
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::barrier(const c10d::BarrierOptions& opts) {
-  auto work = makeWork(c10d::OpType::BARRIER, "resident:barrier", {}, {});
-  translateErrors([&] {
-    work->addOp(comm_->barrier());
-    return 0;
-  });
-  return submit(work, opts.asyncOp);
+  return cpuOp(c10d::OpType::BARRIER, "resident:barrier", {}, {}, opts.asyncOp,
+               [&](OpList& ops) { ops.push_back(comm_->barrier()); });
 }
 
 // Host-side like barrier(); blocking, as torch's monitored_barrier is.

@@ -20,12 +20,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::broadcast(std::vector<at::T
                     g.broadcast(t.data_ptr(), nbytes(t), static_cast<int>(opts.rootRank), s);
                   });
   }
-  auto work = makeWork(c10d::OpType::BROADCAST, "resident:broadcast", tensors, {});
-  translateErrors([&] {
-    work->addOp(comm_->broadcast(t.data_ptr(), nbytes(t), static_cast<int>(opts.rootRank)));
-    return 0;
-  });
-  return submit(work, opts.asyncOp);
+  return cpuOp(
+      c10d::OpType::BROADCAST, "resident:broadcast", tensors, {}, opts.asyncOp, [&](OpList& ops) {
+        ops.push_back(comm_->broadcast(t.data_ptr(), nbytes(t), static_cast<int>(opts.rootRank)));
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce(std::vector<at::Tensor>& tensors,
@@ -39,13 +37,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce(std::vector<at::Tens
                              static_cast<int>(opts.rootRank), s);
                   });
   }
-  auto work = makeWork(c10d::OpType::REDUCE, "resident:reduce", tensors, {});
-  translateErrors([&] {
-    work->addOp(comm_->reduce(t.data_ptr(), t.data_ptr(), red.count(t), red.dtype, red.op,
-                              static_cast<int>(opts.rootRank)));
-    return 0;
-  });
-  return submit(work, opts.asyncOp);
+  return cpuOp(c10d::OpType::REDUCE, "resident:reduce", tensors, {}, opts.asyncOp,
+               [&](OpList& ops) {
+                 ops.push_back(comm_->reduce(t.data_ptr(), t.data_ptr(), red.count(t), red.dtype,
+                                             red.op, static_cast<int>(opts.rootRank)));
+               });
 }
 
 // The root's output holds every rank's input one after another (torch's gather_single).
@@ -71,12 +67,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::gather_into_tensor(
                     g.gather(input.data_ptr(), outs.data(), nbytes(input), root, s);
                   });
   }
-  auto work = makeWork(c10d::OpType::GATHER, "resident:gather_single", result, {input});
-  translateErrors([&] {
-    work->addOp(comm_->gather(input.data_ptr(), outs.data(), nbytes(input), root));
-    return 0;
-  });
-  return submit(work, opts.asyncOp);
+  return cpuOp(c10d::OpType::GATHER, "resident:gather_single", result, {input}, opts.asyncOp,
+               [&](OpList& ops) {
+                 ops.push_back(comm_->gather(input.data_ptr(), outs.data(), nbytes(input), root));
+               });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::gather(
@@ -108,12 +102,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::gather(
                     g.gather(in.data_ptr(), outs.data(), nbytes(in), root, s);
                   });
   }
-  auto work = makeWork(c10d::OpType::GATHER, "resident:gather", result, inputs);
-  translateErrors([&] {
-    work->addOp(comm_->gather(in.data_ptr(), outs.data(), nbytes(in), root));
-    return 0;
-  });
-  return submit(work, opts.asyncOp);
+  return cpuOp(c10d::OpType::GATHER, "resident:gather", result, inputs, opts.asyncOp,
+               [&](OpList& ops) {
+                 ops.push_back(comm_->gather(in.data_ptr(), outs.data(), nbytes(in), root));
+               });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::scatter(
@@ -142,12 +134,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::scatter(
                     g.scatter(ins.data(), out.data_ptr(), nbytes(out), root, s);
                   });
   }
-  auto work = makeWork(c10d::OpType::SCATTER, "resident:scatter", outputs, keep);
-  translateErrors([&] {
-    work->addOp(comm_->scatter(ins.data(), out.data_ptr(), nbytes(out), root));
-    return 0;
-  });
-  return submit(work, opts.asyncOp);
+  return cpuOp(c10d::OpType::SCATTER, "resident:scatter", outputs, keep, opts.asyncOp,
+               [&](OpList& ops) {
+                 ops.push_back(comm_->scatter(ins.data(), out.data_ptr(), nbytes(out), root));
+               });
 }
 
 }  // namespace resident

@@ -16,11 +16,7 @@ WorkResident::WorkResident(std::shared_ptr<Communicator> comm, int rank, c10d::O
       comm_(std::move(comm)),
       outputs_(std::move(outputs)),
       keep_alive_(std::move(keep_alive)),
-      // The op's inputs: what it holds besides its outputs, or its outputs when it works in
-      // place (a scatter's non-root ranks have none).
-      record_(OpRecord::start(profiling_title, type == c10d::OpType::SCATTER || !keep_alive_.empty()
-                                                   ? keep_alive_
-                                                   : outputs_)) {}
+      record_(OpRecord::start(profiling_title, recordedInputs(type, outputs_, keep_alive_))) {}
 
 WorkResident::~WorkResident() {
   if (!released_.exchange(true))

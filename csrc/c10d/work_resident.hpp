@@ -6,6 +6,8 @@
 // the proxy thread, where the profiling session cannot be checked.
 #pragma once
 
+#include <c10/util/ArrayRef.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
@@ -17,6 +19,9 @@
 
 namespace resident {
 
+// The core ops one call starts (a coalesced call: several).
+using OpList = c10::SmallVectorImpl<OpHandle>;
+
 class WorkResident : public c10d::Work {
  public:
   WorkResident(std::shared_ptr<Communicator> comm, int rank, c10d::OpType type,
@@ -24,7 +29,15 @@ class WorkResident : public c10d::Work {
                std::vector<at::Tensor> keep_alive);
   ~WorkResident() override;
 
-  void addOp(OpHandle h) { ops_.push_back(h); }
+  // Where the call starts its ops.
+  OpList& ops() { return ops_; }
+  // The tensors an op's profiler event reports as its inputs: what it holds besides its
+  // outputs, or its outputs when it works in place (a scatter's non-root ranks have none).
+  static c10::ArrayRef<at::Tensor> recordedInputs(c10d::OpType type,
+                                                  c10::ArrayRef<at::Tensor> outputs,
+                                                  c10::ArrayRef<at::Tensor> keep_alive) {
+    return type == c10d::OpType::SCATTER || !keep_alive.empty() ? keep_alive : outputs;
+  }
   // Once the work has completed (isCompleted() returned true): gives its ops back to the pool,
   // keeping their outcome, so that finished works a caller still holds do not fill the pool.
   void releaseOps();
@@ -50,7 +63,7 @@ class WorkResident : public c10d::Work {
   [[noreturn]] void rethrow() const;
 
   std::shared_ptr<Communicator> comm_;
-  std::vector<OpHandle> ops_;
+  c10::SmallVector<OpHandle, 4> ops_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_alive_;
   std::atomic<bool> finished_{false};
