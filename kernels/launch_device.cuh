@@ -75,6 +75,12 @@ inline DriverLaunchEx driverLaunchEx() {
 
 constexpr int kMaxDevices = 64;  // devices whose function handles a kernel caches
 
+// The cached handle of a kernel whose lookup failed on that device (never a real handle).
+inline CUfunction noFunction() {
+  static char marker;
+  return reinterpret_cast<CUfunction>(&marker);
+}
+
 }  // namespace detail
 
 // A launch with programmatic dependent launch through the runtime's call, of a kernel chosen at
@@ -111,13 +117,16 @@ cudaError_t launchKernel(const Args& args, unsigned blocks, cudaStream_t stream,
       device < detail::kMaxDevices) {
     CUfunction f = handles[device].load(std::memory_order_acquire);
     if (f == nullptr) {
+      // Looked up once per device: a failed lookup is remembered, and the runtime's call
+      // launches from then on.
       cudaFunction_t h = nullptr;
-      if (cudaGetFuncBySymbol(&h, reinterpret_cast<const void*>(Kernel)) == cudaSuccess) {
-        f = reinterpret_cast<CUfunction>(h);
-        handles[device].store(f, std::memory_order_release);
-      }
+      f = cudaGetFuncBySymbol(&h, reinterpret_cast<const void*>(Kernel)) == cudaSuccess &&
+                  h != nullptr
+              ? reinterpret_cast<CUfunction>(h)
+              : detail::noFunction();
+      handles[device].store(f, std::memory_order_release);
     }
-    if (f != nullptr) {
+    if (f != detail::noFunction()) {
       CUlaunchAttribute attr[1];
       attr[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
       attr[0].value.programmaticStreamSerializationAllowed = 1;
