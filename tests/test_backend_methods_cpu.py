@@ -1,8 +1,8 @@
 """The c10d::Backend methods beyond the common collectives, on CPU tensors (docs/ops.md):
 all_gather_coalesced, gather_single, recv from any source (the sender comes back), and
 monitored_barrier (passing, and naming the ranks that did not arrive); what a call with asyncOp
-off returns (no Work: synchronous_calls.py); plus the clear error of a method resident does not
-serve.
+off returns (no Work: synchronous_calls.py); coalesced calls with a bad pair, refused before any
+op starts; plus the clear error of a method resident does not serve.
 
 All cases of one world size run in one spawned job (dist_harness.JobCache). Every rank
 regenerates every other rank's input from a seed, so results are checked bitwise against the
@@ -77,6 +77,38 @@ def _agc_bad(rank, ws):
             return [f"the error does not name the op and the problem: {e}"], {}
         return [], {}
     return ["a 3-element output for a 4-element input was accepted"], {}
+
+
+@case("tensor_coalesced[a-bad-pair-starts-nothing]", identical=False)
+def _tensor_coalesced_bad_pair(rank, ws):
+    # A size mismatch in the second pair is raised before the first pair's op starts: its
+    # output stays as it was, and the group's next op is the first to run.
+    import torch
+    import torch.distributed as dist
+
+    errs = []
+    pg = dist.group.WORLD
+    calls = (
+        ("allgather_into_tensor_coalesced", "all_gather_into_tensor",
+         [torch.zeros(2 * ws), torch.zeros(2 * ws + 1)], [torch.ones(2), torch.ones(2)]),
+        ("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor",
+         [torch.zeros(2), torch.zeros(3)], [torch.ones(2 * ws), torch.ones(2 * ws)]),
+    )
+    for method, op, outputs, inputs in calls:
+        try:
+            getattr(pg, method)(outputs, inputs)
+            errs.append(f"{method}: a mismatched second pair was accepted")
+        except ValueError as e:
+            if op not in str(e) or "size mismatch" not in str(e):
+                errs.append(f"{method}: the error does not name the op and the problem: {e}")
+        # A started op would have finished by the end of the next one.
+        t = torch.full((3,), float(rank + 1))
+        dist.all_reduce(t)
+        errs += compare_exact(t, torch.full((3,), float(ws * (ws + 1) // 2)),
+                              f"the all_reduce after {method}")
+        if bool(outputs[0].any()):
+            errs.append(f"{method}: the first pair's op ran although the second pair was wrong")
+    return errs, {}
 
 
 @case("gather_single[every-root]", identical=False)
