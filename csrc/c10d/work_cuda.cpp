@@ -424,8 +424,8 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkCuda::getFuture() {
 
 c10::Device CudaPath::deviceFor(const at::Tensor& first) {
   const c10::Device device = first.device();
-  c10::cuda::CUDAGuard guard(device);
   if (!gpu_) {
+    c10::cuda::CUDAGuard guard(device);  // the GPU state is made on the tensors' device
     auto made = std::make_shared<CudaStreams>(device.index(), comm_.size());
     gpu_ = std::make_shared<GpuCommunicator>(comm_, device.index(), timeout_ms_);
     streams_ = std::move(made);

@@ -119,7 +119,7 @@ class CudaPath {
   void shutdown();
 
  private:
-  // The path on the tensors' device, created on first use.
+  // The path on the tensors' device, created on first use; the caller sets the device.
   c10::Device deviceFor(const at::Tensor& first);
 
   Communicator& comm_;
