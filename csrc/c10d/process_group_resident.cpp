@@ -228,25 +228,28 @@ void ProcessGroupResident::checkAllGatherBase(const at::Tensor& output, const at
                        " (size mismatch)");
 }
 
-void ProcessGroupResident::addAllGatherBase(OpList& ops, const at::Tensor& output,
-                                            const at::Tensor& input) {
-  c10::SmallVector<void*, 16> outs;
-  auto* base = static_cast<unsigned char*>(output.data_ptr());
-  for (int p = 0; p < size_; ++p) outs.push_back(base + p * nbytes(input));
-  ops.push_back(comm_->allGather(input.data_ptr(), outs.data(), nbytes(input)));
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allGatherBaseCuda(
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allGatherBase(
     c10d::OpType type, const char* title, const std::vector<at::Tensor>& outputs,
     const std::vector<at::Tensor>& inputs, bool async_op) {
+  // Every pair checked before any op starts: a partial start would desynchronise ranks.
   for (const auto i : c10::irange(inputs.size())) checkAllGatherBase(outputs[i], inputs[i]);
-  return cudaOp(type, title, outputs, inputs, async_op, [&](GpuCommunicator& g, void* s) {
-    for (const auto i : c10::irange(inputs.size())) {
-      c10::SmallVector<void*, 16> outs;
-      auto* base = static_cast<unsigned char*>(outputs[i].data_ptr());
-      for (int p = 0; p < size_; ++p) outs.push_back(base + p * nbytes(inputs[i]));
-      g.allGather(inputs[i].data_ptr(), outs.data(), nbytes(inputs[i]), s);
-    }
+  // Rank p's input lands at p x input bytes into the output.
+  auto rankOffsets = [&](size_t i) {
+    c10::SmallVector<void*, 16> outs;
+    auto* base = static_cast<unsigned char*>(outputs[i].data_ptr());
+    for (int p = 0; p < size_; ++p) outs.push_back(base + p * nbytes(inputs[i]));
+    return outs;
+  };
+  if (!inputs.empty() && inputs[0].is_cuda()) {
+    return cudaOp(type, title, outputs, inputs, async_op, [&](GpuCommunicator& g, void* s) {
+      for (const auto i : c10::irange(inputs.size()))
+        g.allGather(inputs[i].data_ptr(), rankOffsets(i).data(), nbytes(inputs[i]), s);
+    });
+  }
+  return cpuOp(type, title, outputs, inputs, async_op, [&](OpList& ops) {
+    for (const auto i : c10::irange(inputs.size()))
+      ops.push_back(
+          comm_->allGather(inputs[i].data_ptr(), rankOffsets(i).data(), nbytes(inputs[i])));
   });
 }
 
@@ -260,12 +263,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_allgather_base(
     return handOff(HandoffOp::kAllGatherIntoTensor, "resident:all_gather_into_tensor", input,
                    [&](c10d::Backend& b) { return b._allgather_base(out, in, opts); });
   }
-  if (input.is_cuda())
-    return allGatherBaseCuda(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor",
-                             {output}, {input}, opts.asyncOp);
-  checkAllGatherBase(output, input);
-  return cpuOp(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor", {output}, {input},
-               opts.asyncOp, [&](OpList& ops) { addAllGatherBase(ops, output, input); });
+  return allGatherBase(c10d::OpType::_ALLGATHER_BASE, "resident:all_gather_into_tensor", {output},
+                       {input}, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_into_tensor_coalesced(
@@ -274,16 +273,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allgather_into_tensor_coale
   RESIDENT_CHECK_VALUE(outputs.size() == inputs.size(),
                        "resident: all_gather_into_tensor_coalesced: ", outputs.size(),
                        " outputs for ", inputs.size(), " inputs");
-  if (!inputs.empty() && inputs[0].is_cuda())
-    return allGatherBaseCuda(c10d::OpType::COALESCED, "resident:all_gather_into_tensor_coalesced",
-                             outputs, inputs, opts.asyncOp);
-  // Every pair checked before any op starts: a partial start would desynchronise ranks.
-  for (const auto i : c10::irange(inputs.size())) checkAllGatherBase(outputs[i], inputs[i]);
-  return cpuOp(c10d::OpType::COALESCED, "resident:all_gather_into_tensor_coalesced", outputs,
-               inputs, opts.asyncOp, [&](OpList& ops) {
-                 for (const auto i : c10::irange(inputs.size()))
-                   addAllGatherBase(ops, outputs[i], inputs[i]);
-               });
+  return allGatherBase(c10d::OpType::COALESCED, "resident:all_gather_into_tensor_coalesced",
+                       outputs, inputs, opts.asyncOp);
 }
 
 // outputs[r][i] receives rank r's inputs[i]; each input is gathered as its own op (dtypes and
@@ -342,22 +333,7 @@ void ProcessGroupResident::checkReduceScatterBase(const at::Tensor& output,
                        " (size mismatch)");
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduceScatterBaseCuda(
-    c10d::OpType type, const char* title, const std::vector<at::Tensor>& outputs,
-    const std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  c10::SmallVector<Reduction, 8> reds;
-  for (const auto i : c10::irange(inputs.size())) {
-    checkReduceScatterBase(outputs[i], inputs[i]);
-    reds.push_back(reductionOf(outputs[i], opts.reduceOp, "reduce_scatter_tensor"));
-  }
-  return cudaOp(type, title, outputs, inputs, opts.asyncOp, [&](GpuCommunicator& g, void* s) {
-    for (const auto i : c10::irange(inputs.size()))
-      g.reduceScatter(inputs[i].data_ptr(), outputs[i].data_ptr(), reds[i].count(outputs[i]),
-                      reds[i].dtype, reds[i].op, s);
-  });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduceScatterBaseCpu(
+c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduceScatterBase(
     c10d::OpType type, const char* title, const std::vector<at::Tensor>& outputs,
     const std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   // Every pair checked before any op starts: a partial start would desynchronise ranks.
@@ -365,6 +341,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduceScatterBaseCpu(
   for (const auto i : c10::irange(inputs.size())) {
     checkReduceScatterBase(outputs[i], inputs[i]);
     reds.push_back(reductionOf(outputs[i], opts.reduceOp, "reduce_scatter_tensor"));
+  }
+  if (!inputs.empty() && inputs[0].is_cuda()) {
+    return cudaOp(type, title, outputs, inputs, opts.asyncOp, [&](GpuCommunicator& g, void* s) {
+      for (const auto i : c10::irange(inputs.size()))
+        g.reduceScatter(inputs[i].data_ptr(), outputs[i].data_ptr(), reds[i].count(outputs[i]),
+                        reds[i].dtype, reds[i].op, s);
+    });
   }
   return cpuOp(type, title, outputs, inputs, opts.asyncOp, [&](OpList& ops) {
     for (const auto i : c10::irange(inputs.size()))
@@ -382,11 +365,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::_reduce_scatter_base(
     return handOff(HandoffOp::kReduceScatterTensor, "resident:reduce_scatter_tensor", input,
                    [&](c10d::Backend& b) { return b._reduce_scatter_base(out, in, opts); });
   }
-  if (input.is_cuda())
-    return reduceScatterBaseCuda(c10d::OpType::_REDUCE_SCATTER_BASE,
-                                 "resident:reduce_scatter_tensor", {output}, {input}, opts);
-  return reduceScatterBaseCpu(c10d::OpType::_REDUCE_SCATTER_BASE, "resident:reduce_scatter_tensor",
-                              {output}, {input}, opts);
+  return reduceScatterBase(c10d::OpType::_REDUCE_SCATTER_BASE, "resident:reduce_scatter_tensor",
+                           {output}, {input}, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter_tensor_coalesced(
@@ -395,11 +375,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter_tensor_coale
   RESIDENT_CHECK_VALUE(outputs.size() == inputs.size(),
                        "resident: reduce_scatter_tensor_coalesced: ", outputs.size(),
                        " outputs for ", inputs.size(), " inputs");
-  if (!inputs.empty() && inputs[0].is_cuda())
-    return reduceScatterBaseCuda(c10d::OpType::COALESCED,
-                                 "resident:reduce_scatter_tensor_coalesced", outputs, inputs, opts);
-  return reduceScatterBaseCpu(c10d::OpType::COALESCED, "resident:reduce_scatter_tensor_coalesced",
-                              outputs, inputs, opts);
+  return reduceScatterBase(c10d::OpType::COALESCED, "resident:reduce_scatter_tensor_coalesced",
+                           outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::reduce_scatter(

@@ -155,20 +155,16 @@ class ProcessGroupResident : public c10d::Backend {
                                              bool async_op);
   void checkAllGatherBase(const at::Tensor& output, const at::Tensor& input);
   void checkReduceScatterBase(const at::Tensor& output, const at::Tensor& input);
-  c10::intrusive_ptr<c10d::Work> allGatherBaseCuda(c10d::OpType type, const char* title,
+  // all_gather_into_tensor of each (output, input) pair, CPU or CUDA.
+  c10::intrusive_ptr<c10d::Work> allGatherBase(c10d::OpType type, const char* title,
+                                               const std::vector<at::Tensor>& outputs,
+                                               const std::vector<at::Tensor>& inputs,
+                                               bool async_op);
+  // reduce_scatter_tensor of each (output, input) pair, CPU or CUDA.
+  c10::intrusive_ptr<c10d::Work> reduceScatterBase(c10d::OpType type, const char* title,
                                                    const std::vector<at::Tensor>& outputs,
                                                    const std::vector<at::Tensor>& inputs,
-                                                   bool async_op);
-  c10::intrusive_ptr<c10d::Work> reduceScatterBaseCuda(c10d::OpType type, const char* title,
-                                                       const std::vector<at::Tensor>& outputs,
-                                                       const std::vector<at::Tensor>& inputs,
-                                                       const c10d::ReduceScatterOptions& opts);
-  // Starts a checked (checkAllGatherBase) CPU all_gather_into_tensor.
-  void addAllGatherBase(OpList& ops, const at::Tensor& output, const at::Tensor& input);
-  c10::intrusive_ptr<c10d::Work> reduceScatterBaseCpu(c10d::OpType type, const char* title,
-                                                      const std::vector<at::Tensor>& outputs,
-                                                      const std::vector<at::Tensor>& inputs,
-                                                      const c10d::ReduceScatterOptions& opts);
+                                                   const c10d::ReduceScatterOptions& opts);
 
   // Forwards an op to the hand-off backend (counted as a collective unless it is a send/recv).
   template <typename F>
