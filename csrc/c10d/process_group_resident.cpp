@@ -131,18 +131,10 @@ void ProcessGroupResident::dropFinished() {
 }
 
 void ProcessGroupResident::waitSynchronous(const OpList& ops) {
-  Engine& engine = comm_->engine();
-  std::string error;  // the first failed op's
-  for (const OpHandle& h : ops) {
-    try {
-      engine.wait(h);
-    } catch (const CommError& e) {
-      // Stuck past the group's timeout with no progress pass to fail it: still in flight.
-      if (!engine.test(h)) C10_THROW_ERROR(DistBackendError, e.what());
-      if (error.empty()) error = e.what();
-    }
-  }
-  if (!error.empty()) C10_THROW_ERROR(DistBackendError, error);
+  WorkResident::waitOps(comm_->engine(), ops, 0);
+  for (const OpHandle& h : ops)  // the first failed op's error, as WorkResident::wait raises it
+    if (h.op->state.load(std::memory_order_acquire) == OpState::kFailed)
+      C10_THROW_ERROR(DistBackendError, h.op->error);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupResident::allreduce(std::vector<at::Tensor>& tensors,

@@ -90,24 +90,26 @@ int WorkResident::sourceRank() const {
   return source_;
 }
 
+void WorkResident::waitOps(Engine& engine, c10::ArrayRef<OpHandle> ops, uint64_t timeout_ns) {
+  for (const OpHandle& h : ops) {
+    try {
+      engine.wait(h, timeout_ns);
+    } catch (const CommError& e) {
+      if (!engine.test(h)) {  // the wait's timeout passed; the op is still in flight
+        C10_THROW_ERROR(DistBackendError, e.what());
+      }
+    }
+  }
+}
+
 bool WorkResident::wait(std::chrono::milliseconds timeout) {
   if (finished_.load(std::memory_order_acquire)) {  // its ops may be back in the pool
     record_.end();
     if (failed_) rethrow();
     return true;
   }
-  Engine& engine = comm_->engine();
-  const uint64_t timeout_ns =
-      timeout == kNoTimeout ? 0 : static_cast<uint64_t>(timeout.count()) * 1000000ull;
-  for (const OpHandle& h : ops_) {
-    try {
-      engine.wait(h, timeout_ns);
-    } catch (const CommError& e) {
-      if (!engine.test(h)) {  // the wait's own timeout passed; the op is still in flight
-        C10_THROW_ERROR(DistBackendError, e.what());
-      }
-    }
-  }
+  waitOps(comm_->engine(), ops_,
+          timeout == kNoTimeout ? 0 : static_cast<uint64_t>(timeout.count()) * 1000000ull);
   collect();
   record_.end();
   if (failed_) rethrow();

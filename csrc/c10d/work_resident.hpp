@@ -44,6 +44,10 @@ class WorkResident : public c10d::Work {
   // Ends the op's profiler event now (the group aborts, its ops failed).
   void endRecord() { record_.end(); }
 
+  // Waits for `ops` on this thread; a DistBackendError when one is still in flight past
+  // `timeout_ns` (0: the group's timeout). Failed ops are left to the caller's check.
+  static void waitOps(Engine& engine, c10::ArrayRef<OpHandle> ops, uint64_t timeout_ns);
+
   bool isCompleted() override;
   // isCompleted() without a progress pass: a cheap check for many works at once.
   bool completedNow();
