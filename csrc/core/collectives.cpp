@@ -34,6 +34,43 @@ OpHandle startOp(Engine& engine, Fill&& fill) {
   return engine.commit(op);
 }
 
+// A collective of `kind` over `n` bytes (per rank): the group's next collective sequence number.
+template <typename Fill>
+OpHandle startCollective(Engine& engine, OpKind kind, uint64_t n, Fill&& fill) {
+  return startOp(engine, [&](Op& o) {
+    o.kind = kind;
+    o.bytes = n;
+    o.seq = engine.nextCollectiveSeq();
+    fill(o);
+  });
+}
+
+// This op sends `n` bytes from `src` to peer `p`.
+void sendTo(Op& o, int p, const void* src, uint64_t n) {
+  PeerTransfer& t = o.peers[static_cast<size_t>(p)];
+  t.sends = true;
+  t.send_ptr = cbytes(src);
+  t.send_bytes = n;
+}
+
+// This op receives `n` bytes from peer `p` into `dst` (null: reduced, not placed).
+void recvFrom(Op& o, int p, void* dst, uint64_t n) {
+  PeerTransfer& t = o.peers[static_cast<size_t>(p)];
+  t.recvs = true;
+  t.recv_ptr = static_cast<unsigned char*>(dst);
+  t.recv_bytes = n;
+}
+
+// The received blocks are reduced with this rank's `local` block into `out`, in rank order.
+void reduceInto(Op& o, DType dtype, RedOp op, const void* local, void* out, uint64_t n) {
+  o.dtype = dtype;
+  o.redop = op;
+  o.reduce = true;
+  o.reduce_local = cbytes(local);
+  o.reduce_out = static_cast<unsigned char*>(out);
+  o.reduce_bytes = n;
+}
+
 }  // namespace
 
 void Communicator::checkRank(int r, const char* what) const {
@@ -53,23 +90,13 @@ void Communicator::checkReduction(DType dtype, RedOp op, const char* what) const
 OpHandle Communicator::allReduce(const void* in, void* out, size_t count, DType dtype, RedOp op) {
   checkReduction(dtype, op, "all_reduce");
   const size_t n = count * dtypeSize(dtype);
-  return startOp(*engine_, [&](Op& o) {
-    o.kind = OpKind::kAllReduce;
-    o.dtype = dtype;
-    o.redop = op;
-    o.bytes = n;
-    o.seq = engine_->nextCollectiveSeq();
+  return startCollective(*engine_, OpKind::kAllReduce, n, [&](Op& o) {
     for (int p = 0; p < nranks_; ++p) {
       if (p == rank_) continue;
-      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
-      t.sends = t.recvs = true;
-      t.send_ptr = cbytes(in);
-      t.send_bytes = t.recv_bytes = n;
+      sendTo(o, p, in, n);
+      recvFrom(o, p, nullptr, n);
     }
-    o.reduce = true;
-    o.reduce_local = cbytes(in);
-    o.reduce_out = bytes(out);
-    o.reduce_bytes = n;
+    reduceInto(o, dtype, op, in, out, n);
   });
 }
 
@@ -88,23 +115,13 @@ OpHandle Communicator::reduceScatterV(const void* const* inputs, void* out, size
                                       DType dtype, RedOp op) {
   checkReduction(dtype, op, "reduce_scatter");
   const size_t n = count * dtypeSize(dtype);
-  return startOp(*engine_, [&](Op& o) {
-    o.kind = OpKind::kReduceScatter;
-    o.dtype = dtype;
-    o.redop = op;
-    o.bytes = n;
-    o.seq = engine_->nextCollectiveSeq();
+  return startCollective(*engine_, OpKind::kReduceScatter, n, [&](Op& o) {
     for (int p = 0; p < nranks_; ++p) {
       if (p == rank_) continue;
-      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
-      t.sends = t.recvs = true;
-      t.send_ptr = cbytes(inputs[p]);
-      t.send_bytes = t.recv_bytes = n;
+      sendTo(o, p, inputs[p], n);
+      recvFrom(o, p, nullptr, n);
     }
-    o.reduce = true;
-    o.reduce_local = cbytes(inputs[rank_]);
-    o.reduce_out = bytes(out);
-    o.reduce_bytes = n;
+    reduceInto(o, dtype, op, inputs[rank_], out, n);
   });
 }
 
@@ -113,45 +130,26 @@ OpHandle Communicator::reduce(const void* in, void* out, size_t count, DType dty
   checkRank(root, "reduce");
   checkReduction(dtype, op, "reduce");
   const size_t n = count * dtypeSize(dtype);
-  return startOp(*engine_, [&](Op& o) {
-    o.kind = OpKind::kReduce;
-    o.dtype = dtype;
-    o.redop = op;
-    o.bytes = n;
-    o.seq = engine_->nextCollectiveSeq();
+  return startCollective(*engine_, OpKind::kReduce, n, [&](Op& o) {
     if (rank_ != root) {
-      PeerTransfer& t = o.peers[static_cast<size_t>(root)];
-      t.sends = true;
-      t.send_ptr = cbytes(in);
-      t.send_bytes = n;
+      o.dtype = dtype;
+      o.redop = op;
+      sendTo(o, root, in, n);
       return;
     }
-    for (int p = 0; p < nranks_; ++p) {
-      if (p == rank_) continue;
-      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
-      t.recvs = true;
-      t.recv_bytes = n;
-    }
-    o.reduce = true;
-    o.reduce_local = cbytes(in);
-    o.reduce_out = bytes(out);
-    o.reduce_bytes = n;
+    for (int p = 0; p < nranks_; ++p)
+      if (p != rank_) recvFrom(o, p, nullptr, n);
+    reduceInto(o, dtype, op, in, out, n);
   });
 }
 
 OpHandle Communicator::allGather(const void* in, void* const* outs, size_t n) {
   localCopy(outs[rank_], in, n);
-  return startOp(*engine_, [&](Op& o) {
-    o.kind = OpKind::kAllGather;
-    o.bytes = n;
-    o.seq = engine_->nextCollectiveSeq();
+  return startCollective(*engine_, OpKind::kAllGather, n, [&](Op& o) {
     for (int p = 0; p < nranks_; ++p) {
       if (p == rank_) continue;
-      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
-      t.sends = t.recvs = true;
-      t.send_ptr = cbytes(in);
-      t.recv_ptr = bytes(outs[p]);
-      t.send_bytes = t.recv_bytes = n;
+      sendTo(o, p, in, n);
+      recvFrom(o, p, outs[p], n);
     }
   });
 }
@@ -159,46 +157,26 @@ OpHandle Communicator::allGather(const void* in, void* const* outs, size_t n) {
 OpHandle Communicator::gather(const void* in, void* const* outs, size_t n, int root) {
   checkRank(root, "gather");
   if (rank_ == root) localCopy(outs[rank_], in, n);
-  return startOp(*engine_, [&](Op& o) {
-    o.kind = OpKind::kGather;
-    o.bytes = n;
-    o.seq = engine_->nextCollectiveSeq();
-    for (int p = 0; p < nranks_; ++p) {
-      if (p == rank_) continue;
-      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
-      if (rank_ == root) {
-        t.recvs = true;
-        t.recv_ptr = bytes(outs[p]);
-        t.recv_bytes = n;
-      } else if (p == root) {
-        t.sends = true;
-        t.send_ptr = cbytes(in);
-        t.send_bytes = n;
-      }
+  return startCollective(*engine_, OpKind::kGather, n, [&](Op& o) {
+    if (rank_ != root) {
+      sendTo(o, root, in, n);
+      return;
     }
+    for (int p = 0; p < nranks_; ++p)
+      if (p != rank_) recvFrom(o, p, outs[p], n);
   });
 }
 
 OpHandle Communicator::scatter(const void* const* ins, void* out, size_t n, int root) {
   checkRank(root, "scatter");
   if (rank_ == root) localCopy(out, ins[rank_], n);
-  return startOp(*engine_, [&](Op& o) {
-    o.kind = OpKind::kScatter;
-    o.bytes = n;
-    o.seq = engine_->nextCollectiveSeq();
-    for (int p = 0; p < nranks_; ++p) {
-      if (p == rank_) continue;
-      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
-      if (rank_ == root) {
-        t.sends = true;
-        t.send_ptr = cbytes(ins[p]);
-        t.send_bytes = n;
-      } else if (p == root) {
-        t.recvs = true;
-        t.recv_ptr = bytes(out);
-        t.recv_bytes = n;
-      }
+  return startCollective(*engine_, OpKind::kScatter, n, [&](Op& o) {
+    if (rank_ != root) {
+      recvFrom(o, root, out, n);
+      return;
     }
+    for (int p = 0; p < nranks_; ++p)
+      if (p != rank_) sendTo(o, p, ins[p], n);
   });
 }
 
@@ -210,52 +188,35 @@ OpHandle Communicator::allToAll(const void* const* ins, const size_t* in_bytes, 
                           std::to_string(out_bytes[rank_]) + " (split sizes disagree)");
   }
   localCopy(outs[rank_], ins[rank_], in_bytes[rank_]);
-  return startOp(*engine_, [&](Op& o) {
-    o.kind = OpKind::kAllToAll;
-    o.seq = engine_->nextCollectiveSeq();
+  uint64_t total = 0;
+  for (int p = 0; p < nranks_; ++p) total += in_bytes[p];
+  return startCollective(*engine_, OpKind::kAllToAll, total, [&](Op& o) {
     for (int p = 0; p < nranks_; ++p) {
-      o.bytes += in_bytes[p];
       if (p == rank_) continue;
-      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
-      t.sends = t.recvs = true;
-      t.send_ptr = cbytes(ins[p]);
-      t.send_bytes = in_bytes[p];
-      t.recv_ptr = bytes(outs[p]);
-      t.recv_bytes = out_bytes[p];
+      sendTo(o, p, ins[p], in_bytes[p]);
+      recvFrom(o, p, outs[p], out_bytes[p]);
     }
   });
 }
 
 OpHandle Communicator::broadcast(void* buf, size_t n, int root) {
   checkRank(root, "broadcast");
-  return startOp(*engine_, [&](Op& o) {
-    o.kind = OpKind::kBroadcast;
-    o.bytes = n;
-    o.seq = engine_->nextCollectiveSeq();
-    for (int p = 0; p < nranks_; ++p) {
-      if (p == rank_) continue;
-      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
-      if (rank_ == root) {
-        t.sends = true;
-        t.send_ptr = cbytes(buf);
-        t.send_bytes = n;
-      } else if (p == root) {
-        t.recvs = true;
-        t.recv_ptr = bytes(buf);
-        t.recv_bytes = n;
-      }
+  return startCollective(*engine_, OpKind::kBroadcast, n, [&](Op& o) {
+    if (rank_ != root) {
+      recvFrom(o, root, buf, n);
+      return;
     }
+    for (int p = 0; p < nranks_; ++p)
+      if (p != rank_) sendTo(o, p, buf, n);
   });
 }
 
 OpHandle Communicator::barrier() {
-  return startOp(*engine_, [&](Op& o) {
-    o.kind = OpKind::kBarrier;
-    o.seq = engine_->nextCollectiveSeq();
+  return startCollective(*engine_, OpKind::kBarrier, 0, [&](Op& o) {
     for (int p = 0; p < nranks_; ++p) {
       if (p == rank_) continue;
-      PeerTransfer& t = o.peers[static_cast<size_t>(p)];
-      t.sends = t.recvs = true;
+      sendTo(o, p, nullptr, 0);
+      recvFrom(o, p, nullptr, 0);
     }
   });
 }
@@ -269,10 +230,7 @@ OpHandle Communicator::send(const void* buf, size_t n, int peer, uint64_t tag) {
     o.peer = peer;
     o.seq = tag;
     o.bytes = n;
-    PeerTransfer& t = o.peers[static_cast<size_t>(peer)];
-    t.sends = true;
-    t.send_ptr = cbytes(buf);
-    t.send_bytes = n;
+    sendTo(o, peer, buf, n);
   });
 }
 
@@ -285,10 +243,7 @@ OpHandle Communicator::recv(void* buf, size_t n, int peer, uint64_t tag) {
     o.peer = peer;
     o.seq = tag;
     o.bytes = n;
-    PeerTransfer& t = o.peers[static_cast<size_t>(peer)];
-    t.recvs = true;
-    t.recv_ptr = bytes(buf);
-    t.recv_bytes = n;
+    recvFrom(o, peer, buf, n);
   });
 }
 
