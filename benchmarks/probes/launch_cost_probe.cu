@@ -5,14 +5,16 @@
 // driver's cuLaunchKernelEx with the kernel's handle looked up once) of a kernel taking the
 // library's CollectiveArgs by value (~2.8 KB of parameters) and of one taking 24 bytes, a
 // plain <<<>>> launch, the same launch through the runtime's cudaLaunchKernelEx, and each call
-// around the launch: the capture check, the event record of the op's end, the device guard's
-// get/set. Rows `launch_args_<N>_bytes_pdl` take N bytes of parameters (the cost of a launch by
-// the size of its arguments). The rows' batches alternate, one batch of each row per round, so
-// that the host's drift moves every row alike. Each kernel counts its runs; a count short of
-// the launches fails the probe (exit status 1).
+// around the launch: the capture check, the event record of the op's end (each through the
+// runtime and through the driver's entry point), the device guard's get/set. Rows
+// `launch_args_<N>_bytes_pdl` take N bytes of parameters (the cost of a launch by the size of its
+// arguments). The rows' batches alternate, one batch of each row per round, so that the host's
+// drift moves every row alike. Each kernel counts its runs; a count short of the launches fails the
+// probe (exit status 1).
 //
 //   nvcc -std=c++17 -O2 -arch=sm_90 -Ikernels -Icsrc benchmarks/probes/launch_cost_probe.cu \
 //     -o /tmp/launch_cost_probe && /tmp/launch_cost_probe [batches]
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -30,6 +32,17 @@ using resident::gpu::CollectiveArgs;
 using resident::gpu::launchKernel;
 
 constexpr int kBatch = 200;
+
+// A driver function handed out by the runtime (no link to libcuda), as launch_device.cuh takes
+// cuLaunchKernelEx.
+template <typename Fn>
+Fn driverEntry(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  probe::check(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found), name);
+  if (found != cudaDriverEntryPointSuccess) probe::check(cudaErrorSymbolNotFound, name);
+  return reinterpret_cast<Fn>(p);
+}
 
 struct SmallArgs {
   unsigned long long* count;
@@ -131,6 +144,19 @@ int main(int argc, char** argv) {
     launchColl();
     probe::check(cudaEventRecord(ev, s), "record");
   };
+  using EventRecordFn = CUresult (*)(CUevent, CUstream);
+  using IsCapturingFn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+  const auto cuRecord = driverEntry<EventRecordFn>("cuEventRecord");
+  const auto cuCapturing = driverEntry<IsCapturingFn>("cuStreamIsCapturing");
+  auto captureCheckDriverThenLaunch = [&] {
+    CUstreamCaptureStatus c;
+    if (cuCapturing(s, &c) != CUDA_SUCCESS) probe::check(cudaErrorUnknown, "cuStreamIsCapturing");
+    launchColl();
+  };
+  auto launchThenRecordDriver = [&] {
+    launchColl();
+    if (cuRecord(ev, s) != CUDA_SUCCESS) probe::check(cudaErrorUnknown, "cuEventRecord");
+  };
   auto guardThenLaunch = [&] {
     int d = -1;
     probe::check(cudaGetDevice(&d), "get device");
@@ -143,6 +169,8 @@ int main(int argc, char** argv) {
                            {"launch_collective_args_pdl_runtime", launchCollRuntime},
                            {"capture_check_then_launch", captureCheckThenLaunch},
                            {"launch_then_event_record", launchThenRecord},
+                           {"capture_check_driver_then_launch", captureCheckDriverThenLaunch},
+                           {"launch_then_event_record_driver", launchThenRecordDriver},
                            {"device_guard_then_launch", guardThenLaunch},
                            {"launch_args_512_bytes_pdl", launchSized(args512)},
                            {"launch_args_1024_bytes_pdl", launchSized(args1024)},

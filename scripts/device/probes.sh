@@ -6,7 +6,7 @@
 # stage ar64k-probe: ar64k_probe.cu: the 2-rank 64 KiB LL all_reduce, least kernels ordering stores and polls differently, with each variant's SASS ($OUT/ar64k_probe.jsonl, ~10 s).
 # stage proxy8-probe: proxy8_probe.cu: the 2-rank 8 B all_reduce over the proxy path, the least proxy path beside the library's kernel ($OUT/proxy8_probe.jsonl, ~10 s).
 # stage proxy-copy-probe: proxy_copy_probe.cu: the proxy's line check and copy on this host and the peer kernel's read of the result, per size ($OUT/proxy_copy_probe.jsonl, ~10 s).
-# stage launch-probe: launch_cost_probe.cu: the host's cost of each CUDA call of an eager op (the launch with the library's CollectiveArgs or small args, the capture check, the event record, the device guard) ($OUT/launch_cost_probe.jsonl, ~5 s).
+# stage launch-probe: launch_cost_probe.cu: the host's cost of each CUDA call of an eager op (the launch with the library's CollectiveArgs or small args, the capture check and the event record through the runtime and the driver, the device guard) ($OUT/launch_cost_probe.jsonl, ~5 s).
 # stage tcp-exchange-probe: tcp_exchange_probe.cpp: the 2-rank all_reduce's exchange over loopback tcp with no GPU and no library, with a stand-in of the GPU stage, per socket and thread variant ($OUT/tcp_exchange_probe.jsonl, ~1 min).
 # stage proxy-trace: the 2-rank graph benchmark of proxied cells (RESIDENT_TRACE_CELLS, op:size[:KEY=VALUE...]) with RESIDENT_GPU_PROXY_TRACE, summarised by scripts/proxy_trace_summary.py ($OUT/trace_summary_<cell>.json, raw in proxy_traces.tgz).
 
