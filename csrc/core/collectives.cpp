@@ -57,7 +57,7 @@ void sendTo(Op& o, int p, const void* src, uint64_t n) {
 void recvFrom(Op& o, int p, void* dst, uint64_t n) {
   PeerTransfer& t = o.peers[static_cast<size_t>(p)];
   t.recvs = true;
-  t.recv_ptr = static_cast<unsigned char*>(dst);
+  t.recv_ptr = bytes(dst);
   t.recv_bytes = n;
 }
 
@@ -67,7 +67,7 @@ void reduceInto(Op& o, DType dtype, RedOp op, const void* local, void* out, uint
   o.redop = op;
   o.reduce = true;
   o.reduce_local = cbytes(local);
-  o.reduce_out = static_cast<unsigned char*>(out);
+  o.reduce_out = bytes(out);
   o.reduce_bytes = n;
 }
 
