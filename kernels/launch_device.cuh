@@ -56,20 +56,23 @@ inline cudaError_t loadFunctions(std::initializer_list<const void*> kernels) {
 
 namespace detail {
 
+// A driver function (CUDA 12.0's version of `name`), handed out by the runtime (no link to
+// libcuda); null where this driver has none.
+template <typename Fn>
+Fn driverEntry(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found);
+  return err == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<Fn>(p)
+                                                                    : nullptr;
+}
+
 using DriverLaunchEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
 
-// The driver's cuLaunchKernelEx, handed out by the runtime (no link to libcuda); null where
-// this driver has none.
+// The driver's cuLaunchKernelEx, looked up once.
 inline DriverLaunchEx driverLaunchEx() {
-  static const DriverLaunchEx fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t err =
-        cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &p, 12000, cudaEnableDefault, &found);
-    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
-               ? reinterpret_cast<DriverLaunchEx>(p)
-               : nullptr;
-  }();
+  static const DriverLaunchEx fn = driverEntry<DriverLaunchEx>("cuLaunchKernelEx");
   return fn;
 }
 

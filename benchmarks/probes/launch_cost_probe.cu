@@ -33,15 +33,13 @@ using resident::gpu::launchKernel;
 
 constexpr int kBatch = 200;
 
-// A driver function handed out by the runtime (no link to libcuda), as launch_device.cuh takes
-// cuLaunchKernelEx.
+// A driver function through the library's lookup (launch_device.cuh); the probe stops if the
+// driver lacks it.
 template <typename Fn>
 Fn driverEntry(const char* name) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  probe::check(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found), name);
-  if (found != cudaDriverEntryPointSuccess) probe::check(cudaErrorSymbolNotFound, name);
-  return reinterpret_cast<Fn>(p);
+  const Fn fn = resident::gpu::detail::driverEntry<Fn>(name);
+  if (fn == nullptr) probe::check(cudaErrorSymbolNotFound, name);
+  return fn;
 }
 
 struct SmallArgs {
