@@ -191,6 +191,27 @@ def test_cross_process_floor_is_the_lowest_flag_kind():
     assert len(rows) == 1 and older["cross_process_flag_us"] == float(rows[0]["median_us"])
 
 
+def test_mps_warning_when_ranks_share_a_gpu_without_the_daemon(tmp_path):
+    """Ranks outnumbering the GPUs with no MPS control pipe: a warning naming the pipe; none
+    with a GPU per rank, with the pipe present, or when the GPUs cannot be counted."""
+    from resident_pg.bench.ladder import mps_warning
+    gpus = tmp_path / "gpus"
+    gpus.mkdir()
+    (gpus / "0000:19:00.0").mkdir()
+    pipe = tmp_path / "mps"
+    pipe.mkdir()
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+    w = mps_warning(2, env, str(gpus))
+    assert w is not None and str(pipe) in w and "2 ranks on 1 GPU" in w
+    assert mps_warning(1, env, str(gpus)) is None
+    (pipe / "control").write_text("")
+    assert mps_warning(2, env, str(gpus)) is None
+    assert mps_warning(2, {"CUDA_VISIBLE_DEVICES": "0,1"}, str(gpus)) is None
+    two = {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_MPS_PIPE_DIRECTORY": str(gpus)}
+    assert "4 ranks on 2 GPU(s)" in mps_warning(4, two, str(gpus))
+    assert mps_warning(8, {}, str(tmp_path / "no_driver")) is None
+
+
 def test_cuda_target_verdicts_incomplete_vs_miss():
     """A target whose measured cells are all within the limit but which lacks cells (an op not
     in the run, or a path not run) is INCOMPLETE, not MISS; one cell over the limit is a MISS

@@ -227,6 +227,32 @@ TIMING_DEFAULTS = {
 }
 
 
+def mps_warning(ranks_on_host: int, env: Optional[Dict[str, str]] = None,
+                gpus_dir: str = "/proc/driver/nvidia/gpus") -> Optional[str]:
+    """A warning when `ranks_on_host` ranks outnumber this host's GPUs (CUDA_VISIBLE_DEVICES'
+    entries, else the driver's list) and no MPS daemon's control pipe is there: several ranks
+    on one GPU without MPS time-slice it, milliseconds per op, which the ladder would report
+    as results. None when the ranks have a GPU each, the GPUs cannot be counted, or the pipe
+    exists."""
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = len([d for d in visible.split(",") if d.strip()])
+    else:
+        try:
+            gpus = len(os.listdir(gpus_dir))
+        except OSError:
+            return None
+    if gpus == 0 or ranks_on_host <= gpus:
+        return None
+    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
+    if os.path.exists(os.path.join(pipe, "control")):
+        return None
+    return (f"{ranks_on_host} ranks on {gpus} GPU(s) and no MPS control pipe in {pipe}: ranks "
+            "that share a GPU without the MPS daemon time-slice it (milliseconds per op); "
+            "start it first (nvidia-cuda-mps-control -d, the same CUDA_MPS_PIPE_DIRECTORY)")
+
+
 def _transport_of(name: str, pg_options: Dict[str, str], env: Dict[str, str]) -> Optional[str]:
     """The transport a variant asks for: pg_options, else its env, else the inherited env."""
     if name != "resident":
@@ -369,6 +395,10 @@ def run(plan: SimpleNamespace, argv: Sequence[str]) -> Optional[Dict[str, Any]]:
          f"iters x{iters:g}, {meta['cpu_count']} cpus")
     if meta["env"]:
         _log(f"  RESIDENT_* env: {meta['env']}")
+    if cuda and not plan.launched:   # spawned here: every rank on this host
+        mps = mps_warning(max(world_sizes))
+        if mps:
+            _log(f"  WARNING: {mps}")
     load = meta["loadavg_start"]
     if load and meta["cpu_count"] and load[0] > 0.5 * meta["cpu_count"]:
         _log(f"  WARNING: machine busy (load average {load[0]:.2f} on {meta['cpu_count']} cpus); "
