@@ -104,6 +104,13 @@ def read_rdma(root="/"):
     return devices
 
 
+def mps_pipe(env=None):
+    """The MPS pipe directory a client here uses, and whether the daemon's control pipe is in it."""
+    env = os.environ if env is None else env
+    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
+    return pipe, os.path.exists(os.path.join(pipe, "control"))
+
+
 def mps_processes(root="/"):
     """PIDs of nvidia-cuda-mps-control/-server by argv[0] (comm cuts both to 15 characters)."""
     found = {"nvidia-cuda-mps-control": [], "nvidia-cuda-mps-server": []}
@@ -359,8 +366,8 @@ def diagnose(env=None, root="/"):
         add(G, "cuda path", "MISSING", "the extension was built without nvcc: CUDA tensors are "
             "refused", f"put nvcc on PATH (or set CUDA_HOME) and rebuild: {BUILD}", {"cuda"})
 
-    M, pipe, procs = "MPS", env.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps", mps_processes(root)
-    reachable, control = os.path.exists(os.path.join(pipe, "control")), procs["nvidia-cuda-mps-control"]
+    M, (pipe, reachable), procs = "MPS", mps_pipe(env), mps_processes(root)
+    control = procs["nvidia-cuda-mps-control"]
     facts["mps"] = {"pipe_directory": pipe, "pipe_reachable": reachable, "processes": procs,
                     "control_binary": shutil.which("nvidia-cuda-mps-control")}
     if control and reachable:

@@ -74,6 +74,7 @@ import traceback
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..doctor import MPS_START, mps_pipe
 from . import common, launched, report
 from . import cuda as cuda_side
 from . import rank as rank_side
@@ -245,12 +246,12 @@ def mps_warning(ranks_on_host: int, env: Optional[Dict[str, str]] = None,
             return None
     if gpus == 0 or ranks_on_host <= gpus:
         return None
-    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
-    if os.path.exists(os.path.join(pipe, "control")):
+    pipe, reachable = mps_pipe(env)
+    if reachable:
         return None
     return (f"{ranks_on_host} ranks on {gpus} GPU(s) and no MPS control pipe in {pipe}: ranks "
             "that share a GPU without the MPS daemon time-slice it (milliseconds per op); "
-            "start it first (nvidia-cuda-mps-control -d, the same CUDA_MPS_PIPE_DIRECTORY)")
+            f"start it first: {MPS_START}")
 
 
 def _transport_of(name: str, pg_options: Dict[str, str], env: Dict[str, str]) -> Optional[str]:
