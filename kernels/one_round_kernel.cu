@@ -52,6 +52,13 @@ struct SimpleRoute {
   const unsigned char* from_slot;
 };
 
+// LL lines of a part from a partner that a block's threads wait for, one each (threads from
+// 0 up): its lines carrying `recv_bytes`, or none from a simple pair (the block waits for its
+// flag instead). Both the plan's block-wide count and each thread's lane take it from here.
+__device__ __forceinline__ uint32_t waitedLines(bool simple, uint32_t recv_bytes) {
+  return simple ? 0u : linesOfPart(recv_bytes);
+}
+
 // What the block does after the wait for the previous kernel, resolved before it.
 struct Plan {
   Route route[kMaxRanks - 1];           // partners, in rank order
@@ -123,8 +130,8 @@ __device__ inline void planBlock(const CollectiveArgs& a, Shared& sh, Plan& plan
       r.send_bytes = partBytes(pp.send_bytes, reg.chunk, j);
       r.recv_bytes = partBytes(pp.recv_bytes, reg.chunk, j);
       r.peer = p;
-      if (!(Simple && plan.simple[idx].to_slot != nullptr))
-        wait_lines = max(wait_lines, linesOfPart(r.recv_bytes));
+      wait_lines =
+          max(wait_lines, waitedLines(Simple && plan.simple[idx].to_slot != nullptr, r.recv_bytes));
       if (proxied)
         plan.trigger[triggers + __popc(proxied_set & lower)] = triggerWords(
             reg, p, out_off, in_off, linesOfPart(r.send_bytes) * 16ull, TriggerKind::kLines, g);
@@ -191,7 +198,7 @@ __device__ __forceinline__ Lane laneOf(const Plan& plan, uint32_t i, uint32_t t)
   l.g = r.g;
   l.send_nb = r.send != nullptr ? bytesOfLine(r.send_bytes, t) : 0u;
   l.recv_nb = bytesOfLine(r.recv_bytes, t);
-  l.waits = !l.simple && t < linesOfPart(r.recv_bytes);
+  l.waits = t < waitedLines(l.simple, r.recv_bytes);
   l.peer = r.peer;
   return l;
 }
